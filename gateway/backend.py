@@ -1,0 +1,37 @@
+"""The `Backend` interface: how a shard's requests get executed.
+
+`providers.litellm_backend` (upstream, through LiteLLM's Router) and
+`local_engine.backend` (in-process vLLM) each provide one. The pipeline knows
+nothing else about them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol, runtime_checkable
+
+from gateway.records import BatchRequest, Endpoint, Result
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Executes requests for one route and yields results as they finish.
+
+    Contract:
+    - `execute` yields exactly one `Result` per request given, in any order,
+      as each finishes; it never raises for a single request's failure (a
+      provider error becomes that request's `Result` with the provider's
+      status code and error body).
+    - It bounds its own concurrency; the pipeline may call `execute` for
+      several shards at once and expects them to share that bound.
+    - `start` is idempotent and may be slow (loading an engine); `aclose`
+      releases everything (processes, sockets) and is idempotent too.
+    """
+
+    endpoints: frozenset[Endpoint]
+
+    async def start(self) -> None: ...
+
+    def execute(self, requests: Sequence[BatchRequest]) -> AsyncIterator[Result]: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,213 @@
+"""The records the pipeline passes around: one dataclass per idea.
+
+`BatchRequest` is one input line, `Result` what came of it, `Shard` the unit of
+work. Batch and file records live in `gateway.store`; they are the wire objects.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def new_id(prefix: str) -> str:
+    """An id with 128 random bits (OpenAI-style `prefix_hex`)."""
+    return f"{prefix}_{secrets.token_hex(16)}"
+
+
+class Endpoint(str, enum.Enum):
+    """Canonical endpoints; every url form in a batch file maps to one of these."""
+
+    CHAT = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+    EMBEDDINGS = "/v1/embeddings"
+    RESPONSES = "/v1/responses"
+    SCORE = "/v1/score"
+    RERANK = "/v1/rerank"
+
+
+class BatchStatus(str, enum.Enum):
+    VALIDATING = "validating"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = {BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED}
+
+
+@dataclass(slots=True)
+class BatchRequest:
+    """One input line, validated and normalised."""
+
+    line: int  # 1-based line number in the input file
+    custom_id: str
+    url: Endpoint
+    body: dict[str, Any]
+
+    @property
+    def model(self) -> str:
+        return str(self.body.get("model", ""))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"line": self.line, "custom_id": self.custom_id, "url": self.url.value, "body": self.body}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BatchRequest:
+        return cls(line=data["line"], custom_id=data["custom_id"], url=Endpoint(data["url"]), body=data["body"])
+
+
+@dataclass(slots=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def add(self, other: Usage) -> None:
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cached_tokens += other.cached_tokens
+        self.reasoning_tokens += other.reasoning_tokens
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any] | None) -> Usage:
+        """Read token counts from a response body (chat, completions, embeddings or responses shape)."""
+        usage = (body or {}).get("usage") or {}
+        if not isinstance(usage, dict):
+            return cls()
+        inp = usage.get("prompt_tokens", usage.get("input_tokens")) or 0
+        out = usage.get("completion_tokens", usage.get("output_tokens")) or 0
+        in_details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+        out_details = usage.get("completion_tokens_details") or usage.get("output_tokens_details") or {}
+        return cls(
+            input_tokens=int(inp),
+            output_tokens=int(out),
+            cached_tokens=int((in_details or {}).get("cached_tokens") or 0),
+            reasoning_tokens=int((out_details or {}).get("reasoning_tokens") or 0),
+        )
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "input_tokens": self.input_tokens,
+            "input_tokens_details": {"cached_tokens": self.cached_tokens},
+            "output_tokens": self.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+            "total_tokens": self.total_tokens,
+        }
+
+
+@dataclass(slots=True)
+class Result:
+    """What came of one request.
+
+    A request that got an HTTP reply has `status_code` and `body` (the reply,
+    success or the provider's error body). A request that never ran has
+    `status_code=None` and `error={"code", "message"}`.
+    """
+
+    line: int
+    custom_id: str
+    status_code: int | None = None
+    body: dict[str, Any] | None = None
+    error: dict[str, str] | None = None
+    request_id: str = field(default_factory=lambda: new_id("req"))
+    id: str = field(default_factory=lambda: new_id("batch_req"))
+    model: str = ""  # the caller's model name, for summaries
+
+    @property
+    def ok(self) -> bool:
+        return self.status_code is not None and 200 <= self.status_code < 300
+
+    @property
+    def usage(self) -> Usage:
+        return Usage.from_body(self.body) if self.ok else Usage()
+
+    @classmethod
+    def failure(cls, req_line: int, custom_id: str, code: str, message: str, model: str = "") -> Result:
+        """A request that never ran."""
+        return cls(line=req_line, custom_id=custom_id, error={"code": code, "message": message}, model=model)
+
+    @classmethod
+    def http_error(
+        cls, req_line: int, custom_id: str, status: int, message: str, *, type_: str, code: str | None, model: str = ""
+    ) -> Result:
+        """A request answered with an error reply in OpenAI's error shape."""
+        body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+        return cls(line=req_line, custom_id=custom_id, status_code=status, body=body, model=model)
+
+    def output_line(self) -> dict[str, Any]:
+        """The line written to the output or error file (OpenAI's batch output shape)."""
+        response = None
+        if self.status_code is not None:
+            response = {"status_code": self.status_code, "request_id": self.request_id, "body": self.body}
+        return {"id": self.id, "custom_id": self.custom_id, "response": response, "error": self.error}
+
+    def to_json(self) -> dict[str, Any]:
+        """The journal form: the output line plus what merging and summaries need."""
+        data = self.output_line()
+        data["line"] = self.line
+        data["model"] = self.model
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Result:
+        response = data.get("response")
+        return cls(
+            line=data["line"],
+            custom_id=data["custom_id"],
+            status_code=response["status_code"] if response else None,
+            body=response["body"] if response else None,
+            request_id=response["request_id"] if response else "",
+            error=data.get("error"),
+            id=data["id"],
+            model=data.get("model", ""),
+        )
+
+
+@dataclass(slots=True)
+class Shard:
+    """Up to N requests of one batch that share one route.
+
+    The unit of work, of distribution across workers and of recovery. Its
+    requests live in the blob `requests_key`, in input order.
+    """
+
+    batch_id: str
+    index: int
+    route: str  # the model_name of the route, or "" for the shard of plan-time errors
+    size: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.batch_id}:{self.index}"
+
+    @property
+    def requests_key(self) -> str:
+        return f"batches/{self.batch_id}/shards/{self.index:06d}.requests.jsonl"
+
+    @property
+    def results_key(self) -> str:
+        """Sorted results, written once the shard is finished."""
+        return f"batches/{self.batch_id}/shards/{self.index:06d}.results.jsonl"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"batch_id": self.batch_id, "index": self.index, "route": self.route, "size": self.size}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Shard:
+        return cls(batch_id=data["batch_id"], index=data["index"], route=data["route"], size=data["size"])
