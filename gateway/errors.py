@@ -1,0 +1,78 @@
+"""Errors with OpenAI's codes.
+
+`LineError` is a problem with one input line (1-based `line`). `ApiError` is an
+HTTP error reply in OpenAI's shape. `ConfigError` is a bad config file.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+
+class LineCode(str, enum.Enum):
+    """Validation codes of OpenAI's (and Azure's) batch API."""
+
+    INVALID_JSON_LINE = "invalid_json_line"
+    MISSING_REQUIRED_PARAMETER = "missing_required_parameter"
+    INVALID_REQUEST = "invalid_request"
+    INVALID_URL = "invalid_url"
+    DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
+    MODEL_NOT_FOUND = "model_not_found"
+    STREAMING_UNSUPPORTED = "streaming_unsupported"
+    EMPTY_FILE = "empty_file"
+    TOO_MANY_TASKS = "too_many_tasks"
+    FILE_TOO_LARGE = "file_too_large"
+
+
+# What a per-line error looks like when the request is answered in place (the
+# CLI's lenient mode, like vLLM's run_batch): HTTP status and error type.
+LINE_HTTP_STATUS: dict[LineCode, tuple[int, str]] = {
+    LineCode.MODEL_NOT_FOUND: (404, "NotFoundError"),
+    LineCode.INVALID_URL: (400, "BadRequestError"),
+    LineCode.STREAMING_UNSUPPORTED: (400, "BadRequestError"),
+    LineCode.INVALID_REQUEST: (400, "BadRequestError"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LineError:
+    code: LineCode
+    message: str
+    line: int | None = None
+    param: str | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"code": self.code.value, "message": self.message, "param": self.param, "line": self.line}
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line is not None else ""
+        return f"{where}{self.code.value}: {self.message}"
+
+
+class ConfigError(Exception):
+    """A config file that can't be used; the message names the file and the key."""
+
+    def __init__(self, path: str, key: str, problem: str) -> None:
+        self.path, self.key, self.problem = path, key, problem
+        super().__init__(f"{path}: {key}: {problem}")
+
+
+class ApiError(Exception):
+    """An HTTP error reply: {"error": {message, type, param, code}}."""
+
+    def __init__(
+        self, status: int, message: str, *, type_: str = "invalid_request_error", code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def not_found(kind: str, id_: str) -> ApiError:
+    # The same reply whether the id does not exist or belongs to another team.
+    return ApiError(404, f"No such {kind}: '{id_}'", code="not_found")

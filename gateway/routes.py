@@ -1,0 +1,39 @@
+"""`Route`: where a model name goes.
+
+Resolved from the config's `model_list`: every entry with one `model_name`
+forms one route. A route is local (an in-process vLLM engine: `vllm/...`),
+upstream in real time (one call per line through LiteLLM's Router), or
+upstream-native (shards forwarded as provider batch jobs).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class RouteKind(str, enum.Enum):
+    LOCAL = "local"
+    UPSTREAM = "upstream"
+    NATIVE = "native"
+
+
+@dataclass(slots=True)
+class Route:
+    model_name: str
+    kind: RouteKind
+    # The config entries (model_name, litellm_params, engine_args, model_info)
+    # with os.environ/ already resolved. Several entries: load-balanced deployments.
+    deployments: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def engine_args(self) -> dict[str, Any]:
+        """A local route's engine arguments, with the model path taken from `vllm/<path>`."""
+        entry = self.deployments[0]
+        model = entry["litellm_params"]["model"].removeprefix("vllm/")
+        return {"model": model, **(entry.get("engine_args") or {})}
+
+    @property
+    def model_info(self) -> dict[str, Any]:
+        return dict(self.deployments[0].get("model_info") or {})

@@ -1,0 +1,253 @@
+"""The storage interfaces and the records they hold.
+
+- `Store`: file and batch records, shard bookkeeping, counters, and the result
+  journal (results recorded per request, so a retried shard skips finished ones).
+- `Blobs`: file bytes by key (uploads, shard files, outputs).
+- `Queue`: shards waiting for a worker.
+
+Each has an embedded implementation (SQLite, local directory, in-process) and a
+shared one (Redis, S3, Redis Streams). The pipeline sees only these protocols.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Collection, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from gateway.records import BatchStatus, Result, Shard, Usage
+
+
+def now() -> int:
+    return int(time.time())
+
+
+@dataclass(slots=True)
+class FileRecord:
+    id: str
+    owner: str  # team id; "" when auth is off
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    expires_at: int | None = None
+    blob_key: str = ""
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "file",
+            "bytes": self.bytes,
+            "created_at": self.created_at,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+            "expires_at": self.expires_at,
+            "status_details": None,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FileRecord:
+        return cls(**data)
+
+
+@dataclass(slots=True)
+class RequestCounts:
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+
+
+@dataclass(slots=True)
+class BatchOptions:
+    """How a batch is run: the server follows OpenAI, the CLI follows vLLM's run_batch."""
+
+    # Validation problems fail the whole batch (OpenAI); otherwise only bad
+    # JSON/missing fields/duplicates do, and the rest become per-line errors.
+    strict: bool = True
+    # Failed requests go to a separate error file (OpenAI); otherwise inline.
+    split_errors: bool = True
+    # The models this batch's owner may use; None: all.
+    allowed_models: list[str] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BatchOptions:
+        return cls(**data)
+
+
+@dataclass(slots=True)
+class BatchRecord:
+    id: str
+    owner: str
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    status: BatchStatus
+    created_at: int
+    expires_at: int
+    metadata: dict[str, str] | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    in_progress_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    counts: RequestCounts = field(default_factory=RequestCounts)
+    usage: Usage = field(default_factory=Usage)
+    model: str | None = None
+    options: BatchOptions = field(default_factory=BatchOptions)
+    shards_total: int = 0
+    output_expires_after: dict[str, Any] | None = None
+    # Per-route facts for summaries and native batches (token totals, upstream ids, cost).
+    routes: dict[str, Any] = field(default_factory=dict)
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "batch",
+            "endpoint": self.endpoint,
+            "errors": {"object": "list", "data": self.errors} if self.errors else None,
+            "input_file_id": self.input_file_id,
+            "completion_window": self.completion_window,
+            "status": self.status.value,
+            "output_file_id": self.output_file_id,
+            "error_file_id": self.error_file_id,
+            "created_at": self.created_at,
+            "in_progress_at": self.in_progress_at,
+            "expires_at": self.expires_at,
+            "finalizing_at": self.finalizing_at,
+            "completed_at": self.completed_at,
+            "failed_at": self.failed_at,
+            "expired_at": self.expired_at,
+            "cancelling_at": self.cancelling_at,
+            "cancelled_at": self.cancelled_at,
+            "request_counts": asdict(self.counts),
+            "metadata": self.metadata,
+            "model": self.model,
+            "usage": self.usage.to_openai(),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = self.status.value
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BatchRecord:
+        data = dict(data)
+        data["status"] = BatchStatus(data["status"])
+        data["counts"] = RequestCounts(**data["counts"])
+        data["usage"] = Usage(**data["usage"])
+        data["options"] = BatchOptions.from_json(data["options"])
+        return cls(**data)
+
+
+@dataclass(slots=True)
+class Page:
+    data: list[Any]
+    has_more: bool
+
+
+class Store(Protocol):
+    # files
+    async def put_file(self, rec: FileRecord) -> None: ...
+    async def get_file(self, file_id: str, owner: str | None = None) -> FileRecord | None:
+        """None when missing or, with `owner` given, owned by someone else."""
+    async def list_files(
+        self, owner: str, *, purpose: str | None, limit: int, order: str, after: str | None
+    ) -> Page: ...
+    async def delete_file(self, file_id: str, owner: str | None = None) -> bool: ...
+
+    # batches
+    async def put_batch(self, rec: BatchRecord) -> None: ...
+    async def get_batch(self, batch_id: str, owner: str | None = None) -> BatchRecord | None: ...
+    async def list_batches(self, owner: str, *, limit: int, after: str | None) -> Page:
+        """Newest first, as OpenAI lists them."""
+    async def update_batch(
+        self, batch_id: str, fields: dict[str, Any], *, if_status: Collection[BatchStatus] | None = None
+    ) -> bool:
+        """Set record fields; with `if_status`, only when the status is one of those (atomic). True if applied."""
+    async def active_batches(self) -> list[BatchRecord]:
+        """Batches not yet finished (for recovery and expiry)."""
+
+    # shards
+    async def put_shards(self, batch_id: str, shards: Sequence[Shard]) -> None: ...
+    async def get_shards(self, batch_id: str) -> list[Shard]: ...
+    async def finish_shard(self, shard: Shard) -> int:
+        """Mark a shard finished (idempotent); returns how many shards of its batch are still unfinished."""
+    async def unfinished_shards(self, batch_id: str) -> list[Shard]: ...
+
+    # the result journal and counters: recorded together, atomically
+    async def record_results(self, shard: Shard, results: Sequence[Result]) -> None:
+        """Record results and count them; a result for a line already recorded is ignored."""
+    async def journal(self, shard: Shard) -> list[Result]: ...
+    async def recorded_lines(self, shard: Shard) -> set[int]: ...
+    async def drop_journal(self, shard: Shard) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class BlobWriter(Protocol):
+    async def write(self, data: bytes) -> None: ...
+    async def commit(self) -> int:
+        """Make the blob visible under its key; returns its size."""
+    async def abort(self) -> None: ...
+
+
+class Blobs(Protocol):
+    def writer(self, key: str) -> BlobWriter: ...
+    def read(self, key: str, chunk_size: int = 1 << 16) -> AsyncIterator[bytes]: ...
+    async def size(self, key: str) -> int | None: ...
+    async def delete(self, key: str) -> None: ...
+    async def delete_prefix(self, prefix: str) -> None: ...
+    async def aclose(self) -> None: ...
+
+
+@dataclass(slots=True)
+class Delivery:
+    shard: Shard
+    token: str  # the queue's handle for ack
+
+
+class Queue(Protocol):
+    async def put(self, shard: Shard) -> None: ...
+    async def get(self, routes: Collection[str] | None, timeout: float) -> Delivery | None:
+        """The next shard for one of `routes` (None: any), or None after `timeout` seconds."""
+    async def ack(self, delivery: Delivery) -> None: ...
+    async def depth(self) -> dict[str, int]:
+        """Shards waiting, per route."""
+    async def aclose(self) -> None: ...
+
+
+async def read_lines(blobs: Blobs, key: str) -> AsyncIterator[bytes]:
+    """The lines of a blob, streamed, without their line ends."""
+    rest = b""
+    async for chunk in blobs.read(key):
+        rest += chunk
+        *lines, rest = rest.split(b"\n")
+        for line in lines:
+            yield line
+    if rest:
+        yield rest
+
+
+async def write_lines(blobs: Blobs, key: str, lines: AsyncIterable[bytes]) -> int:
+    w = blobs.writer(key)
+    try:
+        async for line in lines:
+            await w.write(line + b"\n")
+    except BaseException:
+        await w.abort()
+        raise
+    return await w.commit()
