@@ -175,11 +175,12 @@ def _teams(section: dict[str, Any], routes: dict[str, Route], path: str) -> list
 
 def _batch_settings(section: dict[str, Any], routes: dict[str, Route], path: str) -> BatchSettings:
     key = "batch_settings"
+    default = Limits()
     limits = Limits(
-        max_lines=_positive_int(section, "max_lines", Limits.max_lines, path, key),
-        max_file_bytes=_positive_int(section, "max_file_bytes", Limits.max_file_bytes, path, key),
-        max_line_bytes=_positive_int(section, "max_line_bytes", Limits.max_line_bytes, path, key),
-        max_errors_listed=_positive_int(section, "max_errors_listed", Limits.max_errors_listed, path, key),
+        max_lines=_positive_int(section, "max_lines", default.max_lines, path, key),
+        max_file_bytes=_positive_int(section, "max_file_bytes", default.max_file_bytes, path, key),
+        max_line_bytes=_positive_int(section, "max_line_bytes", default.max_line_bytes, path, key),
+        max_errors_listed=_positive_int(section, "max_errors_listed", default.max_errors_listed, path, key),
     )
     windows = {"24h": 86_400}
     extra = _mapping(section.get("completion_windows"), path, f"{key}.completion_windows")

@@ -1,0 +1,71 @@
+"""`BackendPool`: one started `Backend` per route, created on first use.
+
+Every upstream route shares one LiteLLM backend (one Router, one concurrency
+bound); each local model gets its own engine, started once and shared by every
+shard that needs it; native routes share the provider-batch backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.backend import Backend
+from gateway.config import Config
+from gateway.routes import Route, RouteKind
+
+
+class BackendPool:
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._backends: dict[str, Backend] = {}
+        self._upstream: Backend | None = None
+        self._lock = asyncio.Lock()
+
+    def _upstream_backend(self) -> Backend:
+        if self._upstream is None:
+            from providers.litellm_backend import LiteLLMBackend
+
+            routes = [r for r in self._unique_routes() if r.kind is RouteKind.UPSTREAM]
+            self._upstream = LiteLLMBackend(routes, self._config.router_settings, self._config.batch.max_concurrency)
+        return self._upstream
+
+    def _unique_routes(self) -> list[Route]:
+        seen: dict[str, Route] = {}
+        for route in self._config.routes.values():
+            seen.setdefault(route.model_name, route)
+        return list(seen.values())
+
+    def _create(self, route: Route) -> Backend:
+        if route.kind is RouteKind.UPSTREAM:
+            return self._upstream_backend()
+        if route.kind is RouteKind.LOCAL:
+            from local_engine import LocalEngineBackend
+
+            return LocalEngineBackend(route.engine_args)
+        from providers.native import NativeBatchBackend
+
+        return NativeBatchBackend(route, self._config.router_settings)
+
+    async def get(self, route_name: str) -> Backend:
+        """The started backend for a route (by its model_name)."""
+        async with self._lock:
+            backend = self._backends.get(route_name)
+            if backend is None:
+                route = self._config.routes[route_name]
+                backend = self._create(route)
+                await backend.start()
+                self._backends[route_name] = backend
+            return backend
+
+    async def start_local(self) -> None:
+        """Start every local engine now (fail fast on a bad model path, before any request)."""
+        for route in self._unique_routes():
+            if route.kind is RouteKind.LOCAL:
+                await self.get(route.model_name)
+
+    async def aclose(self) -> None:
+        backends = {id(b): b for b in self._backends.values()}
+        self._backends.clear()
+        self._upstream = None
+        for backend in backends.values():
+            await backend.aclose()

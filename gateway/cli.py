@@ -1,0 +1,180 @@
+"""The `batchyard` command: `run` (offline, a drop-in for vLLM's run_batch), `serve`, `worker`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.config import Config, load_config, local_model_config
+from gateway.errors import ApiError, ConfigError
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_DELIVERY, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+_RUN_EPILOG = """\
+examples:
+  batchyard run -i batch.jsonl -o results.jsonl --config config/team.yaml
+  batchyard run -i batch.jsonl -o results.jsonl --model meta-llama/Meta-Llama-3-8B-Instruct
+  batchyard run -i https://bucket/in.jsonl?sig=… -o https://bucket/out.jsonl?sig=… --config team.yaml
+
+Lines whose model is unknown, whose url is unsupported, or that ask for
+stream=true are answered in place with 404/400 error lines, as run_batch does.
+Lines that are not JSON, lack custom_id/method/url/body, or repeat a
+custom_id make the whole file invalid: every such line is listed with its
+1-based number, nothing is sent, and the exit status is 1.
+
+Any other --flag VALUE is passed to the local vLLM engine as an engine argument
+(e.g. --gpu-memory-utilization 0.8 --max-num-seqs 64).
+
+exit status: 0 done (per-line errors are in the output), 1 bad input,
+2 bad usage or config, 3 output could not be delivered (kept locally), 130 interrupted.
+"""
+
+
+def _run_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "run", help="run one batch file offline and write one merged output file",
+        description="Run an OpenAI-format batch file: every line routed by its model, one merged output "
+        "file in input order.",
+        epilog=_RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-i", "--input-file", required=True, help="batch file: a path, - for stdin, or an http(s) URL")
+    p.add_argument("-o", "--output-file", required=True,
+                   help="output file: a path, - for stdout, or an http(s) URL to PUT to (e.g. presigned S3)")
+    p.add_argument("--config", help="LiteLLM-style YAML with model_list (see config/)")
+    p.add_argument("--error-file", help="write failed requests here instead of inline in the output (like OpenAI)")
+    p.add_argument("--data-dir", help="keep the run's state here instead of a temporary directory")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
+    engine = p.add_argument_group("local engine (vLLM run_batch compatible, used with --model)")
+    engine.add_argument("--model", help="run every line on a local vLLM engine for this model (path or hub id)")
+    engine.add_argument("--served-model-name", nargs="+", help="model names the lines may use (default: --model)")
+    engine.add_argument("--dtype", help="weights and activations dtype (auto, float16, bfloat16, float32)")
+    engine.add_argument("--max-model-len", type=int, help="context length")
+    engine.add_argument("--enforce-eager", action="store_true", default=None, help="disable CUDA graphs")
+    engine.add_argument("--output-tmp-dir", help="directory for the output while it is written (run_batch's flag)")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="batchyard",
+        description="A batch gateway for LLM work: OpenAI batch files in, one merged output out, routed to a "
+        "local vLLM engine or to upstream providers through LiteLLM.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _run_parser(sub)
+    serve = sub.add_parser("serve", help="serve the OpenAI Files + Batches API",
+                           description="Serve the OpenAI Files + Batches API (also Azure and LiteLLM routes).")
+    serve.add_argument("--config", required=True, help="LiteLLM-style YAML config")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=4000)
+    serve.add_argument("--data-dir", default=".batchyard/data", help="embedded store: records and files live here")
+    return parser
+
+
+def _engine_args(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    """run_batch's engine flags, plus any other --flag value pairs, as vLLM engine args."""
+    engine: dict[str, Any] = {}
+    for name in ("dtype", "max_model_len", "enforce_eager"):
+        value = getattr(args, name)
+        if value is not None:
+            engine[name] = value
+    i = 0
+    while i < len(extra):
+        flag = extra[i]
+        if not flag.startswith("--"):
+            raise ConfigError("command line", flag, "unexpected argument")
+        name, _, inline = flag[2:].partition("=")
+        key = name.replace("-", "_")
+        if inline:
+            engine[key] = _parse_value(inline)
+        elif i + 1 < len(extra) and not extra[i + 1].startswith("--"):
+            engine[key] = _parse_value(extra[i + 1])
+            i += 1
+        else:
+            engine[key] = True
+        i += 1
+    return engine
+
+
+def _parse_value(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def _load(args: argparse.Namespace, extra: list[str]) -> Config:
+    if args.config and args.model:
+        raise ConfigError("command line", "--model", "use either --config or --model, not both")
+    if args.config:
+        if extra:
+            raise ConfigError("command line", extra[0], "unknown flag (engine flags go in the config's engine_args)")
+        return load_config(args.config)
+    if args.model:
+        return local_model_config(args.model, _engine_args(args, extra), args.served_model_name)
+    raise ConfigError("command line", "--config/--model", "one of them is required")
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """LiteLLM logs every retry and model-map miss at ERROR through its own handlers; keep them for -v."""
+    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx"):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.WARNING if verbose else logging.CRITICAL)
+        if not verbose:
+            logger.handlers.clear()
+            logger.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "run":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    quiet_libraries(args.verbose)
+    try:
+        if args.command == "run":
+            config = _load(args, extra)
+            from gateway.run import RunOptions, run_batch_file
+
+            opts = RunOptions(
+                input=args.input_file, output=args.output_file, error_file=args.error_file,
+                data_dir=Path(args.data_dir) if args.data_dir else None,
+                output_tmp_dir=Path(args.output_tmp_dir) if args.output_tmp_dir else None,
+                progress=not (args.no_progress or args.quiet), summary=not args.quiet,
+            )
+            return asyncio.run(run_batch_file(config, opts))
+        if args.command == "serve":
+            config = load_config(args.config)
+            from gateway.server.run import serve
+
+            serve(config, args.host, args.port, Path(args.data_dir))
+            return EXIT_OK
+    except ConfigError as exc:
+        print(f"batchyard: config error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ApiError as exc:
+        print(f"batchyard: {exc.message}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print("batchyard: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_USAGE
+
+
+__all__ = ["build_parser", "main"]
+
+if __name__ == "__main__":
+    sys.exit(main())

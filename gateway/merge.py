@@ -1,0 +1,123 @@
+"""Sealing shards and merging them into the output files, in input order.
+
+`seal_shard` turns one shard's journal into a results blob sorted by line
+(memory: one shard). `merge_shards` k-way merges the sealed shards by line
+number into the output file and, optionally, a separate error file (memory:
+one line per shard).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.records import BatchRequest, Result, Shard, Usage
+from gateway.store.base import Blobs, Store, read_lines
+
+
+async def seal_shard(store: Store, blobs: Blobs, shard: Shard, missing: tuple[str, str] | None) -> None:
+    """Write the shard's sorted results blob from its journal, then drop the journal.
+
+    `missing`: the (code, message) given to requests without a result (a
+    cancelled or expired batch); None asserts there are none.
+    """
+    if await blobs.size(shard.results_key) is not None:
+        return  # sealed already (or a shard of answered lines)
+    done = {r.line: r for r in await store.journal(shard)}
+    writer = blobs.writer(shard.results_key)
+    try:
+        async for raw in read_lines(blobs, shard.requests_key):
+            if not raw:
+                continue
+            req = BatchRequest.from_json(json.loads(raw))
+            result = done.pop(req.line, None)
+            if result is None:
+                if missing is None:
+                    raise RuntimeError(f"shard {shard.key} has no result for line {req.line}")
+                result = Result.failure(req.line, req.custom_id, missing[0], missing[1], model=req.model)
+            await writer.write(json.dumps(result.to_json()).encode() + b"\n")
+    except BaseException:
+        await writer.abort()
+        raise
+    await writer.commit()
+    await store.drop_journal(shard)
+
+
+@dataclass(slots=True)
+class Summary:
+    """Counts by model and status, and token totals: what a run ends with."""
+
+    by_model: dict[str, Counter[str]] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+    succeeded: int = 0
+    failed: int = 0
+
+    def add(self, result: Result) -> None:
+        status = str(result.status_code) if result.status_code is not None else (result.error or {}).get("code", "?")
+        self.by_model.setdefault(result.model or "?", Counter())[status] += 1
+        if result.ok:
+            self.succeeded += 1
+            self.usage.add(result.usage)
+        else:
+            self.failed += 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "by_model": {m: dict(c) for m, c in self.by_model.items()},
+            "usage": self.usage.to_openai(),
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+        }
+
+
+async def _results(blobs: Blobs, shard: Shard) -> AsyncIterator[Result]:
+    async for raw in read_lines(blobs, shard.results_key):
+        if raw:
+            yield Result.from_json(json.loads(raw))
+
+
+async def merge_shards(
+    blobs: Blobs, shards: Sequence[Shard], output_key: str, error_key: str | None
+) -> tuple[Summary, int, int]:
+    """Merge sealed shards by line into `output_key` (and failures into `error_key` when given).
+
+    Returns the summary and the number of lines written to each file.
+    """
+    summary = Summary()
+    streams = [_results(blobs, s) for s in shards]
+    heap: list[tuple[int, int, Result]] = []
+    for i, stream in enumerate(streams):
+        first = await anext(stream, None)
+        if first is not None:
+            heap.append((first.line, i, first))
+    heapq.heapify(heap)
+    out = blobs.writer(output_key)
+    err = blobs.writer(error_key) if error_key else None
+    n_out = n_err = 0
+    try:
+        while heap:
+            _, i, result = heapq.heappop(heap)
+            summary.add(result)
+            data = json.dumps(result.output_line(), separators=(",", ":")).encode() + b"\n"
+            if err is not None and not result.ok:
+                await err.write(data)
+                n_err += 1
+            else:
+                await out.write(data)
+                n_out += 1
+            following = await anext(streams[i], None)
+            if following is not None:
+                heapq.heappush(heap, (following.line, i, following))
+    except BaseException:
+        await out.abort()
+        if err is not None:
+            await err.abort()
+        raise
+    await out.commit()
+    if err is not None:
+        await err.commit()
+    return summary, n_out, n_err

@@ -1,0 +1,5 @@
+"""The HTTP front door: OpenAI's Files and Batches API (and Azure's forms of it) over the pipeline."""
+
+from gateway.server.app import create_app
+
+__all__ = ["create_app"]

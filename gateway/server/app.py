@@ -1,0 +1,122 @@
+"""The HTTP front door: OpenAI's Files and Batches API over the pipeline.
+
+One router, mounted where each client family looks for it: `/v1` (OpenAI,
+LiteLLM), `/openai` (AzureOpenAI; `?api-version=` is accepted and ignored),
+`/openai/v1` (Azure's v1 form) and `/azure/v1` (LiteLLM's Azure form).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from gateway.server import batches, files
+from gateway.server.auth import Authenticator, log_auth_mode
+from gateway.server.deps import Caller, pipeline_of
+from gateway.server.errors import error_response, install_error_handlers
+
+if TYPE_CHECKING:
+    from gateway.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+PREFIXES = ("/v1", "/openai", "/openai/v1", "/azure/v1")
+
+_models = APIRouter()
+
+
+@_models.get("/models")
+async def list_models(request: Request, caller: Caller) -> JSONResponse:
+    created: int = request.app.state.started_at
+    routes = pipeline_of(request).config.routes
+    data = [
+        {"id": name, "object": "model", "created": created, "owned_by": "batchyard"}
+        for name in sorted(routes)
+        if caller.may_use(name)
+    ]
+    return JSONResponse({"object": "list", "data": data})
+
+
+_health = APIRouter()
+
+
+@_health.get("/health")
+@_health.get("/health/liveliness")
+@_health.get("/health/liveness")
+async def health(request: Request) -> JSONResponse:
+    return await _health_reply(request)
+
+
+@_health.get("/health/readiness")
+async def readiness(request: Request) -> JSONResponse:
+    return await _health_reply(request)
+
+
+async def _health_reply(request: Request) -> JSONResponse:
+    probe = getattr(pipeline_of(request), "health", None)
+    info: Any = None
+    if probe is not None:
+        try:
+            info = probe()
+            if inspect.isawaitable(info):
+                info = await info
+        except Exception as exc:
+            log.warning("health check failed: %s", exc)
+            return error_response(503, f"unhealthy: {exc}", code="unhealthy")
+    body: dict[str, Any] = {"status": "healthy"}
+    if isinstance(info, dict):
+        body.update({k: v for k, v in info.items() if k != "status"})
+        if info.get("status") not in (None, "healthy", "ok"):
+            body["status"] = info["status"]
+            return JSONResponse(body, status_code=503)
+    elif info is not None:
+        body["info"] = info
+    return JSONResponse(body)
+
+
+def _api_router() -> APIRouter:
+    router = APIRouter()
+    router.include_router(files.router)
+    router.include_router(batches.router)
+    router.include_router(_models)
+    return router
+
+
+def create_app(pipeline: Pipeline, *, manage_pipeline: bool = False) -> FastAPI:
+    """The ASGI app over `pipeline`.
+
+    With `manage_pipeline`, the app's lifespan starts the pipeline and closes it
+    on shutdown (what `serve` uses, so SIGTERM closes it cleanly); otherwise the
+    caller owns the pipeline's life.
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        log_auth_mode(app.state.auth)
+        if manage_pipeline:
+            await pipeline.start()
+        try:
+            yield
+        finally:
+            if manage_pipeline:
+                await pipeline.aclose()
+
+    app = FastAPI(
+        title="batchyard", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan,
+    )
+    app.state.pipeline = pipeline
+    app.state.auth = Authenticator(pipeline.config)
+    app.state.started_at = int(time.time())
+    install_error_handlers(app)
+    api = _api_router()
+    for prefix in PREFIXES:
+        app.include_router(api, prefix=prefix)
+    app.include_router(_health)
+    return app

@@ -1,0 +1,53 @@
+"""What every route needs: the pipeline, the caller, list replies, argument checks."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import Depends, Request
+
+from gateway.errors import ApiError
+from gateway.server.auth import Principal, current_principal
+
+if TYPE_CHECKING:
+    from gateway.pipeline import Pipeline
+
+Caller = Annotated[Principal, Depends(current_principal)]
+
+
+def pipeline_of(request: Request) -> Pipeline:
+    return request.app.state.pipeline
+
+
+def list_reply(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def check_limit(limit: int, high: int) -> int:
+    if not 1 <= limit <= high:
+        raise bad_request(f"limit must be between 1 and {high}, got {limit}.", param="limit", code="invalid_limit")
+    return limit
+
+
+def expires_after(anchor: Any, seconds: Any, param: str) -> dict[str, Any]:
+    """OpenAI's `expires_after` ({anchor: "created_at", seconds: 3600..2592000}), checked."""
+    if anchor != "created_at":
+        raise bad_request(f"{param}.anchor must be 'created_at'.", param=f"{param}.anchor")
+    if isinstance(seconds, str) and seconds.strip().isdigit():
+        seconds = int(seconds)
+    if not isinstance(seconds, int) or isinstance(seconds, bool) or not 3600 <= seconds <= 2_592_000:
+        raise bad_request(
+            f"{param}.seconds must be an integer between 3600 (1 hour) and 2592000 (30 days).",
+            param=f"{param}.seconds",
+        )
+    return {"anchor": anchor, "seconds": seconds}

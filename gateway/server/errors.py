@@ -1,0 +1,83 @@
+"""Every failure answers OpenAI's error shape: {"error": {message, type, param, code}}.
+
+No HTML page, no FastAPI `{"detail": ...}`, no traceback in a reply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+
+from gateway.errors import ApiError
+
+_TYPES = {401: "invalid_request_error", 403: "permission_error", 429: "rate_limit_error"}
+_CODES = {404: "unknown_url", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+def _type_for(status: int) -> str:
+    return _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+
+def error_response(
+    status: int, message: str, *, type_: str | None = None, code: str | None = None, param: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    body = {"error": {"message": message, "type": type_ or _type_for(status), "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=dict(headers) if headers else None)
+
+
+async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.message, type_=exc.type, code=exc.code, param=exc.param)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = f"Unknown request URL: {request.method} {request.url.path}. Please check the URL for typos."
+    elif exc.status_code == 405:
+        message = f"Method {request.method} is not allowed on {request.url.path}."
+    else:
+        message = str(exc.detail)
+    return error_response(exc.status_code, message, code=_CODES.get(exc.status_code), headers=exc.headers)
+
+
+def _param(loc: tuple[Any, ...]) -> str | None:
+    # loc is ("query", "limit") or ("body", "metadata", "k"): drop where it came from
+    parts = [str(p) for p in loc[1:]] if len(loc) > 1 else [str(p) for p in loc]
+    return ".".join(parts) or None
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    if not errors:
+        return error_response(422, "Invalid request.", code="invalid_request")
+    first = errors[0]
+    param = _param(tuple(first.get("loc", ())))
+    details = "; ".join(f"{_param(tuple(e.get('loc', ()))) or 'request'}: {e.get('msg', 'invalid')}" for e in errors)
+    return error_response(422, f"Invalid request: {details}", code="invalid_request", param=param)
+
+
+async def _client_disconnect(_: Request, __: Exception) -> JSONResponse:
+    # Nobody reads this reply; it keeps the disconnect out of the error log.
+    return error_response(499, "Client closed the request.", code="client_closed_request")
+
+
+async def _unexpected(_: Request, __: Exception) -> JSONResponse:
+    # Starlette re-raises after this reply is sent, so the server logs the traceback; the caller never sees it.
+    return error_response(500, "The server had an error while processing your request.", code="internal_error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(ClientDisconnect, _client_disconnect)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,84 @@
+"""`serve`: the embedded pipeline behind uvicorn.
+
+The pipeline (SQLite + a local directory + an in-process queue under
+`data_dir`) is opened here, started by the app's lifespan and closed when
+uvicorn shuts down on SIGTERM or SIGINT. A restart over the same `data_dir`
+resumes unfinished batches.
+
+    python -m gateway.server.run --config CONFIG [--host H] [--port P] [--data-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import uvicorn
+
+from gateway.config import load_config
+from gateway.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST, DEFAULT_PORT, DEFAULT_DATA_DIR = "127.0.0.1", 4000, ".batchyard"
+
+
+async def _serve(config_path: str | Path, host: str, port: int, data_dir: Path, log_level: str) -> None:
+    from gateway.pipeline import open_embedded  # the pipeline imports the backends: only when serving
+    from gateway.server.app import create_app
+
+    config = load_config(config_path)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    pipeline = await open_embedded(config, data_dir)
+    app = create_app(pipeline, manage_pipeline=True)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=host, port=port, access_log=False, log_level=log_level, lifespan="on",
+            timeout_graceful_shutdown=10, server_header=False,
+        )
+    )
+    log.info("batchyard serving on http://%s:%d (data in %s)", host, port, data_dir)
+    await server.serve()
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def serve(
+    config_path: str | Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+    data_dir: str | Path = DEFAULT_DATA_DIR, *, log_level: str = "info",
+) -> None:
+    """Run the gateway until SIGTERM/SIGINT; raises `ConfigError` for a bad config."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(_serve(config_path, host, port, Path(data_dir), log_level))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway.server.run", description="Serve the batchyard API.")
+    parser.add_argument("--config", required=True, help="LiteLLM-style YAML config")
+    parser.add_argument("--host", default=DEFAULT_HOST)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--data-dir", default=os.environ.get("BATCHYARD_DATA_DIR", DEFAULT_DATA_DIR))
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    args = parser.parse_args(argv)
+    try:
+        serve(args.config, args.host, args.port, args.data_dir, log_level=args.log_level)
+    except ConfigError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,79 @@
+"""The embedded `Blobs`: files in a local directory.
+
+A blob is written to a temporary name and renamed into place on commit, so a
+reader never sees half a file and a killed writer leaves no blob behind.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import BinaryIO
+
+
+class LocalBlobWriter:
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: BinaryIO = open(self._tmp, "wb")  # noqa: SIM115 - closed in commit/abort
+        self._size = 0
+
+    async def write(self, data: bytes) -> None:
+        self._file.write(data)
+        self._size += len(data)
+
+    async def commit(self) -> int:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._tmp, self._path)
+        return self._size
+
+    async def abort(self) -> None:
+        self._file.close()
+        self._tmp.unlink(missing_ok=True)
+
+
+class LocalBlobs:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if not path.is_relative_to(self.root.resolve()):
+            raise ValueError(f"blob key escapes the store: {key!r}")
+        return path
+
+    def writer(self, key: str) -> LocalBlobWriter:
+        return LocalBlobWriter(self._path(key))
+
+    async def read(self, key: str, chunk_size: int = 1 << 16) -> AsyncIterator[bytes]:
+        with open(self._path(key), "rb") as f:
+            while chunk := f.read(chunk_size):
+                yield chunk
+
+    async def size(self, key: str) -> int | None:
+        try:
+            return self._path(key).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    async def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    async def delete_prefix(self, prefix: str) -> None:
+        path = self._path(prefix)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+
+    def local_path(self, key: str) -> Path:
+        """Where a blob lies on disk (the CLI moves its output from here)."""
+        return self._path(key)
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,101 @@
+"""Where `batchyard run` reads its input and writes its output.
+
+`-i`: a local path, `-` (stdin) or an http(s) URL (streamed GET).
+`-o`: a local path, `-` (stdout) or an http(s) URL (streamed PUT with
+Content-Length, as a presigned S3 URL needs; retried with backoff, only a 2xx
+counts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import httpx
+
+_CHUNK = 1 << 16
+_PUT_ATTEMPTS = 5
+
+
+class TransferError(Exception):
+    pass
+
+
+def is_url(spec: str) -> bool:
+    return spec.startswith(("http://", "https://"))
+
+
+async def read_source(spec: str) -> AsyncIterator[bytes]:
+    """The bytes of `-i`, streamed."""
+    if spec == "-":
+        stdin = sys.stdin.buffer
+        while chunk := await asyncio.to_thread(stdin.read1, _CHUNK):  # type: ignore[attr-defined]
+            yield chunk
+        return
+    if is_url(spec):
+        async with httpx.AsyncClient(timeout=httpx.Timeout(60.0), follow_redirects=True) as client:
+            async with client.stream("GET", spec) as reply:
+                if reply.status_code // 100 != 2:
+                    raise TransferError(f"GET {_redact(spec)} answered HTTP {reply.status_code}")
+                async for chunk in reply.aiter_bytes(_CHUNK):
+                    yield chunk
+        return
+    path = Path(spec)
+    if not path.is_file():
+        raise TransferError(f"input file {spec} does not exist")
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            yield chunk
+
+
+def _redact(url: str) -> str:
+    # A presigned URL's query string is a credential: never print it.
+    return url.split("?", 1)[0] + ("?…" if "?" in url else "")
+
+
+async def deliver(local: Path, dest: str, *, on_retry: Callable[[str], None] | None = None) -> None:
+    """Copy the finished file at `local` to `dest`."""
+    if dest == "-":
+        with local.open("rb") as f:
+            while chunk := f.read(_CHUNK):
+                sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+        return
+    if is_url(dest):
+        await _put(local, dest, on_retry)
+        return
+    target = Path(dest)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.partial")
+    with local.open("rb") as src, tmp.open("wb") as out:
+        while chunk := src.read(1 << 20):
+            out.write(chunk)
+    os.replace(tmp, target)
+
+
+async def _put(local: Path, url: str, on_retry: Callable[[str], None] | None) -> None:
+    size = local.stat().st_size
+
+    async def body() -> AsyncIterator[bytes]:
+        with local.open("rb") as f:
+            while chunk := f.read(_CHUNK):
+                yield chunk
+
+    last = ""
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client:
+        for attempt in range(1, _PUT_ATTEMPTS + 1):
+            try:
+                reply = await client.put(url, content=body(), headers={"Content-Length": str(size)})
+                if reply.status_code // 100 == 2:
+                    return
+                last = f"HTTP {reply.status_code}"
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            if attempt < _PUT_ATTEMPTS:
+                if on_retry is not None:
+                    on_retry(f"PUT {_redact(url)} failed ({last}); retry {attempt}/{_PUT_ATTEMPTS - 1}")
+                await asyncio.sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
+    raise TransferError(f"PUT {_redact(url)} failed after {_PUT_ATTEMPTS} attempts: {last}")
