@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
-from gateway.records import BatchRequest, Endpoint, Result
+from gateway.records import BatchRequest, Endpoint, Result, Shard
 
 
 @runtime_checkable
@@ -35,3 +35,11 @@ class Backend(Protocol):
     def execute(self, requests: Sequence[BatchRequest]) -> AsyncIterator[Result]: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class ShardAwareBackend(Backend, Protocol):
+    """A backend whose work outlives a process (upstream batch jobs): it is told
+    which shard it runs, so it can find the jobs it created before a restart."""
+
+    def execute_shard(self, shard: Shard, requests: Sequence[BatchRequest]) -> AsyncIterator[Result]: ...

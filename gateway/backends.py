@@ -12,11 +12,13 @@ import asyncio
 from gateway.backend import Backend
 from gateway.config import Config
 from gateway.routes import Route, RouteKind
+from gateway.store.base import Store
 
 
 class BackendPool:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, store: Store) -> None:
         self._config = config
+        self._store = store
         self._backends: dict[str, Backend] = {}
         self._upstream: Backend | None = None
         self._lock = asyncio.Lock()
@@ -44,7 +46,7 @@ class BackendPool:
             return LocalEngineBackend(route.engine_args)
         from providers.native import NativeBatchBackend
 
-        return NativeBatchBackend(route, self._config.router_settings)
+        return NativeBatchBackend(route, self._config.router_settings, self._store)
 
     async def get(self, route_name: str) -> Backend:
         """The started backend for a route (by its model_name)."""

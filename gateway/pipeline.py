@@ -18,6 +18,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Collection
 from pathlib import Path
 from typing import Any
 
+from gateway.backend import ShardAwareBackend
 from gateway.backends import BackendPool
 from gateway.config import Config
 from gateway.errors import ApiError, not_found
@@ -108,7 +109,7 @@ class Pipeline:
         worker_routes: Collection[str] | None = None, recover_on_start: bool = True,
     ) -> None:
         self.config, self.store, self.blobs, self.queue = config, store, blobs, queue
-        self.backends = BackendPool(config)
+        self.backends = BackendPool(config, store)
         self._worker_routes = set(worker_routes) if worker_routes is not None else None
         self._recover_on_start = recover_on_start
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -325,8 +326,13 @@ class Pipeline:
                 await self.store.record_results(shard, batch)
             flushed_at = time.monotonic()
 
+        if isinstance(backend, ShardAwareBackend):
+            results = backend.execute_shard(shard, todo)
+        else:
+            results = backend.execute(todo)
+
         async def consume() -> None:
-            async for result in backend.execute(todo):
+            async for result in results:
                 buffer.append(result)
                 if len(buffer) >= _FLUSH_EVERY or time.monotonic() - flushed_at > _FLUSH_SECONDS:
                     await flush()

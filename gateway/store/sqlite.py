@@ -40,6 +40,7 @@ CREATE TABLE IF NOT EXISTS journal (
     PRIMARY KEY (batch_id, line)
 );
 CREATE INDEX IF NOT EXISTS journal_shard ON journal(batch_id, shard);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, data TEXT NOT NULL);
 """
 
 _ACTIVE = tuple(s.value for s in BatchStatus if not s.finished)
@@ -236,6 +237,18 @@ class SQLiteStore:
 
     async def drop_journal(self, shard: Shard) -> None:
         self._db.execute("DELETE FROM journal WHERE batch_id = ? AND shard = ?", (shard.batch_id, shard.index))
+
+    # -- backend state -------------------------------------------------------
+
+    async def put_meta(self, key: str, value: dict[str, Any]) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta (key, data) VALUES (?, ?)", (key, json.dumps(value)))
+
+    async def get_meta(self, key: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT data FROM meta WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    async def delete_meta(self, key: str) -> None:
+        self._db.execute("DELETE FROM meta WHERE key = ?", (key,))
 
     async def aclose(self) -> None:
         self._db.close()
