@@ -28,7 +28,9 @@ class Backend(Protocol):
       releases everything (processes, sockets) and is idempotent too.
     """
 
-    endpoints: frozenset[Endpoint]
+    @property
+    def endpoints(self) -> frozenset[Endpoint]:
+        """The endpoints this backend serves."""
 
     async def start(self) -> None: ...
 
