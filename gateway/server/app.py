@@ -109,7 +109,11 @@ def create_app(pipeline: Pipeline, *, manage_pipeline: bool = False) -> FastAPI:
                 await pipeline.aclose()
 
     app = FastAPI(
-        title="batchyard", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan,
+        title="batchyard",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=lifespan,
     )
     app.state.pipeline = pipeline
     app.state.auth = Authenticator(pipeline.config)

@@ -25,7 +25,12 @@ def _type_for(status: int) -> str:
 
 
 def error_response(
-    status: int, message: str, *, type_: str | None = None, code: str | None = None, param: str | None = None,
+    status: int,
+    message: str,
+    *,
+    type_: str | None = None,
+    code: str | None = None,
+    param: str | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     body = {"error": {"message": message, "type": type_ or _type_for(status), "param": param, "code": code}}

@@ -45,7 +45,11 @@ async def create_file(request: Request, caller: Caller) -> JSONResponse:
 
 @router.get("/files")
 async def list_files(
-    request: Request, caller: Caller, purpose: str | None = None, limit: int = 10_000, order: str = "desc",
+    request: Request,
+    caller: Caller,
+    purpose: str | None = None,
+    limit: int = 10_000,
+    order: str = "desc",
     after: str | None = None,
 ) -> JSONResponse:
     if order not in ("asc", "desc"):
@@ -77,7 +81,10 @@ async def file_content(request: Request, caller: Caller, file_id: str) -> Stream
         first = await anext(chunks)
     except StopAsyncIteration:
         first = b""
-    headers = {"Content-Disposition": f'attachment; filename="{_header_safe(rec.filename)}"'}
+    headers = {
+        "Content-Disposition": f'attachment; filename="{_header_safe(rec.filename)}"',
+        "Content-Length": str(rec.bytes),
+    }
     return StreamingResponse(_prepend(first, chunks), media_type="application/octet-stream", headers=headers)
 
 

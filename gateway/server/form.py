@@ -8,8 +8,9 @@ whole file) and `FileEnd`. Nothing holds more than one network chunk of a file.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
@@ -17,6 +18,9 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive
 
 from gateway.errors import ApiError
+
+if TYPE_CHECKING:
+    from python_multipart.multipart import MultipartCallbacks
 
 
 @dataclass(slots=True)
@@ -85,7 +89,8 @@ class FormReader:
         ctype, options = parse_options_header(content_type)
         if ctype != b"multipart/form-data" or not options.get(b"boundary"):
             raise ApiError(
-                400, "Expected a multipart/form-data body with a 'file' and a 'purpose'.",
+                400,
+                "Expected a multipart/form-data body with a 'file' and a 'purpose'.",
                 code="invalid_content_type",
             )
         self._boundary = options[b"boundary"]
@@ -103,7 +108,7 @@ class FormReader:
         self._name = ""
         self._data = bytearray()
 
-    async def events(self) -> AsyncIterator[Event]:
+    async def events(self) -> AsyncGenerator[Event, None]:
         parser = MultipartParser(self._boundary, self._callbacks())
         try:
             async for chunk in self._body.chunks():
@@ -121,7 +126,7 @@ class FormReader:
         if not self._ended:
             raise _bad("The multipart body ended before its closing boundary.")
 
-    def _callbacks(self) -> dict:
+    def _callbacks(self) -> MultipartCallbacks:
         return {
             "on_part_begin": self._on_part_begin,
             "on_part_data": self._on_part_data,

@@ -12,37 +12,73 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
-from gateway.config import load_config
+from gateway.config import Config, load_config
 from gateway.errors import ConfigError
+from gateway.routes import RouteKind
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from gateway.pipeline import Pipeline
+
+log = logging.getLogger("gateway.server.run")  # not "__main__" under python -m
+
+# Builds the pipeline instead of the embedded one (shared mode: `gateway.distributed.serve_shared`).
+PipelineFactory = Callable[[Config], Awaitable["Pipeline"]]
 
 DEFAULT_HOST, DEFAULT_PORT, DEFAULT_DATA_DIR = "127.0.0.1", 4000, ".batchyard"
 
 
-async def _serve(config_path: str | Path, host: str, port: int, data_dir: Path, log_level: str) -> None:
+async def _serve(
+    config_path: str | Path,
+    host: str,
+    port: int,
+    data_dir: Path,
+    log_level: str,
+    pipeline_factory: PipelineFactory | None = None,
+) -> None:
     from gateway.pipeline import open_embedded  # the pipeline imports the backends: only when serving
     from gateway.server.app import create_app
 
     config = load_config(config_path)
     data_dir.mkdir(parents=True, exist_ok=True)
-    pipeline = await open_embedded(config, data_dir)
+    await _preload(config)
+    pipeline = await (pipeline_factory(config) if pipeline_factory else open_embedded(config, data_dir))
     app = create_app(pipeline, manage_pipeline=True)
     server = uvicorn.Server(
         uvicorn.Config(
-            app, host=host, port=port, access_log=False, log_level=log_level, lifespan="on",
-            timeout_graceful_shutdown=10, server_header=False,
+            app,
+            host=host,
+            port=port,
+            access_log=False,
+            log_level=log_level,
+            lifespan="on",
+            timeout_graceful_shutdown=10,
+            server_header=False,
         )
     )
     log.info("batchyard serving on http://%s:%d (data in %s)", host, port, data_dir)
     await server.serve()
+
+
+async def _preload(config: Config) -> None:
+    """Import LiteLLM (seconds of work) before serving, so the first batch doesn't stall the event loop."""
+    if any(route.kind is not RouteKind.LOCAL for route in config.routes.values()):
+        await asyncio.to_thread(importlib.import_module, "litellm")
+
+
+def _quiet_libraries(log_level: str) -> None:
+    # LiteLLM logs every request at INFO (twice: its own handler and ours); keep its warnings and errors.
+    if log_level != "debug":
+        for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -54,13 +90,19 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def serve(
-    config_path: str | Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-    data_dir: str | Path = DEFAULT_DATA_DIR, *, log_level: str = "info",
+    config_path: str | Path,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    data_dir: str | Path = DEFAULT_DATA_DIR,
+    *,
+    log_level: str = "info",
+    pipeline_factory: PipelineFactory | None = None,
 ) -> None:
     """Run the gateway until SIGTERM/SIGINT; raises `ConfigError` for a bad config."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _quiet_libraries(log_level)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(_serve(config_path, host, port, Path(data_dir), log_level))
+        runner.run(_serve(config_path, host, port, Path(data_dir), log_level, pipeline_factory))
 
 
 def main(argv: list[str] | None = None) -> int:
