@@ -76,7 +76,7 @@ def _resolve(value: Any, path: str, key: str) -> Any:
             raise ConfigError(path, key, f"environment variable {name} is not set")
         return os.environ[name]
     if isinstance(value, dict):
-        return {k: _resolve(v, path, f"{key}.{k}") for k, v in value.items()}
+        return {k: _resolve(v, path, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
     if isinstance(value, list):
         return [_resolve(v, path, f"{key}[{i}]") for i, v in enumerate(value)]
     return value
