@@ -1,0 +1,159 @@
+"""Bad input and bad config: the exact code and 1-based line each must give, never a traceback.
+
+These run `batchyard run` in-process (the real command's `main`); no request
+reaches an upstream, so the config points at a closed port: a call would fail loudly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+
+CONFIG = """
+model_list:
+  - model_name: known
+    litellm_params: {model: openai/known, api_key: sk-test, api_base: "http://127.0.0.1:9/v1"}
+batch_settings: {max_lines: 5}
+"""
+
+
+def ok(cid: str, model: str = "no-such-model", url: str = "/v1/chat/completions", **extra: object) -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": "x"}], **extra}
+    return json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body})
+
+
+@pytest.fixture()
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG)
+    return path
+
+
+def run(tmp_path: Path, config: Path, content: str | bytes) -> tuple[int, str, Path]:
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(content.encode() if isinstance(content, str) else content)
+    out = tmp_path / "out.jsonl"
+    code = main(["run", "-i", str(src), "-o", str(out), "--config", str(config), "--no-progress"])
+    return code, "", out
+
+
+FATAL_CASES = [
+    ("invalid_json_line", 2, ok("a") + "\n{not json\n"),
+    ("invalid_json_line", 1, "[1, 2]\n"),
+    ("missing_required_parameter", 2, ok("a") + "\n" + json.dumps({"method": "POST", "url": "/v1/chat/completions",
+                                                                    "body": {"model": "known"}})),
+    ("missing_required_parameter", 1, json.dumps({"custom_id": "a", "method": "POST", "body": {"model": "known"}})),
+    ("missing_required_parameter", 1, json.dumps({"custom_id": "a", "url": "/v1/embeddings", "body": {}})),
+    ("missing_required_parameter", 1, json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/embeddings"})),
+    ("missing_required_parameter", 1, json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/embeddings",
+                                                  "body": {"input": "x"}})),
+    ("invalid_request", 1, json.dumps({"custom_id": "a", "method": "GET", "url": "/v1/embeddings",
+                                       "body": {"model": "known"}})),
+    ("invalid_request", 1, json.dumps({"custom_id": 7, "method": "POST", "url": "/v1/embeddings",
+                                       "body": {"model": "known"}})),
+    ("invalid_request", 1, json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": []})),
+    ("duplicate_custom_id", 3, "\n".join([ok("a"), ok("b"), ok("a")])),
+    ("empty_file", None, ""),
+    ("empty_file", None, "\n\n  \n"),
+    ("too_many_tasks", 6, "\n".join(ok(f"c{i}") for i in range(6))),
+]
+
+
+@pytest.mark.parametrize(("code", "line", "content"), FATAL_CASES)
+def test_fatal_problems_reject_the_file(
+    tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str], code: str, line: int | None, content: str
+) -> None:
+    status, _, out = run(tmp_path, config, content)
+    err = capsys.readouterr().err
+    assert status == 1
+    assert not out.exists()  # nothing half-written
+    where = f"line {line}" if line is not None else "file"
+    assert f"{where}: {code}:" in err
+    assert "Traceback" not in err
+
+
+def test_every_fatal_problem_is_listed(tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, _ = run(tmp_path, config, "\n".join(["{", ok("a"), ok("a"), "nope"]))
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "line 1: invalid_json_line" in err and "line 3: duplicate_custom_id" in err
+    assert "line 4: invalid_json_line" in err
+
+
+def test_per_line_problems_are_answered_in_place(
+    tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    content = "\ufeff" + "\r\n".join([
+        ok("unknown", "no-such-model"),
+        ok("bad-url", "known", url="/v1/images/generations"),
+        "",
+        ok("streaming", "known", stream=True),
+        ok("v2-chat", "known", url="/v2/chat/completions"),
+    ]) + "\r\n"
+    status, _, out = run(tmp_path, config, content)
+    assert status == 0, capsys.readouterr().err
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["custom_id"] for x in lines] == ["unknown", "bad-url", "streaming", "v2-chat"]
+    got = [(x["response"]["status_code"], x["response"]["body"]["error"]["code"]) for x in lines]
+    assert got == [(404, "model_not_found"), (400, "invalid_url"), (400, "streaming_unsupported"),
+                   (400, "invalid_url")]
+    assert all(x["error"] is None and x["id"].startswith("batch_req_") for x in lines)
+
+
+def test_missing_input_file(tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["run", "-i", str(tmp_path / "nope.jsonl"), "-o", str(tmp_path / "o"), "--config", str(config)])
+    err = capsys.readouterr().err
+    assert code == 1 and "does not exist" in err and "Traceback" not in err
+
+
+CONFIG_CASES = [
+    ("", "(top level)"),
+    ("model_list: []", "model_list"),
+    ("model_list: [{model_name: a}]", "model_list[0].litellm_params.model"),
+    ("model_list: [{model_name: a, litellm_params: {model: gpt-4o}}]", "model_list[0].litellm_params.model"),
+    ("model_list: [{model_name: a, litellm_params: {model: openai/a, api_key: os.environ/BATCHYARD_NOT_SET}}]",
+     "model_list[0].litellm_params.api_key"),
+    ("model_list: [{model_name: a, litellm_params: {model: openai/a}}]\nbatch_settings: {max_lines: -1}",
+     "batch_settings.max_lines"),
+    ("model_list: [{model_name: a, litellm_params: {model: openai/a}}]\nbatch_settings: {shards: 3}",
+     "batch_settings.shards"),
+    ("model_list: [{model_name: a, litellm_params: {model: openai/a}}]\n"
+     "batch_settings: {teams: [{team_id: t, models: [b]}]}", "batch_settings.teams[0].models"),
+    ("model_list: [{model_name: a, litellm_params: {model: openai/a}, model_info: {batch_mode: weekly}}]",
+     "model_list[0].model_info.batch_mode"),
+    ("model_list:\n  - model_name: a\n   bad: [", "line"),
+]
+
+
+@pytest.mark.parametrize(("text", "key"), CONFIG_CASES)
+def test_bad_config_names_file_and_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, key: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    src = tmp_path / "in.jsonl"
+    src.write_text(ok("a"))
+    code = main(["run", "-i", str(src), "-o", str(tmp_path / "out"), "--config", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"{path}: {key}" in err, err
+    assert "Traceback" not in err
+
+
+def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["run", "-i", "x", "-o", "y", "--config", str(tmp_path / "none.yaml")])
+    assert code == 2 and "no such file" in capsys.readouterr().err
+
+
+def test_help_explains_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--input-file", "--output-file", "--config", "--error-file", "--model", "--served-model-name",
+                 "exit status"):
+        assert flag in text
