@@ -32,7 +32,8 @@ class Route:
         """A local route's engine arguments, with the model path taken from `vllm/<path>`."""
         entry = self.deployments[0]
         model = entry["litellm_params"]["model"].removeprefix("vllm/")
-        return {"model": model, **(entry.get("engine_args") or {})}
+        # The engine answers to the name lines use (vLLM checks body.model against it).
+        return {"model": model, "served_model_name": [self.model_name], **(entry.get("engine_args") or {})}
 
     @property
     def model_info(self) -> dict[str, Any]:
