@@ -52,7 +52,7 @@ def gw(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         upstream,
         master_key=MASTER,
         teams=teams,
-        completion_windows={"2s": 2},
+        completion_windows={"4s": 4},  # short enough to watch a batch expire
         max_lines=MAX_LINES,
         max_file_bytes=MAX_FILE_BYTES,
     )
@@ -229,8 +229,8 @@ def test_cancel_keeps_finished_results(beta: OpenAI) -> None:
 def test_expiry_keeps_finished_results(beta: OpenAI) -> None:
     lines = [chat_line("early0", "gpt-mini", "in time"), chat_line("early1", "gpt-mini", "in time too")]
     lines += [chat_line(f"late{i}", "gpt-mini", f"#sleep:20000 late {i}") for i in range(3)]
-    created = submit(beta, lines, completion_window="2s")
-    assert created.expires_at is not None and created.expires_at - created.created_at == 2
+    created = submit(beta, lines, completion_window="4s")
+    assert created.expires_at is not None and created.expires_at - created.created_at == 4
     batch = wait_batch(beta, created.id, timeout=30)
     assert batch.status == "expired" and batch.expired_at
     assert _ids(read_jsonl(beta, batch.output_file_id)) == ["early0", "early1"]
@@ -459,6 +459,16 @@ def test_bad_requests_answer_openai_errors(gw: Gateway, beta: OpenAI) -> None:
     _assert_error(gw.http("PUT", "/v1/files", BETA), 405)
     _assert_error(gw.http("GET", "/v1/files?limit=ten", BETA), 422)
     _assert_error(gw.http("GET", "/v1/batches/batch_missing", BETA), 404, "not_found")
+
+
+def test_server_fault_is_a_json_500(gw: Gateway, beta: OpenAI) -> None:
+    file = beta.files.create(file=("lost.jsonl", b"{}\n"), purpose="batch")
+    [blob] = [p for p in (gw.data_dir / "blobs").rglob("*") if p.name == file.id]
+    blob.unlink()  # the record survives its bytes: a real server-side fault
+    reply = gw.http("GET", f"/v1/files/{file.id}/content", BETA)
+    error = _assert_error(reply, 500)
+    assert error["type"] == "server_error" and "Traceback" not in reply.text and str(blob) not in reply.text
+    assert gw.http("GET", "/health").status_code == 200
 
 
 # --------------------------------------------------------------------------- separate servers

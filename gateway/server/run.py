@@ -48,9 +48,11 @@ async def _serve(
     from gateway.server.app import create_app
 
     config = load_config(config_path)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    await _preload(config)
-    pipeline = await (pipeline_factory(config) if pipeline_factory else open_embedded(config, data_dir))
+    if pipeline_factory is not None:
+        pipeline, where = await pipeline_factory(config), "shared store"
+    else:
+        await _preload(config)  # this process runs every shard
+        pipeline, where = await open_embedded(config, data_dir), f"data in {data_dir}"
     app = create_app(pipeline, manage_pipeline=True)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -64,7 +66,7 @@ async def _serve(
             server_header=False,
         )
     )
-    log.info("batchyard serving on http://%s:%d (data in %s)", host, port, data_dir)
+    log.info("batchyard serving on http://%s:%d (%s)", host, port, where)
     await server.serve()
 
 
