@@ -162,11 +162,11 @@ def gateway_config(
     config: dict[str, Any] = {"model_list": model_list, "router_settings": {"num_retries": 0, "timeout": 30}}
     if master_key:
         config["general_settings"] = {"master_key": master_key}
-    # spelled out: gateway/config.py reads a slots dataclass's defaults wrongly when these are absent
-    settings = {"max_line_bytes": 1 << 20, "max_errors_listed": 100, **batch_settings}
+    settings = dict(batch_settings)
     if teams:
         settings["teams"] = teams
-    config["batch_settings"] = settings
+    if settings:
+        config["batch_settings"] = settings
     return config
 
 
