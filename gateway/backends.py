@@ -8,6 +8,7 @@ shard that needs it; native routes share the provider-batch backend.
 from __future__ import annotations
 
 import asyncio
+import importlib
 
 from gateway.backend import Backend
 from gateway.config import Config
@@ -58,6 +59,11 @@ class BackendPool:
                 await backend.start()
                 self._backends[route_name] = backend
             return backend
+
+    async def warm_up(self) -> None:
+        """Import LiteLLM (seconds of work) in a thread, so the first shard doesn't stall the event loop."""
+        if any(r.kind is not RouteKind.LOCAL for r in self._config.routes.values()):
+            await asyncio.to_thread(importlib.import_module, "litellm")
 
     async def start_local(self) -> None:
         """Start every local engine now (fail fast on a bad model path, before any request)."""

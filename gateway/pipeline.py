@@ -404,6 +404,8 @@ class Pipeline:
     # -- workers and upkeep -------------------------------------------------------------
 
     async def start(self, workers: bool = True) -> None:
+        if workers:
+            await self.backends.warm_up()
         if self._recover_on_start:
             await self.recover()
         if workers:
