@@ -1,0 +1,248 @@
+"""`LocalEngineBackend`: the in-process vLLM engine behind the `Backend` interface.
+
+One `AsyncLLM` (vLLM's v1 engine; its engine core runs in one child process)
+and vLLM's own OpenAI serving layer on top, built as `vllm run_batch` builds it
+(see `local_engine.serving`), so response bodies are the ones `vllm serve`
+returns. Unlike run_batch we also serve `/v1/completions`, never hold a whole
+file, and keep at most `max_in_flight` requests in the engine at once, shared
+by every concurrent `execute` call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import gc
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from gateway.records import BatchRequest, Endpoint, Result
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from local_engine.serving import ServingLayer
+
+log = logging.getLogger(__name__)
+
+
+class EngineStartError(RuntimeError):
+    """The engine could not be started (bad model path, bad engine_args, engine-core failure)."""
+
+
+class LocalEngineBackend:
+    """Executes requests on an in-process vLLM engine.
+
+    `engine_args` are `vllm run_batch`'s options by python name, e.g.
+    ``{"model": "/models/llama", "served_model_name": ["llama-3-8b"],
+    "max_model_len": 8192, "dtype": "bfloat16", "enforce_eager": True}``;
+    `model` is required. Requests whose `body["model"]` is not a served name
+    get vLLM's 404.
+
+    `max_in_flight` bounds the requests inside the engine at once (default:
+    twice the engine's `max_num_seqs`, so the scheduler always has a full
+    batch waiting). `endpoints` is known once `start()` has returned.
+    """
+
+    def __init__(self, engine_args: Mapping[str, Any], *, max_in_flight: int | None = None) -> None:
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        self.engine_args: dict[str, Any] = dict(engine_args)
+        self._max_in_flight_arg = max_in_flight
+        self.max_in_flight = max_in_flight or 0
+        self._engine: AsyncLLM | None = None
+        self._serving: ServingLayer | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._start_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+
+    @property
+    def endpoints(self) -> frozenset[Endpoint]:  # type: ignore[override]
+        return self._serving.endpoints if self._serving is not None else frozenset()
+
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        return self._serving.served_model_names if self._serving is not None else ()
+
+    @property
+    def started(self) -> bool:
+        return self._serving is not None
+
+    async def start(self) -> None:
+        """Build the engine and the serving layer once; later calls return at once."""
+        async with self._start_lock:
+            if self._closed:
+                raise RuntimeError("LocalEngineBackend is closed")
+            if self._serving is not None:
+                return
+            _check_model_path(self.engine_args.get("model"))
+            from local_engine import serving
+
+            try:
+                args = serving.build_args(self.engine_args)
+            except (ValueError, KeyError) as exc:
+                raise EngineStartError(f"bad engine_args: {exc}") from exc
+            engine = await _build_engine_off_loop(args)
+            try:
+                layer = await serving.ServingLayer.create(engine, args)
+                if self._closed:
+                    raise RuntimeError("LocalEngineBackend was closed while starting")
+            except BaseException:
+                serving.shutdown_engine(engine)
+                raise
+            self._engine, self._serving = engine, layer
+            # vLLM keeps some import-time tracebacks that pin this frame: drop the engine from it so aclose() frees it.
+            del engine, layer
+            self.max_in_flight = self._max_in_flight_arg or max(1, 2 * self._serving.max_num_seqs)
+            self._slots = asyncio.Semaphore(self.max_in_flight)
+            log.info(
+                "local engine ready: model=%s served=%s endpoints=%s max_in_flight=%d",
+                args.model,
+                ",".join(self._serving.served_model_names),
+                ",".join(sorted(e.value for e in self._serving.endpoints)),
+                self.max_in_flight,
+            )
+
+    async def aclose(self) -> None:
+        """Abort what is in flight and stop the engine-core process. Idempotent."""
+        self._closed = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        engine, self._engine, self._serving = self._engine, None, None
+        if engine is not None:
+            from local_engine.serving import shutdown_engine
+
+            shutdown_engine(engine)  # synchronous, so a cancellation cannot cut it short
+            del engine
+            gc.collect()  # collect the engine's reference cycles now, not in a noisy __del__ at interpreter exit
+
+    async def __aenter__(self) -> LocalEngineBackend:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # -- execution ------------------------------------------------------------------------------------------------
+
+    async def execute(self, requests: Sequence[BatchRequest]) -> AsyncIterator[Result]:
+        """Yield one `Result` per request, as each finishes.
+
+        Requests enter the engine as slots free up; closing the iterator early
+        (or cancelling its consumer) aborts the ones still running.
+        """
+        if self._serving is None or self._slots is None:
+            raise RuntimeError("LocalEngineBackend.start() has not been called (or it was closed)")
+        serving, slots = self._serving, self._slots
+        done: asyncio.Queue[Result | None] = asyncio.Queue()  # None: the backend was closed under us
+        mine: set[asyncio.Task[Any]] = set()
+
+        def forget(task: asyncio.Task[Any]) -> None:
+            mine.discard(task)
+            self._tasks.discard(task)
+
+        def finished(task: asyncio.Task[Result]) -> None:
+            slots.release()
+            forget(task)
+            ok = not task.cancelled() and task.exception() is None
+            done.put_nowait(task.result() if ok else None)
+
+        def fed(task: asyncio.Task[None]) -> None:
+            forget(task)
+            if task.cancelled() or task.exception() is not None:
+                done.put_nowait(None)
+
+        async def feed() -> None:
+            for req in requests:
+                await slots.acquire()
+                task = asyncio.create_task(_run_one(serving, req))
+                mine.add(task)
+                self._tasks.add(task)
+                task.add_done_callback(finished)
+
+        feeder = asyncio.create_task(feed())
+        mine.add(feeder)
+        self._tasks.add(feeder)
+        feeder.add_done_callback(fed)
+        try:
+            for _ in range(len(requests)):
+                result = await done.get()
+                if result is None:
+                    raise RuntimeError("the local engine backend was closed while executing")
+                yield result
+        finally:
+            pending = list(mine)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def _run_one(serving: ServingLayer, req: BatchRequest) -> Result:
+    from vllm.utils import random_uuid
+
+    try:
+        status, body = await serving.reply(req.url, req.body)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # reply() catches everything it can; this is a last guard
+        log.exception("local engine: request %s failed", req.custom_id)
+        from local_engine.serving import error_reply
+
+        status, body = error_reply(exc)
+    return Result(
+        line=req.line,
+        custom_id=req.custom_id,
+        status_code=status,
+        body=body,
+        request_id=f"vllm-batch-{random_uuid()}",
+        model=req.model,
+    )
+
+
+def _check_model_path(model: Any) -> None:
+    """Fail fast on a local path that is not there (vLLM would otherwise try the Hub)."""
+    if not model:
+        raise EngineStartError("engine_args needs a 'model'")
+    text = str(model)
+    looks_local = isinstance(model, Path) or text.startswith(("/", "./", "../", "~", os.sep))
+    if looks_local and not Path(text).expanduser().is_dir():
+        raise EngineStartError(f"model path {text!r} does not exist or is not a directory")
+
+
+async def _build_engine_off_loop(args: Any) -> AsyncLLM:
+    """Build the engine in a worker thread so the event loop keeps serving while it loads.
+
+    If the caller is cancelled (Ctrl-C) meanwhile, the engine is shut down as
+    soon as its construction finishes, so no engine-core process is left behind.
+    """
+    from local_engine.serving import build_engine, shutdown_engine
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-engine-start")
+    future = pool.submit(build_engine, args)
+    pool.shutdown(wait=False)
+    try:
+        return await asyncio.wrap_future(future)
+    except asyncio.CancelledError:
+
+        def _discard(fut: concurrent.futures.Future[AsyncLLM]) -> None:
+            if not fut.cancelled() and fut.exception() is None:
+                with contextlib.suppress(Exception):
+                    shutdown_engine(fut.result())
+
+        future.add_done_callback(_discard)
+        raise
+    except Exception as exc:
+        raise EngineStartError(f"vLLM engine failed to start for model {args.model!r}: {exc}") from exc

@@ -1,0 +1,218 @@
+"""vLLM's own OpenAI serving layer, built the way `vllm run_batch` builds it.
+
+Everything here imports vLLM; `local_engine.backend` imports this module only
+inside `start()`, so the core works without the engine extra.
+
+The pieces, each as in vLLM 0.32.0's `vllm.entrypoints.launchers.run_batch`:
+- `build_args`: the run_batch command line's namespace (frontend + engine
+  args), with the caller's `engine_args` laid over its defaults.
+- `build_engine`: `AsyncEngineArgs.from_cli_args` -> `VllmConfig` -> `AsyncLLM`
+  (v1 engine), as `build_async_engine_client_from_engine_args` does.
+- `ServingLayer.create`: `init_app_state`, the function `vllm serve` and
+  run_batch both use to build `OpenAIServingChat`, `OpenAIServingCompletion`,
+  `ServingEmbedding`, `ServingScores`, `OpenAIServingModels`, ...
+- `ServingLayer.reply`: one request through the serving object, and the
+  response turned into (status code, body) the way run_batch's `run_request`
+  does (an `ErrorResponse` keeps its code; an exception goes through
+  `create_error_response`; a streaming answer is a 400).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from argparse import Namespace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+from gateway.records import Endpoint
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+Reply = tuple[int, dict[str, Any]]
+
+STREAM_MESSAGE = "Request must not be sent in stream mode"  # run_batch's words for a streaming answer
+
+
+def build_args(engine_args: Mapping[str, Any]) -> Namespace:
+    """run_batch's argument namespace with `engine_args` applied.
+
+    Keys are the python names of `vllm run_batch`'s options (`max_model_len`,
+    `dtype`, `served_model_name`, `chat_template`, ...); dashes are accepted
+    too. An unknown key is a `ValueError`.
+    """
+    from vllm.entrypoints.launchers.run_batch import make_arg_parser, validate_run_batch_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    if not engine_args.get("model"):
+        raise ValueError("engine_args needs a 'model' (a local path or a Hugging Face model id)")
+    parser = make_arg_parser(FlexibleArgumentParser(prog="batchyard-local-engine"))
+    args = parser.parse_args(["--model", str(engine_args["model"]), "-i", "-", "-o", "-"])
+    known = vars(args)
+    unknown = sorted(k for k in engine_args if k.replace("-", "_") not in known)
+    if unknown:
+        raise ValueError(f"unknown engine_args for vLLM: {', '.join(unknown)}")
+    for key, value in engine_args.items():
+        name = key.replace("-", "_")
+        if name == "model":
+            value = str(value)
+        elif name == "served_model_name" and isinstance(value, str):
+            value = [value]
+        setattr(args, name, value)
+    validate_run_batch_args(args)
+    return args
+
+
+_BUILD_LOCK = threading.Lock()
+
+
+def build_engine(args: Namespace) -> AsyncLLM:
+    """Create the v1 `AsyncLLM` (blocking: starts and waits for the engine-core process).
+
+    One engine is built at a time per process: vLLM's config set-up touches
+    process-wide state, and engines loading side by side would profile device
+    memory against each other.
+    """
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import propagate_flash_late_interaction
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    with _BUILD_LOCK:
+        engine_args = AsyncEngineArgs.from_cli_args(args)
+        propagate_flash_late_interaction(args, engine_args)
+        usage = UsageContext.OPENAI_BATCH_RUNNER
+        vllm_config = engine_args.create_engine_config(usage_context=usage)
+        return AsyncLLM.from_vllm_config(
+            vllm_config=vllm_config,
+            usage_context=usage,
+            enable_log_requests=engine_args.enable_log_requests,
+            aggregate_engine_logging=engine_args.aggregate_engine_logging,
+            disable_log_stats=engine_args.disable_log_stats,
+        )
+
+
+def shutdown_engine(engine: AsyncLLM) -> None:
+    """Stop the engine-core process, with the grace period `vllm serve` and run_batch use."""
+    engine.shutdown(timeout=engine.vllm_config.shutdown_timeout)
+
+
+def error_reply(message: str | Exception, **kwargs: Any) -> Reply:
+    """An error reply in vLLM's shape (`create_error_response`: 400 BadRequestError unless told)."""
+    from vllm.entrypoints.serve import create_error_response
+
+    err = create_error_response(message, **kwargs)
+    return err.error.code, err.model_dump(mode="json")
+
+
+@dataclass(slots=True)
+class _Route:
+    parse: Callable[[dict[str, Any]], Any]
+    handler: Callable[[Any], Any]
+
+
+@dataclass(slots=True)
+class ServingLayer:
+    """The serving objects of one engine, keyed by endpoint."""
+
+    args: Namespace
+    state: Any  # starlette State, as `vllm serve` keeps it on app.state
+    routes: dict[Endpoint, _Route]
+    served_model_names: tuple[str, ...]
+    max_num_seqs: int
+
+    @property
+    def endpoints(self) -> frozenset[Endpoint]:
+        return frozenset(self.routes)
+
+    @classmethod
+    async def create(cls, engine: AsyncLLM, args: Namespace) -> ServingLayer:
+        from pydantic import TypeAdapter
+        from starlette.datastructures import State
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+        from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
+        from vllm.entrypoints.pooling.scoring.protocol import RerankRequest, ScoreRequest
+
+        await engine.reset_mm_cache()
+        supported_tasks = await engine.get_supported_tasks()
+        state = State()
+        await init_app_state(engine, state, args, supported_tasks)
+
+        routes: dict[Endpoint, _Route] = {}
+        chat = getattr(state, "openai_serving_chat", None)
+        if chat is not None:
+            routes[Endpoint.CHAT] = _Route(ChatCompletionRequest.model_validate, chat.create_chat_completion)
+        completion = getattr(state, "openai_serving_completion", None)
+        if completion is not None:
+            routes[Endpoint.COMPLETIONS] = _Route(CompletionRequest.model_validate, completion.create_completion)
+        embedding = getattr(state, "serving_embedding", None)
+        if embedding is not None:
+            routes[Endpoint.EMBEDDINGS] = _Route(TypeAdapter(EmbeddingRequest).validate_python, embedding)
+        scores = getattr(state, "serving_scores", None)
+        if scores is not None:
+            routes[Endpoint.SCORE] = _Route(TypeAdapter(ScoreRequest).validate_python, scores)
+            routes[Endpoint.RERANK] = _Route(RerankRequest.model_validate, scores)
+
+        names = tuple(m.name for m in state.openai_serving_models.base_model_paths)
+        return cls(args, state, routes, names, engine.vllm_config.scheduler_config.max_num_seqs)
+
+    async def reply(self, url: Endpoint, body: dict[str, Any]) -> Reply:
+        """Run one request; never raises except for cancellation."""
+        import pydantic
+
+        route = self.routes.get(url)
+        if route is None:
+            return error_reply(f"Model does not support endpoint: {url.value}")
+        if body.get("stream"):
+            # run_batch answers a streaming request with a 400; we refuse it before it reaches the engine.
+            return error_reply(STREAM_MESSAGE)
+        try:
+            request = route.parse(body)
+        except pydantic.ValidationError as exc:
+            return await self._validation_reply(exc)
+        try:
+            response = await route.handler(request)
+        except Exception as exc:  # run_batch: any exception becomes create_error_response(e)
+            return error_reply(exc)
+        return await _to_reply(response)
+
+    async def _validation_reply(self, exc: Any) -> Reply:
+        """A body that does not validate: the 400 `vllm serve` answers (its RequestValidationError handler)."""
+        from fastapi.exceptions import RequestValidationError
+        from vllm.entrypoints.serve.exception_handling.handlers.validation import validation_exception_handler
+
+        errors = [{**err, "loc": ("body", *err.get("loc", ()))} for err in exc.errors(include_url=False)]
+        fake_request = SimpleNamespace(app=SimpleNamespace(state=self.state), state=SimpleNamespace())
+        response = await validation_exception_handler(fake_request, RequestValidationError(errors))  # type: ignore[arg-type]
+        return response.status_code, json.loads(bytes(response.body))
+
+
+async def _to_reply(response: Any) -> Reply:
+    from pydantic import BaseModel
+    from starlette.responses import Response, StreamingResponse
+    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+    if isinstance(response, ErrorResponse):
+        return response.error.code, response.model_dump(mode="json")
+    if isinstance(response, BaseModel):
+        return 200, response.model_dump(mode="json")
+    if isinstance(response, Response) and not isinstance(response, StreamingResponse):
+        with contextlib.suppress(ValueError):
+            body = json.loads(bytes(response.body))
+            if isinstance(body, dict):
+                error = body.get("error")
+                if isinstance(error, dict) and isinstance(error.get("code"), int):
+                    return error["code"], body
+                return response.status_code, body
+    # An async generator (a stream) or a non-JSON response: run_batch's 400. Close it so vLLM aborts the request.
+    close = getattr(response, "aclose", None) or getattr(getattr(response, "body_iterator", None), "aclose", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            await close()
+    return error_reply(STREAM_MESSAGE)
