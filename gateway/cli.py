@@ -14,6 +14,8 @@ from gateway.config import Config, load_config, local_model_config
 from gateway.errors import ApiError, ConfigError
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# vLLM logs every engine step at INFO; -v turns it back on.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if {"-v", "--verbose"} & set(sys.argv) else "WARNING")
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_DELIVERY, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -77,7 +79,25 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=4000)
     serve.add_argument("--data-dir", default=".batchyard/data", help="embedded store: records and files live here")
+    _shared_args(serve)
+    serve.add_argument("--with-worker", action="store_true", help="shared mode: also run shards, for every route")
+    worker = sub.add_parser("worker", help="run shards from the shared queue (Redis) for the models hosted here",
+                            description="A worker of the shared mode: runs the shards of its routes from Redis "
+                            "Streams, records results in Redis, reads and writes files in the shared storage.")
+    worker.add_argument("--config", required=True, help="LiteLLM-style YAML config (the API replicas' one)")
+    _shared_args(worker)
+    worker.add_argument("--models", help="comma-separated local models this worker hosts (default: every local "
+                        "model of the config); upstream models are always served")
     return parser
+
+
+def _shared_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--redis-url", help="shared mode: records and the shard queue in this Redis (redis://host:port/db)")
+    p.add_argument("--storage", default=".batchyard/blobs",
+                   help="shared mode: files in s3://bucket/prefix (endpoint: $BATCHYARD_S3_ENDPOINT_URL or "
+                   "$AWS_ENDPOINT_URL_S3) or a directory every process reaches")
+    p.add_argument("--claim-idle", type=float, default=30.0,
+                   help="shared mode: seconds a dead worker's shard waits before another worker takes it over")
 
 
 def _engine_args(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
@@ -126,6 +146,14 @@ def _load(args: argparse.Namespace, extra: list[str]) -> Config:
     raise ConfigError("command line", "--config/--model", "one of them is required")
 
 
+def _loop_factory() -> Any:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def quiet_libraries(verbose: bool) -> None:
     """LiteLLM logs every retry and model-map miss at ERROR through its own handlers; keep them for -v."""
     for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx"):
@@ -154,13 +182,25 @@ def main(argv: list[str] | None = None) -> int:
                 data_dir=Path(args.data_dir) if args.data_dir else None,
                 output_tmp_dir=Path(args.output_tmp_dir) if args.output_tmp_dir else None,
                 progress=not (args.no_progress or args.quiet), summary=not args.quiet,
+                run_batch_errors=bool(args.model),  # the drop-in writes errors as run_batch does
             )
-            return asyncio.run(run_batch_file(config, opts))
+            with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+                return runner.run(run_batch_file(config, opts))
+        if args.command == "worker":
+            from gateway.worker import run_worker_command
+
+            return run_worker_command(args)
+        if args.command == "serve" and args.redis_url:
+            from gateway.distributed import serve_shared
+
+            serve_shared(args.config, args.host, args.port, redis_url=args.redis_url, storage=args.storage,
+                         with_worker=args.with_worker, claim_idle=args.claim_idle)
+            return EXIT_OK
         if args.command == "serve":
-            config = load_config(args.config)
+            load_config(args.config)  # a bad config fails here, before the server starts
             from gateway.server.run import serve
 
-            serve(config, args.host, args.port, Path(args.data_dir))
+            serve(args.config, args.host, args.port, Path(args.data_dir))
             return EXIT_OK
     except ConfigError as exc:
         print(f"batchyard: config error: {exc}", file=sys.stderr)

@@ -81,7 +81,7 @@ async def _results(blobs: Blobs, shard: Shard) -> AsyncIterator[Result]:
 
 
 async def merge_shards(
-    blobs: Blobs, shards: Sequence[Shard], output_key: str, error_key: str | None
+    blobs: Blobs, shards: Sequence[Shard], output_key: str, error_key: str | None, *, run_batch_errors: bool = False
 ) -> tuple[Summary, int, int]:
     """Merge sealed shards by line into `output_key` (and failures into `error_key` when given).
 
@@ -102,7 +102,7 @@ async def merge_shards(
         while heap:
             _, i, result = heapq.heappop(heap)
             summary.add(result)
-            data = json.dumps(result.output_line(), separators=(",", ":")).encode() + b"\n"
+            data = json.dumps(result.output_line(run_batch_errors), separators=(",", ":")).encode() + b"\n"
             if err is not None and not result.ok:
                 await err.write(data)
                 n_err += 1

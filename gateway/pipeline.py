@@ -168,6 +168,7 @@ class Pipeline:
         self, owner: str, *, input_file_id: str, endpoint: str | None, completion_window: str | None,
         metadata: dict[str, Any] | None = None, output_expires_after: dict[str, Any] | None = None,
         allowed_models: list[str] | None = None, strict: bool = True, split_errors: bool = True,
+        run_batch_errors: bool = False,
     ) -> BatchRecord:
         """A new batch in `validating`; validation and execution go on in the background.
 
@@ -197,7 +198,8 @@ class Pipeline:
             id=new_id("batch"), owner=owner, endpoint=endpoint or "*", input_file_id=input_file_id,
             completion_window=completion_window or "none", status=BatchStatus.VALIDATING, created_at=created,
             expires_at=created + window, metadata=meta, output_expires_after=output_expires_after,
-            options=BatchOptions(strict=strict, split_errors=split_errors, allowed_models=allowed_models),
+            options=BatchOptions(strict=strict, split_errors=split_errors, allowed_models=allowed_models,
+                                 run_batch_errors=run_batch_errors),
         )
         await self.store.put_batch(batch)
         self._spawn(self._validate(batch.id), f"validate-{batch.id}")
@@ -376,7 +378,8 @@ class Pipeline:
         output_id = _derived_id("file", batch_id, "output")
         error_id = _derived_id("file", batch_id, "errors") if batch.options.split_errors else None
         summary, n_out, n_err = await merge_shards(
-            self.blobs, shards, f"files/{output_id}", f"files/{error_id}" if error_id else None
+            self.blobs, shards, f"files/{output_id}", f"files/{error_id}" if error_id else None,
+            run_batch_errors=batch.options.run_batch_errors,
         )
         created = now()
         expires_at = _expiry(batch.output_expires_after, created, "output_expires_after")

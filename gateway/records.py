@@ -160,12 +160,20 @@ class Result:
         body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
         return cls(line=req_line, custom_id=custom_id, status_code=status, body=body, model=model)
 
-    def output_line(self) -> dict[str, Any]:
-        """The line written to the output or error file (OpenAI's batch output shape)."""
+    def output_line(self, run_batch_errors: bool = False) -> dict[str, Any]:
+        """The line written to the output or error file (OpenAI's batch output shape).
+
+        With `run_batch_errors`, an error reply is written as vLLM's run_batch
+        writes it: `response.body` null and the error body in `error`.
+        """
         response = None
+        error: Any = self.error
         if self.status_code is not None:
-            response = {"status_code": self.status_code, "request_id": self.request_id, "body": self.body}
-        return {"id": self.id, "custom_id": self.custom_id, "response": response, "error": self.error}
+            body = self.body
+            if run_batch_errors and not self.ok:
+                body, error = None, self.body
+            response = {"status_code": self.status_code, "request_id": self.request_id, "body": body}
+        return {"id": self.id, "custom_id": self.custom_id, "response": response, "error": error}
 
     def to_json(self) -> dict[str, Any]:
         """The journal form: the output line plus what merging and summaries need."""

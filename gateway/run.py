@@ -33,6 +33,7 @@ class RunOptions:
     output_tmp_dir: Path | None = None
     progress: bool = True
     summary: bool = True
+    run_batch_errors: bool = False
 
 
 def _say(message: str) -> None:
@@ -71,7 +72,7 @@ async def _run(pipeline: Pipeline, opts: RunOptions) -> int:
         return EXIT_INPUT
     batch = await pipeline.create_batch(
         "", input_file_id=source.id, endpoint=None, completion_window=None, strict=False,
-        split_errors=opts.error_file is not None,
+        split_errors=opts.error_file is not None, run_batch_errors=opts.run_batch_errors,
     )
     batch = await _watch(pipeline, batch.id, opts.progress)
     if batch.status is BatchStatus.FAILED:

@@ -73,6 +73,9 @@ class BatchOptions:
     split_errors: bool = True
     # The models this batch's owner may use; None: all.
     allowed_models: list[str] | None = None
+    # Error replies written as vLLM's run_batch writes them (`response.body`
+    # null, the error body in `error`): `batchyard run --model`, the drop-in.
+    run_batch_errors: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
