@@ -56,6 +56,7 @@ async def run_batch_file(config: Config, opts: RunOptions) -> int:
 
 async def _run(pipeline: Pipeline, opts: RunOptions) -> int:
     started = time.monotonic()
+    engine_seconds = None
     # Engines first: a bad model path fails here, before any request and before any output exists.
     if any(r.kind is RouteKind.LOCAL for r in pipeline.config.routes.values()):
         try:
@@ -63,6 +64,7 @@ async def _run(pipeline: Pipeline, opts: RunOptions) -> int:
         except Exception as exc:
             _say(f"the local engine could not start: {type(exc).__name__}: {exc}")
             return EXIT_INPUT
+        engine_seconds = time.monotonic() - started
     await pipeline.start(workers=True)
     try:
         source = await pipeline.upload_file("", Path(opts.input).name or "input.jsonl", "batch",
@@ -80,7 +82,7 @@ async def _run(pipeline: Pipeline, opts: RunOptions) -> int:
         return EXIT_INPUT
     code = await _deliver(pipeline, batch, opts)
     if opts.summary:
-        _summarise(batch, time.monotonic() - started)
+        _summarise(batch, time.monotonic() - started, engine_seconds)
     return code
 
 
@@ -137,7 +139,7 @@ async def _deliver(pipeline: Pipeline, batch: BatchRecord, opts: RunOptions) -> 
     return code
 
 
-def _summarise(batch: BatchRecord, seconds: float) -> None:
+def _summarise(batch: BatchRecord, seconds: float, engine_seconds: float | None) -> None:
     summary = batch.routes.get("summary") or {}
     total = batch.counts.total
     rate = total / seconds if seconds > 0 else 0.0
@@ -153,6 +155,8 @@ def _summarise(batch: BatchRecord, seconds: float) -> None:
         for model, counts in sorted(by_model.items()):
             print("  " + model.ljust(width) + "".join(str(counts.get(s, "")).rjust(10) for s in statuses),
                   file=sys.stderr)
+    if engine_seconds is not None:
+        print(f"  local engines ready in {engine_seconds:.1f}s", file=sys.stderr)
     usage = summary.get("usage", {})
     print(f"  tokens: input {usage.get('input_tokens', 0)}, output {usage.get('output_tokens', 0)}, "
           f"total {usage.get('total_tokens', 0)}", file=sys.stderr)
