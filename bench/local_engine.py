@@ -12,6 +12,7 @@ Not a test: numbers on a shared 2-core machine are noisy; read the medians.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -59,10 +60,8 @@ def _measure(cmd: list[str]) -> tuple[float, int, str]:
     ps = psutil.Process(proc.pid)
     peak = 0
     while proc.poll() is None:
-        try:
+        with contextlib.suppress(psutil.Error):
             peak = max(peak, ps.memory_info().rss + sum(c.memory_info().rss for c in ps.children(recursive=True)))
-        except psutil.Error:
-            pass
         time.sleep(0.05)
     wall = time.perf_counter() - started
     out, err = proc.communicate()

@@ -32,16 +32,16 @@ async def read_source(spec: str) -> AsyncIterator[bytes]:
     """The bytes of `-i`, streamed."""
     if spec == "-":
         stdin = sys.stdin.buffer
-        while chunk := await asyncio.to_thread(stdin.read1, _CHUNK):  # type: ignore[attr-defined]
+        while chunk := await asyncio.to_thread(stdin.read1, _CHUNK):  # type: ignore[union-attr]
             yield chunk
         return
     if is_url(spec):
-        async with httpx.AsyncClient(timeout=httpx.Timeout(60.0), follow_redirects=True) as client:
-            async with client.stream("GET", spec) as reply:
-                if reply.status_code // 100 != 2:
-                    raise TransferError(f"GET {_redact(spec)} answered HTTP {reply.status_code}")
-                async for chunk in reply.aiter_bytes(_CHUNK):
-                    yield chunk
+        client = httpx.AsyncClient(timeout=httpx.Timeout(60.0), follow_redirects=True)
+        async with client, client.stream("GET", spec) as reply:
+            if reply.status_code // 100 != 2:
+                raise TransferError(f"GET {_redact(spec)} answered HTTP {reply.status_code}")
+            async for chunk in reply.aiter_bytes(_CHUNK):
+                yield chunk
         return
     path = Path(spec)
     if not path.is_file():

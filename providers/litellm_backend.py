@@ -29,7 +29,9 @@ _ROUTER_DEFAULTS: dict[str, Any] = {"num_retries": 3, "timeout": 600, "retry_aft
 class LiteLLMBackend:
     """One backend for every upstream route: they share the Router and its limits."""
 
-    endpoints = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES, Endpoint.RERANK})
+    endpoints = frozenset(
+        {Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES, Endpoint.RERANK}
+    )
 
     def __init__(self, routes: Sequence[Route], router_settings: dict[str, Any], max_concurrency: int) -> None:
         self._model_list = [

@@ -77,7 +77,9 @@ class SQLiteStore:
             args.append(purpose)
         op, direction = (">", "ASC") if order == "asc" else ("<", "DESC")
         if after:
-            anchor = self._db.execute("SELECT created_at FROM files WHERE id = ? AND owner = ?", (after, owner)).fetchone()
+            anchor = self._db.execute(
+                "SELECT created_at FROM files WHERE id = ? AND owner = ?", (after, owner)
+            ).fetchone()
             if anchor is not None:
                 where.append(f"(created_at, id) {op} (?, ?)")
                 args.extend([anchor[0], after])
