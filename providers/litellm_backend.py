@@ -51,7 +51,8 @@ class LiteLLMBackend:
 
         litellm.suppress_debug_info = True
         litellm.drop_params = True  # a body field one provider lacks should not fail the line
-        self._router = Router(model_list=self._model_list, **self._settings)
+        # Building a Router does seconds of synchronous work on first use: keep it off the event loop.
+        self._router = await asyncio.to_thread(Router, model_list=self._model_list, **self._settings)
 
     async def aclose(self) -> None:
         self._router = None

@@ -1,0 +1,150 @@
+"""Benchmark: `batchyard serve` under many clients, and a large streamed upload.
+
+    .venv/bin/python bench/server_load.py [--clients 50] [--lines 1000] [--upload-mb 200]
+
+Each client uploads its own N-line batch file with the real `openai` SDK,
+creates a batch, and polls it until it finishes; meanwhile a prober times
+`GET /v1/batches/{id}`. All batches must complete with every custom_id once.
+Prints throughput, the probe's p50/p99, the server's peak RSS, and the peak
+RSS while one large file is uploaded (flat: the upload is streamed to disk).
+Not a test: a shared 2-core machine is noisy; the upstream runs beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.server_helpers import Gateway, gateway_config, start_gateway  # noqa: E402
+from tests.upstream import start_upstream  # noqa: E402
+
+
+class PeakRSS:
+    def __init__(self, pid: int) -> None:
+        self._ps = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(psutil.Error):
+                self.peak = max(self.peak, self._ps.memory_info().rss)
+            time.sleep(0.02)
+
+    def __enter__(self) -> PeakRSS:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _file(client: int, lines: int) -> bytes:
+    return b"".join(
+        json.dumps({"custom_id": f"c{client}-{i}", "method": "POST", "url": "/v1/chat/completions",
+                    "body": {"model": "gpt-mini", "messages": [{"role": "user", "content": f"{client} {i}"}]}}
+                   ).encode() + b"\n"
+        for i in range(lines)
+    )
+
+
+def _client(gw: Gateway, n: int, lines: int, ids: list[str]) -> tuple[str, int]:
+    api = gw.client(None)
+    f = api.files.create(file=(f"batch-{n}.jsonl", _file(n, lines)), purpose="batch")
+    batch = api.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    ids.append(batch.id)
+    while batch.status not in ("completed", "failed", "expired", "cancelled"):
+        time.sleep(1.0)
+        batch = api.batches.retrieve(batch.id)
+    if batch.status != "completed" or batch.output_file_id is None:
+        return batch.status, 0
+    out = api.files.content(batch.output_file_id).text.splitlines()
+    seen = [json.loads(x)["custom_id"] for x in out]
+    assert seen == [f"c{n}-{i}" for i in range(lines)], f"batch {batch.id}: lines lost, repeated or out of order"
+    return batch.status, len(seen)
+
+
+def _probe(gw: Gateway, ids: list[str], stop: threading.Event, latencies: list[float]) -> None:
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        while not stop.is_set():
+            if ids:
+                started = time.perf_counter()
+                http.get(f"/v1/batches/{ids[len(latencies) % len(ids)]}")
+                latencies.append(time.perf_counter() - started)
+            time.sleep(0.05)
+
+
+def _chunks(total: int) -> Iterator[bytes]:
+    line = json.dumps({"custom_id": "x" * 40, "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"model": "gpt-mini", "messages": [{"role": "user", "content": "y" * 400}]}}
+                      ).encode() + b"\n"
+    block = line * ((1 << 20) // len(line))
+    sent = 0
+    while sent < total:
+        yield block
+        sent += len(block)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--lines", type=int, default=1_000)
+    parser.add_argument("--upload-mb", type=int, default=200)
+    args = parser.parse_args()
+    mib = 1024 * 1024
+    with start_upstream() as upstream, tempfile.TemporaryDirectory() as tmp:
+        config = gateway_config(upstream, models=("gpt-mini",), max_file_bytes=(args.upload_mb + 10) * mib,
+                                max_lines=1_000_000)
+        with start_gateway(config, Path(tmp) / "data") as gw:
+            idle_rss = psutil.Process(gw.process.pid).memory_info().rss
+            ids: list[str] = []
+            latencies: list[float] = []
+            stop = threading.Event()
+            prober = threading.Thread(target=_probe, args=(gw, ids, stop, latencies), daemon=True)
+            started = time.perf_counter()
+            with PeakRSS(gw.process.pid) as load_rss:
+                prober.start()
+                with ThreadPoolExecutor(args.clients) as pool:
+                    outcomes = list(pool.map(lambda n: _client(gw, n, args.lines, ids), range(args.clients)))
+                stop.set()
+                prober.join()
+            wall = time.perf_counter() - started
+            done = sum(1 for status, _ in outcomes if status == "completed")
+            total = sum(n for _, n in outcomes)
+            with PeakRSS(gw.process.pid) as upload_rss:
+                reply = httpx.post(
+                    gw.url + "/v1/files", timeout=600, data={"purpose": "batch"},
+                    files={"file": ("big.jsonl", b"".join(_chunks(args.upload_mb * mib)))},
+                )
+            assert reply.status_code == 200, reply.text[:500]
+    lat = sorted(latencies)
+    print(f"\nserver load: {args.clients} clients x {args.lines}-line batches against a loopback upstream")
+    print(f"  batches completed         {done}/{args.clients}   requests answered {total}/{args.clients * args.lines}")
+    print(f"  throughput                {total / wall:8.0f} requests/s   ({wall:.0f} s wall)")
+    if lat:
+        p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+        print(f"  GET /v1/batches/{{id}}      p50 {1000 * statistics.median(lat):6.1f} ms   p99 {1000 * p99:6.1f} ms"
+              f"   ({len(lat)} probes)")
+    print(f"  server peak RSS under load {load_rss.peak / mib:7.0f} MiB   (idle {idle_rss / mib:.0f} MiB)")
+    print(f"  server peak RSS during a {args.upload_mb} MB upload {upload_rss.peak / mib:7.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
