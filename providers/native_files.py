@@ -1,0 +1,342 @@
+"""Upstream-native batches, the data side: upstream lines, parts, results back, prices and the route summary.
+
+`providers.native` talks to the provider (LiteLLM's file and batch functions);
+this module shapes the data and keeps the records in the store's meta:
+`native:<batch_id>:<shard index>` (a shard's upstream files and batches, with
+each batch's tokens and cost once read) and `cost:<batch_id>:<route>` (the
+route's totals for the batch, accumulated shard by shard).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
+
+from gateway.records import BatchRequest, Endpoint, Result, Shard, Usage
+from gateway.store.base import Store
+
+PROVIDERS = ("openai", "azure")
+# Endpoints that OpenAI's and Azure's batch jobs accept.
+NATIVE_ENDPOINTS = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES})
+TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+DEFAULT_MAX_LINES = 50_000
+DEFAULT_MAX_BYTES = 190_000_000
+_RETRYABLE = {408, 409, 429}
+_CALL_ATTEMPTS = 4  # upload / create / read / cancel: transient errors are retried this many times in all
+T = TypeVar("T")
+
+
+def _status(exc: BaseException) -> int | None:
+    status = getattr(exc, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def retryable(exc: BaseException) -> bool:
+    """A transient upstream error: no reply at all, a timeout, a rate limit or a server error."""
+    status = _status(exc)
+    return status is None or status in _RETRYABLE or status >= 500
+
+
+def describe_error(exc: BaseException) -> str:
+    status = _status(exc)
+    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return f"{status} {message}" if status else f"{type(exc).__name__}: {message}"
+
+
+# -- calling the upstream ----------------------------------------------------------------------------
+
+_in_flight: set[asyncio.Future[Any]] = set()
+
+
+async def detached(call: Awaitable[T]) -> T:
+    """Await one LiteLLM call so that cancelling us does not cut it off halfway.
+
+    LiteLLM's async functions run the sync one in a thread, which returns a coroutine to await; cut off in the
+    thread, that coroutine is never awaited (a RuntimeWarning on stderr). Shielded, the call finishes on its own.
+    """
+    task = asyncio.ensure_future(call)
+    _in_flight.add(task)
+    task.add_done_callback(_in_flight.discard)
+    return await asyncio.shield(task)
+
+
+async def call_with_retries(make: Callable[[], Awaitable[T]]) -> T:
+    """One upstream call; transient errors are retried with backoff (0.5 s, 1 s, 2 s)."""
+    delay = 0.5
+    for attempt in range(1, _CALL_ATTEMPTS + 1):
+        try:
+            return await detached(make())
+        except Exception as exc:
+            if attempt == _CALL_ATTEMPTS or not retryable(exc):
+                raise
+            await asyncio.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
+async def upstream_file_lines(litellm: Any, file_id: str, kwargs: dict[str, Any]) -> AsyncIterator[bytes]:
+    """The lines of an upstream file: streamed where LiteLLM streams (OpenAI), else one file (one part) at a time."""
+    if kwargs["custom_llm_provider"] != "openai":
+        reply = await call_with_retries(lambda: litellm.afile_content(file_id=file_id, **kwargs))
+        for line in reply.content.splitlines():
+            if line.strip():
+                yield line
+        return
+    reply = await call_with_retries(lambda: litellm.afile_content(file_id=file_id, stream=True, **kwargs))
+    stream = reply.stream_iterator
+    rest = b""
+    try:
+        async for chunk in stream:
+            rest += chunk
+            *lines, rest = rest.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield line
+    finally:
+        with contextlib.suppress(Exception):
+            await stream.aclose()
+    if rest.strip():
+        yield rest
+
+
+# -- records ------------------------------------------------------------------------------------------
+
+
+def shard_meta_key(shard: Shard) -> str:
+    """Where a shard's upstream files and batches are recorded (store meta)."""
+    return f"native:{shard.key}"
+
+
+def cost_meta_key(batch_id: str, route: str) -> str:
+    """Where a native route's totals for one batch are accumulated (store meta)."""
+    return f"cost:{batch_id}:{route}"
+
+
+def upstream_custom_id(line: int) -> str:
+    return f"l{line}"
+
+
+def line_of(custom_id: Any) -> int | None:
+    """The input line an upstream custom_id stands for (None: not one of ours)."""
+    if isinstance(custom_id, str) and custom_id.startswith("l") and custom_id[1:].isdigit():
+        return int(custom_id[1:])
+    return None
+
+
+def upstream_url(endpoint: Endpoint, provider: str) -> str:
+    """The url form the provider expects in lines and as the batch endpoint."""
+    return endpoint.value.removeprefix("/v1") if provider == "azure" else endpoint.value
+
+
+def upstream_line(req: BatchRequest, provider: str, model: str) -> bytes:
+    body = {**req.body, "model": model}
+    line = {"custom_id": upstream_custom_id(req.line), "method": "POST", "url": upstream_url(req.url, provider),
+            "body": body}
+    return json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+@dataclass(slots=True)
+class Part:
+    """One upstream batch: its lines (input line numbers), ids once created, and its accounting once read."""
+
+    endpoint: str  # the upstream endpoint (url form of the provider)
+    lines: list[int]
+    file_id: str | None = None
+    batch_id: str | None = None
+    status: str | None = None  # the upstream status, once terminal
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Part:
+        return cls(**data)
+
+
+def plan_parts(
+    requests: Sequence[BatchRequest], provider: str, max_lines: int, max_bytes: int
+) -> tuple[list[Part], list[BatchRequest]]:
+    """Group requests by endpoint and split them under the upstream file limits.
+
+    Returns the parts and the requests that fit in no upstream file (one line over `max_bytes`).
+    """
+    parts: list[Part] = []
+    too_big: list[BatchRequest] = []
+    open_parts: dict[str, tuple[Part, int]] = {}  # endpoint -> (part being filled, its bytes)
+    for req in requests:
+        size = len(upstream_line(req, provider, "m" * 64))  # a model name's length does not matter here
+        if size > max_bytes:
+            too_big.append(req)
+            continue
+        url = upstream_url(req.url, provider)
+        current = open_parts.get(url)
+        if current is None or len(current[0].lines) >= max_lines or current[1] + size > max_bytes:
+            current = (Part(endpoint=url, lines=[]), 0)
+            parts.append(current[0])
+        current[0].lines.append(req.line)
+        open_parts[url] = (current[0], current[1] + size)
+    return parts, too_big
+
+
+def result_from_line(obj: dict[str, Any], req: BatchRequest) -> Result:
+    """One upstream output/error line as the caller's result."""
+    response = obj.get("response")
+    if isinstance(response, dict) and isinstance(response.get("status_code"), int):
+        body = response.get("body")
+        kwargs: dict[str, Any] = {"request_id": response["request_id"]} if response.get("request_id") else {}
+        if isinstance(obj.get("id"), str):
+            kwargs["id"] = obj["id"]
+        return Result(line=req.line, custom_id=req.custom_id, status_code=response["status_code"],
+                      body=body if isinstance(body, dict) else {"value": body}, model=req.model, **kwargs)
+    raw_error = obj.get("error")
+    error: dict[str, Any] = raw_error if isinstance(raw_error, dict) else {}
+    code = str(error.get("code") or "upstream_error")
+    message = str(error.get("message") or "The upstream batch gave no response for this request.")
+    return Result.failure(req.line, req.custom_id, code, message, model=req.model)
+
+
+_TERMINAL_ERRORS = {
+    "failed": ("upstream_batch_failed", "The upstream batch {id} failed: {why}"),
+    "expired": ("batch_expired", "The upstream batch {id} expired before this request ran."),
+    "cancelled": ("batch_cancelled", "The upstream batch {id} was cancelled before this request ran."),
+    "completed": ("upstream_result_missing", "The upstream batch {id} completed without a result for this request."),
+}
+
+
+def missing_result(req: BatchRequest, status: str, batch_id: str, why: str) -> Result:
+    """The error result of a request that the upstream batch did not answer."""
+    code, template = _TERMINAL_ERRORS.get(status, ("upstream_batch_failed", "The upstream batch {id} ended {why}"))
+    return Result.failure(req.line, req.custom_id, code, template.format(id=batch_id, why=why or status),
+                          model=req.model)
+
+
+def line_usage(obj: dict[str, Any]) -> Usage:
+    """The tokens of one upstream output line (a success's usage; nothing for an error)."""
+    response = obj.get("response") or {}
+    status = response.get("status_code")
+    ok = isinstance(status, int) and 200 <= status < 300
+    return Usage.from_body(response.get("body")) if ok else Usage()
+
+
+def batch_error_message(batch: Any) -> str:
+    """The upstream's own words for a failed batch (its `errors.data` messages)."""
+    errors = getattr(batch, "errors", None)
+    data = getattr(errors, "data", None) or (errors.get("data") if isinstance(errors, dict) else None) or []
+    messages = []
+    for item in data[:5]:
+        message = getattr(item, "message", None) or (item.get("message") if isinstance(item, dict) else None)
+        line = getattr(item, "line", None) or (item.get("line") if isinstance(item, dict) else None)
+        if message:
+            messages.append(f"{message} (upstream line {line})" if line else str(message))
+    return "; ".join(messages) or "no reason given"
+
+
+# -- prices and summaries ------------------------------------------------------------------------
+
+
+def batch_prices(model_info: dict[str, Any], model_cost: dict[str, Any], candidates: Sequence[str]) -> (
+    tuple[float, float] | None
+):
+    """(input, output) USD per token at batch rates: model_info first, then LiteLLM's price map.
+
+    `*_cost_per_token_batches` are used as they are; plain `*_cost_per_token` are halved (OpenAI's and
+    Azure's batch discount). None when no price is known.
+    """
+    sources = [model_info, *(model_cost.get(name) or {} for name in candidates if name)]
+    for info in sources:
+        if "input_cost_per_token_batches" in info or "output_cost_per_token_batches" in info:
+            return float(info.get("input_cost_per_token_batches") or 0), float(
+                info.get("output_cost_per_token_batches") or 0)
+        if "input_cost_per_token" in info or "output_cost_per_token" in info:
+            return float(info.get("input_cost_per_token") or 0) / 2, float(info.get("output_cost_per_token") or 0) / 2
+    return None
+
+
+def cost_of(usage: Usage, prices: tuple[float, float] | None) -> float | None:
+    if prices is None:
+        return None
+    return usage.input_tokens * prices[0] + usage.output_tokens * prices[1]
+
+
+@dataclass(slots=True)
+class RouteTotals:
+    upstream_batch_ids: list[str] = field(default_factory=list)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+
+    def add_part(self, part: Part) -> None:
+        if part.batch_id and part.batch_id not in self.upstream_batch_ids:
+            self.upstream_batch_ids.append(part.batch_id)
+        self.input_tokens += part.input_tokens
+        self.output_tokens += part.output_tokens
+        if part.cost_usd is not None:
+            self.cost_usd = round((self.cost_usd or 0.0) + part.cost_usd, 10)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def shard_totals(parts: Sequence[Part]) -> RouteTotals:
+    totals = RouteTotals()
+    for part in parts:
+        totals.add_part(part)
+    return totals
+
+
+_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+async def accumulate_route(store: Store, shard: Shard) -> None:
+    """Put this shard's totals into the route's `cost:<batch>:<route>` entry (idempotent: keyed by shard index).
+
+    The entry: {"shards": {index: totals}, "upstream_batch_ids", "input_tokens", "output_tokens", "cost_usd"}.
+    One process serialises its updates; `native_route_summary` is the race-free reading across workers.
+    """
+    meta = await store.get_meta(shard_meta_key(shard)) or {}
+    totals = shard_totals([Part.from_json(p) for p in meta.get("parts", [])])
+    key = cost_meta_key(shard.batch_id, shard.route)
+    lock = _locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+    async with lock:
+        entry = await store.get_meta(key) or {"shards": {}}
+        entry["shards"][str(shard.index)] = totals.to_json()
+        route = RouteTotals()
+        for item in entry["shards"].values():
+            route.add_part(Part(endpoint="", lines=[], input_tokens=item["input_tokens"],
+                                output_tokens=item["output_tokens"], cost_usd=item["cost_usd"]))
+            route.upstream_batch_ids += item["upstream_batch_ids"]
+        await store.put_meta(key, {**entry, **route.to_json()})
+
+
+async def native_route_summary(store: Store, batch_id: str, route: str) -> dict[str, Any]:
+    """A native route's facts for `BatchRecord.routes[route]`, read from each of its shards' records.
+
+    {"upstream_batch_ids": [...], "input_tokens", "output_tokens", "cost_usd"} (cost None: no price known).
+    Race-free across workers: it sums the per-shard records rather than the accumulated `cost:` key.
+    """
+    totals = RouteTotals()
+    for shard in await store.get_shards(batch_id):
+        if shard.route != route:
+            continue
+        meta = await store.get_meta(shard_meta_key(shard))
+        for raw in (meta or {}).get("parts", []):
+            totals.add_part(Part.from_json(raw))
+    return totals.to_json()
+
+
+async def drop_native_state(store: Store, batch_id: str) -> None:
+    """Forget a finished batch's native records (call after `native_route_summary`, at the end of finalize)."""
+    routes = set()
+    for shard in await store.get_shards(batch_id):
+        routes.add(shard.route)
+        await store.delete_meta(shard_meta_key(shard))
+    for route in routes:
+        await store.delete_meta(cost_meta_key(batch_id, route))
