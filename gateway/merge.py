@@ -27,19 +27,20 @@ async def seal_shard(store: Store, blobs: Blobs, shard: Shard, missing: tuple[st
     """
     if await blobs.size(shard.results_key) is not None:
         return  # sealed already (or a shard of answered lines)
+    requests = [BatchRequest.from_json(json.loads(raw)) async for raw in read_lines(blobs, shard.requests_key) if raw]
     done = {r.line: r for r in await store.journal(shard)}
+    unrun = [r for r in requests if r.line not in done]
+    if unrun:
+        if missing is None:
+            raise RuntimeError(f"shard {shard.key} has no result for line {unrun[0].line}")
+        # Recorded like any result, so the batch's request_counts count them as failed.
+        failures = [Result.failure(r.line, r.custom_id, missing[0], missing[1], model=r.model) for r in unrun]
+        await store.record_results(shard, failures)
+        done.update((f.line, f) for f in failures)
     writer = blobs.writer(shard.results_key)
     try:
-        async for raw in read_lines(blobs, shard.requests_key):
-            if not raw:
-                continue
-            req = BatchRequest.from_json(json.loads(raw))
-            result = done.pop(req.line, None)
-            if result is None:
-                if missing is None:
-                    raise RuntimeError(f"shard {shard.key} has no result for line {req.line}")
-                result = Result.failure(req.line, req.custom_id, missing[0], missing[1], model=req.model)
-            await writer.write(json.dumps(result.to_json()).encode() + b"\n")
+        for req in requests:
+            await writer.write(json.dumps(done[req.line].to_json()).encode() + b"\n")
     except BaseException:
         await writer.abort()
         raise

@@ -25,6 +25,7 @@ from gateway.errors import ApiError, not_found
 from gateway.merge import merge_shards, seal_shard
 from gateway.plan import Planner
 from gateway.records import BatchRequest, BatchStatus, Result, Shard, new_id
+from gateway.routes import RouteKind
 from gateway.store.base import (
     BatchOptions,
     BatchRecord,
@@ -239,7 +240,7 @@ class Pipeline:
 
     async def _validate(self, batch_id: str) -> None:
         batch = await self.store.get_batch(batch_id)
-        if batch is None or batch.status is not BatchStatus.VALIDATING and batch.status is not BatchStatus.CANCELLING:
+        if batch is None or (batch.status is not BatchStatus.VALIDATING and batch.status is not BatchStatus.CANCELLING):
             return
         source = await self.store.get_file(batch.input_file_id)
         if source is None:
@@ -384,6 +385,13 @@ class Pipeline:
         created = now()
         expires_at = _expiry(batch.output_expires_after, created, "output_expires_after")
         fields: dict[str, Any] = {"routes": {**batch.routes, "summary": summary.to_json()}}
+        native = [r for r in {s.route for s in shards} if (route := self.config.routes.get(r)) and
+                  route.kind is RouteKind.NATIVE]
+        if native:
+            from providers.native import native_route_summary
+
+            for name in native:
+                fields["routes"][name] = await native_route_summary(self.store, batch_id, name)
         for file_id, count, what in ((output_id, n_out, "output"), (error_id, n_err, "error")):
             if file_id is None:
                 continue
@@ -403,6 +411,10 @@ class Pipeline:
             fields.update(status=BatchStatus.COMPLETED, completed_at=now())
         await self.store.update_batch(batch_id, fields)
         await self.blobs.delete_prefix(f"batches/{batch_id}")
+        if native:  # after the record holds the summary: a re-run finalize still finds the state
+            from providers.native import drop_native_state
+
+            await drop_native_state(self.store, batch_id)
 
     # -- workers and upkeep -------------------------------------------------------------
 

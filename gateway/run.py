@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import sys
 import tempfile
@@ -76,7 +77,12 @@ async def _run(pipeline: Pipeline, opts: RunOptions) -> int:
         "", input_file_id=source.id, endpoint=None, completion_window=None, strict=False,
         split_errors=opts.error_file is not None, run_batch_errors=opts.run_batch_errors,
     )
-    batch = await _watch(pipeline, batch.id, opts.progress)
+    try:
+        batch = await _watch(pipeline, batch.id, opts.progress)
+    except asyncio.CancelledError:
+        # Ctrl-C: cancel the batch (upstream batch jobs included) before the pipeline closes.
+        await asyncio.shield(_cancel(pipeline, batch.id))
+        raise
     if batch.status is BatchStatus.FAILED:
         _report_invalid(batch)
         return EXIT_INPUT
@@ -84,6 +90,13 @@ async def _run(pipeline: Pipeline, opts: RunOptions) -> int:
     if opts.summary:
         _summarise(batch, time.monotonic() - started, engine_seconds)
     return code
+
+
+async def _cancel(pipeline: Pipeline, batch_id: str) -> None:
+    with contextlib.suppress(Exception):
+        await pipeline.cancel_batch(batch_id, "")
+        async with asyncio.timeout(3.0):
+            await pipeline.wait(batch_id)
 
 
 async def _watch(pipeline: Pipeline, batch_id: str, progress: bool) -> BatchRecord:
@@ -155,6 +168,11 @@ def _summarise(batch: BatchRecord, seconds: float, engine_seconds: float | None)
         for model, counts in sorted(by_model.items()):
             print("  " + model.ljust(width) + "".join(str(counts.get(s, "")).rjust(10) for s in statuses),
                   file=sys.stderr)
+    for name, route in sorted(batch.routes.items()):
+        if isinstance(route, dict) and route.get("upstream_batch_ids"):
+            cost = route.get("cost_usd")
+            print(f"  {name}: native, upstream batches {', '.join(route['upstream_batch_ids'])}"
+                  + (f", cost ${cost:.6f} at batch rates" if cost is not None else ""), file=sys.stderr)
     if engine_seconds is not None:
         print(f"  local engines ready in {engine_seconds:.1f}s", file=sys.stderr)
     usage = summary.get("usage", {})

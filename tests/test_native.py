@@ -214,8 +214,10 @@ async def test_pipeline_cancel_cancels_upstream(slow_upstream: Upstream, tmp_pat
         done = await asyncio.wait_for(pipeline.wait(batch.id), 20)
         assert done.status is BatchStatus.CANCELLED
         assert await upstream_status(upstream, batch_id) in ("cancelling", "cancelled")
-        summary = await native_route_summary(pipeline.store, batch.id, ROUTE)
-        assert summary["upstream_batch_ids"] == [batch_id]
+        # finalize copied the route's summary into the batch record, then dropped the native state
+        assert done.routes[ROUTE]["upstream_batch_ids"] == [batch_id]
+        assert done.counts.failed == done.counts.total == 3  # unrun lines count as failed
+        assert (await native_route_summary(pipeline.store, batch.id, ROUTE))["upstream_batch_ids"] == []
     finally:
         await pipeline.aclose()
 
