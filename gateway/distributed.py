@@ -262,6 +262,8 @@ class SharedPipeline(Pipeline):
             queued = await self.shared_queue.queued()  # read before the shards: see put_missing
             for batch in await self.store.active_batches():
                 await self._sweep_batch(batch.id, batch.status, batch.created_at, batch.shards_total, queued)
+            alive = {w["name"] for w in await self.live_workers()}
+            await self.shared_queue.forget_dead_consumers(alive.__contains__)
         finally:
             await self.leases.release("sweep")
 

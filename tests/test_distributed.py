@@ -34,6 +34,7 @@ import pytest
 
 from gateway.config import Config, parse_config
 from gateway.distributed import SharedPipeline, connect_redis, open_shared
+from gateway.errors import ConfigError
 from gateway.records import BatchStatus, Result, Shard
 from gateway.store.base import BatchOptions, BatchRecord, FileRecord, Store
 from gateway.store.keys import GROUP, Keys
@@ -41,6 +42,7 @@ from gateway.store.redis_queue import RedisStreamQueue
 from gateway.store.redis_store import RedisStore
 from gateway.store.s3 import S3Blobs
 from gateway.store.sqlite import SQLiteStore
+from gateway.worker import hosted_routes
 from tests.services import (
     HAVE_REDIS,
     NO_REDIS_REASON,
@@ -361,6 +363,10 @@ async def test_queue_routes_refresh_reclaim_and_hand_back(cluster: Cluster) -> N
         await b60.ack(back)
         assert await b60.put_missing(Shard("batch_q", 3, "gpu", 1))
         await b60.aclose()
+        # consumers that hold nothing and are not alive are forgotten (one per worker start would pile up)
+        await b.forget_dead_consumers({"a", "b"}.__contains__, idle=0)
+        names = {c["name"] for c in await client.xinfo_consumers(stream, GROUP)}
+        assert "dead" not in names and "c" not in names and {"a", "b"} <= names
     finally:
         await a.aclose()
         await b.aclose()
@@ -488,6 +494,31 @@ def test_two_api_replicas_answer_alike(cluster: Cluster) -> None:
     assert health["queue_depth"] == {}
 
 
+def test_cancel_on_one_replica_stops_the_workers(cluster: Cluster) -> None:
+    from openai import OpenAI
+
+    a, b = (OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=30) for _, url, _ in cluster.replicas)
+    lines = _lines(200, 300, "cancel")
+    source = b.files.create(file=("in.jsonl", "".join(json.dumps(x) + "\n" for x in lines).encode()),
+                            purpose="batch")
+    batch = b.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 60
+    while (seen := a.batches.retrieve(batch.id)).request_counts is None or seen.request_counts.completed < 20:
+        assert time.monotonic() < deadline and seen.status in ("validating", "in_progress"), seen
+        time.sleep(0.1)
+    assert a.batches.cancel(batch.id).status in ("cancelling", "cancelled")
+    while (seen := b.batches.retrieve(batch.id)).status != "cancelled":
+        assert time.monotonic() < deadline and seen.status == "cancelling", seen
+        time.sleep(0.1)
+    assert seen.request_counts is not None and 20 <= seen.request_counts.completed < 200
+    assert seen.output_file_id is not None and seen.error_file_id is not None
+    done = [json.loads(x) for x in b.files.content(seen.output_file_id).content.splitlines()]
+    stopped = [json.loads(x) for x in a.files.content(seen.error_file_id).content.splitlines()]
+    assert len(done) == seen.request_counts.completed  # finished results kept…
+    assert {e["error"]["code"] for e in stopped} == {"batch_cancelled"}  # …the rest never ran
+    assert sorted(x["custom_id"] for x in done + stopped) == sorted(x["custom_id"] for x in lines)
+
+
 async def test_redis_restart_mid_batch(cluster: Cluster, upstream: Upstream) -> None:
     api = await open_shared(cluster.config, cluster.redis.url, cluster.storage)
     try:
@@ -573,6 +604,18 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+def test_a_worker_hosts_every_upstream_route_and_the_local_models_it_names(upstream: Upstream) -> None:
+    raw = shared_config(upstream.v1_url, (MODEL, "gpt-big"))
+    raw["model_list"] += [{"model_name": name, "litellm_params": {"model": f"vllm/models/{name}"}}
+                          for name in ("llama", "qwen")]
+    config = parse_config(raw)
+    assert hosted_routes(config, None) == ["gpt-big", MODEL, "llama", "qwen"]
+    assert hosted_routes(config, ["qwen"]) == ["gpt-big", MODEL, "qwen"]
+    assert hosted_routes(config, [MODEL]) == ["gpt-big", MODEL]
+    with pytest.raises(ConfigError):
+        hosted_routes(config, ["nope"])
 
 
 def test_worker_command_checks_its_arguments(tmp_path: Path, upstream: Upstream) -> None:

@@ -296,6 +296,22 @@ class RedisStreamQueue:
                 in_flight[route] = held
         return waiting, in_flight
 
+    async def forget_dead_consumers(self, is_alive: Callable[[str], bool], idle: float = 600.0) -> int:
+        """Remove consumers that hold nothing, are not alive and have been idle for `idle` seconds (one
+        per worker start would pile up otherwise); returns how many went."""
+        removed = 0
+        for route in self._routes:
+            stream = self._k.stream(route)
+            try:
+                consumers = await self._r.xinfo_consumers(stream, GROUP)
+            except ResponseError:
+                continue  # no stream or no group yet
+            for c in consumers:
+                name = str(c["name"])
+                if int(c["pending"]) == 0 and int(c["idle"]) >= idle * 1000 and not is_alive(name):
+                    removed += int(await self._r.xgroup_delconsumer(stream, GROUP, name) == 0)
+        return removed
+
     async def aclose(self) -> None:
         if self._refresher is not None:
             self._refresher.cancel()
