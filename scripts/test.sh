@@ -7,19 +7,25 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 bash scripts/lock.sh --check      # hashes present, litellm==1.106.2, no forbidden release
-bash scripts/check_compose.sh      # docker/compose.yaml is valid (skips without docker compose)
 bash scripts/setup.sh --engine
 VENV="${BATCHYARD_VENV:-$ROOT/.venv}"
 export PATH="$VENV/bin:$PATH"
 
-# Tests start their own redis-server on a free loopback port; they only need the binary.
-if ! command -v redis-server >/dev/null 2>&1; then
-    echo "test: installing redis-server"
+# Tests start their own redis-server on a free loopback port; they only need the binary. The compose
+# file is validated with docker-compose (no Docker engine runs here; `config` needs none).
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+if ! command -v docker-compose >/dev/null 2>&1 && ! { command -v docker >/dev/null 2>&1 && docker compose version >/dev/null 2>&1; }; then
+    missing+=(docker-compose)
+fi
+if ((${#missing[@]})); then
+    echo "test: installing ${missing[*]} (apt-get)"
     SUDO=""
     if [[ "$(id -u)" != 0 ]]; then SUDO="sudo"; fi
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+bash scripts/check_compose.sh      # docker/compose.yaml is valid
 
 export BATCHYARD_TINY_MODELS="$ROOT/.batchyard/models"
 export VLLM_CPU_KVCACHE_SPACE=1
