@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                 after = _commandstats(redis_server)
             finally:
                 for w in workers:
-                    w.stop()
+                    w.close()
             delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
             top = sorted(((k, v) for k, v in delta.items() if v > 0), key=lambda kv: -kv[1])[:6]
             rows.append(Row(count, seconds, sum(delta.values()), top, args.requests))

@@ -171,6 +171,11 @@ class WorkerProcess:
     def stop(self) -> None:
         _stop(self.process, signal.SIGTERM, timeout=20)
 
+    def close(self) -> None:
+        """Stop it and remove its log."""
+        self.stop()
+        self.log_path.unlink(missing_ok=True)
+
     def wait_ready(self, timeout: float = 60) -> WorkerProcess:
         deadline = time.monotonic() + timeout
         while "running shards for" not in self.log():

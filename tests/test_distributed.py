@@ -119,7 +119,7 @@ def cluster(s3: MotoS3, upstream: Upstream, tmp_path_factory: pytest.TempPathFac
         yield Cluster(server, workers, replicas, parse_config(raw), storage)
     finally:
         for w in workers:
-            w.stop()
+            w.close()
         for proc, _, log in replicas:
             _stop(proc)
             log.unlink(missing_ok=True)
