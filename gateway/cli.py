@@ -12,6 +12,7 @@ from typing import Any
 
 from gateway.config import Config, load_config, local_model_config
 from gateway.errors import ApiError, ConfigError
+from gateway.loop import loop_factory
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # vLLM logs every engine step at INFO; -v turns it back on.
@@ -146,14 +147,6 @@ def _load(args: argparse.Namespace, extra: list[str]) -> Config:
     raise ConfigError("command line", "--config/--model", "one of them is required")
 
 
-def _loop_factory() -> Any:
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
-
-
 def quiet_libraries(verbose: bool) -> None:
     """LiteLLM logs every retry and model-map miss at ERROR through its own handlers; keep them for -v."""
     for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx"):
@@ -184,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress=not (args.no_progress or args.quiet), summary=not args.quiet,
                 run_batch_errors=bool(args.model),  # the drop-in writes errors as run_batch does
             )
-            with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            with asyncio.Runner(loop_factory=loop_factory()) as runner:
                 return runner.run(run_batch_file(config, opts))
         if args.command == "worker":
             from gateway.worker import run_worker_command

@@ -21,6 +21,7 @@ import sys
 from gateway.config import Config, load_config
 from gateway.distributed import open_shared
 from gateway.errors import ConfigError
+from gateway.loop import loop_factory
 from gateway.routes import RouteKind
 from gateway.store.redis_queue import DEFAULT_CLAIM_IDLE
 
@@ -68,7 +69,8 @@ def run_worker_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     config = load_config(args.config)
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
-    return asyncio.run(run_worker(config, args.redis_url, args.storage, models, claim_idle=args.claim_idle))
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(run_worker(config, args.redis_url, args.storage, models, claim_idle=args.claim_idle))
 
 
 __all__ = ["hosted_routes", "run_worker", "run_worker_command"]

@@ -23,6 +23,7 @@ import uvicorn
 
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError
+from gateway.loop import loop_factory
 from gateway.routes import RouteKind
 
 if TYPE_CHECKING:
@@ -83,14 +84,6 @@ def _quiet_libraries(log_level: str) -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
-
-
 def serve(
     config_path: str | Path,
     host: str = DEFAULT_HOST,
@@ -103,7 +96,7 @@ def serve(
     """Run the gateway until SIGTERM/SIGINT; raises `ConfigError` for a bad config."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _quiet_libraries(log_level)
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(_serve(config_path, host, port, Path(data_dir), log_level, pipeline_factory))
 
 
