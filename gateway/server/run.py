@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -24,7 +23,6 @@ import uvicorn
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError
 from gateway.loop import loop_factory
-from gateway.routes import RouteKind
 
 if TYPE_CHECKING:
     from gateway.pipeline import Pipeline
@@ -52,7 +50,6 @@ async def _serve(
     if pipeline_factory is not None:
         pipeline, where = await pipeline_factory(config), "shared store"
     else:
-        await _preload(config)  # this process runs every shard
         pipeline, where = await open_embedded(config, data_dir), f"data in {data_dir}"
     app = create_app(pipeline, manage_pipeline=True)
     server = uvicorn.Server(
@@ -69,12 +66,6 @@ async def _serve(
     )
     log.info("batchyard serving on http://%s:%d (%s)", host, port, where)
     await server.serve()
-
-
-async def _preload(config: Config) -> None:
-    """Import LiteLLM (seconds of work) before serving, so the first batch doesn't stall the event loop."""
-    if any(route.kind is not RouteKind.LOCAL for route in config.routes.values()):
-        await asyncio.to_thread(importlib.import_module, "litellm")
 
 
 def _quiet_libraries(log_level: str) -> None:
