@@ -17,7 +17,7 @@ import pytest
 from tests.upstream import Upstream, start_upstream
 
 REPO = Path(__file__).resolve().parent.parent
-SEEDS = REPO.parent / "shared" / "seeds"
+SEEDS = REPO / "tests" / "data" / "seeds"  # copies of ../shared/seeds: the public documents we started from
 BATCHYARD = [sys.executable, "-m", "gateway.cli"]
 
 
