@@ -7,8 +7,9 @@ nothing else about them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from typing import Protocol, runtime_checkable
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from gateway.records import BatchRequest, Endpoint, Result, Shard
 
@@ -45,3 +46,71 @@ class ShardAwareBackend(Backend, Protocol):
     which shard it runs, so it can find the jobs it created before a restart."""
 
     def execute_shard(self, shard: Shard, requests: Sequence[BatchRequest]) -> AsyncIterator[Result]: ...
+
+
+async def run_bounded(
+    requests: Sequence[BatchRequest],
+    call: Callable[[BatchRequest], Coroutine[Any, Any, Result]],
+    slots: asyncio.Semaphore,
+    tracked: set[asyncio.Task[Any]] | None = None,
+) -> AsyncGenerator[Result, None]:
+    """`call` on every request, at most `slots` at once, yielding results as they finish.
+
+    `slots` is the backend's, shared by every shard in flight: one bound per
+    backend. Closing the iterator early (or cancelling its consumer) cancels
+    the calls still running. `call` turns a request's failure into its
+    `Result`; a call that raises or is cancelled from outside (the backend
+    closing: its tasks are in `tracked`) ends the iteration with an error.
+    """
+    done: asyncio.Queue[Result | BaseException] = asyncio.Queue()
+    mine: set[asyncio.Task[Any]] = set()
+
+    def track(task: asyncio.Task[Any]) -> None:
+        mine.add(task)
+        if tracked is not None:
+            tracked.add(task)
+
+    def forget(task: asyncio.Task[Any]) -> None:
+        mine.discard(task)
+        if tracked is not None:
+            tracked.discard(task)
+
+    def finished(task: asyncio.Task[Result]) -> None:
+        slots.release()  # in a callback: it runs even for a task cancelled before it started
+        forget(task)
+        if task.cancelled():
+            done.put_nowait(RuntimeError("the backend was closed while executing"))
+        elif (exc := task.exception()) is not None:
+            done.put_nowait(exc)
+        else:
+            done.put_nowait(task.result())
+
+    def fed(task: asyncio.Task[None]) -> None:
+        forget(task)
+        if task.cancelled() or task.exception() is not None:
+            done.put_nowait(RuntimeError("the backend was closed while executing"))
+
+    async def feed() -> None:
+        for req in requests:
+            await slots.acquire()
+            task = asyncio.create_task(call(req))
+            track(task)
+            task.add_done_callback(finished)
+
+    feeder = asyncio.create_task(feed())
+    track(feeder)
+    feeder.add_done_callback(fed)
+    try:
+        for _ in range(len(requests)):
+            item = await done.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        # The feeder first: once it is done, no call starts after the ones cancelled here.
+        feeder.cancel()
+        await asyncio.gather(feeder, return_exceptions=True)
+        pending = list(mine)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from gateway.backend import run_bounded
 from gateway.records import BatchRequest, Endpoint, Result
 
 if TYPE_CHECKING:
@@ -147,47 +148,14 @@ class LocalEngineBackend:
         if self._serving is None or self._slots is None:
             raise RuntimeError("LocalEngineBackend.start() has not been called (or it was closed)")
         serving, slots = self._serving, self._slots
-        done: asyncio.Queue[Result | None] = asyncio.Queue()  # None: the backend was closed under us
-        mine: set[asyncio.Task[Any]] = set()
 
-        def forget(task: asyncio.Task[Any]) -> None:
-            mine.discard(task)
-            self._tasks.discard(task)
+        async def one(req: BatchRequest) -> Result:
+            return await _run_one(serving, req)
 
-        def finished(task: asyncio.Task[Result]) -> None:
-            slots.release()
-            forget(task)
-            ok = not task.cancelled() and task.exception() is None
-            done.put_nowait(task.result() if ok else None)
-
-        def fed(task: asyncio.Task[None]) -> None:
-            forget(task)
-            if task.cancelled() or task.exception() is not None:
-                done.put_nowait(None)
-
-        async def feed() -> None:
-            for req in requests:
-                await slots.acquire()
-                task = asyncio.create_task(_run_one(serving, req))
-                mine.add(task)
-                self._tasks.add(task)
-                task.add_done_callback(finished)
-
-        feeder = asyncio.create_task(feed())
-        mine.add(feeder)
-        self._tasks.add(feeder)
-        feeder.add_done_callback(fed)
-        try:
-            for _ in range(len(requests)):
-                result = await done.get()
-                if result is None:
-                    raise RuntimeError("the local engine backend was closed while executing")
+        # aclosing: closing this iterator must close the inner one now, not at garbage collection
+        async with contextlib.aclosing(run_bounded(requests, one, slots, self._tasks)) as results:
+            async for result in results:
                 yield result
-        finally:
-            pending = list(mine)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
 
 
 async def _run_one(serving: ServingLayer, req: BatchRequest) -> Result:

@@ -10,11 +10,13 @@ provider's error) back to a `Result`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
+from gateway.backend import run_bounded
 from gateway.records import BatchRequest, Endpoint, Result
 from gateway.routes import Route
 
@@ -59,32 +61,10 @@ class LiteLLMBackend:
 
     async def execute(self, requests: Sequence[BatchRequest]) -> AsyncIterator[Result]:
         await self.start()
-        done: asyncio.Queue[Result] = asyncio.Queue()
-        tasks: set[asyncio.Task[None]] = set()
-
-        async def run(req: BatchRequest) -> None:
-            await done.put(await self._call(req))
-
-        def finished(task: asyncio.Task[None]) -> None:
-            tasks.discard(task)
-            self._limit.release()  # in a callback: it runs even for a task cancelled before it started
-
-        async def feed() -> None:
-            # The semaphore is shared by every shard in flight: one bound per process.
-            for req in requests:
-                await self._limit.acquire()
-                task = asyncio.create_task(run(req))
-                tasks.add(task)
-                task.add_done_callback(finished)
-
-        feeder = asyncio.create_task(feed())
-        try:
-            for _ in range(len(requests)):
-                yield await done.get()
-        finally:
-            feeder.cancel()
-            for task in list(tasks):
-                task.cancel()
+        # aclosing: closing this iterator must close the inner one now, not at garbage collection
+        async with contextlib.aclosing(run_bounded(requests, self._call, self._limit)) as results:
+            async for result in results:
+                yield result
 
     async def _call(self, req: BatchRequest) -> Result:
         body = dict(req.body)
