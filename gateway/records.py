@@ -36,6 +36,10 @@ class Endpoint(str, enum.Enum):
     RESPONSES = "/v1/responses"
     SCORE = "/v1/score"
     RERANK = "/v1/rerank"
+    MODERATIONS = "/v1/moderations"
+    IMAGES = "/v1/images/generations"
+    TRANSCRIPTIONS = "/v1/audio/transcriptions"
+    TRANSLATIONS = "/v1/audio/translations"
 
 
 class BatchStatus(str, enum.Enum):
@@ -138,6 +142,9 @@ class Result:
     request_id: str = field(default_factory=lambda: new_line_id("req"))
     id: str = field(default_factory=lambda: new_line_id("batch_req"))
     model: str = ""  # the caller's model name, for summaries
+    # What the request cost, when known (LiteLLM's price for an upstream call, the
+    # config's per-token prices otherwise); None: not priced.
+    cost_usd: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -180,6 +187,8 @@ class Result:
         data = self.output_line()
         data["line"] = self.line
         data["model"] = self.model
+        if self.cost_usd is not None:
+            data["cost_usd"] = self.cost_usd
         return data
 
     @classmethod
@@ -194,7 +203,39 @@ class Result:
             error=data.get("error"),
             id=data["id"],
             model=data.get("model", ""),
+            cost_usd=data.get("cost_usd"),
         )
+
+
+@dataclass(slots=True)
+class RouteStats:
+    """One route's share of a batch, counted as results are recorded (live progress, cost)."""
+
+    completed: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def requests(self) -> int:
+        return self.completed + self.failed
+
+    def add(self, result: Result) -> None:
+        if result.ok:
+            self.completed += 1
+            usage = result.usage
+            self.input_tokens += usage.input_tokens
+            self.output_tokens += usage.output_tokens
+        else:
+            self.failed += 1
+        if result.cost_usd:
+            self.cost_usd += result.cost_usd
+
+    def to_json(self) -> dict[str, Any]:
+        return {"requests": self.requests, "completed": self.completed, "failed": self.failed,
+                "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "total_tokens": self.input_tokens + self.output_tokens, "cost_usd": round(self.cost_usd, 10)}
 
 
 @dataclass(slots=True)

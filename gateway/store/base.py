@@ -16,7 +16,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from gateway.records import BatchStatus, Result, Shard, Usage
+from gateway.records import BatchStatus, Result, RouteStats, Shard, Usage
 
 
 def now() -> int:
@@ -197,6 +197,8 @@ class Store(Protocol):
     async def journal(self, shard: Shard) -> list[Result]: ...
     async def recorded_lines(self, shard: Shard) -> set[int]: ...
     async def drop_journal(self, shard: Shard) -> None: ...
+    async def route_stats(self, batch_id: str) -> dict[str, RouteStats]:
+        """Per route (model_name; "" for lines answered at validation): counts, tokens and cost so far."""
 
     # small durable state of backends (e.g. upstream batch ids of native shards)
     async def put_meta(self, key: str, value: dict[str, Any]) -> None: ...

@@ -14,6 +14,7 @@ records (`RedisStore`)
     shards:{batch}            hash    shard index -> {"route", "size"}
     shards-done:{batch}       set     finished shard indexes
     journal:{batch}:{shard}   hash    line -> Result JSON (HSETNX: one result per line)
+    route-stats:{batch}       hash    "{route}:{completed|failed|input_tokens|output_tokens|cost_usd}" -> number
     sealed:{batch}            set     shard indexes whose journal was dropped (sealed): late results are ignored
     meta:{key}                string  backend state JSON
 
@@ -69,6 +70,9 @@ class Keys:
 
     def journal(self, batch_id: str, index: int) -> str:
         return f"{self.prefix}journal:{batch_id}:{index}"
+
+    def route_stats(self, batch_id: str) -> str:
+        return f"{self.prefix}route-stats:{batch_id}"
 
     def sealed(self, batch_id: str) -> str:
         return f"{self.prefix}sealed:{batch_id}"

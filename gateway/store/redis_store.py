@@ -30,7 +30,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 
-from gateway.records import BatchStatus, Result, Shard, Usage
+from gateway.records import BatchStatus, Result, RouteStats, Shard, Usage
 from gateway.store.base import BatchRecord, FileRecord, Page, RequestCounts
 from gateway.store.keys import Keys
 
@@ -73,12 +73,13 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('SADD', KEYS[2],
 return redis.call('HLEN', KEYS[1]) - redis.call('SCARD', KEYS[2])
 """
 
-# KEYS: journal, batch, sealed set. ARGV: shard index, then 7 values per result:
-# line, json, ok (0/1), input, output, cached, reasoning tokens
+# KEYS: journal, batch, sealed set, route stats. ARGV: shard index, route, then 8 values per result:
+# line, json, ok (0/1), input, output, cached, reasoning tokens, cost (USD)
 _RECORD_RESULTS = """
 if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return 0 end
 local c = {0, 0, 0, 0, 0, 0}
-for i = 2, #ARGV, 7 do
+local cost = 0
+for i = 3, #ARGV, 8 do
   if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
     if ARGV[i + 2] == '1' then
       c[1] = c[1] + 1
@@ -86,12 +87,21 @@ for i = 2, #ARGV, 7 do
     else
       c[2] = c[2] + 1
     end
+    cost = cost + tonumber(ARGV[i + 7])
   end
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   local names = {'n:completed', 'n:failed', 'n:input_tokens', 'n:output_tokens', 'n:cached_tokens',
                  'n:reasoning_tokens'}
   for k = 1, 6 do if c[k] ~= 0 then redis.call('HINCRBY', KEYS[2], names[k], c[k]) end end
+  if c[1] + c[2] > 0 then
+    local r = ARGV[2] .. ':'
+    redis.call('HINCRBY', KEYS[4], r .. 'completed', c[1])
+    redis.call('HINCRBY', KEYS[4], r .. 'failed', c[2])
+    redis.call('HINCRBY', KEYS[4], r .. 'input_tokens', c[3])
+    redis.call('HINCRBY', KEYS[4], r .. 'output_tokens', c[4])
+    if cost ~= 0 then redis.call('HINCRBYFLOAT', KEYS[4], r .. 'cost_usd', cost) end
+  end
 end
 return c[1] + c[2]
 """
@@ -281,13 +291,13 @@ class RedisStore:
     async def record_results(self, shard: Shard, results: Sequence[Result]) -> None:
         if not results:
             return
-        args: list[str | int] = [shard.index]
+        args: list[str | int | float] = [shard.index, shard.route]
         for r in results:
             u = r.usage
             args += [r.line, json.dumps(r.to_json()), 1 if r.ok else 0,
-                     u.input_tokens, u.output_tokens, u.cached_tokens, u.reasoning_tokens]
+                     u.input_tokens, u.output_tokens, u.cached_tokens, u.reasoning_tokens, r.cost_usd or 0]
         keys = [self._k.journal(shard.batch_id, shard.index), self._k.batch(shard.batch_id),
-                self._k.sealed(shard.batch_id)]
+                self._k.sealed(shard.batch_id), self._k.route_stats(shard.batch_id)]
         await self._record_results(keys=keys, args=args)
 
     async def journal(self, shard: Shard) -> list[Result]:
@@ -304,6 +314,15 @@ class RedisStore:
             tx.delete(self._k.journal(shard.batch_id, shard.index))
             tx.sadd(self._k.sealed(shard.batch_id), shard.index)
             await tx.execute()
+
+    async def route_stats(self, batch_id: str) -> dict[str, RouteStats]:
+        raw = await self._r.hgetall(self._k.route_stats(batch_id))
+        stats: dict[str, RouteStats] = {}
+        for name, value in raw.items():
+            route, _, field_ = name.rpartition(":")
+            entry = stats.setdefault(route, RouteStats())
+            setattr(entry, field_, float(value) if field_ == "cost_usd" else int(value))
+        return stats
 
     # -- backend state -------------------------------------------------------
 

@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.records import BatchStatus, Result, Shard, Usage
+from gateway.records import BatchStatus, Result, RouteStats, Shard, Usage
 from gateway.store.base import BatchRecord, FileRecord, Page, RequestCounts
 
 _SCHEMA = """
@@ -40,6 +40,11 @@ CREATE TABLE IF NOT EXISTS journal (
     PRIMARY KEY (batch_id, line)
 );
 CREATE INDEX IF NOT EXISTS journal_shard ON journal(batch_id, shard);
+CREATE TABLE IF NOT EXISTS route_stats (
+    batch_id TEXT NOT NULL, route TEXT NOT NULL, completed INTEGER NOT NULL DEFAULT 0,
+    failed INTEGER NOT NULL DEFAULT 0, input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0, cost_usd REAL NOT NULL DEFAULT 0, PRIMARY KEY (batch_id, route)
+);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, data TEXT NOT NULL);
 """
 
@@ -197,6 +202,7 @@ class SQLiteStore:
     async def record_results(self, shard: Shard, results: Sequence[Result]) -> None:
         completed = failed = 0
         usage = Usage()
+        route = RouteStats()
         self._db.execute("BEGIN IMMEDIATE")
         try:
             for r in results:
@@ -206,6 +212,7 @@ class SQLiteStore:
                 )
                 if cur.rowcount != 1:
                     continue  # already recorded: counted once only
+                route.add(r)
                 if r.ok:
                     completed += 1
                     usage.add(r.usage)
@@ -220,6 +227,16 @@ class SQLiteStore:
                     usage.reasoning_tokens, shard.batch_id,
                 ),
             )
+            if route.requests:
+                self._db.execute(
+                    "INSERT INTO route_stats (batch_id, route, completed, failed, input_tokens, output_tokens, "
+                    "cost_usd) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (batch_id, route) DO UPDATE SET "
+                    "completed = completed + excluded.completed, failed = failed + excluded.failed, "
+                    "input_tokens = input_tokens + excluded.input_tokens, "
+                    "output_tokens = output_tokens + excluded.output_tokens, cost_usd = cost_usd + excluded.cost_usd",
+                    (shard.batch_id, shard.route, route.completed, route.failed, route.input_tokens,
+                     route.output_tokens, route.cost_usd),
+                )
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
@@ -239,6 +256,13 @@ class SQLiteStore:
 
     async def drop_journal(self, shard: Shard) -> None:
         self._db.execute("DELETE FROM journal WHERE batch_id = ? AND shard = ?", (shard.batch_id, shard.index))
+
+    async def route_stats(self, batch_id: str) -> dict[str, RouteStats]:
+        rows = self._db.execute(
+            "SELECT route, completed, failed, input_tokens, output_tokens, cost_usd FROM route_stats "
+            "WHERE batch_id = ?", (batch_id,)
+        ).fetchall()
+        return {r[0]: RouteStats(*r[1:]) for r in rows}
 
     # -- backend state -------------------------------------------------------
 
