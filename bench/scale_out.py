@@ -1,7 +1,7 @@
 """Scale-out: one upstream batch run by 1, 2 and 4 `batchyard worker` processes.
 
 Everything runs on this machine: a loopback upstream (tests/upstream.py), a
-`redis-server`, the workers, and the API side (a `Pipeline` from `open_shared`
+`redis-server`, the workers, and the API side (a `Runtime` from `open_shared`
 in this process, hosting no routes). For each worker count it submits one
 batch, times it from `create_batch` to `completed`, and reads Redis' INFO
 commandstats before and after to give Redis commands per request.
@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from gateway.config import parse_config  # noqa: E402
-from gateway.distributed import open_shared  # noqa: E402
+from gateway.runtime import open_shared  # noqa: E402
 from tests.services import MotoS3, RedisServer, shared_config, start_worker, write_config  # noqa: E402
 from tests.upstream import start_upstream  # noqa: E402
 
@@ -64,15 +64,15 @@ async def _chunks(data: bytes) -> AsyncIterator[bytes]:
 async def _one_batch(config_raw: dict, redis_url: str, storage: str, n: int) -> float:
     api = await open_shared(parse_config(config_raw), redis_url, storage)
     try:
-        await api.start(workers=False)
+        await api.start()
         lines = [
             json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
                         "body": {"model": MODEL, "messages": [{"role": "user", "content": f"hello {i}"}]}})
             for i in range(n)
         ]
-        source = await api.upload_file("", "bench.jsonl", "batch", _chunks(("\n".join(lines) + "\n").encode()))
+        source = await api.service.upload_file("", "bench.jsonl", "batch", _chunks(("\n".join(lines) + "\n").encode()))
         started = time.monotonic()
-        batch = await api.create_batch("", input_file_id=source.id, endpoint="/v1/chat/completions",
+        batch = await api.service.create_batch("", input_file_id=source.id, endpoint="/v1/chat/completions",
                                        completion_window="24h")
         while True:
             rec = await api.store.get_batch(batch.id)

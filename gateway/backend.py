@@ -1,8 +1,9 @@
 """The `Backend` interface: how a shard's requests get executed.
 
-`providers.litellm_backend` (upstream, through LiteLLM's Router) and
-`local_engine.backend` (in-process vLLM) each provide one. The pipeline knows
-nothing else about them.
+`providers.litellm_backend` (upstream, through LiteLLM's Router),
+`providers.native` (upstream batch jobs) and `local_engine.backend`
+(in-process vLLM) each provide one. The runtime knows nothing else about
+them: what is special to one backend hangs on the optional hooks below.
 """
 
 from __future__ import annotations
@@ -46,6 +47,16 @@ class ShardAwareBackend(Backend, Protocol):
     which shard it runs, so it can find the jobs it created before a restart."""
 
     def execute_shard(self, shard: Shard, requests: Sequence[BatchRequest]) -> AsyncIterator[Result]: ...
+
+
+@runtime_checkable
+class RouteReporter(Protocol):
+    """A backend with facts of its own about a batch's route (upstream batch ids, batch-rate cost),
+    and state to forget once the batch is finished. The finalizer calls both."""
+
+    async def route_summary(self, batch_id: str, route: str) -> dict[str, Any]: ...
+
+    async def forget_batch(self, batch_id: str) -> None: ...
 
 
 async def run_bounded(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+from collections.abc import Collection
 
 from gateway.backend import Backend
 from gateway.config import Config
@@ -20,7 +21,8 @@ class BackendPool:
     def __init__(self, config: Config, store: Store) -> None:
         self._config = config
         self._store = store
-        self._backends: dict[str, Backend] = {}
+        self._created: dict[str, Backend] = {}
+        self._backends: dict[str, Backend] = {}  # started
         self._upstream: Backend | None = None
         self._lock = asyncio.Lock()
 
@@ -49,20 +51,32 @@ class BackendPool:
 
         return NativeBatchBackend(route, self._config.router_settings, self._store)
 
+    @property
+    def routes(self) -> frozenset[str]:
+        return frozenset(self._config.routes)
+
+    def peek(self, route_name: str) -> Backend:
+        """The route's backend, not started (for its hooks: no engine loads, no Router is built)."""
+        backend = self._created.get(route_name)
+        if backend is None:
+            backend = self._created[route_name] = self._create(self._config.routes[route_name])
+        return backend
+
     async def get(self, route_name: str) -> Backend:
         """The started backend for a route (by its model_name)."""
         async with self._lock:
             backend = self._backends.get(route_name)
             if backend is None:
-                route = self._config.routes[route_name]
-                backend = self._create(route)
+                backend = self.peek(route_name)
                 await backend.start()
                 self._backends[route_name] = backend
             return backend
 
-    async def warm_up(self) -> None:
-        """Import LiteLLM (seconds of work) in a thread, so the first shard doesn't stall the event loop."""
-        if any(r.kind is not RouteKind.LOCAL for r in self._config.routes.values()):
+    async def warm_up(self, routes: Collection[str] | None = None) -> None:
+        """Import LiteLLM (seconds of work) in a thread when a route needs it, so the first shard
+        doesn't stall the event loop. `routes`: the ones this process hosts (None: all)."""
+        wanted = [r for r in self._config.routes.values() if routes is None or r.model_name in routes]
+        if any(r.kind is not RouteKind.LOCAL for r in wanted):
             await asyncio.to_thread(importlib.import_module, "litellm")
 
     async def start_local(self) -> None:
@@ -74,6 +88,7 @@ class BackendPool:
     async def aclose(self) -> None:
         backends = {id(b): b for b in self._backends.values()}
         self._backends.clear()
+        self._created.clear()
         self._upstream = None
         for backend in backends.values():
             await backend.aclose()

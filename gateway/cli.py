@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import Config, load_config, local_model_config
-from gateway.errors import ApiError, ConfigError
+from gateway.errors import ConfigError, GatewayError
 from gateway.loop import loop_factory
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -52,7 +52,12 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
                    help="output file: a path, - for stdout, or an http(s) URL to PUT to (e.g. presigned S3)")
     p.add_argument("--config", help="LiteLLM-style YAML with model_list (see config/)")
     p.add_argument("--error-file", help="write failed requests here instead of inline in the output (like OpenAI)")
-    p.add_argument("--data-dir", help="keep the run's state here instead of a temporary directory")
+    p.add_argument("--data-dir", help="keep the run's state here instead of a temporary directory; the same "
+                   "command run again after a kill or Ctrl-C continues where it stopped (finished requests are "
+                   "not sent again)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="extra worker processes for upstream requests (default: one per extra core, used when the "
+                   "file has at least 2000 upstream requests; 0: none)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
     engine = p.add_argument_group("local engine (vLLM run_batch compatible, used with --model)")
@@ -80,15 +85,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=4000)
     serve.add_argument("--data-dir", default=".batchyard/data", help="embedded store: records and files live here")
+    serve.add_argument("--workers", type=int, default=None,
+                       help="embedded mode: worker processes that run shards (default: one per core; 0: run them "
+                       "in the API process). Local vLLM engines load in the first worker only")
     _shared_args(serve)
     serve.add_argument("--with-worker", action="store_true", help="shared mode: also run shards, for every route")
-    worker = sub.add_parser("worker", help="run shards from the shared queue (Redis) for the models hosted here",
-                            description="A worker of the shared mode: runs the shards of its routes from Redis "
-                            "Streams, records results in Redis, reads and writes files in the shared storage.")
+    worker = sub.add_parser("worker", help="run shards for the models hosted here (shared or embedded mode)",
+                            description="A worker: runs the shards of its routes. Shared mode (--redis-url): from "
+                            "Redis Streams, results in Redis, files in the shared storage. Embedded mode "
+                            "(--data-dir): over the data directory of a `batchyard serve` on this machine, which "
+                            "starts its own workers (--workers) so you rarely start one by hand.")
     worker.add_argument("--config", required=True, help="LiteLLM-style YAML config (the API replicas' one)")
     _shared_args(worker)
+    worker.add_argument("--data-dir", help="embedded mode: the data directory of the serve process on this machine")
     worker.add_argument("--models", help="comma-separated local models this worker hosts (default: every local "
                         "model of the config); upstream models are always served")
+    worker.add_argument("--upstream-only", action="store_true", help="host no local model")
+    worker.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # set by the process that starts it
     return parser
 
 
@@ -97,8 +110,9 @@ def _shared_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage", default=".batchyard/blobs",
                    help="shared mode: files in s3://bucket/prefix (endpoint: $BATCHYARD_S3_ENDPOINT_URL or "
                    "$AWS_ENDPOINT_URL_S3) or a directory every process reaches")
-    p.add_argument("--claim-idle", type=float, default=30.0,
-                   help="shared mode: seconds a dead worker's shard waits before another worker takes it over")
+    p.add_argument("--claim-idle", type=float, default=None,
+                   help="shared mode: seconds a dead worker's shard waits before another worker takes it over "
+                   "(default 30)")
 
 
 def _engine_args(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
@@ -176,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                 output_tmp_dir=Path(args.output_tmp_dir) if args.output_tmp_dir else None,
                 progress=not (args.no_progress or args.quiet), summary=not args.quiet,
                 run_batch_errors=bool(args.model),  # the drop-in writes errors as run_batch does
+                config_path=args.config, workers=args.workers, verbose=args.verbose,
             )
             with asyncio.Runner(loop_factory=loop_factory()) as runner:
                 return runner.run(run_batch_file(config, opts))
@@ -184,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_worker_command(args)
         if args.command == "serve" and args.redis_url:
-            from gateway.distributed import serve_shared
+            from gateway.server.run import serve_shared
 
             serve_shared(args.config, args.host, args.port, redis_url=args.redis_url, storage=args.storage,
                          with_worker=args.with_worker, claim_idle=args.claim_idle)
@@ -193,12 +208,12 @@ def main(argv: list[str] | None = None) -> int:
             load_config(args.config)  # a bad config fails here, before the server starts
             from gateway.server.run import serve
 
-            serve(args.config, args.host, args.port, Path(args.data_dir))
+            serve(args.config, args.host, args.port, Path(args.data_dir), workers=args.workers)
             return EXIT_OK
     except ConfigError as exc:
         print(f"batchyard: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except ApiError as exc:
+    except GatewayError as exc:
         print(f"batchyard: {exc.message}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:

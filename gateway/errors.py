@@ -1,7 +1,9 @@
 """Errors with OpenAI's codes.
 
-`LineError` is a problem with one input line (1-based `line`). `ApiError` is an
-HTTP error reply in OpenAI's shape. `ConfigError` is a bad config file.
+- `LineError`: a problem with one input line (1-based `line`).
+- `GatewayError` and its kinds: requests the core refuses (the server maps
+  them to HTTP statuses; the CLI prints them).
+- `ConfigError`: a bad config file.
 """
 
 from __future__ import annotations
@@ -59,20 +61,33 @@ class ConfigError(Exception):
         super().__init__(f"{path}: {key}: {problem}")
 
 
-class ApiError(Exception):
-    """An HTTP error reply: {"error": {message, type, param, code}}."""
+class GatewayError(Exception):
+    """A request the core refuses, in OpenAI's terms (message, code, param).
 
-    def __init__(
-        self, status: int, message: str, *, type_: str = "invalid_request_error", code: str | None = None,
-        param: str | None = None,
-    ) -> None:
+    The core raises these; `gateway.server.errors` maps each kind to its HTTP
+    status and the CLI prints the message. No HTTP status lives here.
+    """
+
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
-
-    def to_openai(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        self.message, self.code, self.param = message, code, param
 
 
-def not_found(kind: str, id_: str) -> ApiError:
-    # The same reply whether the id does not exist or belongs to another team.
-    return ApiError(404, f"No such {kind}: '{id_}'", code="not_found")
+class InvalidRequest(GatewayError):
+    """A parameter or value the API does not accept."""
+
+
+class NotFound(GatewayError):
+    """An id that does not exist, or belongs to another team (the same answer for both)."""
+
+
+class Conflict(GatewayError):
+    """An action the object's state does not allow (cancelling a finished batch)."""
+
+
+class TooLarge(GatewayError):
+    """An input over a configured size limit."""
+
+
+def not_found(kind: str, id_: str) -> NotFound:
+    return NotFound(f"No such {kind}: '{id_}'", code="not_found")

@@ -1,9 +1,19 @@
-"""`batchyard run`: the server's pipeline, in-process, on an embedded store in a temp dir."""
+"""`batchyard run`: the server's runtime, in-process, on an embedded store in a temp dir.
+
+With `--data-dir D` the state lives in D instead, and the run can be resumed:
+the same command after a kill or Ctrl-C finds the batch of the same input and
+options in D and continues it (finished requests are not sent again; each
+custom_id is answered once). A file with many upstream requests also gets
+worker processes over the same directory (one per extra core): the upstream
+path is CPU-bound in LiteLLM, one core each.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import os
 import shutil
 import sys
 import tempfile
@@ -13,16 +23,20 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import Config
-from gateway.errors import ApiError
-from gateway.pipeline import Pipeline, open_embedded
 from gateway.records import BatchStatus
 from gateway.routes import RouteKind
-from gateway.store.base import BatchRecord
+from gateway.runtime import Runtime, open_embedded
+from gateway.store.base import BatchOptions, BatchRecord
 from gateway.store.local import LocalBlobs
+from gateway.store.sqlite_queue import SQLiteQueue
 from gateway.transfer import TransferError, deliver, is_url, read_source
+from gateway.worker_pool import WorkerPool
 
 EXIT_OK, EXIT_INPUT, EXIT_DELIVERY = 0, 1, 3
 _MAX_ERRORS_SHOWN = 20
+# Upstream requests a file needs before worker processes pay for their start (a second or two each,
+# mostly importing LiteLLM): at ~200 req/s on one core, 2,000 requests are ten seconds of work.
+WORKER_MIN_REQUESTS = 2_000
 
 
 @dataclass(slots=True)
@@ -35,6 +49,9 @@ class RunOptions:
     progress: bool = True
     summary: bool = True
     run_batch_errors: bool = False
+    config_path: str | None = None  # what worker processes load; None: no worker processes
+    workers: int | None = None  # extra worker processes for upstream routes (None: one per extra core)
+    verbose: bool = False
 
 
 def _say(message: str) -> None:
@@ -46,64 +63,130 @@ async def run_batch_file(config: Config, opts: RunOptions) -> int:
     if opts.data_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="batchyard-", dir=opts.output_tmp_dir)
     data_dir = opts.data_dir or Path(tmp.name)  # type: ignore[union-attr]
-    pipeline = await open_embedded(config, data_dir, recover_on_start=False)
+    runtime = await open_embedded(config, data_dir)
     try:
-        return await _run(pipeline, opts)
+        return await _run(runtime, data_dir, opts)
     finally:
-        await pipeline.aclose()
+        await runtime.aclose()
         if tmp is not None:
             tmp.cleanup()
 
 
-async def _run(pipeline: Pipeline, opts: RunOptions) -> int:
+def _options_key(opts: RunOptions) -> str:
+    # A resumed run must have been started with the same options, or its output would differ.
+    return f"split={opts.error_file is not None},run_batch={opts.run_batch_errors}"
+
+
+async def _hashed(chunks: Any, digest: Any) -> Any:
+    async for chunk in chunks:
+        digest.update(chunk)
+        yield chunk
+
+
+async def _previous(runtime: Runtime, input_sha256: str, key: str) -> BatchRecord | None:
+    """The batch an earlier run in this data dir made from the same input with the same options."""
+    after = None
+    while True:
+        page = await runtime.store.list_batches("", limit=100, after=after)
+        for batch in page.data:
+            meta = batch.metadata or {}
+            if meta.get("input_sha256") == input_sha256 and meta.get("run_options") == key \
+                    and batch.status is not BatchStatus.FAILED:
+                return batch
+        if not page.has_more or not page.data:
+            return None
+        after = page.data[-1].id
+
+
+async def _run(runtime: Runtime, data_dir: Path, opts: RunOptions) -> int:
     started = time.monotonic()
     engine_seconds = None
     # Engines first: a bad model path fails here, before any request and before any output exists.
-    if any(r.kind is RouteKind.LOCAL for r in pipeline.config.routes.values()):
+    if any(r.kind is RouteKind.LOCAL for r in runtime.config.routes.values()):
         try:
-            await pipeline.backends.start_local()
+            await runtime.backends.start_local()
         except Exception as exc:
             _say(f"the local engine could not start: {type(exc).__name__}: {exc}")
             return EXIT_INPUT
         engine_seconds = time.monotonic() - started
-    await pipeline.start(workers=True)
+    await runtime.start()
+    digest = hashlib.sha256()
     try:
-        source = await pipeline.upload_file("", Path(opts.input).name or "input.jsonl", "batch",
-                                            read_source(opts.input))
+        source = await runtime.service.upload_file("", Path(opts.input).name or "input.jsonl", "batch",
+                                                   _hashed(read_source(opts.input), digest))
     except (TransferError, OSError) as exc:
         _say(str(exc))
         return EXIT_INPUT
-    batch = await pipeline.create_batch(
-        "", input_file_id=source.id, endpoint=None, completion_window=None, strict=False,
-        split_errors=opts.error_file is not None, run_batch_errors=opts.run_batch_errors,
-    )
+    key = _options_key(opts)
+    batch = await _previous(runtime, digest.hexdigest(), key) if opts.data_dir is not None else None
+    if batch is not None:
+        await runtime.service.delete_file(source.id, None)
+        done = batch.counts.completed + batch.counts.failed
+        _say(f"resuming batch {batch.id} from {opts.data_dir}: {done} of {batch.counts.total} requests already "
+             "answered")
+    else:
+        batch = await runtime.service.create_batch(
+            "", input_file_id=source.id, endpoint=None, completion_window=None,
+            metadata={"input_sha256": digest.hexdigest(), "run_options": key},
+            options=BatchOptions(strict=False, split_errors=opts.error_file is not None,
+                                 run_batch_errors=opts.run_batch_errors),
+        )
+    pool = None
     try:
-        batch = await _watch(pipeline, batch.id, opts.progress)
+        pool = await _start_workers(runtime, data_dir, batch.id, opts)
+        batch = await _watch(runtime, batch.id, opts.progress)
     except asyncio.CancelledError:
-        # Ctrl-C: cancel the batch (upstream batch jobs included) before the pipeline closes.
-        await asyncio.shield(_cancel(pipeline, batch.id))
+        if opts.data_dir is None:
+            # Ctrl-C with nothing to resume from: cancel the batch (upstream batch jobs included).
+            await asyncio.shield(_cancel(runtime, batch.id))
+        else:
+            _say(f"interrupted; the state is kept in {opts.data_dir}: the same command continues the run")
         raise
+    finally:
+        if pool is not None:
+            await pool.aclose()
     if batch.status is BatchStatus.FAILED:
         _report_invalid(batch)
         return EXIT_INPUT
-    code = await _deliver(pipeline, batch, opts)
+    code = await _deliver(runtime, batch, opts)
     if opts.summary:
         _summarise(batch, time.monotonic() - started, engine_seconds)
     return code
 
 
-async def _cancel(pipeline: Pipeline, batch_id: str) -> None:
+async def _start_workers(runtime: Runtime, data_dir: Path, batch_id: str, opts: RunOptions) -> WorkerPool | None:
+    """Worker processes for the upstream routes, when the file has enough upstream requests to pay for them."""
+    count = opts.workers if opts.workers is not None else (os.cpu_count() or 1) - 1
+    if count <= 0 or opts.config_path is None:
+        return None
+    upstream = {r.model_name for r in runtime.config.routes.values() if r.kind is not RouteKind.LOCAL}
+    if not upstream:
+        return None
+    batch = await runtime.service.wait_validated(batch_id)
+    if batch.status is not BatchStatus.IN_PROGRESS:
+        return None
+    shards = await runtime.store.unfinished_shards(batch_id)
+    if sum(s.size for s in shards if s.route in upstream) < WORKER_MIN_REQUESTS:
+        return None
+    assert isinstance(runtime.queue, SQLiteQueue)
+    pool = WorkerPool(count, data_dir, runtime.queue, config_path=opts.config_path, upstream_only=True,
+                      verbose=opts.verbose)
+    await pool.start()
+    return pool
+
+
+async def _cancel(runtime: Runtime, batch_id: str) -> None:
     with contextlib.suppress(Exception):
-        await pipeline.cancel_batch(batch_id, "")
+        await runtime.service.cancel_batch(batch_id, "")
         async with asyncio.timeout(3.0):
-            await pipeline.wait(batch_id)
+            await runtime.service.wait(batch_id)
 
 
-async def _watch(pipeline: Pipeline, batch_id: str, progress: bool) -> BatchRecord:
+async def _watch(runtime: Runtime, batch_id: str, progress: bool) -> BatchRecord:
     bar: Any = None
     try:
         while True:
-            batch = await pipeline.store.get_batch(batch_id)
+            batch = await runtime.store.get_batch(batch_id)
             assert batch is not None
             if progress and bar is None and batch.counts.total:
                 from tqdm import tqdm
@@ -128,8 +211,8 @@ def _report_invalid(batch: BatchRecord) -> None:
         print(f"  … and {len(batch.errors) - _MAX_ERRORS_SHOWN} more", file=sys.stderr)
 
 
-async def _deliver(pipeline: Pipeline, batch: BatchRecord, opts: RunOptions) -> int:
-    blobs = pipeline.blobs
+async def _deliver(runtime: Runtime, batch: BatchRecord, opts: RunOptions) -> int:
+    blobs = runtime.blobs
     assert isinstance(blobs, LocalBlobs)
     pairs = [(batch.output_file_id, opts.output)]
     if opts.error_file is not None:
@@ -168,11 +251,21 @@ def _summarise(batch: BatchRecord, seconds: float, engine_seconds: float | None)
         for model, counts in sorted(by_model.items()):
             print("  " + model.ljust(width) + "".join(str(counts.get(s, "")).rjust(10) for s in statuses),
                   file=sys.stderr)
+    priced = {n: r for n, r in batch.routes.items() if n != "summary" and isinstance(r, dict) and "requests" in r}
+    if priced:
+        width = max(len(m) for m in priced) + 2
+        print("  " + "route".ljust(width) + "requests".rjust(10) + "tokens in".rjust(12) + "tokens out".rjust(12)
+              + "cost USD".rjust(12), file=sys.stderr)
+        for name, r in sorted(priced.items()):
+            cost = f"{r['cost_usd']:.6f}" if r.get("cost_usd") else "-"
+            print("  " + name.ljust(width) + str(r["requests"]).rjust(10) + str(r["input_tokens"]).rjust(12)
+                  + str(r["output_tokens"]).rjust(12) + cost.rjust(12), file=sys.stderr)
     for name, route in sorted(batch.routes.items()):
         if isinstance(route, dict) and route.get("upstream_batch_ids"):
-            cost = route.get("cost_usd")
+            native_cost = route.get("cost_usd")
             print(f"  {name}: native, upstream batches {', '.join(route['upstream_batch_ids'])}"
-                  + (f", cost ${cost:.6f} at batch rates" if cost is not None else ""), file=sys.stderr)
+                  + (f", cost ${native_cost:.6f} at batch rates" if native_cost is not None else ""),
+                  file=sys.stderr)
     if engine_seconds is not None:
         print(f"  local engines ready in {engine_seconds:.1f}s", file=sys.stderr)
     usage = summary.get("usage", {})
@@ -180,4 +273,4 @@ def _summarise(batch: BatchRecord, seconds: float, engine_seconds: float | None)
           f"total {usage.get('total_tokens', 0)}", file=sys.stderr)
 
 
-__all__ = ["ApiError", "RunOptions", "is_url", "run_batch_file"]
+__all__ = ["WORKER_MIN_REQUESTS", "RunOptions", "is_url", "run_batch_file"]

@@ -24,6 +24,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
+from gateway.finalizer import stop_reason
 from gateway.records import BatchRequest, Result, Shard, Usage, new_id
 from gateway.routes import Route
 from gateway.store.base import Store
@@ -109,6 +110,13 @@ class NativeBatchBackend:
         return provider, model, kwargs, batch_prices(info, self._litellm.model_cost, candidates)
 
     # -- the Backend interface --------------------------------------------------------------------
+
+    async def route_summary(self, batch_id: str, route: str) -> dict[str, Any]:
+        """`RouteReporter`: upstream batch ids, tokens and batch-rate cost of the route in a batch."""
+        return await native_route_summary(self._store, batch_id, route)
+
+    async def forget_batch(self, batch_id: str) -> None:
+        await drop_native_state(self._store, batch_id)
 
     async def execute(self, requests: Sequence[BatchRequest]) -> AsyncIterator[Result]:
         """Without a shard: a synthetic one, forgotten once every result is out."""
@@ -300,8 +308,6 @@ class NativeBatchBackend:
     async def _cancel_if_stopped(self, shard: Shard, parts: Sequence[Part], kwargs: dict[str, Any]) -> None:
         """Cancel the running upstream batches if our batch was cancelled or expired (not on shutdown)."""
         try:
-            from gateway.pipeline import stop_reason
-
             batch = await self._store.get_batch(shard.batch_id)
             if batch is None or stop_reason(batch) is None:
                 return  # a shutdown: they keep running and are polled again after a restart

@@ -92,15 +92,21 @@ class Gateway:
         self.stop()
 
 
-def start_gateway(config: dict[str, Any], data_dir: Path, *, host: str = "127.0.0.1", timeout: float = 90) -> Gateway:
-    """Write `config` beside `data_dir`, start the server on a free port, wait until `/health` answers."""
+def start_gateway(
+    config: dict[str, Any], data_dir: Path, *, host: str = "127.0.0.1", timeout: float = 90, workers: int = 1,
+    port: int | None = None,
+) -> Gateway:
+    """Write `config` beside `data_dir`, start the server on a free port, wait until `/health` answers.
+
+    `workers`: the embedded worker processes (the product's default is one per core; one keeps the
+    suite light, and the runtime tests ask for more)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     config_path = data_dir.parent / f"{data_dir.name}.config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    port = _free_port(host)
+    port = port or _free_port(host)
     log_fd, log_name = tempfile.mkstemp(prefix="gateway-", suffix=".log")
     cmd = [
         sys.executable,
@@ -114,6 +120,8 @@ def start_gateway(config: dict[str, Any], data_dir: Path, *, host: str = "127.0.
         str(port),
         "--data-dir",
         str(data_dir),
+        "--workers",
+        str(workers),
     ]
     try:
         process = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd)

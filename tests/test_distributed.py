@@ -33,11 +33,12 @@ from typing import Any
 import pytest
 
 from gateway.config import Config, parse_config
-from gateway.distributed import SharedPipeline, connect_redis, open_shared
 from gateway.errors import ConfigError
 from gateway.records import BatchStatus, Result, Shard
+from gateway.runtime import Runtime, open_shared
 from gateway.store.base import BatchOptions, BatchRecord, FileRecord, Store
 from gateway.store.keys import GROUP, Keys
+from gateway.store.redis_coordination import connect_redis
 from gateway.store.redis_queue import RedisStreamQueue
 from gateway.store.redis_store import RedisStore
 from gateway.store.s3 import S3Blobs
@@ -386,15 +387,15 @@ async def _chunks(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-async def _submit(api: SharedPipeline, lines: list[dict[str, Any]]) -> str:
+async def _submit(api: Runtime, lines: list[dict[str, Any]]) -> str:
     data = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    source = await api.upload_file("", "input.jsonl", "batch", _chunks(data))
-    batch = await api.create_batch("", input_file_id=source.id, endpoint="/v1/chat/completions",
+    source = await api.service.upload_file("", "input.jsonl", "batch", _chunks(data))
+    batch = await api.service.create_batch("", input_file_id=source.id, endpoint="/v1/chat/completions",
                                    completion_window="24h")
     return batch.id
 
 
-async def _wait(api: SharedPipeline, batch_id: str, timeout: float = 60) -> BatchRecord:
+async def _wait(api: Runtime, batch_id: str, timeout: float = 60) -> BatchRecord:
     deadline = time.monotonic() + timeout
     while True:
         batch = await api.store.get_batch(batch_id)
@@ -405,7 +406,7 @@ async def _wait(api: SharedPipeline, batch_id: str, timeout: float = 60) -> Batc
         await asyncio.sleep(0.1)
 
 
-async def _output(api: SharedPipeline, batch: BatchRecord) -> list[dict[str, Any]]:
+async def _output(api: Runtime, batch: BatchRecord) -> list[dict[str, Any]]:
     assert batch.output_file_id is not None
     data = b"".join([c async for c in api.blobs.read(f"files/{batch.output_file_id}")])
     return [json.loads(line) for line in data.splitlines()]
@@ -420,18 +421,19 @@ def _counted(upstream: Upstream, tag: str) -> Counter[str]:
     return Counter({k: v for k, v in upstream.stats()["by_custom"].items() if f" {tag} " in k})
 
 
-async def _pid_with_shards(api: SharedPipeline, pids: set[int]) -> int:
+async def _pid_with_shards(api: Runtime, redis_url: str, pids: set[int]) -> int:
     """One of `pids` (live worker processes) that holds shards right now."""
+    client = connect_redis(redis_url)
     while True:
-        pending = await api.redis.xpending(api.keys.stream(MODEL), GROUP)
+        pending = await client.xpending(Keys().stream(MODEL), GROUP)
         busy = {c["name"] for c in pending["consumers"] if int(c["pending"]) > 0}
-        for w in await api.live_workers():
+        for w in await api.coordination.live_workers():
             if w["name"] in busy and int(w["pid"]) in pids:
                 return int(w["pid"])
         await asyncio.sleep(0.02)
 
 
-async def _until_completed(api: SharedPipeline, batch_id: str, n: int) -> BatchRecord:
+async def _until_completed(api: Runtime, batch_id: str, n: int) -> BatchRecord:
     while True:
         rec = await api.store.get_batch(batch_id)
         assert rec is not None
@@ -443,19 +445,19 @@ async def _until_completed(api: SharedPipeline, batch_id: str, n: int) -> BatchR
 async def test_sweeper_enqueues_shards_lost_from_the_queue(cluster: Cluster, upstream: Upstream) -> None:
     url = cluster.db(2)
     api = await open_shared(cluster.config, url, cluster.storage)
-    worker = await open_shared(cluster.config, url, cluster.storage, worker_routes=[MODEL], claim_idle=2.0)
+    worker = await open_shared(cluster.config, url, cluster.storage, routes=[MODEL], claim_idle=2.0)
     try:
-        await api.start(workers=False)
+        await api.start()
         lines = _lines(40, 0, "swept")
         batch_id = await _submit(api, lines)
         while (rec := await api.store.get_batch(batch_id)) is not None and rec.status is BatchStatus.VALIDATING:
             await asyncio.sleep(0.05)
-        while await api.leases.held(f"validate:{batch_id}"):
+        while await api.coordination.held(f"validate:{batch_id}"):
             await asyncio.sleep(0.05)
         # Redis lost the queue (or the replica died while enqueueing): no entry carries the shards
-        await api.redis.delete(api.keys.stream(MODEL), api.keys.queued)
+        await connect_redis(url).delete(Keys().stream(MODEL), Keys().queued)
         await worker.start()
-        await api.sweep()
+        await api.coordinator.sweep()
         batch = await _wait(api, batch_id, timeout=60)
         assert batch.status is BatchStatus.COMPLETED
         _check_exactly_once(await _output(api, batch), lines)
@@ -522,7 +524,7 @@ def test_cancel_on_one_replica_stops_the_workers(cluster: Cluster) -> None:
 async def test_redis_restart_mid_batch(cluster: Cluster, upstream: Upstream) -> None:
     api = await open_shared(cluster.config, cluster.redis.url, cluster.storage)
     try:
-        await api.start(workers=False)
+        await api.start()
         lines = _lines(150, 200, "restart")
         batch_id = await _submit(api, lines)
         rec = await _until_completed(api, batch_id, 30)
@@ -541,13 +543,13 @@ async def test_redis_restart_mid_batch(cluster: Cluster, upstream: Upstream) -> 
 async def test_sigkill_one_worker_mid_batch(cluster: Cluster, upstream: Upstream) -> None:
     api = await open_shared(cluster.config, cluster.redis.url, cluster.storage)
     try:
-        await api.start(workers=False)
+        await api.start()
         lines = _lines(240, 200, "kill")
         arrived_before = upstream.stats()["requests"]  # the upstream counts a request when it arrives…
         batch_id = await _submit(api, lines)
         rec = await _until_completed(api, batch_id, 60)
         assert not rec.status.finished
-        victim = await _pid_with_shards(api, {w.process.pid for w in cluster.workers})
+        victim = await _pid_with_shards(api, cluster.redis.url, {w.process.pid for w in cluster.workers})
         recorded_before = rec.counts.completed + rec.counts.failed
         os.kill(victim, signal.SIGKILL)
         sent_by_then = upstream.stats()["requests"] - arrived_before  # …and `#count` texts when it answers

@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from gateway.config import Config
-from gateway.pipeline import open_embedded
 from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard, new_id
 from gateway.routes import Route, RouteKind
+from gateway.runtime import open_embedded
 from gateway.store.base import BatchRecord, Store, now
 from gateway.store.sqlite import SQLiteStore
 from providers.native import NativeBatchBackend, native_route_summary
@@ -194,8 +194,7 @@ async def test_pipeline_cancel_cancels_upstream(slow_upstream: Upstream, tmp_pat
     """Through the pipeline: cancelling our batch cancels the consuming task, which cancels the upstream batch."""
     upstream = slow_upstream
     route = native_route(upstream)
-    pipeline = await open_embedded(Config(path="test", routes={ROUTE: route}), tmp_path / "data",
-                                   recover_on_start=False)
+    pipeline = await open_embedded(Config(path="test", routes={ROUTE: route}), tmp_path / "data")
     try:
         await pipeline.start()
 
@@ -205,13 +204,13 @@ async def test_pipeline_cancel_cancels_upstream(slow_upstream: Upstream, tmp_pat
                 yield json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
                                   "body": body}).encode() + b"\n"
 
-        source = await pipeline.upload_file("", "in.jsonl", "batch", chunks())
-        batch = await pipeline.create_batch("", input_file_id=source.id, endpoint="/v1/chat/completions",
+        source = await pipeline.service.upload_file("", "in.jsonl", "batch", chunks())
+        batch = await pipeline.service.create_batch("", input_file_id=source.id, endpoint="/v1/chat/completions",
                                             completion_window="24h")
         (shard,) = await wait_shards(pipeline.store, batch.id)
         (batch_id,) = await upstream_ids(pipeline.store, shard)
-        await pipeline.cancel_batch(batch.id, "")
-        done = await asyncio.wait_for(pipeline.wait(batch.id), 20)
+        await pipeline.service.cancel_batch(batch.id, "")
+        done = await asyncio.wait_for(pipeline.service.wait(batch.id), 20)
         assert done.status is BatchStatus.CANCELLED
         assert await upstream_status(upstream, batch_id) in ("cancelling", "cancelled")
         # finalize copied the route's summary into the batch record, then dropped the native state

@@ -1,4 +1,4 @@
-"""The HTTP front door: OpenAI's Files and Batches API (and Azure's forms of it) over the pipeline."""
+"""The HTTP front door: OpenAI's Files and Batches API (and Azure's forms of it) over the runtime."""
 
 from gateway.server.app import create_app
 

@@ -1,4 +1,4 @@
-"""The HTTP front door: OpenAI's Files and Batches API over the pipeline.
+"""The HTTP front door: OpenAI's Files and Batches API over the runtime.
 
 One router, mounted where each client family looks for it: `/v1` (OpenAI,
 LiteLLM), `/openai` (AzureOpenAI; `?api-version=` is accepted and ignored),
@@ -7,7 +7,6 @@ LiteLLM), `/openai` (AzureOpenAI; `?api-version=` is accepted and ignored),
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -19,11 +18,12 @@ from fastapi.responses import JSONResponse
 
 from gateway.server import batches, files
 from gateway.server.auth import Authenticator, log_auth_mode
-from gateway.server.deps import Caller, pipeline_of
+from gateway.server.deps import Caller, runtime_of
 from gateway.server.errors import error_response, install_error_handlers
 
 if TYPE_CHECKING:
-    from gateway.pipeline import Pipeline
+    from gateway.runtime import Runtime
+    from gateway.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ _models = APIRouter()
 @_models.get("/models")
 async def list_models(request: Request, caller: Caller) -> JSONResponse:
     created: int = request.app.state.started_at
-    routes = pipeline_of(request).config.routes
+    routes = runtime_of(request).config.routes
     data = [
         {"id": name, "object": "model", "created": created, "owned_by": "batchyard"}
         for name in sorted(routes)
@@ -60,16 +60,12 @@ async def readiness(request: Request) -> JSONResponse:
 
 
 async def _health_reply(request: Request) -> JSONResponse:
-    probe = getattr(pipeline_of(request), "health", None)
     info: Any = None
-    if probe is not None:
-        try:
-            info = probe()
-            if inspect.isawaitable(info):
-                info = await info
-        except Exception as exc:
-            log.warning("health check failed: %s", exc)
-            return error_response(503, f"unhealthy: {exc}", code="unhealthy")
+    try:
+        info = await runtime_of(request).health()
+    except Exception as exc:
+        log.warning("health check failed: %s", exc)
+        return error_response(503, f"unhealthy: {exc}", code="unhealthy")
     body: dict[str, Any] = {"status": "healthy"}
     if isinstance(info, dict):
         body.update({k: v for k, v in info.items() if k != "status"})
@@ -89,24 +85,28 @@ def _api_router() -> APIRouter:
     return router
 
 
-def create_app(pipeline: Pipeline, *, manage_pipeline: bool = False) -> FastAPI:
-    """The ASGI app over `pipeline`.
+def create_app(runtime: Runtime, *, manage_runtime: bool = False, workers: WorkerPool | None = None) -> FastAPI:
+    """The ASGI app over `runtime`.
 
-    With `manage_pipeline`, the app's lifespan starts the pipeline and closes it
-    on shutdown (what `serve` uses, so SIGTERM closes it cleanly); otherwise the
-    caller owns the pipeline's life.
+    With `manage_runtime`, the app's lifespan starts the runtime (and the worker
+    processes) and closes them on shutdown (what `serve` uses, so SIGTERM closes
+    them cleanly); otherwise the caller owns the runtime's life.
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log_auth_mode(app.state.auth)
-        if manage_pipeline:
-            await pipeline.start()
+        if manage_runtime:
+            await runtime.start()
+            if workers is not None:
+                await workers.start()
         try:
             yield
         finally:
-            if manage_pipeline:
-                await pipeline.aclose()
+            if manage_runtime:
+                if workers is not None:
+                    await workers.aclose()
+                await runtime.aclose()
 
     app = FastAPI(
         title="batchyard",
@@ -115,8 +115,8 @@ def create_app(pipeline: Pipeline, *, manage_pipeline: bool = False) -> FastAPI:
         openapi_url=None,
         lifespan=lifespan,
     )
-    app.state.pipeline = pipeline
-    app.state.auth = Authenticator(pipeline.config)
+    app.state.runtime = runtime
+    app.state.auth = Authenticator(runtime.config)
     app.state.started_at = int(time.time())
     install_error_handlers(app)
     api = _api_router()

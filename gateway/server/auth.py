@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from gateway.config import Config
-from gateway.errors import ApiError
+from gateway.server.errors import ApiError
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from gateway.errors import ApiError, not_found
-from gateway.server.deps import Caller, bad_request, check_limit, expires_after, list_reply, pipeline_of
+from gateway.errors import not_found
+from gateway.server.deps import Caller, bad_request, check_limit, expires_after, list_reply, runtime_of
+from gateway.server.errors import ApiError
 from gateway.server.form import Body
 
 router = APIRouter()
@@ -21,7 +22,7 @@ _METADATA_PAIRS, _METADATA_KEY, _METADATA_VALUE = 16, 64, 512
 @router.post("/batches")
 async def create_batch(request: Request, caller: Caller) -> JSONResponse:
     body = await _json_object(request)
-    rec = await pipeline_of(request).create_batch(
+    rec = await runtime_of(request).service.create_batch(
         caller.owner,
         input_file_id=_required_str(body, "input_file_id"),
         endpoint=_required_str(body, "endpoint"),
@@ -35,13 +36,13 @@ async def create_batch(request: Request, caller: Caller) -> JSONResponse:
 
 @router.get("/batches")
 async def list_batches(request: Request, caller: Caller, limit: int = 20, after: str | None = None) -> JSONResponse:
-    page = await pipeline_of(request).store.list_batches(caller.owner, limit=check_limit(limit, 100), after=after)
+    page = await runtime_of(request).store.list_batches(caller.owner, limit=check_limit(limit, 100), after=after)
     return JSONResponse(list_reply([b.to_openai() for b in page.data], page.has_more))
 
 
 @router.get("/batches/{batch_id}")
 async def get_batch(request: Request, caller: Caller, batch_id: str) -> JSONResponse:
-    rec = await pipeline_of(request).store.get_batch(batch_id, caller.owner)
+    rec = await runtime_of(request).store.get_batch(batch_id, caller.owner)
     if rec is None:
         raise not_found("batch", batch_id)
     return JSONResponse(rec.to_openai())
@@ -49,7 +50,7 @@ async def get_batch(request: Request, caller: Caller, batch_id: str) -> JSONResp
 
 @router.post("/batches/{batch_id}/cancel")
 async def cancel_batch(request: Request, caller: Caller, batch_id: str) -> JSONResponse:
-    rec = await pipeline_of(request).cancel_batch(batch_id, caller.owner)
+    rec = await runtime_of(request).service.cancel_batch(batch_id, caller.owner)
     return JSONResponse(rec.to_openai())
 
 

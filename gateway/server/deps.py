@@ -1,4 +1,4 @@
-"""What every route needs: the pipeline, the caller, list replies, argument checks."""
+"""What every route needs: the runtime, the caller, list replies, argument checks."""
 
 from __future__ import annotations
 
@@ -6,17 +6,20 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, Request
 
-from gateway.errors import ApiError
 from gateway.server.auth import Principal, current_principal
+from gateway.server.errors import ApiError
 
 if TYPE_CHECKING:
-    from gateway.pipeline import Pipeline
+    from gateway.runtime import Runtime
 
 Caller = Annotated[Principal, Depends(current_principal)]
 
 
-def pipeline_of(request: Request) -> Pipeline:
-    return request.app.state.pipeline
+def runtime_of(request: Request) -> Runtime:
+    return request.app.state.runtime
+
+
+pipeline_of = runtime_of  # the name the routes were written with
 
 
 def list_reply(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:

@@ -14,7 +14,22 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from gateway.errors import ApiError
+from gateway.errors import Conflict, GatewayError, InvalidRequest, NotFound, TooLarge
+
+
+class ApiError(Exception):
+    """An HTTP error reply the server itself decides on (auth, request framing): {"error": {...}}."""
+
+    def __init__(
+        self, status: int, message: str, *, type_: str | None = None, code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
+
+
+# The core's refusals, by kind.
+_STATUS: dict[type[GatewayError], int] = {InvalidRequest: 400, NotFound: 404, Conflict: 409, TooLarge: 413}
 
 _TYPES = {401: "invalid_request_error", 403: "permission_error", 429: "rate_limit_error"}
 _CODES = {404: "unknown_url", 405: "method_not_allowed", 413: "request_too_large"}
@@ -40,6 +55,12 @@ def error_response(
 async def _api_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
     return error_response(exc.status, exc.message, type_=exc.type, code=exc.code, param=exc.param)
+
+
+async def _gateway_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, GatewayError)
+    status = next((code for kind, code in _STATUS.items() if isinstance(exc, kind)), 400)
+    return error_response(status, exc.message, code=exc.code, param=exc.param)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -82,6 +103,7 @@ async def _unexpected(_: Request, __: Exception) -> JSONResponse:
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(ClientDisconnect, _client_disconnect)

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from gateway.errors import ApiError, not_found
-from gateway.server.deps import Caller, bad_request, check_limit, expires_after, list_reply, pipeline_of
+from gateway.errors import GatewayError, not_found
+from gateway.server.deps import Caller, bad_request, check_limit, expires_after, list_reply, runtime_of
+from gateway.server.errors import ApiError
 from gateway.server.form import Body, Event, Field, FileData, FileEnd, FileStart, FormReader
 
 if TYPE_CHECKING:
-    from gateway.pipeline import Pipeline
+    from gateway.runtime import Runtime
     from gateway.store.base import FileRecord
 
 router = APIRouter()
@@ -30,14 +31,14 @@ _CHUNK = 1 << 16
 
 @router.post("/files")
 async def create_file(request: Request, caller: Caller) -> JSONResponse:
-    pipeline = pipeline_of(request)
+    runtime = runtime_of(request)
     body = Body(request.receive)
     try:
-        _check_declared_size(request, pipeline.config.batch.limits.max_file_bytes)
+        _check_declared_size(request, runtime.config.batch.limits.max_file_bytes)
         reader = FormReader(request.headers.get("content-type", ""), body)
         async with aclosing(reader.events()) as events:
-            rec = await _Upload(pipeline, caller.owner).run(events)
-    except ApiError:
+            rec = await _Upload(runtime, caller.owner).run(events)
+    except (ApiError, GatewayError):
         await body.drain(_DRAIN_LIMIT)
         raise
     return JSONResponse(rec.to_openai())
@@ -54,7 +55,7 @@ async def list_files(
 ) -> JSONResponse:
     if order not in ("asc", "desc"):
         raise bad_request("order must be 'asc' or 'desc'.", param="order")
-    page = await pipeline_of(request).store.list_files(
+    page = await runtime_of(request).store.list_files(
         caller.owner, purpose=purpose, limit=check_limit(limit, 10_000), order=order, after=after
     )
     return JSONResponse(list_reply([f.to_openai() for f in page.data], page.has_more))
@@ -67,7 +68,7 @@ async def get_file(request: Request, caller: Caller, file_id: str) -> JSONRespon
 
 @router.delete("/files/{file_id}")
 async def delete_file(request: Request, caller: Caller, file_id: str) -> JSONResponse:
-    if not await pipeline_of(request).delete_file(file_id, caller.owner):
+    if not await runtime_of(request).service.delete_file(file_id, caller.owner):
         raise not_found("file", file_id)
     return JSONResponse({"id": file_id, "object": "file", "deleted": True})
 
@@ -75,7 +76,7 @@ async def delete_file(request: Request, caller: Caller, file_id: str) -> JSONRes
 @router.get("/files/{file_id}/content")
 async def file_content(request: Request, caller: Caller, file_id: str) -> StreamingResponse:
     rec = await _owned(request, caller.owner, file_id)
-    chunks = pipeline_of(request).open_file(rec)
+    chunks = runtime_of(request).service.open_file(rec)
     # The first chunk is read here, so a missing blob is an error reply and not a broken stream.
     try:
         first = await anext(chunks)
@@ -99,7 +100,7 @@ def _too_large(limit: int) -> ApiError:
 
 
 async def _owned(request: Request, owner: str, file_id: str) -> FileRecord:
-    rec = await pipeline_of(request).store.get_file(file_id, owner)
+    rec = await runtime_of(request).store.get_file(file_id, owner)
     if rec is None:
         raise not_found("file", file_id)
     return rec
@@ -126,7 +127,7 @@ def _purpose(fields: dict[str, str]) -> str:
     purpose = fields.get("purpose", "").strip()
     if not purpose:
         raise bad_request("Missing required parameter: 'purpose'.", param="purpose", code="missing_required_parameter")
-    return purpose  # the pipeline checks its value
+    return purpose  # the service checks its value
 
 
 def _expires_after(fields: dict[str, str]) -> dict[str, Any] | None:
@@ -137,16 +138,16 @@ def _expires_after(fields: dict[str, str]) -> dict[str, Any] | None:
 
 
 class _Upload:
-    """One upload: the fields in any order, the `file` part streamed to the pipeline.
+    """One upload: the fields in any order, the `file` part streamed to the service.
 
     When `purpose` comes before the file (as the OpenAI SDK and LiteLLM send it)
-    the file's bytes go straight to the pipeline as they arrive. Otherwise they
+    the file's bytes go straight to the service as they arrive. Otherwise they
     are spooled (memory, then a temporary file) until the fields are known.
     """
 
-    def __init__(self, pipeline: Pipeline, owner: str) -> None:
-        self.pipeline, self.owner = pipeline, owner
-        self.limit = pipeline.config.batch.limits.max_file_bytes
+    def __init__(self, runtime: Runtime, owner: str) -> None:
+        self.runtime, self.owner = runtime, owner
+        self.limit = runtime.config.batch.limits.max_file_bytes
         self.fields: dict[str, str] = {}
         self.late: dict[str, str] = {}  # fields after a file already stored
 
@@ -173,7 +174,7 @@ class _Upload:
 
     async def _store(self, filename: str, chunks: AsyncIterator[bytes]) -> FileRecord:
         purpose, expiry = _purpose(self.fields), _expires_after(self.fields)
-        return await self.pipeline.upload_file(self.owner, filename, purpose, chunks, expires_after=expiry)
+        return await self.runtime.service.upload_file(self.owner, filename, purpose, chunks, expires_after=expiry)
 
     async def _file_chunks(self, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
         size = 0
@@ -202,12 +203,12 @@ class _Upload:
             return rec
         try:
             expiry = _expires_after(self.late)
-        except ApiError:
-            await self.pipeline.delete_file(rec.id, self.owner)
+        except (ApiError, GatewayError):
+            await self.runtime.service.delete_file(rec.id, self.owner)
             raise
         assert expiry is not None
         rec.expires_at = rec.created_at + expiry["seconds"]
-        await self.pipeline.store.put_file(rec)
+        await self.runtime.store.put_file(rec)
         return rec
 
 

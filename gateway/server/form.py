@@ -17,7 +17,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive
 
-from gateway.errors import ApiError
+from gateway.server.errors import ApiError
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks

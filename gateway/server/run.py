@@ -1,11 +1,13 @@
-"""`serve`: the embedded pipeline behind uvicorn.
+"""`serve`: the runtime behind uvicorn.
 
-The pipeline (SQLite + a local directory + an in-process queue under
-`data_dir`) is opened here, started by the app's lifespan and closed when
-uvicorn shuts down on SIGTERM or SIGINT. A restart over the same `data_dir`
-resumes unfinished batches.
+Embedded (the default): the runtime over `data_dir` (SQLite records, queue and
+leases, a local blob directory). The API process serves HTTP, validates and
+sweeps; `workers` worker processes (default: one per core) run the shards.
+With `workers=0` the API process runs them itself. Everything is started by the
+app's lifespan and closed when uvicorn shuts down on SIGTERM or SIGINT. A
+restart over the same `data_dir` resumes unfinished batches.
 
-    python -m gateway.server.run --config CONFIG [--host H] [--port P] [--data-dir DIR]
+    python -m gateway.server.run --config CONFIG [--host H] [--port P] [--data-dir DIR] [--workers N]
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ from gateway.errors import ConfigError
 from gateway.loop import loop_factory
 
 if TYPE_CHECKING:
-    from gateway.pipeline import Pipeline
+    from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway.server.run")  # not "__main__" under python -m
 
-# Builds the pipeline instead of the embedded one (shared mode: `gateway.distributed.serve_shared`).
-PipelineFactory = Callable[[Config], Awaitable["Pipeline"]]
+# Builds the runtime instead of the embedded one (the shared mode's `serve_shared`).
+RuntimeFactory = Callable[[Config], Awaitable["Runtime"]]
 
 DEFAULT_HOST, DEFAULT_PORT, DEFAULT_DATA_DIR = "127.0.0.1", 4000, ".batchyard"
 
@@ -41,17 +43,28 @@ async def _serve(
     port: int,
     data_dir: Path,
     log_level: str,
-    pipeline_factory: PipelineFactory | None = None,
+    runtime_factory: RuntimeFactory | None = None,
+    workers: int | None = None,
 ) -> None:
-    from gateway.pipeline import open_embedded  # the pipeline imports the backends: only when serving
+    from gateway.runtime import open_embedded  # the runtime imports the backends: only when serving
     from gateway.server.app import create_app
+    from gateway.worker_pool import WorkerPool
 
     config = load_config(config_path)
-    if pipeline_factory is not None:
-        pipeline, where = await pipeline_factory(config), "shared store"
+    pool: WorkerPool | None = None
+    if runtime_factory is not None:
+        runtime, where = await runtime_factory(config), "shared store"
     else:
-        pipeline, where = await open_embedded(config, data_dir), f"data in {data_dir}"
-    app = create_app(pipeline, manage_pipeline=True)
+        count = default_workers() if workers is None else workers
+        runtime = await open_embedded(config, data_dir, routes=() if count else None)
+        where = f"data in {data_dir}, " + (f"{count} worker process(es)" if count else "shards run in this process")
+        if count:
+            from gateway.store.sqlite_queue import SQLiteQueue
+
+            assert isinstance(runtime.queue, SQLiteQueue)
+            pool = WorkerPool(count, data_dir, runtime.queue, config_path=str(config_path),
+                              verbose=log_level == "debug")
+    app = create_app(runtime, manage_runtime=True, workers=pool)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -68,6 +81,11 @@ async def _serve(
     await server.serve()
 
 
+def default_workers() -> int:
+    """One worker process per core."""
+    return os.cpu_count() or 1
+
+
 def _quiet_libraries(log_level: str) -> None:
     # LiteLLM logs every request at INFO (twice: its own handler and ours); keep its warnings and errors.
     if log_level != "debug":
@@ -82,13 +100,29 @@ def serve(
     data_dir: str | Path = DEFAULT_DATA_DIR,
     *,
     log_level: str = "info",
-    pipeline_factory: PipelineFactory | None = None,
+    runtime_factory: RuntimeFactory | None = None,
+    workers: int | None = None,
 ) -> None:
     """Run the gateway until SIGTERM/SIGINT; raises `ConfigError` for a bad config."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _quiet_libraries(log_level)
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        runner.run(_serve(config_path, host, port, Path(data_dir), log_level, pipeline_factory))
+        runner.run(_serve(config_path, host, port, Path(data_dir), log_level, runtime_factory, workers))
+
+
+def serve_shared(
+    config_path: str | Path, host: str, port: int, *, redis_url: str, storage: str | Path,
+    with_worker: bool = False, claim_idle: float | None = None, log_level: str = "info",
+) -> None:
+    """`batchyard serve --redis-url U --storage s3://…`: one API replica over the shared store."""
+
+    async def factory(config: Config) -> Runtime:
+        from gateway.runtime import open_shared
+
+        return await open_shared(config, redis_url, storage, routes=None if with_worker else (),
+                                 claim_idle=claim_idle)
+
+    serve(config_path, host, port, log_level=log_level, runtime_factory=factory)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,9 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--data-dir", default=os.environ.get("BATCHYARD_DATA_DIR", DEFAULT_DATA_DIR))
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--workers", type=int, default=None,
+                        help="worker processes that run shards (default: one per core; 0: in the API process)")
     args = parser.parse_args(argv)
     try:
-        serve(args.config, args.host, args.port, args.data_dir, log_level=args.log_level)
+        serve(args.config, args.host, args.port, args.data_dir, log_level=args.log_level, workers=args.workers)
     except ConfigError as exc:
         parser.exit(2, f"error: {exc}\n")
     except KeyboardInterrupt:

@@ -3,16 +3,20 @@
 - `Store`: file and batch records, shard bookkeeping, counters, and the result
   journal (results recorded per request, so a retried shard skips finished ones).
 - `Blobs`: file bytes by key (uploads, shard files, outputs).
-- `Queue`: shards waiting for a worker.
+- `Queue`: shards waiting for a worker, and the ones workers hold.
+- `Coordination`: leases and worker heartbeats, for the steps two processes
+  must not do at once and for knowing which workers are alive.
 
-Each has an embedded implementation (SQLite, local directory, in-process) and a
-shared one (Redis, S3, Redis Streams). The pipeline sees only these protocols.
+Each has an embedded implementation (SQLite, local directory, a SQLite queue
+that works across the processes of one machine) and a shared one (Redis, S3,
+Redis Streams). The runtime's parts see only these protocols.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Collection, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -171,6 +175,8 @@ class Store(Protocol):
         self, owner: str, *, purpose: str | None, limit: int, order: str, after: str | None
     ) -> Page: ...
     async def delete_file(self, file_id: str, owner: str | None = None) -> bool: ...
+    async def expired_files(self, at: int, limit: int = 100) -> list[FileRecord]:
+        """Files whose `expires_at` is before `at` (oldest first)."""
 
     # batches
     async def put_batch(self, rec: BatchRecord) -> None: ...
@@ -190,6 +196,8 @@ class Store(Protocol):
     async def finish_shard(self, shard: Shard) -> int:
         """Mark a shard finished (idempotent); returns how many shards of its batch are still unfinished."""
     async def unfinished_shards(self, batch_id: str) -> list[Shard]: ...
+    async def begin_attempt(self, shard: Shard) -> int:
+        """Count one more attempt at running the shard (by any process); returns the count so far."""
 
     # the result journal and counters: recorded together, atomically
     async def record_results(self, shard: Shard, results: Sequence[Result]) -> None:
@@ -231,12 +239,42 @@ class Delivery:
 
 
 class Queue(Protocol):
+    # Called with a delivery's token when the queue finds the shard taken over by another worker
+    # (this one stalled past the claim timeout): the runner stops running it.
+    on_lost: Callable[[str], None] | None
+
     async def put(self, shard: Shard) -> None: ...
+    async def put_missing(self, shard: Shard) -> bool:
+        """Enqueue the shard unless an entry already carries it; True if it was enqueued."""
     async def get(self, routes: Collection[str] | None, timeout: float) -> Delivery | None:
-        """The next shard for one of `routes` (None: any), or None after `timeout` seconds."""
+        """The next shard for one of `routes` (None: any), or None after `timeout` seconds.
+
+        A shard held by a worker that is no longer alive is delivered again."""
     async def ack(self, delivery: Delivery) -> None: ...
-    async def depth(self) -> dict[str, int]:
-        """Shards waiting, per route."""
+    async def hand_back(self, delivery: Delivery) -> None:
+        """Give a shard up unacked: the next `get` anywhere may take it at once."""
+    async def queued(self) -> Collection[str]:
+        """The keys of every shard the queue carries (waiting or held)."""
+    async def counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(waiting, held) shards per route; routes with none are left out."""
+    async def tidy(self, alive: Collection[str]) -> None:
+        """Forget what consumers that are not alive left behind (bookkeeping only)."""
+    async def aclose(self) -> None: ...
+
+
+class Coordination(Protocol):
+    """Leases and heartbeats shared by every process of one deployment."""
+
+    def lease(self, what: str) -> AbstractAsyncContextManager[bool]:
+        """Hold the lease `what` for the block (renewed while held): yields False if another holds it."""
+    async def acquire(self, what: str, ttl: float) -> bool: ...
+    async def release(self, what: str) -> None: ...
+    async def held(self, what: str) -> bool: ...
+    async def beat(self, name: str, info: dict[str, Any], ttl: float) -> None:
+        """Say that worker `name` is alive for `ttl` more seconds."""
+    async def gone(self, name: str) -> None:
+        """Worker `name` stopped."""
+    async def live_workers(self) -> list[dict[str, Any]]: ...
     async def aclose(self) -> None: ...
 
 

@@ -13,6 +13,8 @@ records (`RedisStore`)
     batch-seq                 string  the creation sequence counter
     shards:{batch}            hash    shard index -> {"route", "size"}
     shards-done:{batch}       set     finished shard indexes
+    attempts:{batch}          hash    shard index -> attempts at running it (any worker)
+    file-expiry               zset    file ids with an expiry, score expires_at
     journal:{batch}:{shard}   hash    line -> Result JSON (HSETNX: one result per line)
     route-stats:{batch}       hash    "{route}:{completed|failed|input_tokens|output_tokens|cost_usd}" -> number
     sealed:{batch}            set     shard indexes whose journal was dropped (sealed): late results are ignored
@@ -22,7 +24,7 @@ queue (`RedisStreamQueue`)
     stream:{route}            stream  waiting and in-flight shards of one route
     queued                    hash    shard key -> the stream entry that carries it
 
-distributed upkeep (`gateway.distributed`)
+coordination (`RedisCoordination`, for `gateway.coordinator`)
     worker:{name}             string  heartbeat JSON (routes, pid, host), with a TTL
     workers                   zset    worker names, score = last heartbeat
     lease:{what}              string  holder name, with a TTL (validate/finalize a batch, the sweep)
@@ -67,6 +69,13 @@ class Keys:
 
     def shards_done(self, batch_id: str) -> str:
         return f"{self.prefix}shards-done:{batch_id}"
+
+    def attempts(self, batch_id: str) -> str:
+        return f"{self.prefix}attempts:{batch_id}"
+
+    @property
+    def file_expiry(self) -> str:
+        return f"{self.prefix}file-expiry"
 
     def journal(self, batch_id: str, index: int) -> str:
         return f"{self.prefix}journal:{batch_id}:{index}"

@@ -7,7 +7,7 @@
   worker acks it (XACK, then XDEL: a stream holds only unacked shards).
 - A dead worker's pending shards are taken over once they have been idle for
   `claim_idle` seconds (default 30) and their consumer has no heartbeat key
-  (`worker:{name}`, which `gateway.distributed` keeps with a TTL of
+  (`worker:{name}`, which `gateway.coordinator` keeps with a TTL of
   `claim_idle`): XAUTOCLAIM's rule plus a liveness check, in one script
   (XPENDING IDLE, EXISTS, XCLAIM), so a Redis restart that leaves every entry
   idle for a moment does not hand live workers' shards around.
@@ -311,6 +311,9 @@ class RedisStreamQueue:
                 if int(c["pending"]) == 0 and int(c["idle"]) >= idle * 1000 and not is_alive(name):
                     removed += int(await self._r.xgroup_delconsumer(stream, GROUP, name) == 0)
         return removed
+
+    async def tidy(self, alive: Collection[str]) -> None:
+        await self.forget_dead_consumers(set(alive).__contains__)
 
     async def aclose(self) -> None:
         if self._refresher is not None:

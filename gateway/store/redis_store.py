@@ -132,6 +132,10 @@ class RedisStore:
             tx.set(self._k.file(rec.id), json.dumps(rec.to_json()))
             tx.zadd(self._k.files(rec.owner), {rec.id: rec.created_at})
             tx.zadd(self._k.files(rec.owner, rec.purpose), {rec.id: rec.created_at})
+            if rec.expires_at is not None:
+                tx.zadd(self._k.file_expiry, {rec.id: rec.expires_at})
+            else:
+                tx.zrem(self._k.file_expiry, rec.id)
             await tx.execute()
 
     async def get_file(self, file_id: str, owner: str | None = None) -> FileRecord | None:
@@ -179,8 +183,13 @@ class RedisStore:
             tx.delete(self._k.file(file_id))
             tx.zrem(self._k.files(rec.owner), file_id)
             tx.zrem(self._k.files(rec.owner, rec.purpose), file_id)
-            deleted, _, _ = await tx.execute()
+            tx.zrem(self._k.file_expiry, file_id)
+            deleted, *_ = await tx.execute()
         return bool(deleted)
+
+    async def expired_files(self, at: int, limit: int = 100) -> list[FileRecord]:
+        ids = await self._r.zrangebyscore(self._k.file_expiry, "-inf", f"({at}", start=0, num=limit)
+        return await self._files(cast(list[str], ids))
 
     # -- batches -------------------------------------------------------------
 
@@ -282,6 +291,9 @@ class RedisStore:
         shards, done = await self._shard_table(batch_id)
         return [s for s in shards if str(s.index) not in done]
 
+    async def begin_attempt(self, shard: Shard) -> int:
+        return int(await self._r.hincrby(self._k.attempts(shard.batch_id), str(shard.index), 1))
+
     async def finish_shard(self, shard: Shard) -> int:
         keys = [self._k.shards(shard.batch_id), self._k.shards_done(shard.batch_id)]
         return int(await self._finish_shard(keys=keys, args=[str(shard.index)]))
@@ -316,7 +328,7 @@ class RedisStore:
             await tx.execute()
 
     async def route_stats(self, batch_id: str) -> dict[str, RouteStats]:
-        raw = await self._r.hgetall(self._k.route_stats(batch_id))
+        raw = cast(dict[str, str], await self._r.hgetall(self._k.route_stats(batch_id)))
         stats: dict[str, RouteStats] = {}
         for name, value in raw.items():
             route, _, field_ = name.rpartition(":")

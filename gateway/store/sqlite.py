@@ -1,7 +1,10 @@
 """The embedded `Store`: SQLite in the data directory.
 
-One connection, used from the event loop's thread: each call is a short
-transaction, so a call is atomic with respect to every other. WAL mode with
+One connection per process, used from the event loop's thread: each call is a
+short transaction, so a call is atomic with respect to every other, in this
+process and in the others on the same file (the API process and its worker
+processes). WAL mode lets readers (status polls) go on while a worker writes;
+a writer waits for another's short transaction (`busy_timeout`). WAL with
 synchronous=NORMAL survives a killed process (SIGKILL) without losing a
 committed write; only a power cut could lose the last ones.
 """
@@ -33,7 +36,7 @@ CREATE INDEX IF NOT EXISTS batches_owner ON batches(owner, seq);
 CREATE INDEX IF NOT EXISTS batches_status ON batches(status);
 CREATE TABLE IF NOT EXISTS shards (
     batch_id TEXT NOT NULL, idx INTEGER NOT NULL, route TEXT NOT NULL, size INTEGER NOT NULL,
-    finished INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (batch_id, idx)
+    finished INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (batch_id, idx)
 );
 CREATE TABLE IF NOT EXISTS journal (
     batch_id TEXT NOT NULL, shard INTEGER NOT NULL, line INTEGER NOT NULL, data TEXT NOT NULL,
@@ -49,14 +52,22 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, data TEXT NOT NULL);
 """
 
 _ACTIVE = tuple(s.value for s in BatchStatus if not s.finished)
+BUSY_TIMEOUT_MS = 30_000
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """A connection to the embedded database, as every part that shares it opens one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+    db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    return db
 
 
 class SQLiteStore:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db = connect(path)
         self._db.executescript(_SCHEMA)
 
     # -- files ---------------------------------------------------------------
@@ -102,6 +113,13 @@ class SQLiteStore:
         else:
             cur = self._db.execute("DELETE FROM files WHERE id = ? AND owner = ?", (file_id, owner))
         return cur.rowcount > 0
+
+    async def expired_files(self, at: int, limit: int = 100) -> list[FileRecord]:
+        rows = self._db.execute(
+            "SELECT data FROM files WHERE json_extract(data, '$.expires_at') < ? "
+            "ORDER BY json_extract(data, '$.expires_at') LIMIT ?", (at, limit)
+        ).fetchall()
+        return [FileRecord.from_json(json.loads(r[0])) for r in rows]
 
     # -- batches -------------------------------------------------------------
 
@@ -187,6 +205,13 @@ class SQLiteStore:
 
     def _shards(self, sql: str, batch_id: str) -> list[Shard]:
         return [Shard(batch_id, i, r, n) for i, r, n in self._db.execute(sql, (batch_id,)).fetchall()]
+
+    async def begin_attempt(self, shard: Shard) -> int:
+        (count,) = self._db.execute(
+            "UPDATE shards SET attempts = attempts + 1 WHERE batch_id = ? AND idx = ? RETURNING attempts",
+            (shard.batch_id, shard.index),
+        ).fetchone() or (1,)
+        return int(count)
 
     async def finish_shard(self, shard: Shard) -> int:
         self._db.execute("BEGIN IMMEDIATE")

@@ -1,0 +1,175 @@
+"""The runtime: the parts, composed over one `Store`, `Blobs`, `Queue` and `Coordination`.
+
+- `service` (`BatchService`): files and batches; validation into shards.
+- `runner` (`ShardRunner`): runs the shards of the routes this process hosts
+  (None in a process that hosts none, like the API process with workers).
+- `finalizer` (`Finalizer`): merges a finished batch into its output files.
+- `coordinator` (`Coordinator`): heartbeats, expiry, and recovery.
+
+`open_embedded` hands the parts SQLite, a local directory and the SQLite queue
+(one machine, any number of processes); `open_shared` hands them Redis, S3 and
+Redis Streams (many machines). Nothing else differs between the modes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Collection, Coroutine
+from pathlib import Path
+from typing import Any
+
+from gateway.backends import BackendPool
+from gateway.config import Config
+from gateway.coordinator import Coordinator
+from gateway.finalizer import Finalizer
+from gateway.runner import ShardRunner
+from gateway.service import BatchService
+from gateway.store.base import Blobs, Coordination, Queue, Store
+
+log = logging.getLogger("batchyard.runtime")
+
+S3_ENDPOINT_ENV = "BATCHYARD_S3_ENDPOINT_URL"
+DB_NAME = "batchyard.sqlite3"
+
+
+def worker_name() -> str:
+    """This process's name as a worker: unique on the machine and across machines."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Runtime:
+    def __init__(
+        self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
+        mode: str, name: str, routes: Collection[str] | None, heartbeat: float, sweep_every: float,
+        sweeping: bool = True, recover_at_start: bool = False,
+    ) -> None:
+        """`routes`: the routes whose shards this process runs (None: every route; empty: none)."""
+        self.config, self.store, self.blobs, self.queue, self.coordination = config, store, blobs, queue, coordination
+        self.mode, self.name = mode, name
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.backends = BackendPool(config, store)
+        self.finalizer = Finalizer(store, blobs, coordination, self.backends)
+        self.service = BatchService(config, store, blobs, queue, coordination, spawn=self.spawn,
+                                    finalize=self.finalizer.finalize)
+        every = sorted({r.model_name for r in config.routes.values()})
+        hosted = every if routes is None else sorted(r for r in routes if r)
+        self.runner = (ShardRunner(config, store, blobs, queue, self.backends, self.finalizer, routes=hosted,
+                                   spawn=self.spawn) if hosted else None)
+        self.coordinator = Coordinator(store, queue, coordination, self.service, self.finalizer, name=name,
+                                       routes=hosted, spawn=self.spawn, heartbeat=heartbeat, sweep_every=sweep_every)
+        self._sweeping = sweeping
+        self._recover_at_start = recover_at_start
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    @property
+    def hosted(self) -> list[str]:
+        return sorted(self.runner.routes or ()) if self.runner is not None else []
+
+    async def start(self) -> None:
+        """Start the backends this process hosts (engines load, LiteLLM is imported) before taking a shard,
+        then the loops. A slow engine start must not hold a claimed shard."""
+        if self.runner is not None:
+            await self.backends.warm_up(self.hosted)
+            for route in self.hosted:
+                await self.backends.get(route)
+            await self.coordinator.beat()
+        if self._recover_at_start:
+            await self.coordinator.sweep(stale_after=0)
+        self.coordinator.start(hosting=self.runner is not None, sweeping=self._sweeping)
+        if self.runner is not None:
+            self.spawn(self.runner.loop(), "runner")
+
+    async def health(self) -> dict[str, Any]:
+        return await self.coordinator.health(self.mode)
+
+    async def aclose(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.coordinator.stop(hosting=self.runner is not None)
+        await self.backends.aclose()
+        await self.queue.aclose()
+        await self.coordination.aclose()
+        await self.blobs.aclose()
+        await self.store.aclose()
+
+
+async def open_embedded(
+    config: Config, data_dir: Path, *, routes: Collection[str] | None = None, owner: bool = True,
+    sweeping: bool | None = None,
+) -> Runtime:
+    """The embedded mode: SQLite records, queue and leases, a local blob directory, in `data_dir`.
+
+    `owner`: this process owns the directory (the API process or `batchyard run`): at start it forgets
+    the leases and heartbeats a killed predecessor left, and recovers its batches at once. Worker
+    processes it starts are not owners.
+    """
+    from gateway.store.local import LocalBlobs
+    from gateway.store.sqlite import SQLiteStore
+    from gateway.store.sqlite_queue import SQLiteCoordination, SQLiteQueue
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    db = data_dir / DB_NAME
+    name = worker_name()
+    store = SQLiteStore(db)
+    coordination = SQLiteCoordination(db, holder=name)
+    if owner:
+        await coordination.reset()
+    return Runtime(config, store, LocalBlobs(data_dir / "blobs"), SQLiteQueue(db, consumer=name), coordination,
+                   mode="embedded", name=name, routes=routes, heartbeat=1.0, sweep_every=1.0,
+                   sweeping=owner if sweeping is None else sweeping, recover_at_start=owner)
+
+
+def open_blobs(storage: str | Path, *, endpoint_url: str | None = None) -> Blobs:
+    """`s3://bucket/prefix` (S3, MinIO, moto) or a directory every process can reach."""
+    text = str(storage)
+    if text.startswith("s3://"):
+        from gateway.store.s3 import S3Blobs
+
+        return S3Blobs.from_url(text, endpoint_url=endpoint_url or os.environ.get(S3_ENDPOINT_ENV) or None)
+    from gateway.store.local import LocalBlobs
+
+    return LocalBlobs(Path(text))
+
+
+async def open_shared(
+    config: Config, redis_url: str, storage: str | Path, *, routes: Collection[str] | None = (),
+    claim_idle: float | None = None, name: str | None = None, prefix: str | None = None,
+    s3_endpoint_url: str | None = None,
+) -> Runtime:
+    """The shared mode. `routes`: the routes this process runs shards for (`()`: none, an API replica;
+    `None`: every route of the config)."""
+    from gateway.store.keys import Keys
+    from gateway.store.redis_coordination import RedisCoordination, connect_redis
+    from gateway.store.redis_queue import DEFAULT_CLAIM_IDLE, RedisStreamQueue
+    from gateway.store.redis_store import RedisStore
+
+    idle = claim_idle or DEFAULT_CLAIM_IDLE
+    client = connect_redis(redis_url)
+    await client.ping()  # fail fast on a wrong URL
+    keys = Keys(prefix) if prefix else Keys()
+    name = name or worker_name()
+    every = sorted({route.model_name for route in config.routes.values()})
+    queue = RedisStreamQueue(client, every, keys=keys, consumer=name, claim_idle=idle)
+    store = RedisStore(client, keys, owns_client=True)
+    # A worker's heartbeat lives as long as its shards may stay idle: a shard is taken over only
+    # when both have run out.
+    return Runtime(config, store, open_blobs(storage, endpoint_url=s3_endpoint_url), queue,
+                   RedisCoordination(client, keys, name), mode="shared", name=name, routes=routes,
+                   heartbeat=idle / 3, sweep_every=5.0)
+
+
+__all__ = ["S3_ENDPOINT_ENV", "Runtime", "open_blobs", "open_embedded", "open_shared", "worker_name"]
