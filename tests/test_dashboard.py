@@ -73,7 +73,7 @@ def browser() -> Iterator[Browser]:
 
 def _login(browser: Browser, gateway: Gateway, key: str) -> Page:
     """A fresh browser context logged in through the form; returns its page."""
-    context = browser.new_context(viewport={"width": 1100, "height": 860}, accept_downloads=True)
+    context = browser.new_context(viewport={"width": 1100, "height": 600}, accept_downloads=True)
     page = context.new_page()
     page.set_default_timeout(WAIT_MS)
     page.goto(gateway.url + "/ui")
@@ -211,3 +211,25 @@ def _screenshot(page: Page) -> None:
     if os.environ.get("BATCHYARD_DOCS_SCREENSHOT") == "1":
         (REPO_ROOT / "docs").mkdir(exist_ok=True)
         (REPO_ROOT / "docs" / "dashboard.png").write_bytes(path.read_bytes())
+
+
+def test_open_gateway_needs_no_login(
+    browser: Browser, upstream: Upstream, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """With no keys configured the dashboard is open, like the API: no form, no logout."""
+    with start_gateway(gateway_config(upstream), tmp_path_factory.mktemp("open") / "data") as server:
+        client = server.client(None)
+        batch = wait_batch(client, submit(client, [chat_line("only", "gpt-mini", "hi there")]).id)
+        assert batch.status == "completed"
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(server.url + "/ui/login")
+        assert page.url.endswith("/ui")  # nothing to log in to
+        card = page.locator(f'.batch[data-id="{batch.id}"]')
+        assert card.get_attribute("data-status") == "completed"
+        assert card.locator(".progress-count").inner_text() == "1 / 1"
+        assert "open gateway" in page.inner_text(".account")
+        assert page.locator("text=Log out").count() == 0
+        output = context.request.get(server.url + card.locator(".output-link").get_attribute("href"))
+        assert output.status == 200 and output.text() == client.files.content(batch.output_file_id).text
+        context.close()

@@ -58,7 +58,7 @@ class BatchView:
     @property
     def eta_label(self) -> str:
         if self.finished:
-            return "done"
+            return "done" if self.status == BatchStatus.COMPLETED.value else NONE
         if self.eta_seconds is not None:
             return fmt_duration(self.eta_seconds)
         return "finalizing" if self.status == BatchStatus.FINALIZING.value else NONE
