@@ -19,6 +19,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from gateway.server.ui.view import fmt_usd
 from tests.server_helpers import REPO_ROOT, Gateway, chat_line, gateway_config, start_gateway, submit, wait_batch
 from tests.upstream import Upstream, start_upstream
 
@@ -29,7 +30,8 @@ CHROMIUM_ARGS = [
 ]
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
 KEY_A, KEY_B = "sk-team-a-dashboard", "sk-team-b-dashboard"
-LINES = 10
+LINES = 12
+NATIVE_PRICES = {"input_cost_per_token_batches": 2.5e-4, "output_cost_per_token_batches": 1e-3}
 STEP_MS = 700  # line i answers after i * STEP_MS: the batch runs for several seconds, finishing line by line
 WAIT_MS = 90_000
 
@@ -52,10 +54,16 @@ def upstream() -> Iterator[Upstream]:
 @pytest.fixture(scope="module")
 def gateway(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     teams = [
-        {"team_id": "team-a", "api_keys": [KEY_A], "models": ["gpt-mini", "gpt-azure"]},
+        {"team_id": "team-a", "api_keys": [KEY_A], "models": ["gpt-mini", "gpt-azure", "gpt-cheap"]},
         {"team_id": "team-b", "api_keys": [KEY_B]},
     ]
     config = gateway_config(upstream, teams=teams, master_key="sk-admin-dashboard")
+    # A native route with batch prices, so the cost column has something to show.
+    config["model_list"].append({
+        "model_name": "gpt-cheap",
+        "litellm_params": {"model": "openai/gpt-4o-mini", "api_base": upstream.v1_url, "api_key": upstream.api_key},
+        "model_info": {"batch_mode": "native", "native_poll_max_seconds": 0.2, **NATIVE_PRICES},
+    })
     with start_gateway(config, tmp_path_factory.mktemp("dashboard") / "data") as server:
         yield server
 
@@ -112,10 +120,14 @@ def test_team_watches_its_batch_and_other_team_sees_nothing(browser: Browser, ga
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/ui"
     assert KEY_A not in page.content()
     page.evaluate("window.__notReloaded = true")  # progress must arrive by polling, not by reloading
+    problems: list[str] = []  # script errors and console errors (a CSP violation is one)
+    page.on("pageerror", lambda exc: problems.append(str(exc)))
+    page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
 
     client = gateway.client(KEY_A)
-    lines = [chat_line(f"r{i}", "gpt-mini", f"hello number {i} #sleep:{i * STEP_MS}") for i in range(1, LINES - 1)]
+    lines = [chat_line(f"r{i}", "gpt-mini", f"hello number {i} #sleep:{i * STEP_MS}") for i in range(1, LINES - 3)]
     lines += [chat_line(f"z{i}", "gpt-azure", f"azure hello {i} #sleep:{i * STEP_MS}") for i in (1, 2)]
+    lines += [chat_line(f"n{i}", "gpt-cheap", f"a cheap question {i}") for i in (1, 2)]
     batch = submit(client, lines)
     card = f'.batch[data-id="{batch.id}"]'
 
@@ -130,6 +142,13 @@ def test_team_watches_its_batch_and_other_team_sees_nothing(browser: Browser, ga
         arg=[card, LINES],
     )
     running = page.locator(card)
+    # Every route is listed from the start with its own done / total, the native one too (its results come last).
+    planned = {
+        row.get_attribute("data-route"): row.locator(".route-progress").inner_text()
+        for row in running.locator(".route-row").all()
+    }
+    assert set(planned) == {"gpt-mini", "gpt-azure", "gpt-cheap"}
+    assert [planned[r].split(" / ")[1] for r in ("gpt-mini", "gpt-azure", "gpt-cheap")] == [str(LINES - 4), "2", "2"]
     assert running.locator(".status").inner_text() == "in_progress"
     assert re.fullmatch(r"[\d.]+ req/s", running.locator(".rate").inner_text())
     assert running.locator(".eta").inner_text().startswith("~")
@@ -152,13 +171,21 @@ def test_team_watches_its_batch_and_other_team_sees_nothing(browser: Browser, ga
         row.get_attribute("data-route"): [cell.inner_text() for cell in row.locator("td").all()]
         for row in finished.locator(".route-row").all()
     }
-    assert set(rows) == {"gpt-mini", "gpt-azure"}
-    assert rows["gpt-mini"][1:3] == [str(LINES - 2), "0"] and rows["gpt-azure"][1:3] == ["2", "0"]
-    route_in = sum(int(cells[3].replace(",", "")) for cells in rows.values())
-    route_out = sum(int(cells[4].replace(",", "")) for cells in rows.values())
-    assert (route_in, route_out) == (done.usage.input_tokens, done.usage.output_tokens)
-    assert all(re.fullmatch(r"\$[\d,]+\.\d{2,6}", cells[5]) for cells in rows.values())
-    assert re.fullmatch(r"\$[\d,]+\.\d{2,6}", finished.locator(".cost").inner_text())
+    assert set(rows) == {"gpt-mini", "gpt-azure", "gpt-cheap"}
+    counts = {name: cells[1:4] for name, cells in rows.items()}  # requests, completed, failed
+    mini = str(LINES - 4)
+    assert counts == {"gpt-mini": [mini, mini, "0"], "gpt-azure": ["2", "2", "0"], "gpt-cheap": ["2", "2", "0"]}
+    tokens = {name: (int(cells[4].replace(",", "")), int(cells[5].replace(",", ""))) for name, cells in rows.items()}
+    assert tuple(map(sum, zip(*tokens.values(), strict=True))) == (done.usage.input_tokens, done.usage.output_tokens)
+    # The native route is priced at its batch rates; the real-time ones are not priced (yet) in this config.
+    cheap_in, cheap_out = tokens["gpt-cheap"]
+    cheap_cost = cheap_in * NATIVE_PRICES["input_cost_per_token_batches"] + cheap_out * NATIVE_PRICES[
+        "output_cost_per_token_batches"
+    ]
+    assert cheap_cost > 0 and rows["gpt-cheap"][6] == fmt_usd(cheap_cost)
+    assert all(re.fullmatch(r"\$[\d,]+\.\d{2,6}", cells[6]) for cells in rows.values())
+    costs = [float(cells[6].lstrip("$").replace(",", "")) for cells in rows.values()]
+    assert finished.locator(".cost").inner_text() == fmt_usd(sum(costs))
     with page.expect_download() as download:
         finished.locator(".output-link").click()
     downloaded = Path(download.value.path()).read_text()
@@ -177,6 +204,8 @@ def test_team_watches_its_batch_and_other_team_sees_nothing(browser: Browser, ga
     assert ids[:2] == [bad.id, batch.id]  # newest first
     assert page.evaluate("window.__notReloaded") is True  # a batch that was born finished came by polling too
     _screenshot(page)
+
+    assert problems == []
 
     # Team B: its page lists none of team A's batches, A's file link is a 404, and asking for A's card gets nothing.
     page_b = _login(browser, gateway, KEY_B)

@@ -26,7 +26,7 @@ from gateway.server import files
 from gateway.server.auth import Authenticator, Principal
 from gateway.server.deps import bad_request, pipeline_of
 from gateway.server.ui.view import FILTERS, BatchView, batch_view
-from gateway.store.base import BatchRecord, Page
+from gateway.store.base import BatchRecord, Page, Store
 
 PREFIX = "/ui"
 COOKIE = "batchyard_key"
@@ -184,8 +184,19 @@ async def _batches(
     records: list[BatchRecord] = page.data
     wanted = [r for r in records if not (r.status.finished and r.id in skip)]
     stats = await asyncio.gather(*(store.route_stats(r.id) for r in wanted))
+    planned = await asyncio.gather(*(_planned(store, r) for r in wanted))
     now = time.time()
-    return page, [batch_view(r, s, now) for r, s in zip(wanted, stats, strict=True)]
+    return page, [batch_view(r, s, p, now) for r, s, p in zip(wanted, stats, planned, strict=True)]
+
+
+async def _planned(store: Store, rec: BatchRecord) -> dict[str, int] | None:
+    """Requests per route of a running batch, from its shards (a finished batch's counts say it all)."""
+    if rec.status.finished:
+        return None
+    planned: dict[str, int] = {}
+    for shard in await store.get_shards(rec.id):
+        planned[shard.route] = planned.get(shard.route, 0) + shard.size
+    return planned
 
 
 def _limit(raw: str) -> int:

@@ -24,6 +24,12 @@ NONE = "\u2013"  # an en dash: "no value yet"
 class RouteRow:
     name: str  # "" for lines answered at validation
     stats: RouteStats
+    planned: int | None = None  # the route's requests in this batch, while it runs (from its shards)
+
+    @property
+    def progress(self) -> str:
+        done = fmt_int(self.stats.requests)
+        return done if self.planned is None else f"{done} / {fmt_int(self.planned)}"
 
     @property
     def label(self) -> str:
@@ -68,14 +74,20 @@ class BatchView:
         return int(100 * self.done / self.total) if self.total else (100 if self.finished else 0)
 
 
-def batch_view(rec: BatchRecord, routes: dict[str, RouteStats], now: float | None = None) -> BatchView:
+def batch_view(
+    rec: BatchRecord, routes: dict[str, RouteStats], planned: dict[str, int] | None = None, now: float | None = None
+) -> BatchView:
+    """`planned`: requests per route (from the batch's shards), so a running batch lists every route
+    from the start, each with its own done / total."""
     now = time.time() if now is None else now
     done = rec.counts.completed + rec.counts.failed
     rate = _rate(rec, done, now)
     remaining = max(rec.counts.total - done, 0)
     eta = remaining / rate if rate and remaining and rec.status == BatchStatus.IN_PROGRESS else None
-    # Named routes by name; the validation bucket last (it is not a route).
-    rows = [RouteRow(name, stats) for name, stats in sorted(routes.items(), key=lambda kv: (kv[0] == "", kv[0]))]
+    planned = planned or {}
+    routes = {name: _with_route_cost(stats, rec.routes.get(name)) for name, stats in routes.items()}
+    names = sorted(set(routes) | set(planned), key=lambda n: (n == "", n))  # the validation bucket last
+    rows = [RouteRow(n, routes.get(n) or RouteStats(), planned.get(n)) for n in names]
     return BatchView(
         id=rec.id,
         status=rec.status.value,
@@ -96,6 +108,15 @@ def batch_view(rec: BatchRecord, routes: dict[str, RouteStats], now: float | Non
         error_file_id=rec.error_file_id,
         metadata=rec.metadata,
     )
+
+
+def _with_route_cost(stats: RouteStats, summary: Any) -> RouteStats:
+    """A native route prices its upstream batch jobs when they finish, into the batch record's
+    `routes[name]["cost_usd"]`, not per result: take it from there when the results carry none."""
+    cost = summary.get("cost_usd") if isinstance(summary, dict) else None
+    if stats.cost_usd or not isinstance(cost, int | float):
+        return stats
+    return RouteStats(stats.completed, stats.failed, stats.input_tokens, stats.output_tokens, float(cost))
 
 
 def _rate(rec: BatchRecord, done: int, now: float) -> float | None:
