@@ -12,9 +12,11 @@ VENV="${BATCHYARD_VENV:-$ROOT/.venv}"
 export PATH="$VENV/bin:$PATH"
 
 # Tests start their own redis-server on a free loopback port; they only need the binary. The compose
-# file is validated with docker-compose (no Docker engine runs here; `config` needs none).
+# file is validated with docker-compose (no Docker engine runs here; `config` needs none). The dashboard
+# test drives Debian's chromium with Playwright (its own browser download cannot work offline).
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+[[ -x /usr/bin/chromium ]] || missing+=(chromium)
 if ! command -v docker-compose >/dev/null 2>&1 && ! { command -v docker >/dev/null 2>&1 && docker compose version >/dev/null 2>&1; }; then
     missing+=(docker-compose)
 fi

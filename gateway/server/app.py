@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from gateway.server import batches, files
+from gateway.server import batches, files, ui
 from gateway.server.auth import Authenticator, log_auth_mode
 from gateway.server.deps import Caller, runtime_of
 from gateway.server.errors import error_response, install_error_handlers
@@ -123,4 +123,5 @@ def create_app(runtime: Runtime, *, manage_runtime: bool = False, workers: Worke
     for prefix in PREFIXES:
         app.include_router(api, prefix=prefix)
     app.include_router(_health)
+    ui.install(app)
     return app
