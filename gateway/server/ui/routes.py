@@ -21,10 +21,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from gateway.errors import ApiError
 from gateway.server import files
 from gateway.server.auth import Authenticator, Principal
-from gateway.server.deps import bad_request, pipeline_of
+from gateway.server.deps import bad_request, runtime_of
+from gateway.server.errors import ApiError
 from gateway.server.ui.view import FILTERS, BatchView, batch_view
 from gateway.store.base import BatchRecord, Page, Store
 
@@ -179,7 +179,7 @@ async def _batches(
 ) -> tuple[Page, list[BatchView]]:
     """One page of the viewer's batches (newest first), and views of those to render: all but the
     finished ones named in `skip`."""
-    store = pipeline_of(request).store
+    store = runtime_of(request).store
     page = await store.list_batches(viewer.owner, limit=limit, after=after)
     records: list[BatchRecord] = page.data
     wanted = [r for r in records if not (r.status.finished and r.id in skip)]
