@@ -89,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     _shared_args(worker)
     worker.add_argument("--models", help="comma-separated local models this worker hosts (default: every local "
                         "model of the config); upstream models are always served")
+    worker.add_argument("--metrics-port", type=int,
+                        help="serve this worker's own Prometheus /metrics on this port (for a worker that shares no "
+                        "PROMETHEUS_MULTIPROC_DIR with an API process; batch_settings.metrics applies)")
+    worker.add_argument("--metrics-host", default="127.0.0.1", help="address of --metrics-port (0.0.0.0: every one)")
     return parser
 
 

@@ -23,6 +23,7 @@ from gateway.distributed import open_shared
 from gateway.errors import ConfigError
 from gateway.loop import loop_factory
 from gateway.routes import RouteKind
+from gateway.server.metrics import worker_metrics
 from gateway.store.redis_queue import DEFAULT_CLAIM_IDLE
 
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -42,7 +43,7 @@ def hosted_routes(config: Config, models: list[str] | None) -> list[str]:
 
 async def run_worker(
     config: Config, redis_url: str, storage: str, models: list[str] | None = None, *,
-    claim_idle: float = DEFAULT_CLAIM_IDLE,
+    claim_idle: float = DEFAULT_CLAIM_IDLE, metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
 ) -> int:
     routes = hosted_routes(config, models)
     pipeline = await open_shared(config, redis_url, storage, worker_routes=routes, claim_idle=claim_idle)
@@ -52,9 +53,10 @@ async def run_worker(
         loop.add_signal_handler(sig, stop.set)
     try:
         await pipeline.start(workers=True)  # starts every hosted backend (engines load) before taking shards
-        print(f"batchyard worker {pipeline.name}: running shards for {', '.join(routes)}", file=sys.stderr,
-              flush=True)
-        await stop.wait()
+        async with worker_metrics(config, metrics_port, metrics_host):  # its own /metrics, with --metrics-port
+            print(f"batchyard worker {pipeline.name}: running shards for {', '.join(routes)}", file=sys.stderr,
+                  flush=True)
+            await stop.wait()
         print(f"batchyard worker {pipeline.name}: stopping; handing shards in flight back", file=sys.stderr,
               flush=True)
     finally:
@@ -70,7 +72,8 @@ def run_worker_command(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        return runner.run(run_worker(config, args.redis_url, args.storage, models, claim_idle=args.claim_idle))
+        return runner.run(run_worker(config, args.redis_url, args.storage, models, claim_idle=args.claim_idle,
+                                     metrics_port=args.metrics_port, metrics_host=args.metrics_host))
 
 
 __all__ = ["hosted_routes", "run_worker", "run_worker_command"]

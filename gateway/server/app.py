@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from gateway.server import batches, files
+from gateway.server import batches, files, metrics
 from gateway.server.auth import Authenticator, log_auth_mode
 from gateway.server.deps import Caller, pipeline_of
 from gateway.server.errors import error_response, install_error_handlers
@@ -123,4 +123,5 @@ def create_app(pipeline: Pipeline, *, manage_pipeline: bool = False) -> FastAPI:
     for prefix in PREFIXES:
         app.include_router(api, prefix=prefix)
     app.include_router(_health)
+    metrics.install(app)
     return app
