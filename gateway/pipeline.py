@@ -18,6 +18,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Collection
 from pathlib import Path
 from typing import Any
 
+from gateway import metrics
 from gateway.backend import ShardAwareBackend
 from gateway.backends import BackendPool
 from gateway.config import Config
@@ -281,9 +282,11 @@ class Pipeline:
                 buf.append(Result.from_json(json.loads(raw)))
             if len(buf) >= 500:
                 await self.store.record_results(shard, buf)
+                metrics.observe_results(await metrics.team_of(self.store, shard.batch_id), shard.route, buf)
                 buf = []
         if buf:
             await self.store.record_results(shard, buf)
+            metrics.observe_results(await metrics.team_of(self.store, shard.batch_id), shard.route, buf)
         await self.store.drop_journal(shard)
 
     async def _fail(self, batch_id: str, errors: list[dict[str, Any]]) -> None:
@@ -327,6 +330,7 @@ class Pipeline:
             if buffer:
                 batch, buffer = buffer, []
                 await self.store.record_results(shard, batch)
+                metrics.observe_results(await metrics.team_of(self.store, shard.batch_id), shard.route, batch)
             flushed_at = time.monotonic()
 
         if isinstance(backend, ShardAwareBackend):
