@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from gateway.server import batches, files, metrics
 from gateway.server.auth import Authenticator, log_auth_mode
-from gateway.server.deps import Caller, pipeline_of
+from gateway.server.deps import Caller, check_api_version, pipeline_of
 from gateway.server.errors import error_response, install_error_handlers
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ async def _health_reply(request: Request) -> JSONResponse:
 
 
 def _api_router() -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(dependencies=[Depends(check_api_version)])
     router.include_router(files.router)
     router.include_router(batches.router)
     router.include_router(_models)
