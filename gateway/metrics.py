@@ -198,7 +198,7 @@ def process_exited(pid: int) -> None:
 # -- the scrape -----------------------------------------------------------------------
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # hashable: a registry keys its collectors by identity
 class SharedState:
     """Gauges read from the Store and the Queue at scrape time (one process reports them)."""
 
