@@ -29,6 +29,8 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway import metrics
+from gateway.config import parse_config
+from gateway.errors import ConfigError
 from gateway.records import Result
 from tests.server_helpers import FINISHED, chat_line, gateway_config, start_gateway, submit, wait_batch
 from tests.services import (
@@ -260,3 +262,14 @@ def test_shared_mode_two_workers_one_multiprocess_dir(upstream: Upstream, tmp_pa
             if api.poll() is None:
                 api.kill()
         redis.close()
+
+
+def test_metrics_settings_are_checked() -> None:
+    base = {"model_list": [{"model_name": MODEL, "litellm_params": {"model": "openai/gpt-mini"}}]}
+    config = parse_config({**base, "batch_settings": {"metrics": {"enabled": False}}}, "team.yaml")
+    assert (config.batch.metrics.enabled, config.batch.metrics.require_auth) == (False, True)
+    for bad, key in (({"enabled": "yes"}, "batch_settings.metrics.enabled"),
+                     ({"port": 9400}, "batch_settings.metrics.port"), ("on", "batch_settings.metrics")):
+        with pytest.raises(ConfigError) as info:
+            parse_config({**base, "batch_settings": {"metrics": bad}}, "team.yaml")
+        assert "team.yaml" in str(info.value) and key in str(info.value)
