@@ -9,9 +9,11 @@ them: what is special to one backend hangs on the optional hooks below.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from gateway.metrics import observe_latency, track_in_flight
 from gateway.records import BatchRequest, Endpoint, Result, Shard
 
 
@@ -101,10 +103,18 @@ async def run_bounded(
         if task.cancelled() or task.exception() is not None:
             done.put_nowait(RuntimeError("the backend was closed while executing"))
 
+    async def measured(req: BatchRequest) -> Result:
+        # Every backend's per-request call passes here: in-flight and latency per route (the line's model).
+        started = time.monotonic()
+        with track_in_flight(req.model):
+            result = await call(req)
+        observe_latency(req.model, time.monotonic() - started)
+        return result
+
     async def feed() -> None:
         for req in requests:
             await slots.acquire()
-            task = asyncio.create_task(call(req))
+            task = asyncio.create_task(measured(req))
             track(task)
             task.add_done_callback(finished)
 

@@ -102,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "model of the config); upstream models are always served")
     worker.add_argument("--upstream-only", action="store_true", help="host no local model")
     worker.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # set by the process that starts it
+    worker.add_argument("--metrics-port", type=int,
+                        help="serve this worker's own Prometheus /metrics on this port (for a worker that shares no "
+                        "PROMETHEUS_MULTIPROC_DIR with an API process; batch_settings.metrics applies)")
+    worker.add_argument("--metrics-host", default="127.0.0.1", help="address of --metrics-port (0.0.0.0: every one)")
     return parser
 
 

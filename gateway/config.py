@@ -37,6 +37,14 @@ class Limits:
 
 
 @dataclass(slots=True)
+class MetricsSettings:
+    """`batch_settings.metrics`: the Prometheus scrape at `/metrics` (and a worker's `--metrics-port`)."""
+
+    enabled: bool = True
+    require_auth: bool = True  # the master key, as the admin API; with no key configured the server is open
+
+
+@dataclass(slots=True)
 class BatchSettings:
     teams: list[Team] = field(default_factory=list)
     limits: Limits = field(default_factory=Limits)
@@ -49,6 +57,7 @@ class BatchSettings:
     # tests add short ones to exercise expiry).
     completion_windows: dict[str, int] = field(default_factory=lambda: {"24h": 86_400})
     file_expiry_seconds: int | None = None
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
 
 @dataclass(slots=True)
@@ -173,6 +182,20 @@ def _teams(section: dict[str, Any], routes: dict[str, Route], path: str) -> list
     return teams
 
 
+def _metrics(section: dict[str, Any], path: str) -> MetricsSettings:
+    key = "batch_settings.metrics"
+    raw = _mapping(section.get("metrics"), path, key)
+    known = {"enabled", "require_auth"}
+    for name, value in raw.items():
+        if name not in known:
+            raise ConfigError(path, f"{key}.{name}", f"unknown setting; known: {', '.join(sorted(known))}")
+        if not isinstance(value, bool):
+            raise ConfigError(path, f"{key}.{name}", f"must be true or false, got {value!r}")
+    default = MetricsSettings()
+    return MetricsSettings(enabled=raw.get("enabled", default.enabled),
+                           require_auth=raw.get("require_auth", default.require_auth))
+
+
 def _batch_settings(section: dict[str, Any], routes: dict[str, Route], path: str) -> BatchSettings:
     key = "batch_settings"
     default = Limits()
@@ -193,7 +216,7 @@ def _batch_settings(section: dict[str, Any], routes: dict[str, Route], path: str
         raise ConfigError(path, f"{key}.file_expiry_seconds", "must be a positive integer")
     known = {
         "teams", "max_lines", "max_file_bytes", "max_line_bytes", "max_errors_listed", "completion_windows",
-        "shard_size", "max_concurrency", "max_shards_in_flight", "file_expiry_seconds",
+        "shard_size", "max_concurrency", "max_shards_in_flight", "file_expiry_seconds", "metrics",
     }
     for name in section:
         if name not in known:
@@ -206,6 +229,7 @@ def _batch_settings(section: dict[str, Any], routes: dict[str, Route], path: str
         max_shards_in_flight=_positive_int(section, "max_shards_in_flight", 8, path, key),
         completion_windows=windows,
         file_expiry_seconds=file_expiry,
+        metrics=_metrics(section, path),
     )
 
 

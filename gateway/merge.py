@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway import metrics
 from gateway.records import BatchRequest, Result, Shard, Usage
 from gateway.store.base import Blobs, Store, read_lines
 
@@ -36,6 +37,7 @@ async def seal_shard(store: Store, blobs: Blobs, shard: Shard, missing: tuple[st
         # Recorded like any result, so the batch's request_counts count them as failed.
         failures = [Result.failure(r.line, r.custom_id, missing[0], missing[1], model=r.model) for r in unrun]
         await store.record_results(shard, failures)
+        metrics.observe_results(await metrics.team_of(store, shard.batch_id), shard.route, failures)
         done.update((f.line, f) for f in failures)
     writer = blobs.writer(shard.results_key)
     try:

@@ -14,9 +14,10 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Collection, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine
 from typing import Any
 
+from gateway import metrics
 from gateway.backend import ShardAwareBackend
 from gateway.backends import BackendPool
 from gateway.config import Config
@@ -36,9 +37,6 @@ GIVEN_UP: StopReason = (
 _FLUSH_EVERY = 64  # results per journal write
 _FLUSH_SECONDS = 0.25
 _POLL_SECONDS = 0.5  # how often a running shard looks for cancel and expiry
-
-# Called with what was just journalled (shard, its batch's owner, the results): metrics hang here.
-ResultsHook = Callable[[Shard, str, Sequence[Result]], None]
 
 
 def price(config: Config, route: str, result: Result) -> None:
@@ -64,7 +62,6 @@ class ShardRunner:
         self._spawn = spawn
         self._running: dict[str, asyncio.Task[Any]] = {}  # delivery token -> the task running it
         self._closing = False
-        self.on_results: list[ResultsHook] = []
         queue.on_lost = self._lost
 
     async def loop(self) -> None:
@@ -151,8 +148,7 @@ class ShardRunner:
             if buffer:
                 done, buffer = buffer, []
                 await self.store.record_results(shard, done)
-                for hook in self.on_results:
-                    hook(shard, owner, done)
+                metrics.observe_results(owner, shard.route, done)
             flushed_at = time.monotonic()
 
         if isinstance(backend, ShardAwareBackend):

@@ -14,6 +14,7 @@ import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
+from gateway import metrics
 from gateway.config import Config
 from gateway.errors import Conflict, InvalidRequest, TooLarge, not_found
 from gateway.plan import Planner
@@ -246,7 +247,7 @@ class BatchService:
         shards = [*outcome.shards, *([outcome.answered] if outcome.answered else [])]
         await self.store.put_shards(batch_id, shards)
         if outcome.answered is not None:
-            await self._count_answered(outcome.answered)
+            await self._count_answered(outcome.answered, batch.owner)
         model = next(iter(outcome.models)) if len(outcome.models) == 1 else None
         await self.store.update_batch(batch_id, {"counts": {"total": outcome.total, "completed": 0, "failed": 0},
                                                  "model": model, "shards_total": len(shards)})
@@ -261,7 +262,7 @@ class BatchService:
         for shard in outcome.shards:
             await self.queue.put(shard)
 
-    async def _count_answered(self, shard: Shard) -> None:
+    async def _count_answered(self, shard: Shard, owner: str) -> None:
         # Lines answered in place count as failed requests, like any other.
         buf: list[Result] = []
         async for raw in read_lines(self.blobs, shard.results_key):
@@ -269,9 +270,11 @@ class BatchService:
                 buf.append(Result.from_json(json.loads(raw)))
             if len(buf) >= 500:
                 await self.store.record_results(shard, buf)
+                metrics.observe_results(owner, shard.route, buf)
                 buf = []
         if buf:
             await self.store.record_results(shard, buf)
+            metrics.observe_results(owner, shard.route, buf)
         await self.store.drop_journal(shard)
 
     async def _fail(self, batch_id: str, errors: list[dict[str, Any]]) -> None:

@@ -26,6 +26,7 @@ from gateway.errors import ConfigError
 from gateway.loop import loop_factory
 from gateway.routes import RouteKind
 from gateway.runtime import Runtime, open_embedded, open_shared
+from gateway.server.metrics import worker_metrics
 from gateway.worker_pool import watch_parent
 
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -45,7 +46,10 @@ def hosted_routes(config: Config, models: list[str] | None, *, upstream_only: bo
     return sorted(upstream | {config.routes[m].model_name for m in models})
 
 
-async def run_worker(runtime: Runtime, *, parent_pid: int | None = None) -> int:
+async def run_worker(
+    runtime: Runtime, *, parent_pid: int | None = None, metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
+) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -53,9 +57,10 @@ async def run_worker(runtime: Runtime, *, parent_pid: int | None = None) -> int:
     watcher = watch_parent(parent_pid, stop) if parent_pid else None
     try:
         await runtime.start()  # starts every hosted backend (engines load) before taking shards
-        print(f"batchyard worker {runtime.name}: running shards for {', '.join(runtime.hosted) or 'no route'}",
-              file=sys.stderr, flush=True)
-        await stop.wait()
+        async with worker_metrics(runtime.config, metrics_port, metrics_host):  # its own /metrics (--metrics-port)
+            print(f"batchyard worker {runtime.name}: running shards for {', '.join(runtime.hosted) or 'no route'}",
+                  file=sys.stderr, flush=True)
+            await stop.wait()
         print(f"batchyard worker {runtime.name}: stopping; handing shards in flight back", file=sys.stderr,
               flush=True)
     finally:
@@ -84,7 +89,8 @@ def run_worker_command(args: argparse.Namespace) -> int:
     config = load_config(args.config)
 
     async def main() -> int:
-        return await run_worker(await _open(args, config), parent_pid=args.parent_pid)
+        return await run_worker(await _open(args, config), parent_pid=args.parent_pid,
+                                metrics_port=args.metrics_port, metrics_host=args.metrics_host)
 
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(main())

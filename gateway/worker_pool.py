@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway import metrics
 from gateway.store.sqlite_queue import SQLiteQueue
 
 log = logging.getLogger("batchyard.workers")
@@ -88,6 +89,7 @@ class WorkerPool:
                 slot.process = None
                 # Its shards go back to the queue now, not after its heartbeat runs out.
                 released = await self._queue.release(f"{socket.gethostname()}:{pid}")
+                metrics.process_exited(pid)
                 lived = time.monotonic() - slot.started_at
                 slot.failures = 0 if lived > 60 else slot.failures + 1
                 pause = min(_RESTART_PAUSE_MAX, 0.5 * 2 ** max(0, slot.failures - 1))

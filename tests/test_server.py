@@ -203,7 +203,7 @@ def test_pagination(gw: Gateway) -> None:
     for bad in ("0", "101"):
         _assert_error(gw.http("GET", f"/v1/batches?limit={bad}", GAMMA), 400)
     _assert_error(gw.http("GET", "/v1/files?order=sideways", GAMMA), 400)
-    _assert_error(gw.http("GET", "/v1/batches?limit=many", GAMMA), 422)
+    _assert_error(gw.http("GET", "/v1/batches?limit=many", GAMMA), 400, "invalid_type")
     for b in batches:
         wait_batch(gamma, b.id)
 
@@ -457,7 +457,7 @@ def test_bad_requests_answer_openai_errors(gw: Gateway, beta: OpenAI) -> None:
     _assert_error(gw.http("GET", "/v1/nothing-here", BETA), 404, "unknown_url")
     _assert_error(gw.http("GET", "/nothing-here"), 404)
     _assert_error(gw.http("PUT", "/v1/files", BETA), 405)
-    _assert_error(gw.http("GET", "/v1/files?limit=ten", BETA), 422)
+    _assert_error(gw.http("GET", "/v1/files?limit=ten", BETA), 400, "invalid_type")
     _assert_error(gw.http("GET", "/v1/batches/batch_missing", BETA), 404, "not_found")
 
 

@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from gateway.server import batches, files, ui
+from gateway.server import batches, files, metrics, ui
 from gateway.server.auth import Authenticator, log_auth_mode
-from gateway.server.deps import Caller, runtime_of
+from gateway.server.deps import Caller, check_api_version, runtime_of
 from gateway.server.errors import error_response, install_error_handlers
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ async def _health_reply(request: Request) -> JSONResponse:
 
 
 def _api_router() -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(dependencies=[Depends(check_api_version)])
     router.include_router(files.router)
     router.include_router(batches.router)
     router.include_router(_models)
@@ -124,4 +124,5 @@ def create_app(runtime: Runtime, *, manage_runtime: bool = False, workers: Worke
         app.include_router(api, prefix=prefix)
     app.include_router(_health)
     ui.install(app)
+    metrics.install(app)
     return app

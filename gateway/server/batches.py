@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from gateway.errors import not_found
-from gateway.server.deps import Caller, bad_request, check_limit, expires_after, list_reply, runtime_of
+from gateway.server.deps import Caller, bad_request, check_id, check_limit, expires_after, list_reply, runtime_of
 from gateway.server.errors import ApiError
 from gateway.server.form import Body
 
@@ -24,7 +24,7 @@ async def create_batch(request: Request, caller: Caller) -> JSONResponse:
     body = await _json_object(request)
     rec = await runtime_of(request).service.create_batch(
         caller.owner,
-        input_file_id=_required_str(body, "input_file_id"),
+        input_file_id=check_id(_required_str(body, "input_file_id"), "file", "input_file_id"),
         endpoint=_required_str(body, "endpoint"),
         completion_window=_required_str(body, "completion_window"),
         metadata=_metadata(body.get("metadata")),
@@ -42,7 +42,7 @@ async def list_batches(request: Request, caller: Caller, limit: int = 20, after:
 
 @router.get("/batches/{batch_id}")
 async def get_batch(request: Request, caller: Caller, batch_id: str) -> JSONResponse:
-    rec = await runtime_of(request).store.get_batch(batch_id, caller.owner)
+    rec = await runtime_of(request).store.get_batch(check_id(batch_id, "batch", "batch_id"), caller.owner)
     if rec is None:
         raise not_found("batch", batch_id)
     return JSONResponse(rec.to_openai())
@@ -50,7 +50,7 @@ async def get_batch(request: Request, caller: Caller, batch_id: str) -> JSONResp
 
 @router.post("/batches/{batch_id}/cancel")
 async def cancel_batch(request: Request, caller: Caller, batch_id: str) -> JSONResponse:
-    rec = await runtime_of(request).service.cancel_batch(batch_id, caller.owner)
+    rec = await runtime_of(request).service.cancel_batch(check_id(batch_id, "batch", "batch_id"), caller.owner)
     return JSONResponse(rec.to_openai())
 
 

@@ -80,15 +80,25 @@ def _param(loc: tuple[Any, ...]) -> str | None:
     return ".".join(parts) or None
 
 
+def _code(kind: str) -> str:
+    # pydantic's error kinds ("missing", "int_parsing", "string_type", "greater_than", …) in OpenAI's words
+    if kind == "missing":
+        return "missing_required_parameter"
+    if kind.endswith(("_parsing", "_type")):
+        return "invalid_type"
+    return "invalid_value"
+
+
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    # OpenAI answers a malformed query or body parameter with 400, never FastAPI's 422.
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
     if not errors:
-        return error_response(422, "Invalid request.", code="invalid_request")
+        return error_response(400, "Invalid request.", code="invalid_request")
     first = errors[0]
     param = _param(tuple(first.get("loc", ())))
     details = "; ".join(f"{_param(tuple(e.get('loc', ()))) or 'request'}: {e.get('msg', 'invalid')}" for e in errors)
-    return error_response(422, f"Invalid request: {details}", code="invalid_request", param=param)
+    return error_response(400, f"Invalid request: {details}", code=_code(str(first.get("type", ""))), param=param)
 
 
 async def _client_disconnect(_: Request, __: Exception) -> JSONResponse:

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from gateway.errors import GatewayError, not_found
-from gateway.server.deps import Caller, bad_request, check_limit, expires_after, list_reply, runtime_of
+from gateway.server.deps import Caller, bad_request, check_id, check_limit, expires_after, list_reply, runtime_of
 from gateway.server.errors import ApiError
 from gateway.server.form import Body, Event, Field, FileData, FileEnd, FileStart, FormReader
 
@@ -68,7 +68,7 @@ async def get_file(request: Request, caller: Caller, file_id: str) -> JSONRespon
 
 @router.delete("/files/{file_id}")
 async def delete_file(request: Request, caller: Caller, file_id: str) -> JSONResponse:
-    if not await runtime_of(request).service.delete_file(file_id, caller.owner):
+    if not await runtime_of(request).service.delete_file(check_id(file_id, "file", "file_id"), caller.owner):
         raise not_found("file", file_id)
     return JSONResponse({"id": file_id, "object": "file", "deleted": True})
 
@@ -100,7 +100,7 @@ def _too_large(limit: int) -> ApiError:
 
 
 async def _owned(request: Request, owner: str, file_id: str) -> FileRecord:
-    rec = await runtime_of(request).store.get_file(file_id, owner)
+    rec = await runtime_of(request).store.get_file(check_id(file_id, "file", "file_id"), owner)
     if rec is None:
         raise not_found("file", file_id)
     return rec
