@@ -5,8 +5,10 @@
 Each client uploads its own N-line batch file with the real `openai` SDK,
 creates a batch, and polls it until it finishes; meanwhile a prober times
 `GET /v1/batches/{id}`. All batches must complete with every custom_id once.
-Prints throughput, the probe's p50/p99, the server's peak RSS, and the peak
-RSS while one large file is uploaded (flat: the upload is streamed to disk).
+Prints throughput (and its ratio to `batchyard run` on the same lines, in one
+file, measured in the same run), the probe's p50/p99, the server's peak RSS
+(the API process and its worker processes), and the peak RSS while one large
+file is uploaded (flat: the upload is streamed to disk).
 Not a test: a shared 2-core machine is noisy; the upstream runs beside it.
 """
 
@@ -15,7 +17,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -35,6 +39,8 @@ from tests.upstream import start_upstream  # noqa: E402
 
 
 class PeakRSS:
+    """The peak RSS of a process and its children (the API process and its workers), sampled."""
+
     def __init__(self, pid: int) -> None:
         self._ps = psutil.Process(pid)
         self.peak = 0
@@ -44,7 +50,8 @@ class PeakRSS:
     def _run(self) -> None:
         while not self._stop.is_set():
             with contextlib.suppress(psutil.Error):
-                self.peak = max(self.peak, self._ps.memory_info().rss)
+                tree = [self._ps, *self._ps.children(recursive=True)]
+                self.peak = max(self.peak, sum(p.memory_info().rss for p in tree))
             time.sleep(0.02)
 
     def __enter__(self) -> PeakRSS:
@@ -102,17 +109,32 @@ def _chunks(total: int) -> Iterator[bytes]:
         sent += len(block)
 
 
+def _run_rate(config: dict, tmp: Path, clients: int, lines: int) -> float:
+    """`batchyard run` on every client's lines in one file: requests per second, whole process."""
+    import yaml
+
+    path = tmp / "all.jsonl"
+    path.write_bytes(b"".join(_file(n, lines) for n in range(clients)))
+    (tmp / "run.yaml").write_text(yaml.safe_dump(config))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "gateway.cli", "run", "-i", str(path), "-o", str(tmp / "out.jsonl"),
+                    "--config", str(tmp / "run.yaml"), "-q"], check=True, env=env, cwd=REPO)
+    return clients * lines / (time.perf_counter() - started)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--lines", type=int, default=1_000)
     parser.add_argument("--upload-mb", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=None, help="serve --workers (default: the product's)")
     args = parser.parse_args()
     mib = 1024 * 1024
     with start_upstream() as upstream, tempfile.TemporaryDirectory() as tmp:
         config = gateway_config(upstream, models=("gpt-mini",), max_file_bytes=(args.upload_mb + 10) * mib,
                                 max_lines=1_000_000)
-        with start_gateway(config, Path(tmp) / "data") as gw:
+        with start_gateway(config, Path(tmp) / "data", workers=args.workers) as gw:
             idle_rss = psutil.Process(gw.process.pid).memory_info().rss
             ids: list[str] = []
             latencies: list[float] = []
@@ -134,10 +156,13 @@ def main() -> None:
                     files={"file": ("big.jsonl", b"".join(_chunks(args.upload_mb * mib)))},
                 )
             assert reply.status_code == 200, reply.text[:500]
+        run_rate = _run_rate(config, Path(tmp), args.clients, args.lines)
     lat = sorted(latencies)
     print(f"\nserver load: {args.clients} clients x {args.lines}-line batches against a loopback upstream")
     print(f"  batches completed         {done}/{args.clients}   requests answered {total}/{args.clients * args.lines}")
     print(f"  throughput                {total / wall:8.0f} requests/s   ({wall:.0f} s wall)")
+    print(f"  batchyard run, same lines {run_rate:8.0f} requests/s   ratio serve/run {total / wall / run_rate:.2f}"
+          "   (aim >= 0.9)")
     if lat:
         p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
         print(f"  GET /v1/batches/{{id}}      p50 {1000 * statistics.median(lat):6.1f} ms   p99 {1000 * p99:6.1f} ms"

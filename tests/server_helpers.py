@@ -93,13 +93,13 @@ class Gateway:
 
 
 def start_gateway(
-    config: dict[str, Any], data_dir: Path, *, host: str = "127.0.0.1", timeout: float = 90, workers: int = 1,
-    port: int | None = None,
+    config: dict[str, Any], data_dir: Path, *, host: str = "127.0.0.1", timeout: float = 90,
+    workers: int | None = 1, port: int | None = None,
 ) -> Gateway:
     """Write `config` beside `data_dir`, start the server on a free port, wait until `/health` answers.
 
     `workers`: the embedded worker processes (the product's default is one per core; one keeps the
-    suite light, and the runtime tests ask for more)."""
+    suite light, and the runtime tests ask for more; None: the product's default)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     config_path = data_dir.parent / f"{data_dir.name}.config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -120,8 +120,7 @@ def start_gateway(
         str(port),
         "--data-dir",
         str(data_dir),
-        "--workers",
-        str(workers),
+        *(["--workers", str(workers)] if workers is not None else []),
     ]
     try:
         process = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd)

@@ -154,6 +154,10 @@ async def _scenario(store: Store) -> list[Any]:
                                                   ("file_c", 101, "batch_output"), ("file_d", 99, "batch")]):
         await store.put_file(FileRecord(fid, "team", 10 + i, created, f"{fid}.jsonl", purpose, None, f"files/{fid}"))
     await store.put_file(FileRecord("file_x", "other", 1, 100, "x", "batch", None, "files/file_x"))
+    await store.put_file(FileRecord("file_e", "other", 1, 100, "e", "batch", 150, "files/file_e"))
+    out.append([[f.id for f in await store.expired_files(at)] for at in (150, 151)])
+    await store.delete_file("file_e")
+    out.append([f.id for f in await store.expired_files(151)])
     out.append((await store.get_file("file_a")).to_json())  # type: ignore[union-attr]
     out.append([await store.get_file("file_a", "other"), await store.get_file("nope")])
     for order in ("asc", "desc"):
@@ -185,7 +189,9 @@ async def _scenario(store: Store) -> list[Any]:
     out.append([s.to_json() for s in await store.get_shards("batch_1")])
     await store.record_results(shards[0], [_result(1, 200, 3), _result(2, 500)])
     await store.record_results(shards[0], [_result(1, 200, 3), _result(2, 200, 4)])  # both already recorded
-    await store.record_results(shards[1], [_result(3, None), _result(4, 200, 1)])
+    priced = _result(4, 200, 1)
+    priced.cost_usd = 0.125
+    await store.record_results(shards[1], [_result(3, None), priced])
     await store.record_results(Shard("missing", 0, "m", 1), [_result(1, 200, 5)])
     out.append(sorted(r.to_json()["line"] for r in await store.journal(shards[0])))
     out.append([r.to_json() for r in sorted(await store.journal(shards[1]), key=lambda r: r.line)])
@@ -195,6 +201,9 @@ async def _scenario(store: Store) -> list[Any]:
     out.append([await store.finish_shard(shards[0]), await store.finish_shard(shards[0]),
                 await store.finish_shard(Shard("batch_1", 9, "m", 1))])
     out.append([s.index for s in await store.unfinished_shards("batch_1")])
+    out.append({route: stats.to_json() for route, stats in sorted((await store.route_stats("batch_1")).items())})
+    out.append([await store.begin_attempt(shards[0]), await store.begin_attempt(shards[0]),
+                await store.begin_attempt(shards[1])])
     rec = await store.get_batch("batch_1")
     assert rec is not None
     out.append(rec.to_json())
