@@ -33,7 +33,7 @@ from gateway.store.base import BatchRecord, Coordination, Queue, Store, now
 log = logging.getLogger("batchyard.coordinator")
 
 STALE_VALIDATION_SECONDS = 10  # a batch validating this long with no lease held was left by a dead process
-_FILE_SWEEP_SECONDS = 60.0
+_FILE_SWEEP_SECONDS = 5.0  # a cheap indexed query; expired files should not linger
 
 
 class Coordinator:

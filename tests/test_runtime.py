@@ -230,3 +230,17 @@ def test_cli_resumes_from_its_data_dir(upstream: Upstream, tmp_path: Path, how: 
     assert len(counts) == 400
     # what finished before the interruption was not sent again: at most what was in flight or unjournalled
     assert sum(counts.values()) - 400 <= 16 + 64
+
+
+def test_file_expiry_seconds_is_applied(upstream: Upstream, tmp_path: Path) -> None:
+    """`batch_settings.file_expiry_seconds`: uploads without their own expiry get it, and are deleted after it."""
+    with start_gateway(_config(upstream, file_expiry_seconds=2), tmp_path / "data", workers=0) as gw:
+        client = gw.client(None)
+        file = client.files.create(file=("in.jsonl", jsonl(_lines(1, "expiry"))), purpose="batch")
+        assert file.expires_at == file.created_at + 2
+        own = client.files.create(file=("own.jsonl", jsonl(_lines(1, "own"))), purpose="batch",
+                                  expires_after={"anchor": "created_at", "seconds": 3600})
+        assert own.expires_at == own.created_at + 3600  # the caller's own expiry wins
+        _until(lambda: gw.http("GET", f"/v1/files/{file.id}").status_code == 404, timeout=20, what="the expiry")
+        assert not list((gw.data_dir / "blobs" / "files").glob(f"{file.id}*"))  # its bytes went too
+        assert client.files.retrieve(own.id).id == own.id
