@@ -109,6 +109,15 @@ def _chunks(total: int) -> Iterator[bytes]:
         sent += len(block)
 
 
+def _wait_workers(gw: Gateway, workers: int | None) -> None:
+    """Until the worker processes are up (their start, importing LiteLLM, is not load)."""
+    want = (os.cpu_count() or 1) if workers is None else workers
+    deadline = time.monotonic() + 120
+    while len(httpx.get(gw.url + "/health", timeout=10).json().get("workers", [])) < want:
+        assert time.monotonic() < deadline, "the workers did not start"
+        time.sleep(0.2)
+
+
 def _run_rate(config: dict, tmp: Path, clients: int, lines: int) -> float:
     """`batchyard run` on every client's lines in one file: requests per second, whole process."""
     import yaml
@@ -135,7 +144,9 @@ def main() -> None:
         config = gateway_config(upstream, models=("gpt-mini",), max_file_bytes=(args.upload_mb + 10) * mib,
                                 max_lines=1_000_000)
         with start_gateway(config, Path(tmp) / "data", workers=args.workers) as gw:
-            idle_rss = psutil.Process(gw.process.pid).memory_info().rss
+            _wait_workers(gw, args.workers)
+            api = psutil.Process(gw.process.pid)
+            idle_rss = sum(p.memory_info().rss for p in [api, *api.children(recursive=True)])
             ids: list[str] = []
             latencies: list[float] = []
             stop = threading.Event()
