@@ -44,6 +44,18 @@ _METHODS: dict[Endpoint, str] = {
     Endpoint.IMAGES: "aimage_generation",
 }
 
+# endpoint -> the body fields the Router method takes as required arguments: a line
+# without one gets OpenAI's missing-parameter error instead of a TypeError from LiteLLM.
+_REQUIRED: dict[Endpoint, tuple[str, ...]] = {
+    Endpoint.CHAT: ("messages",),
+    Endpoint.COMPLETIONS: ("prompt",),
+    Endpoint.EMBEDDINGS: ("input",),
+    Endpoint.RESPONSES: ("input",),
+    Endpoint.RERANK: ("query", "documents"),
+    Endpoint.MODERATIONS: ("input",),
+    Endpoint.IMAGES: ("prompt",),
+}
+
 
 def router_kwargs(router: dict[str, Any], litellm_settings: dict[str, Any]) -> dict[str, Any]:
     """The Router's keyword arguments: the config's, then ours where neither section sets the value."""
@@ -107,6 +119,11 @@ class LiteLLMBackend:
         if call is None:
             return Result.http_error(req.line, req.custom_id, 400, f"{req.url.value} is not supported for upstream "
                                      "models", type_="invalid_request_error", code="unsupported_endpoint", model=model)
+        missing = next((name for name in _REQUIRED.get(req.url, ()) if name not in body), None)
+        if missing is not None:
+            error = {"message": f"Missing required parameter: '{missing}'.", "type": "invalid_request_error",
+                     "param": missing, "code": "missing_required_parameter"}
+            return Result(line=req.line, custom_id=req.custom_id, status_code=400, body={"error": error}, model=model)
         try:
             reply = await call(model=model, **body)
         except Exception as exc:  # a provider error is this line's result, never the batch's end
