@@ -5,7 +5,10 @@
 Both peers run as whole processes (imports included) against one loopback
 upstream (tests/upstream.py), alternating, and the medians are compared. Also
 prints batchyard's peak RSS at 1k lines and at N lines (flat memory means the
-ratio stays near 1). Not a test: numbers on a shared 2-core machine are noisy.
+ratio stays near 1), and CPU seconds per 1,000 requests (user + sys of each
+peer's whole process tree, worker processes included): unlike throughput, that
+figure does not depend on the core count, and it is what a bigger machine
+multiplies. Not a test: numbers on a shared 2-core machine are noisy.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -59,9 +63,15 @@ def _write_input(path: Path, n: int) -> None:
                                 "body": body}) + "\n")
 
 
-def _measure(cmd: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes) of a command and its children, sampled every 20 ms."""
+def _measure(cmd: list[str]) -> tuple[float, int, float]:
+    """Wall seconds, peak RSS (bytes) and CPU seconds (user + sys) of a command and all its descendants.
+
+    RSS is sampled every 20 ms. CPU comes from RUSAGE_CHILDREN: the kernel adds a
+    child's (and its reaped descendants') times when it is waited for, so this
+    counts worker processes too. Nothing else is run from here meanwhile.
+    """
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     ps = psutil.Process(proc.pid)
@@ -74,9 +84,11 @@ def _measure(cmd: list[str]) -> tuple[float, int]:
             pass
         time.sleep(0.02)
     wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0:
         raise SystemExit(f"{cmd[:4]} failed: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
-    return wall, peak
+    return wall, peak, cpu
 
 
 def main() -> None:
@@ -107,14 +119,19 @@ def main() -> None:
 
         theirs = [sys.executable, str(peer), str(big), str(tmp / "peer.jsonl"), upstream.v1_url,
                   str(args.concurrency)]
-        walls_ours, walls_peer, rss_big = [], [], []
+        walls_ours, walls_peer, rss_big, cpu_ours, cpu_peer = [], [], [], [], []
         for i in range(args.repeat):
-            w, rss = _measure(ours(big))
+            w, rss, cpu = _measure(ours(big))
             walls_ours.append(w)
             rss_big.append(rss)
-            walls_peer.append(_measure(theirs)[0])
-            print(f"  run {i + 1}: batchyard {args.requests / walls_ours[-1]:7.0f} req/s, "
-                  f"AsyncOpenAI {args.requests / walls_peer[-1]:7.0f} req/s", flush=True)
+            cpu_ours.append(cpu)
+            w, _, cpu = _measure(theirs)
+            walls_peer.append(w)
+            cpu_peer.append(cpu)
+            print(f"  run {i + 1}: batchyard {args.requests / walls_ours[-1]:7.0f} req/s "
+                  f"{1000 * cpu_ours[-1] / args.requests:5.2f} CPU s/1k, "
+                  f"AsyncOpenAI {args.requests / walls_peer[-1]:7.0f} req/s "
+                  f"{1000 * cpu_peer[-1] / args.requests:5.2f} CPU s/1k", flush=True)
         rss_small = [_measure(ours(small))[1] for _ in range(args.repeat)]
 
     ours_rate = args.requests / statistics.median(walls_ours)
@@ -124,7 +141,12 @@ def main() -> None:
           f"median of {args.repeat} (whole processes, imports included)")
     print(f"  batchyard run              {ours_rate:8.0f} req/s")
     print(f"  plain openai.AsyncOpenAI   {peer_rate:8.0f} req/s")
-    print(f"  ratio batchyard/openai     {ours_rate / peer_rate:8.2f}   (aim >= 0.5)")
+    print(f"  ratio batchyard/openai     {ours_rate / peer_rate:8.2f}   (aim >= 0.9)")
+    cpu_ours_k = 1000 * statistics.median(cpu_ours) / args.requests
+    cpu_peer_k = 1000 * statistics.median(cpu_peer) / args.requests
+    print(f"  CPU s per 1k requests      {cpu_ours_k:8.2f}   batchyard (whole process tree, start-up included)")
+    print(f"                             {cpu_peer_k:8.2f}   plain openai.AsyncOpenAI")
+    print(f"  CPU ratio batchyard/openai {cpu_ours_k / cpu_peer_k:8.2f}")
     print(f"  batchyard peak RSS  1k lines {statistics.median(rss_small) / mib:8.0f} MiB")
     print(f"  batchyard peak RSS {args.requests // 1000}k lines {statistics.median(rss_big) / mib:8.0f} MiB")
     ratio = statistics.median(rss_big) / statistics.median(rss_small)

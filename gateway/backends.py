@@ -31,7 +31,10 @@ class BackendPool:
             from providers.litellm_backend import LiteLLMBackend
 
             routes = [r for r in self._unique_routes() if r.kind is RouteKind.UPSTREAM]
-            self._upstream = LiteLLMBackend(routes, self._config.router_settings, self._config.batch.max_concurrency)
+            self._upstream = LiteLLMBackend(
+                routes, self._config.router_settings, self._config.batch.max_concurrency,
+                litellm_settings=self._config.litellm_settings,
+            )
         return self._upstream
 
     def _unique_routes(self) -> list[Route]:

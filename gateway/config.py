@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from gateway.errors import ConfigError
+from gateway.litellm_settings import check_litellm_settings
 from gateway.routes import Route, RouteKind
 
 _ENV_PREFIX = "os.environ/"
@@ -247,7 +248,7 @@ def parse_config(raw: Any, path: str = "<config>") -> Config:
         path=path,
         routes=routes,
         router_settings=_mapping(raw.get("router_settings"), path, "router_settings"),
-        litellm_settings=_mapping(raw.get("litellm_settings"), path, "litellm_settings"),
+        litellm_settings=check_litellm_settings(_mapping(raw.get("litellm_settings"), path, "litellm_settings"), path),
         master_key=master_key,
         batch=_batch_settings(_mapping(raw.get("batch_settings"), path, "batch_settings"), routes, path),
     )

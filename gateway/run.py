@@ -247,10 +247,12 @@ def _summarise(batch: BatchRecord, seconds: float, engine_seconds: float | None)
     statuses = sorted({s for counts in by_model.values() for s in counts})
     if by_model:
         width = max(len(m) for m in by_model) + 2
-        print("  " + "model".ljust(width) + "".join(s.rjust(10) for s in statuses), file=sys.stderr)
+        widths = [max(10, len(s) + 2) for s in statuses]  # codes like upstream_unreachable are long
+        print("  " + "model".ljust(width) + "".join(s.rjust(w) for s, w in zip(statuses, widths, strict=True)),
+              file=sys.stderr)
         for model, counts in sorted(by_model.items()):
-            print("  " + model.ljust(width) + "".join(str(counts.get(s, "")).rjust(10) for s in statuses),
-                  file=sys.stderr)
+            cells = "".join(str(counts.get(s, "")).rjust(w) for s, w in zip(statuses, widths, strict=True))
+            print("  " + model.ljust(width) + cells, file=sys.stderr)
     priced = {n: r for n, r in batch.routes.items() if n != "summary" and isinstance(r, dict) and "requests" in r}
     if priced:
         width = max(len(m) for m in priced) + 2

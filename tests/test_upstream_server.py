@@ -257,3 +257,18 @@ def test_reset(upstream: Upstream, client: OpenAI) -> None:
     upstream.reset()
     stats = upstream.stats()
     assert stats["requests"] == 0 and stats["by_custom"] == {} and stats["batches_created"] == 0
+
+
+def test_moderations_and_images(client: OpenAI, azure: AzureOpenAI) -> None:
+    moderation = client.moderations.create(model="omni-moderation-latest", input=["a calm day", "attack at dawn"])
+    assert [r.flagged for r in moderation.results] == [False, True]
+    assert moderation.results[1].categories.violence is True
+    images = client.images.generate(model="gpt-image-1", prompt="a red cat", n=2)
+    assert images.data is not None and len(images.data) == 2
+    assert all(d.b64_json and d.revised_prompt == "a red cat" for d in images.data)
+    assert images.usage is not None and images.usage.input_tokens == 3
+    by_url = azure.images.generate(model="painter", prompt="a blue dog", response_format="url")
+    assert by_url.data is not None and by_url.data[0].url and by_url.data[0].url.startswith("https://")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.images.generate(model="gpt-image-1", prompt="too many", n=11)
+    assert info.value.body is not None and info.value.body["param"] == "n"  # type: ignore[index]

@@ -18,6 +18,10 @@ hosted vLLM whose api_base lacks `/v1`):
 - `responses`         a minimal Responses API object (also `/openai/responses`)
 - `rerank`, `score`   vLLM/Cohere shapes; relevance is word-set overlap
                       (rerank also at `/v2/rerank`)
+- `moderations`       one result per input; flagged (category "violence") when
+                      the text contains the word "attack"
+- `images/generations` `n` images as `b64_json` (or `url`) from a hash of the prompt;
+                      `usage` counts the prompt's words as input tokens
 
 Token counts are whitespace word counts. `--api-key K` makes every request
 without that key (Bearer or `api-key`) a 401; by default any key passes.
@@ -106,6 +110,8 @@ OPS = {
     "responses": "responses",
     "rerank": "rerank",
     "score": "score",
+    "moderations": "moderations",
+    "images/generations": "images",
 }
 # path -> kind for every real-time endpoint but Azure's deployment form (matched by _DEPLOYMENT_RE)
 REALTIME_PATHS = {f"{prefix}/{op}": kind for prefix in ("/v1", "/openai/v1", "") for op, kind in OPS.items()}
@@ -271,6 +277,13 @@ def request_text(kind: str, body: JSON) -> str:
         return query
     if kind == "score":
         return "\n".join(_text_list(body.get("text_1", body.get("queries")), "text_1"))
+    if kind == "moderations":
+        return "\n".join(_text_list(body.get("input"), "input"))
+    if kind == "images":
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            raise _missing("prompt")
+        return prompt
     raise ApiError(404, f"Unknown endpoint kind {kind!r}.")
 
 
@@ -430,6 +443,36 @@ def _score(body: JSON, model: str, text: str) -> JSON:
     }
 
 
+_MODERATION_CATEGORIES = ("harassment", "hate", "self-harm", "sexual", "violence")
+
+
+def _moderations(body: JSON, model: str, text: str) -> JSON:
+    results = []
+    for item in _text_list(body.get("input"), "input"):
+        flagged = "attack" in item.lower().split()
+        categories = {c: flagged and c == "violence" for c in _MODERATION_CATEGORIES}
+        scores = {c: (0.9 if categories[c] else 0.001) for c in _MODERATION_CATEGORIES}
+        results.append({"flagged": flagged, "categories": categories, "category_scores": scores})
+    return {"id": _id("modr-"), "model": model, "results": results}
+
+
+def _images(body: JSON, model: str, text: str) -> JSON:
+    n = body.get("n") or 1
+    if not isinstance(n, int) or not 1 <= n <= 10:
+        raise _invalid("n", "Invalid value for 'n': must be an integer from 1 to 10.")
+    data: list[JSON] = []
+    for i in range(n):
+        pixels = hashlib.sha256(f"{i}:{text}".encode()).digest()  # stands in for an image
+        if body.get("response_format") == "url":
+            data.append({"url": f"https://images.invalid/{pixels.hex()[:16]}.png", "revised_prompt": text})
+        else:
+            data.append({"b64_json": base64.b64encode(pixels).decode(), "revised_prompt": text})
+    tokens = _words(text)
+    usage = {"input_tokens": tokens, "output_tokens": 0, "total_tokens": tokens,
+             "input_tokens_details": {"text_tokens": tokens, "image_tokens": 0}}
+    return {"created": _now(), "data": data, "usage": usage}
+
+
 _BUILDERS: dict[str, Callable[[JSON, str, str], JSON]] = {
     "chat": _chat,
     "completions": _completions,
@@ -437,6 +480,8 @@ _BUILDERS: dict[str, Callable[[JSON, str, str], JSON]] = {
     "responses": _responses,
     "rerank": _rerank,
     "score": _score,
+    "moderations": _moderations,
+    "images": _images,
 }
 
 

@@ -1,0 +1,58 @@
+"""LiteLLM's process-wide settings: the team's `litellm_settings`, our defaults, and closing its clients.
+
+`apply` does what LiteLLM's proxy does with `litellm_settings` (proxy_server.py
+`load_config`: `setattr(litellm, key, value)`, callbacks through the
+`logging_callback_manager`) for the keys `gateway.litellm_settings` accepts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+# Ours when the config says nothing (the config's value wins).
+DEFAULTS: dict[str, Any] = {
+    "drop_params": True,  # a body field one provider lacks should not fail the line
+}
+
+
+def apply(settings: dict[str, Any]) -> None:
+    """Set LiteLLM's module settings from a checked `litellm_settings` section plus our defaults."""
+    import litellm
+
+    litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" banners in a batch's stderr
+    for key, value in {**DEFAULTS, **settings}.items():
+        if key in ("callbacks", "success_callback", "failure_callback"):
+            _callbacks(litellm, key, value)
+        else:
+            setattr(litellm, key, value)
+            if key == "request_timeout":
+                litellm.request_timeout_explicitly_set = True
+
+
+def _callbacks(litellm: Any, key: str, names: list[str]) -> None:
+    manager = litellm.logging_callback_manager
+    add = {
+        "callbacks": manager.add_litellm_callback,
+        "success_callback": manager.add_litellm_success_callback,
+        "failure_callback": manager.add_litellm_failure_callback,
+    }[key]
+    if key != "callbacks":
+        setattr(litellm, key, [])  # the proxy replaces these lists
+    for name in names:
+        add(name)
+
+
+async def close_clients() -> None:
+    """Close every HTTP client LiteLLM cached (aiohttp sessions, httpx clients) and forget them.
+
+    LiteLLM only does this in an atexit hook on a fresh event loop, after ours is
+    gone, which leaves "Unclosed client session" warnings behind.
+    """
+    import litellm
+    from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
+
+    await close_litellm_async_clients()
+    cache = litellm.in_memory_llm_clients_cache
+    with contextlib.suppress(Exception):
+        cache.flush_cache()

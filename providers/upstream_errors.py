@@ -1,0 +1,146 @@
+"""A failed upstream call as the provider answered it, not as LiteLLM wrapped it.
+
+LiteLLM raises its own exception types whose text reads
+`litellm.BadRequestError: Hosted_vllmException - {...}\n\nLiteLLM: model group ...`.
+The provider's reply is still in the exception chain: an `openai.APIStatusError`
+or LiteLLM exception with `.body` (the parsed error object), an
+`httpx.HTTPStatusError` with the raw `.response`, or LiteLLM's
+`BaseLLMException` whose `.message` is the raw reply text. This module finds
+it, so a caller sees the provider's status and its own error object (message,
+type, param, code). When there is no reply at all (timeout, refused
+connection) the line gets our own message under a stable code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+UPSTREAM_TIMEOUT = "upstream_timeout"
+UPSTREAM_UNREACHABLE = "upstream_unreachable"
+UPSTREAM_ERROR = "upstream_error"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderError:
+    """A provider's error reply (`status` and `body`) or, when there was none, our `code` and `message`."""
+
+    status: int | None
+    body: dict[str, Any] | None = None
+    code: str | None = None
+    message: str | None = None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _error_object(data: Any) -> dict[str, Any] | None:
+    """`{"error": {...}}` in OpenAI's shape from a provider body, or None when it is not an error object."""
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        data = data["error"]
+    elif isinstance(data, dict) and isinstance(data.get("error"), str):
+        # e.g. {"error": "...", "code": 400}: some servers put the message at the top level
+        data = {**data, "message": data["error"]}
+    if not isinstance(data, dict) or not isinstance(data.get("message"), str):
+        return None
+    error = {"message": data["message"], "type": data.get("type"), "param": data.get("param"),
+             "code": data.get("code")}
+    # keep whatever else the provider said (vLLM's `object`, Azure's `innererror`, ...)
+    extra = {k: v for k, v in data.items() if k not in error and k != "error"}
+    return {"error": {**error, **extra}}
+
+
+def _parse(text: str | bytes) -> dict[str, Any] | None:
+    try:
+        return _error_object(json.loads(text))
+    except (ValueError, TypeError):
+        return None
+
+
+def _reply_of(exc: BaseException) -> tuple[int | None, dict[str, Any] | None]:
+    """The provider's (status, error body) carried by one exception of the chain."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        response = exc.response
+        try:
+            return response.status_code, _parse(response.content)
+        except httpx.ResponseNotRead:  # a streamed reply: nothing was read
+            return response.status_code, None
+    body = _error_object(getattr(exc, "body", None))
+    if body is not None:
+        return None, body
+    # LiteLLM's BaseLLMException (not its public exceptions, whose message is prefixed): the raw reply text
+    message = getattr(exc, "message", None)
+    if isinstance(message, str) and message.lstrip().startswith("{"):
+        return None, _parse(message)
+    return None, None
+
+
+def _kind(exc: BaseException) -> str | None:
+    """upstream_timeout / upstream_unreachable when no reply came, by the transport error in the chain."""
+    import openai
+
+    for e in _chain(exc):
+        if isinstance(e, httpx.TimeoutException | openai.APITimeoutError | asyncio.TimeoutError | TimeoutError):
+            return UPSTREAM_TIMEOUT
+        if type(e).__name__ == "Timeout" and type(e).__module__.startswith("litellm"):
+            return UPSTREAM_TIMEOUT
+    for e in _chain(exc):
+        if isinstance(e, httpx.TransportError | openai.APIConnectionError | ConnectionError):
+            return UPSTREAM_UNREACHABLE
+        if type(e).__module__.startswith("aiohttp") and "Connect" in type(e).__name__:
+            return UPSTREAM_UNREACHABLE
+    return None
+
+
+# LiteLLM's decorations of a message: "litellm.XError: ", "XException - ", and the router's trailers
+_PREFIX = re.compile(r"^(?:litellm\.\w+:\s*)?(?:\w+Error:\s*)?(?:\w*Exception(?: \w+Error)?\s*-\s*)?")
+_TRAILERS = ("\n\nLiteLLM", " LiteLLM Retried", "\nReceived Model Group", "\nDeployment Info", " Error_str:")
+
+
+def clean_message(text: str) -> str:
+    """LiteLLM's exception text without its prefixes and router trailers (the fallback when no body was sent)."""
+    text = _PREFIX.sub("", text.strip(), count=1)
+    for trailer in _TRAILERS:
+        text = text.split(trailer, 1)[0]
+    return text.strip() or "the upstream call failed"
+
+
+def provider_error(exc: BaseException, model: str) -> ProviderError:
+    """What to report for a failed upstream call of `model` (the caller's model name)."""
+    status: int | None = None
+    body: dict[str, Any] | None = None
+    for e in _chain(exc):
+        reply_status, reply_body = _reply_of(e)
+        status = status or reply_status
+        if reply_body is not None and body is None:
+            body = reply_body
+        if status is not None and body is not None:
+            break
+    outer = getattr(exc, "status_code", None)
+    if status is None and isinstance(outer, int) and outer >= 400:
+        status = outer
+    if body is not None:
+        return ProviderError(status=status if status and status >= 400 else 500, body=body)
+    kind = _kind(exc)
+    if kind == UPSTREAM_TIMEOUT:
+        return ProviderError(None, code=kind, message=f"the upstream for model {model!r} did not answer in time")
+    if kind == UPSTREAM_UNREACHABLE:
+        return ProviderError(None, code=kind, message=f"the upstream for model {model!r} could not be reached")
+    # An answer without an error object (an HTML 502 page), or a refusal by LiteLLM itself
+    # (no deployment available, unsupported parameter): its text, cleaned of LiteLLM's decorations.
+    error = {"message": clean_message(str(getattr(exc, "message", None) or exc)),
+             "type": "invalid_request_error" if status and status < 500 else "upstream_error",
+             "param": None, "code": UPSTREAM_ERROR}
+    return ProviderError(status=status if status and status >= 400 else 500, body={"error": error})
