@@ -8,7 +8,7 @@ ids are recorded in the store's meta (`native:<batch>:<shard>`) before any
 polling, so a restarted process polls the batches it already created instead of
 creating new ones. `aretrieve_batch` polls with backoff; `afile_content` reads
 the output and error files back; every request gets exactly one `Result`.
-When the pipeline cancels a shard because our batch was cancelled or expired,
+When the shard runner cancels a shard because our batch was cancelled or expired,
 the upstream batches are cancelled too (`acancel_batch`); a process shutdown
 leaves them running, to be picked up on restart.
 """
@@ -173,7 +173,7 @@ class NativeBatchBackend:
             async for result in self._poll(shard, pending, by_line, kwargs, prices, save):
                 yield result
         except (asyncio.CancelledError, GeneratorExit):
-            # Cancelled while waiting (the pipeline cancels the consuming task), or closed while suspended.
+            # Cancelled while waiting (the shard runner cancels the consuming task), or closed while suspended.
             await asyncio.shield(self._cancel_if_stopped(shard, parts, kwargs))
             raise
 
@@ -293,7 +293,7 @@ class NativeBatchBackend:
                     yield result
             except Exception as exc:
                 if retryable(exc):
-                    raise  # transient: the pipeline runs the shard again, which reads this batch again
+                    raise  # transient: the runner runs the shard again, which reads this batch again
                 why = f"reading its results ({file_id}) failed: {describe_error(exc)}"
                 status = "failed"
                 log.warning("native: upstream batch %s: %s", part.batch_id, why)

@@ -144,7 +144,7 @@ def _result(line: int, status: int | None, tokens: int = 0) -> Result:
 
 
 async def _scenario(store: Store) -> list[Any]:
-    """Every Store call, in the order the pipeline makes them; the transcript of what came back."""
+    """Every Store call, in the order the runtime makes them; the transcript of what came back."""
     out: list[Any] = []
 
     def page(p: Any) -> Any:
