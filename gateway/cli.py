@@ -184,12 +184,14 @@ def quiet_libraries(verbose: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; `argv` given means called as a function: stdout/stderr descriptors are left alone."""
+    own_process = argv is None
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "run":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "run":
-        console.setup(verbose=args.verbose, log_file=args.log_file)
+        console.setup(verbose=args.verbose, log_file=args.log_file, own_process=own_process)
     else:
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)

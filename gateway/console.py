@@ -58,18 +58,23 @@ class _Ours(logging.Formatter):
         return f"batchyard: {record.levelname.lower()}: {record.getMessage()}"
 
 
-def setup(*, verbose: bool, log_file: str | None = None) -> Path | None:
-    """Route output for one `batchyard run`; returns the log file (None with `verbose`)."""
+def setup(*, verbose: bool, log_file: str | None = None, own_process: bool = True) -> Path | None:
+    """Route output for one `batchyard run`; returns the log file (None with `verbose`).
+
+    `own_process=False` (the command called as a function, e.g. from tests) leaves the process's
+    descriptors and logging handlers alone and only sets the levels.
+    """
     global _terminal, _stdout, _log_path
     # vLLM then adds no handler of its own (it would print to stdout); its records reach the root logger.
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    if verbose or not own_process:
+        logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+        return None
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
     logging.captureWarnings(True)
-    if verbose:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-        return None
     path = Path(log_file) if log_file else Path(tempfile.gettempdir()) / (
         f"batchyard-run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     )
