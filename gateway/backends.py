@@ -22,9 +22,8 @@ class BackendPool:
         self._config = config
         self._store = store
         self._created: dict[str, Backend] = {}
-        self._backends: dict[str, Backend] = {}  # started
+        self._starting: dict[int, asyncio.Task[None]] = {}  # by id(backend): one start per backend, shared
         self._upstream: Backend | None = None
-        self._lock = asyncio.Lock()
 
     def _upstream_backend(self) -> Backend:
         if self._upstream is None:
@@ -66,14 +65,23 @@ class BackendPool:
         return backend
 
     async def get(self, route_name: str) -> Backend:
-        """The started backend for a route (by its model_name)."""
-        async with self._lock:
-            backend = self._backends.get(route_name)
-            if backend is None:
-                backend = self.peek(route_name)
-                await backend.start()
-                self._backends[route_name] = backend
-            return backend
+        """The started backend for a route (by its model_name).
+
+        Routes start independently: two local engines load side by side, and a
+        shard of an upstream route never waits for an engine to load.
+        """
+        backend = self.peek(route_name)
+        task = self._starting.get(id(backend))
+        if task is None:
+            task = self._starting[id(backend)] = asyncio.ensure_future(backend.start())
+        try:
+            await asyncio.shield(task)  # one caller giving up must not cancel the start the others wait on
+        except Exception:
+            # a failed start is retried by the next caller (a shard attempt), not cached for good
+            if self._starting.get(id(backend)) is task:
+                del self._starting[id(backend)]
+            raise
+        return backend
 
     async def warm_up(self, routes: Collection[str] | None = None) -> None:
         """Import LiteLLM (seconds of work) in a thread when a route needs it, so the first shard
@@ -83,15 +91,17 @@ class BackendPool:
             await asyncio.to_thread(importlib.import_module, "litellm")
 
     async def start_local(self) -> None:
-        """Start every local engine now (fail fast on a bad model path, before any request)."""
-        for route in self._unique_routes():
-            if route.kind is RouteKind.LOCAL:
-                await self.get(route.model_name)
+        """Start every local engine now, side by side (fail fast on a bad model path, before any request)."""
+        local = [r.model_name for r in self._unique_routes() if r.kind is RouteKind.LOCAL]
+        await asyncio.gather(*(self.get(name) for name in local))
 
     async def aclose(self) -> None:
-        backends = {id(b): b for b in self._backends.values()}
-        self._backends.clear()
+        backends = {id(b): b for b in self._created.values()}
         self._created.clear()
         self._upstream = None
+        starting, self._starting = list(self._starting.values()), {}
+        for task in starting:
+            task.cancel()
+        await asyncio.gather(*starting, return_exceptions=True)
         for backend in backends.values():
             await backend.aclose()

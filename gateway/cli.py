@@ -5,18 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from gateway import console
 from gateway.config import Config, load_config, local_model_config
 from gateway.errors import ConfigError, GatewayError
 from gateway.loop import loop_factory
-
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-# vLLM logs every engine step at INFO; -v turns it back on.
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if {"-v", "--verbose"} & set(sys.argv) else "WARNING")
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_DELIVERY, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -32,8 +28,19 @@ Lines that are not JSON, lack custom_id/method/url/body, or repeat a
 custom_id make the whole file invalid: every such line is listed with its
 1-based number, nothing is sent, and the exit status is 1.
 
-Any other --flag VALUE is passed to the local vLLM engine as an engine argument
-(e.g. --gpu-memory-utilization 0.8 --max-num-seqs 64).
+With --model (vLLM run_batch's mode) a repeated custom_id is not an error: each
+line is answered in its own input position and one warning is printed; an
+empty input file gives an empty output and exit status 0. With --config the
+file follows OpenAI's rules (duplicate_custom_id, empty_file), as the server does.
+
+Any other --flag [VALUE] is passed to the local vLLM engine as an engine argument,
+as run_batch takes it (e.g. --gpu-memory-utilization 0.8 --max-num-seqs 64
+--enable-prefix-caching); a flag without a value means true.
+
+Quiet and offline by default: vLLM, torch and LiteLLM output goes to a log file
+named in the summary (-v: to stderr instead); LiteLLM's bundled price map is used
+(LITELLM_LOCAL_MODEL_COST_MAP=True), vLLM usage stats are off, and a model that
+is a local directory is loaded with HF_HUB_OFFLINE=1 (set these to override).
 
 exit status: 0 done (per-line errors are in the output), 1 bad input,
 2 bad usage or config, 3 output could not be delivered (kept locally), 130 interrupted.
@@ -60,6 +67,10 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
                    "file has at least 2000 upstream requests; 0: none)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="library and engine output on stderr instead of the log file")
+    p.add_argument("--log-file", help="where library and engine output goes (default: a new file in the temp "
+                   "directory, named in the summary; removed when nothing was written)")
     engine = p.add_argument_group("local engine (vLLM run_batch compatible, used with --model)")
     engine.add_argument("--model", help="run every line on a local vLLM engine for this model (path or hub id)")
     engine.add_argument("--served-model-name", nargs="+", help="model names the lines may use (default: --model)")
@@ -67,6 +78,16 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
     engine.add_argument("--max-model-len", type=int, help="context length")
     engine.add_argument("--enforce-eager", action="store_true", default=None, help="disable CUDA graphs")
     engine.add_argument("--output-tmp-dir", help="directory for the output while it is written (run_batch's flag)")
+    engine.add_argument("--trust-remote-code", action="store_true", default=None,
+                        help="allow the model's own code from its folder or the hub")
+    engine.add_argument("--chat-template", help="chat template: a file path or the template itself")
+    engine.add_argument("--response-role", help="role of the generated message when add_generation_prompt is "
+                        "true (default: assistant)")
+    engine.add_argument("--enable-auto-tool-choice", action="store_true", default=None,
+                        help="let the model call tools on its own (needs --tool-call-parser)")
+    engine.add_argument("--tool-call-parser", help="parser of the model's tool calls (e.g. hermes, llama3_json)")
+    engine.add_argument("--reasoning-parser", help="parser that splits reasoning from content (e.g. qwen3, "
+                        "deepseek_r1)")
     return p
 
 
@@ -119,10 +140,15 @@ def _shared_args(p: argparse.ArgumentParser) -> None:
                    "(default 30)")
 
 
+# The run_batch flags declared above (for --help); any other flag is passed through as it is.
+_ENGINE_OPTIONS = ("dtype", "max_model_len", "enforce_eager", "trust_remote_code", "chat_template", "response_role",
+                   "enable_auto_tool_choice", "tool_call_parser", "reasoning_parser")
+
+
 def _engine_args(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     """run_batch's engine flags, plus any other --flag value pairs, as vLLM engine args."""
     engine: dict[str, Any] = {}
-    for name in ("dtype", "max_model_len", "enforce_eager"):
+    for name in _ENGINE_OPTIONS:
         value = getattr(args, name)
         if value is not None:
             engine[name] = value
@@ -176,28 +202,21 @@ def quiet_libraries(verbose: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; `argv` given means called as a function: stdout/stderr descriptors are left alone."""
+    own_process = argv is None
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "run":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if args.command == "run":
+        console.setup(verbose=args.verbose, log_file=args.log_file, own_process=own_process)
+    else:
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     quiet_libraries(args.verbose)
     try:
         if args.command == "run":
-            config = _load(args, extra)
-            from gateway.run import RunOptions, run_batch_file
-
-            opts = RunOptions(
-                input=args.input_file, output=args.output_file, error_file=args.error_file,
-                data_dir=Path(args.data_dir) if args.data_dir else None,
-                output_tmp_dir=Path(args.output_tmp_dir) if args.output_tmp_dir else None,
-                progress=not (args.no_progress or args.quiet), summary=not args.quiet,
-                run_batch_errors=bool(args.model),  # the drop-in writes errors as run_batch does
-                config_path=args.config, workers=args.workers, verbose=args.verbose,
-            )
-            with asyncio.Runner(loop_factory=loop_factory()) as runner:
-                return runner.run(run_batch_file(config, opts))
+            return _run_command(args, extra)
         if args.command == "worker":
             from gateway.worker import run_worker_command
 
@@ -215,15 +234,39 @@ def main(argv: list[str] | None = None) -> int:
             serve(args.config, args.host, args.port, Path(args.data_dir), workers=args.workers)
             return EXIT_OK
     except ConfigError as exc:
-        print(f"batchyard: config error: {exc}", file=sys.stderr)
+        console.say(f"config error: {exc}")
         return EXIT_USAGE
     except GatewayError as exc:
-        print(f"batchyard: {exc.message}", file=sys.stderr)
+        console.say(exc.message)
         return EXIT_INPUT
     except KeyboardInterrupt:
-        print("batchyard: interrupted", file=sys.stderr)
+        console.say("interrupted")
         return EXIT_INTERRUPTED
     return EXIT_USAGE
+
+
+def _run_command(args: argparse.Namespace, extra: list[str]) -> int:
+    config = _load(args, extra)
+    from gateway.run import RunOptions, run_batch_file
+
+    opts = RunOptions(
+        input=args.input_file, output=args.output_file, error_file=args.error_file,
+        data_dir=Path(args.data_dir) if args.data_dir else None,
+        output_tmp_dir=Path(args.output_tmp_dir) if args.output_tmp_dir else None,
+        progress=not (args.no_progress or args.quiet), summary=not args.quiet,
+        run_batch_errors=bool(args.model),  # the drop-in writes errors as run_batch does
+        config_path=args.config, workers=args.workers, verbose=args.verbose,
+    )
+    try:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            return runner.run(run_batch_file(config, opts))
+    except (ConfigError, GatewayError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # the traceback goes to the log; the terminal gets one line
+        logging.getLogger("batchyard").exception("run failed")
+        where = console.log_path()
+        console.say(f"failed: {type(exc).__name__}: {exc}" + (f" (details in {where})" if where else ""))
+        return EXIT_INPUT
 
 
 __all__ = ["build_parser", "main"]

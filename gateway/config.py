@@ -69,6 +69,9 @@ class Config:
     litellm_settings: dict[str, Any] = field(default_factory=dict)
     master_key: str | None = None
     batch: BatchSettings = field(default_factory=BatchSettings)
+    # vLLM run_batch's input rules (repeated custom_ids answered line by line, an empty file is no error):
+    # only the config `batchyard run --model` implies; a YAML config and the server keep OpenAI's.
+    run_batch_rules: bool = False
 
     @property
     def auth_enabled(self) -> bool:
@@ -278,4 +281,4 @@ def local_model_config(model: str, engine_args: dict[str, Any], served_names: li
     entry = {"model_name": names[0], "litellm_params": {"model": f"vllm/{model}"}, "engine_args": args}
     route = Route(model_name=names[0], kind=RouteKind.LOCAL, deployments=[entry])
     routes = {name: route for name in names}
-    return Config(path="--model", routes=routes)
+    return Config(path="--model", routes=routes, run_batch_rules=True)

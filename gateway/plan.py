@@ -9,6 +9,7 @@ holds one open shard writer per route and the set of custom_ids, never lines.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -17,6 +18,8 @@ from gateway.errors import LINE_HTTP_STATUS, LineCode, LineError
 from gateway.records import Endpoint, Result, Shard
 from gateway.store.base import Blobs, BlobWriter
 from gateway.validate import FATAL_CODES, LineChecker, LineProblem
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -42,10 +45,16 @@ class _OpenShard:
 class Planner:
     def __init__(
         self, config: Config, blobs: Blobs, batch_id: str, *, endpoint: Endpoint | None, strict: bool,
-        allowed_models: list[str] | None,
+        allowed_models: list[str] | None, run_batch_rules: bool | None = None,
     ) -> None:
+        """`run_batch_rules`: repeated custom_ids are answered line by line, as vLLM's run_batch does
+        (default: what the config says, i.e. true only for the config `batchyard run --model` implies)."""
         self._config, self._blobs, self._batch_id, self._strict = config, blobs, batch_id, strict
-        self._checker = LineChecker(config, endpoint=endpoint, allowed_models=allowed_models)
+        if run_batch_rules is None:
+            run_batch_rules = config.run_batch_rules
+        self._checker = LineChecker(
+            config, endpoint=endpoint, allowed_models=allowed_models, allow_duplicates=run_batch_rules
+        )
         self._open: dict[str, _OpenShard] = {}
         self._answered: _OpenShard | None = None
         self._next_index = 0
@@ -91,7 +100,14 @@ class Planner:
                     route = self._config.routes[checked.model].model_name
                     await self._append(route, json.dumps(checked.to_json()).encode())
             if self.outcome.total == 0 and not self.outcome.failed:
+                # Kept in run_batch mode too: `batchyard run --model` answers an empty file before planning.
                 self._fail(LineError(LineCode.EMPTY_FILE, "the file contains no requests"))
+            if self._checker.repeats and not self.outcome.failed:
+                cid, line = self._checker.first_repeat or ("", 0)
+                log.warning(
+                    "%d line(s) repeat a custom_id seen before (first: %r on line %d); each is answered in its "
+                    "own input position, as vLLM's run_batch does", self._checker.repeats, cid, line,
+                )
             await self._close(commit=not self.outcome.failed)
         except BaseException:
             await self._close(commit=False)

@@ -15,16 +15,18 @@ import contextlib
 import hashlib
 import os
 import shutil
-import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gateway.config import Config
+from gateway.console import log_path, say, stdout_bytes, terminal
 from gateway.records import BatchStatus
 from gateway.routes import RouteKind
+from gateway.run_report import report_invalid, summarise
 from gateway.runtime import Runtime, open_embedded
 from gateway.store.base import BatchOptions, BatchRecord
 from gateway.store.local import LocalBlobs
@@ -33,7 +35,7 @@ from gateway.transfer import TransferError, deliver, is_url, read_source
 from gateway.worker_pool import WorkerPool
 
 EXIT_OK, EXIT_INPUT, EXIT_DELIVERY = 0, 1, 3
-_MAX_ERRORS_SHOWN = 20
+_BOM = b"\xef\xbb\xbf"
 # Upstream requests a file needs before worker processes pay for their start (a second or two each,
 # mostly importing LiteLLM): at ~200 req/s on one core, 2,000 requests are ten seconds of work.
 WORKER_MIN_REQUESTS = 2_000
@@ -54,10 +56,6 @@ class RunOptions:
     verbose: bool = False
 
 
-def _say(message: str) -> None:
-    print(f"batchyard: {message}", file=sys.stderr, flush=True)
-
-
 async def run_batch_file(config: Config, opts: RunOptions) -> int:
     tmp = None
     if opts.data_dir is None:
@@ -72,65 +70,47 @@ async def run_batch_file(config: Config, opts: RunOptions) -> int:
             tmp.cleanup()
 
 
-def _options_key(opts: RunOptions) -> str:
-    # A resumed run must have been started with the same options, or its output would differ.
-    return f"split={opts.error_file is not None},run_batch={opts.run_batch_errors}"
-
-
-async def _hashed(chunks: Any, digest: Any) -> Any:
-    async for chunk in chunks:
-        digest.update(chunk)
-        yield chunk
-
-
-async def _previous(runtime: Runtime, input_sha256: str, key: str) -> BatchRecord | None:
-    """The batch an earlier run in this data dir made from the same input with the same options."""
-    after = None
-    while True:
-        page = await runtime.store.list_batches("", limit=100, after=after)
-        for batch in page.data:
-            meta = batch.metadata or {}
-            if meta.get("input_sha256") == input_sha256 and meta.get("run_options") == key \
-                    and batch.status is not BatchStatus.FAILED:
-                return batch
-        if not page.has_more or not page.data:
-            return None
-        after = page.data[-1].id
-
-
 async def _run(runtime: Runtime, data_dir: Path, opts: RunOptions) -> int:
+    """Start-up overlaps: the engines load while the input is read, stored and validated.
+
+    Order: peek at the input (an empty file under run_batch's rules is done
+    before any engine starts), start every local engine (side by side), upload
+    and validate the input meanwhile, and start running shards once the engines
+    are up. A bad input file fails without waiting for an engine; a bad engine
+    fails before any request is sent and before any output exists.
+    """
     started = time.monotonic()
-    engine_seconds = None
-    # Engines first: a bad model path fails here, before any request and before any output exists.
-    if any(r.kind is RouteKind.LOCAL for r in runtime.config.routes.values()):
-        try:
-            await runtime.backends.start_local()
-        except Exception as exc:
-            _say(f"the local engine could not start: {type(exc).__name__}: {exc}")
-            return EXIT_INPUT
-        engine_seconds = time.monotonic() - started
-    await runtime.start()
-    digest = hashlib.sha256()
+    config = runtime.config
     try:
-        source = await runtime.service.upload_file("", Path(opts.input).name or "input.jsonl", "batch",
-                                                   _hashed(read_source(opts.input), digest))
+        first, chunks = await _peek(read_source(opts.input))
     except (TransferError, OSError) as exc:
-        _say(str(exc))
+        say(str(exc))
         return EXIT_INPUT
-    key = _options_key(opts)
-    batch = await _previous(runtime, digest.hexdigest(), key) if opts.data_dir is not None else None
-    if batch is not None:
-        await runtime.service.delete_file(source.id, None)
-        done = batch.counts.completed + batch.counts.failed
-        _say(f"resuming batch {batch.id} from {opts.data_dir}: {done} of {batch.counts.total} requests already "
-             "answered")
-    else:
-        batch = await runtime.service.create_batch(
-            "", input_file_id=source.id, endpoint=None, completion_window=None,
-            metadata={"input_sha256": digest.hexdigest(), "run_options": key},
-            options=BatchOptions(strict=False, split_errors=opts.error_file is not None,
-                                 run_batch_errors=opts.run_batch_errors),
-        )
+    if first is None and config.run_batch_rules:
+        return await _empty_run(runtime, opts, started)  # run_batch: exit 0, empty output
+    engines: asyncio.Task[None] | None = None
+    if any(r.kind is RouteKind.LOCAL for r in config.routes.values()):
+        offline_for_local_models(config)
+        engines = asyncio.create_task(runtime.backends.start_local(), name="start-engines")
+    engine_seconds = None
+    try:
+        batch = await _submit(runtime, opts, _chain(first, chunks))
+        if batch is None:
+            return EXIT_INPUT
+        if engines is not None:
+            if not await _engines_or_invalid(runtime, batch.id, engines):
+                report_invalid(await _get(runtime, batch.id))
+                return EXIT_INPUT
+            try:
+                await engines
+            except Exception as exc:
+                say(f"the local engine could not start: {type(exc).__name__}: {exc}" + _see_log())
+                return EXIT_INPUT
+            engine_seconds = time.monotonic() - started
+    finally:
+        if engines is not None and not engines.done():
+            engines.cancel()
+    await runtime.start()
     pool = None
     try:
         pool = await _start_workers(runtime, data_dir, batch.id, opts)
@@ -140,27 +120,108 @@ async def _run(runtime: Runtime, data_dir: Path, opts: RunOptions) -> int:
             # Ctrl-C with nothing to resume from: cancel the batch (upstream batch jobs included).
             await asyncio.shield(_cancel(runtime, batch.id))
         else:
-            _say(f"interrupted; the state is kept in {opts.data_dir}: the same command continues the run")
+            say(f"interrupted; the state is kept in {opts.data_dir}: the same command continues the run")
         raise
     finally:
         if pool is not None:
             await pool.aclose()
     if batch.status is BatchStatus.FAILED:
-        _report_invalid(batch)
+        report_invalid(batch)
         return EXIT_INPUT
     code = await _deliver(runtime, batch, opts)
     if opts.summary:
-        _summarise(batch, time.monotonic() - started, engine_seconds)
+        summarise(batch, time.monotonic() - started, engine_seconds)
     return code
+
+
+async def _peek(chunks: AsyncIterator[bytes]) -> tuple[bytes | None, AsyncIterator[bytes]]:
+    """Read until the first non-blank byte: (everything read so far, the rest), or (None, ...) for a blank file."""
+    seen = b""
+    async for chunk in chunks:
+        seen += chunk
+        if seen.removeprefix(_BOM).strip():
+            return seen, chunks
+    return None, chunks
+
+
+async def _chain(first: bytes | None, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for chunk in rest:
+        yield chunk
+
+
+async def _hashed(chunks: AsyncIterator[bytes], digest: Any) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        digest.update(chunk)
+        yield chunk
+
+
+def _options_key(opts: RunOptions) -> str:
+    # A resumed run must have been started with the same options, or its output would differ.
+    return f"split={opts.error_file is not None},run_batch={opts.run_batch_errors}"
+
+
+async def _submit(runtime: Runtime, opts: RunOptions, chunks: AsyncIterator[bytes]) -> BatchRecord | None:
+    """Store the input and create its batch (validation starts in the background), or find the batch an
+    earlier run in `--data-dir` made of the same input with the same options, and continue that."""
+    digest = hashlib.sha256()
+    try:
+        source = await runtime.service.upload_file("", Path(opts.input).name or "input.jsonl", "batch",
+                                                   _hashed(chunks, digest))
+    except (TransferError, OSError) as exc:
+        say(str(exc))
+        return None
+    key = _options_key(opts)
+    if opts.data_dir is not None and (batch := await _previous(runtime, digest.hexdigest(), key)) is not None:
+        await runtime.service.delete_file(source.id, None)
+        done = batch.counts.completed + batch.counts.failed
+        say(f"resuming batch {batch.id} from {opts.data_dir}: {done} of {batch.counts.total} requests already "
+            "answered")
+        return batch
+    return await runtime.service.create_batch(
+        "", input_file_id=source.id, endpoint=None, completion_window=None,
+        metadata={"input_sha256": digest.hexdigest(), "run_options": key},
+        options=BatchOptions(strict=False, split_errors=opts.error_file is not None,
+                             run_batch_errors=opts.run_batch_errors),
+    )
+
+
+async def _previous(runtime: Runtime, input_sha256: str, key: str) -> BatchRecord | None:
+    after = None
+    while True:
+        page = await runtime.store.list_batches("", limit=100, after=after)
+        for batch in page.data:
+            meta = batch.metadata or {}
+            if (meta.get("input_sha256"), meta.get("run_options")) == (input_sha256, key) \
+                    and batch.status is not BatchStatus.FAILED:
+                return batch
+        if not page.has_more or not page.data:
+            return None
+        after = page.data[-1].id
+
+
+async def _engines_or_invalid(runtime: Runtime, batch_id: str, engines: asyncio.Task[None]) -> bool:
+    """Wait for the engines; False as soon as validation finds the file invalid (no need to wait then)."""
+    while not engines.done():
+        batch = await _get(runtime, batch_id)
+        if batch.status is BatchStatus.FAILED:
+            return False
+        await asyncio.wait({engines}, timeout=0.1)
+    return True
+
+
+async def _get(runtime: Runtime, batch_id: str) -> BatchRecord:
+    batch = await runtime.store.get_batch(batch_id)
+    assert batch is not None
+    return batch
 
 
 async def _start_workers(runtime: Runtime, data_dir: Path, batch_id: str, opts: RunOptions) -> WorkerPool | None:
     """Worker processes for the upstream routes, when the file has enough upstream requests to pay for them."""
     count = opts.workers if opts.workers is not None else (os.cpu_count() or 1) - 1
-    if count <= 0 or opts.config_path is None:
-        return None
     upstream = {r.model_name for r in runtime.config.routes.values() if r.kind is not RouteKind.LOCAL}
-    if not upstream:
+    if count <= 0 or opts.config_path is None or not upstream:
         return None
     batch = await runtime.service.wait_validated(batch_id)
     if batch.status is not BatchStatus.IN_PROGRESS:
@@ -175,6 +236,39 @@ async def _start_workers(runtime: Runtime, data_dir: Path, batch_id: str, opts: 
     return pool
 
 
+async def _empty_run(runtime: Runtime, opts: RunOptions, started: float) -> int:
+    """vLLM run_batch's answer to an empty file: an empty output (and error file), exit status 0."""
+    assert isinstance(runtime.blobs, LocalBlobs)
+    local = runtime.blobs.local_path("files/empty")
+    local.parent.mkdir(parents=True, exist_ok=True)
+    local.write_bytes(b"")
+    for dest in (opts.output, *([opts.error_file] if opts.error_file else [])):
+        try:
+            await _copy_out(local, dest)
+        except (TransferError, OSError) as exc:
+            say(str(exc))
+            return EXIT_DELIVERY
+    if opts.summary:
+        say(f"0 requests in {time.monotonic() - started:.1f}s: the input file is empty" + _see_log())
+    return EXIT_OK
+
+
+def offline_for_local_models(config: Config) -> None:
+    """No hub look-up when every local model (and tokenizer) is a directory: set HF_HUB_OFFLINE unless set."""
+    paths: list[Any] = []
+    for route in config.routes.values():
+        if route.kind is RouteKind.LOCAL:
+            args = route.engine_args
+            paths += [args.get("model"), *([args["tokenizer"]] if args.get("tokenizer") else [])]
+    if paths and all(isinstance(p, str | Path) and Path(str(p)).expanduser().is_dir() for p in paths):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _see_log() -> str:
+    where = log_path()
+    return f" (log: {where})" if where else ""
+
+
 async def _cancel(runtime: Runtime, batch_id: str) -> None:
     with contextlib.suppress(Exception):
         await runtime.service.cancel_batch(batch_id, "")
@@ -186,12 +280,12 @@ async def _watch(runtime: Runtime, batch_id: str, progress: bool) -> BatchRecord
     bar: Any = None
     try:
         while True:
-            batch = await runtime.store.get_batch(batch_id)
-            assert batch is not None
+            batch = await _get(runtime, batch_id)
             if progress and bar is None and batch.counts.total:
                 from tqdm import tqdm
 
-                bar = tqdm(total=batch.counts.total, unit="req", desc="batchyard", file=sys.stderr, disable=None)
+                bar = tqdm(total=batch.counts.total, unit="req", desc="batchyard", file=terminal(), disable=None,
+                           initial=batch.counts.completed + batch.counts.failed)
             if bar is not None:
                 bar.update(batch.counts.completed + batch.counts.failed - bar.n)
             if batch.status.finished:
@@ -200,15 +294,6 @@ async def _watch(runtime: Runtime, batch_id: str, progress: bool) -> BatchRecord
     finally:
         if bar is not None:
             bar.close()
-
-
-def _report_invalid(batch: BatchRecord) -> None:
-    _say(f"the input file is invalid; nothing was sent ({len(batch.errors)} problem(s) listed):")
-    for err in batch.errors[:_MAX_ERRORS_SHOWN]:
-        where = f"line {err['line']}" if err.get("line") is not None else "file"
-        print(f"  {where}: {err['code']}: {err['message']}", file=sys.stderr)
-    if len(batch.errors) > _MAX_ERRORS_SHOWN:
-        print(f"  … and {len(batch.errors) - _MAX_ERRORS_SHOWN} more", file=sys.stderr)
 
 
 async def _deliver(runtime: Runtime, batch: BatchRecord, opts: RunOptions) -> int:
@@ -226,53 +311,23 @@ async def _deliver(runtime: Runtime, batch: BatchRecord, opts: RunOptions) -> in
         else:
             local = blobs.local_path(f"files/{file_id}")
         try:
-            await deliver(local, dest, on_retry=_say)
+            await _copy_out(local, dest)
         except (TransferError, OSError) as exc:
             kept = Path.cwd() / f"batchyard-{batch.id}-{'errors' if dest == opts.error_file else 'output'}.jsonl"
             shutil.copyfile(local, kept)
-            _say(f"{exc}; the results are kept in {kept}")
+            say(f"{exc}; the results are kept in {kept}")
             code = EXIT_DELIVERY
     return code
 
 
-def _summarise(batch: BatchRecord, seconds: float, engine_seconds: float | None) -> None:
-    summary = batch.routes.get("summary") or {}
-    total = batch.counts.total
-    rate = total / seconds if seconds > 0 else 0.0
-    _say(
-        f"{total} requests in {seconds:.1f}s ({rate:.0f} req/s): "
-        f"{summary.get('succeeded', 0)} succeeded, {summary.get('failed', 0)} failed"
-    )
-    by_model: dict[str, dict[str, int]] = summary.get("by_model", {})
-    statuses = sorted({s for counts in by_model.values() for s in counts})
-    if by_model:
-        width = max(len(m) for m in by_model) + 2
-        widths = [max(10, len(s) + 2) for s in statuses]  # codes like upstream_unreachable are long
-        print("  " + "model".ljust(width) + "".join(s.rjust(w) for s, w in zip(statuses, widths, strict=True)),
-              file=sys.stderr)
-        for model, counts in sorted(by_model.items()):
-            cells = "".join(str(counts.get(s, "")).rjust(w) for s, w in zip(statuses, widths, strict=True))
-            print("  " + model.ljust(width) + cells, file=sys.stderr)
-    priced = {n: r for n, r in batch.routes.items() if n != "summary" and isinstance(r, dict) and "requests" in r}
-    if priced:
-        width = max(len(m) for m in priced) + 2
-        print("  " + "route".ljust(width) + "requests".rjust(10) + "tokens in".rjust(12) + "tokens out".rjust(12)
-              + "cost USD".rjust(12), file=sys.stderr)
-        for name, r in sorted(priced.items()):
-            cost = f"{r['cost_usd']:.6f}" if r.get("cost_usd") else "-"
-            print("  " + name.ljust(width) + str(r["requests"]).rjust(10) + str(r["input_tokens"]).rjust(12)
-                  + str(r["output_tokens"]).rjust(12) + cost.rjust(12), file=sys.stderr)
-    for name, route in sorted(batch.routes.items()):
-        if isinstance(route, dict) and route.get("upstream_batch_ids"):
-            native_cost = route.get("cost_usd")
-            print(f"  {name}: native, upstream batches {', '.join(route['upstream_batch_ids'])}"
-                  + (f", cost ${native_cost:.6f} at batch rates" if native_cost is not None else ""),
-                  file=sys.stderr)
-    if engine_seconds is not None:
-        print(f"  local engines ready in {engine_seconds:.1f}s", file=sys.stderr)
-    usage = summary.get("usage", {})
-    print(f"  tokens: input {usage.get('input_tokens', 0)}, output {usage.get('output_tokens', 0)}, "
-          f"total {usage.get('total_tokens', 0)}", file=sys.stderr)
+async def _copy_out(local: Path, dest: str) -> None:
+    if dest == "-":  # the user's stdout (descriptor 1 may be the log file in quiet mode)
+        out = stdout_bytes()
+        with local.open("rb") as f:
+            shutil.copyfileobj(f, out)
+        out.flush()
+        return
+    await deliver(local, dest, on_retry=say)
 
 
 __all__ = ["WORKER_MIN_REQUESTS", "RunOptions", "is_url", "run_batch_file"]

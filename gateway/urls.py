@@ -2,7 +2,8 @@
 
 Callers write the same endpoint many ways: OpenAI's `/v1/chat/completions`,
 Azure's `/chat/completions` and `/openai/deployments/{d}/chat/completions`,
-LiteLLM's `/openai/v1/...`, vLLM's `/v1/score`, Cohere-style `/v2/rerank`;
+LiteLLM's `/openai/v1/...`, vLLM's `/v1/score`, Cohere-style `/v2/rerank`,
+and the audio endpoints run_batch serves (`/v1/audio/transcriptions|translations`);
 moderations and image generations take the same prefixes.
 """
 
@@ -22,12 +23,15 @@ _TAILS: dict[str, Endpoint] = {
     "rerank": Endpoint.RERANK,
     "moderations": Endpoint.MODERATIONS,
     "images/generations": Endpoint.IMAGES,
+    "audio/transcriptions": Endpoint.TRANSCRIPTIONS,
+    "audio/translations": Endpoint.TRANSLATIONS,
 }
 
 # prefix groups: "", "v1/", "openai/", "openai/v1/", "openai/deployments/{d}/", and "v2/" for rerank
 _URL = re.compile(
     r"^/?(?:(?P<v>v1|v2)/|openai/(?:v1/)?|openai/deployments/(?P<deployment>[^/?#]+)/)?"
-    r"(?P<tail>chat/completions|completions|embeddings|responses|score|rerank|moderations|images/generations)/?$"
+    r"(?P<tail>chat/completions|completions|embeddings|responses|score|rerank|moderations|images/generations"
+    r"|audio/transcriptions|audio/translations)/?$"
 )
 
 

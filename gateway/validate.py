@@ -46,12 +46,17 @@ class LineProblem:
 
 class LineChecker:
     def __init__(
-        self, config: Config, *, endpoint: Endpoint | None, allowed_models: Collection[str] | None
+        self, config: Config, *, endpoint: Endpoint | None, allowed_models: Collection[str] | None,
+        allow_duplicates: bool = False,
     ) -> None:
         self._config = config
         self._endpoint = endpoint  # the batch's endpoint; None: any (the CLI)
         self._allowed = set(allowed_models) if allowed_models is not None else None
         self._seen: set[str] = set()
+        # run_batch answers a repeated custom_id line by line; OpenAI rejects the file. Either way we count them.
+        self._allow_duplicates = allow_duplicates
+        self.repeats = 0
+        self.first_repeat: tuple[str, int] | None = None  # (custom_id, line) of the first repeat, for the warning
 
     def check(self, raw: bytes, line: int) -> BatchRequest | LineError | LineProblem | None:
         """One physical line (without its newline); None for a blank line."""
@@ -87,9 +92,13 @@ class LineChecker:
         if not isinstance(body, dict):
             return LineError(LineCode.INVALID_REQUEST, "body must be a JSON object", line, "body")
         if custom_id in self._seen:
-            return LineError(
-                LineCode.DUPLICATE_CUSTOM_ID, f"custom_id {custom_id!r} appears more than once", line, "custom_id"
-            )
+            if not self._allow_duplicates:
+                return LineError(
+                    LineCode.DUPLICATE_CUSTOM_ID, f"custom_id {custom_id!r} appears more than once", line, "custom_id"
+                )
+            self.repeats += 1
+            if self.first_repeat is None:
+                self.first_repeat = (custom_id, line)
         self._seen.add(custom_id)
 
         model = body.get("model")

@@ -73,20 +73,25 @@ _BUILD_LOCK = threading.Lock()
 def build_engine(args: Namespace) -> AsyncLLM:
     """Create the v1 `AsyncLLM` (blocking: starts and waits for the engine-core process).
 
-    One engine is built at a time per process: vLLM's config set-up touches
-    process-wide state, and engines loading side by side would profile device
-    memory against each other.
+    vLLM's config set-up touches process-wide state, so configs are built one
+    at a time. The engine cores then load side by side when each runs in its
+    own process (vLLM's default); an in-process core
+    (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) loads its model under process-wide
+    "current config" state, so those builds stay one at a time.
     """
+    from vllm import envs
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.cli_args import propagate_flash_late_interaction
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    with _BUILD_LOCK:
-        engine_args = AsyncEngineArgs.from_cli_args(args)
-        propagate_flash_late_interaction(args, engine_args)
-        usage = UsageContext.OPENAI_BATCH_RUNNER
-        vllm_config = engine_args.create_engine_config(usage_context=usage)
+    usage = UsageContext.OPENAI_BATCH_RUNNER
+    in_process = not envs.VLLM_ENABLE_V1_MULTIPROCESSING
+    with _BUILD_LOCK if in_process else contextlib.nullcontext():
+        with _BUILD_LOCK if not in_process else contextlib.nullcontext():
+            engine_args = AsyncEngineArgs.from_cli_args(args)
+            propagate_flash_late_interaction(args, engine_args)
+            vllm_config = engine_args.create_engine_config(usage_context=usage)
         return AsyncLLM.from_vllm_config(
             vllm_config=vllm_config,
             usage_context=usage,
@@ -159,6 +164,7 @@ class ServingLayer:
             routes[Endpoint.SCORE] = _Route(TypeAdapter(ScoreRequest).validate_python, scores)
             routes[Endpoint.RERANK] = _Route(RerankRequest.model_validate, scores)
 
+        routes.update(_audio_routes(state, args))
         names = tuple(m.name for m in state.openai_serving_models.base_model_paths)
         return cls(args, state, routes, names, engine.vllm_config.scheduler_config.max_num_seqs)
 
@@ -168,7 +174,7 @@ class ServingLayer:
 
         route = self.routes.get(url)
         if route is None:
-            return error_reply(f"Model does not support endpoint: {url.value}")
+            return error_reply(_unsupported_message(url, self.served_model_names))
         if body.get("stream"):
             # run_batch answers a streaming request with a 400; we refuse it before it reaches the engine.
             return error_reply(STREAM_MESSAGE)
@@ -176,6 +182,8 @@ class ServingLayer:
             request = route.parse(body)
         except pydantic.ValidationError as exc:
             return await self._validation_reply(exc)
+        except Exception as exc:  # a validator that raises outside pydantic (e.g. vLLM's VLLMValidationError)
+            return error_reply(exc)
         try:
             response = await route.handler(request)
         except Exception as exc:  # run_batch: any exception becomes create_error_response(e)
@@ -191,6 +199,51 @@ class ServingLayer:
         fake_request = SimpleNamespace(app=SimpleNamespace(state=self.state), state=SimpleNamespace())
         response = await validation_exception_handler(fake_request, RequestValidationError(errors))  # type: ignore[arg-type]
         return response.status_code, json.loads(bytes(response.body))
+
+
+def _audio_routes(state: Any, args: Namespace) -> dict[Endpoint, _Route]:
+    """`/v1/audio/transcriptions` and `/v1/audio/translations`, as run_batch serves them.
+
+    The body carries `file_url` (http(s) or a `data:` URL) instead of an upload;
+    run_batch's own request models and wrapper fetch the audio (size-capped,
+    `--allowed-media-domains` honoured) and call vLLM's speech-to-text serving.
+    """
+    routes: dict[Endpoint, _Route] = {}
+    transcription = getattr(state, "openai_serving_transcription", None)
+    translation = getattr(state, "openai_serving_translation", None)
+    if transcription is None and translation is None:
+        return routes
+    from vllm.entrypoints.launchers.run_batch import (
+        BatchTranscriptionRequest,
+        BatchTranslationRequest,
+        make_transcription_wrapper,
+    )
+
+    domains = getattr(args, "allowed_media_domains", None)
+    if transcription is not None:
+        wrap = make_transcription_wrapper(is_translation=False, allowed_media_domains=domains)
+        routes[Endpoint.TRANSCRIPTIONS] = _Route(BatchTranscriptionRequest.model_validate,
+                                                 wrap(transcription.create_transcription))
+    if translation is not None:
+        wrap = make_transcription_wrapper(is_translation=True, allowed_media_domains=domains)
+        routes[Endpoint.TRANSLATIONS] = _Route(BatchTranslationRequest.model_validate,
+                                               wrap(translation.create_translation))
+    return routes
+
+
+# Endpoints no vLLM model serves: the line is answered with a 400 that says where to send it instead.
+_NEVER_LOCAL = {
+    Endpoint.MODERATIONS: "moderations",
+    Endpoint.IMAGES: "image generation",
+}
+
+
+def _unsupported_message(url: Endpoint, names: tuple[str, ...]) -> str:
+    model = names[0] if names else "this model"
+    if url in _NEVER_LOCAL:
+        return (f"{url.value} is not served by the local vLLM engine ({_NEVER_LOCAL[url]}); route model "
+                f"{model!r} to an upstream provider in the config to use it")
+    return f"Model does not support endpoint: {url.value}"  # run_batch's words (e.g. chat on an embedding model)
 
 
 async def _to_reply(response: Any) -> Reply:

@@ -241,6 +241,49 @@ def _build_reranker(out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
+def _build_whisper(out: Path) -> None:
+    """A 1+1-layer Whisper with random weights and a locally trained BPE tokenizer carrying Whisper's
+    special tokens (start of transcript, languages, tasks, no-timestamps), for the audio endpoints."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (
+        WhisperConfig,
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+        WhisperProcessor,
+        WhisperTokenizerFast,
+    )
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    special = ["<|endoftext|>", "<|startoftranscript|>", *(f"<|{code}|>" for code in LANGUAGES), "<|translate|>",
+               "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=len(special) + 400, special_tokens=special,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tokenizer = WhisperTokenizerFast(tokenizer_object=tok, unk_token="<|endoftext|>", bos_token="<|endoftext|>",
+                                     eos_token="<|endoftext|>", pad_token="<|endoftext|>", model_max_length=448)
+    eot, sot = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|startoftranscript|>"])
+    config = WhisperConfig(
+        vocab_size=len(tokenizer), num_mel_bins=80, d_model=64, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128,
+        max_source_positions=1500, max_target_positions=448, bos_token_id=eot, eos_token_id=eot, pad_token_id=eot,
+        decoder_start_token_id=sot, suppress_tokens=[], begin_suppress_tokens=[],
+    )
+    torch.manual_seed(SEED)
+    WhisperForConditionalGeneration(config).eval().save_pretrained(out)
+    WhisperProcessor(WhisperFeatureExtractor(feature_size=80), tokenizer).save_pretrained(out)
+
+
+def build_tiny_whisper(dest: Path | str) -> Path:
+    """Build (or reuse) the tiny Whisper under `dest` (not part of `build_tiny_models`: audio tests only)."""
+    path = Path(dest).expanduser().resolve() / "tiny-whisper"
+    _atomic_build(path, _build_whisper)
+    return path
+
+
 def build_tiny_models(dest: Path | str, *, reranker: bool = True) -> TinyModels:
     """Build (or reuse) the tiny models under `dest`; returns their paths."""
     root = Path(dest).expanduser().resolve()
