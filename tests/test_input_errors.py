@@ -89,7 +89,7 @@ def test_per_line_problems_are_answered_in_place(
 ) -> None:
     content = "\ufeff" + "\r\n".join([
         ok("unknown", "no-such-model"),
-        ok("bad-url", "known", url="/v1/images/generations"),
+        ok("bad-url", "known", url="/v1/images/edits"),  # not a batch endpoint
         "",
         ok("streaming", "known", stream=True),
         ok("v2-chat", "known", url="/v2/chat/completions"),
