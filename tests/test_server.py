@@ -446,7 +446,7 @@ def test_bad_requests_answer_openai_errors(gw: Gateway, beta: OpenAI) -> None:
         ({**good, "output_expires_after": {"anchor": "created_at", "seconds": 5}}, 400, "output_expires_after.seconds"),
         ({**good, "input_file_id": "file-nope"}, 404, None),
         ({**good, "completion_window": "1w"}, 400, None),
-        ({**good, "endpoint": "/v1/images/generations"}, 400, None),
+        ({**good, "endpoint": "/v1/no-such-endpoint"}, 400, None),
     ]
     for body, status, param in cases:
         error = _assert_error(gw.http("POST", "/v1/batches", BETA, json=body), status)

@@ -183,3 +183,30 @@ def test_server_accepts_moderation_and_image_batches(upstream: Upstream, tmp_pat
         wrong = gw.http("POST", "/v1/batches", json={"input_file_id": mod.input_file_id,
                                                      "endpoint": "/v1/images/variations", "completion_window": "24h"})
         assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "endpoint"
+
+
+@pytest.mark.asyncio
+async def test_aclose_closes_every_litellm_client(upstream: Upstream) -> None:
+    import litellm
+
+    from gateway.records import BatchRequest, Endpoint
+    from gateway.routes import Route, RouteKind
+    from providers.litellm_backend import LiteLLMBackend
+
+    entries = [{"model_name": "m", "litellm_params": {"model": "openai/gpt-4o-mini", "api_key": "sk-test",
+                                                      "api_base": upstream.v1_url}},
+               {"model_name": "v", "litellm_params": {"model": "hosted_vllm/llama", "api_base": upstream.v1_url}}]
+    routes = [Route(model_name=e["model_name"], kind=RouteKind.UPSTREAM, deployments=[e]) for e in entries]
+    backend = LiteLLMBackend(routes, {"num_retries": 0}, 8)
+    requests = [BatchRequest(line=i + 1, custom_id=f"c{i}", url=Endpoint.CHAT,
+                             body={"model": "mv"[i % 2], "messages": [{"role": "user", "content": f"hi {i}"}]})
+                for i in range(6)]
+    results = [r async for r in backend.execute(requests)]
+    assert sorted(r.status_code or 0 for r in results) == [200] * 6
+    clients = [getattr(c, "_client", None) or getattr(c, "client", None)
+               for c in litellm.in_memory_llm_clients_cache.cache_dict.values()]
+    open_clients = [c for c in clients if c is not None and hasattr(c, "is_closed") and not c.is_closed]
+    assert open_clients  # LiteLLM cached the clients it made for these calls
+    await backend.aclose()
+    assert all(c.is_closed for c in open_clients)
+    assert not litellm.in_memory_llm_clients_cache.cache_dict  # a later start makes fresh ones
