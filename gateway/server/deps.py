@@ -20,7 +20,6 @@ def runtime_of(request: Request) -> Runtime:
     return request.app.state.runtime
 
 
-pipeline_of = runtime_of  # the name the routes were written with
 
 
 def list_reply(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:

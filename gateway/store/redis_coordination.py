@@ -9,11 +9,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -23,6 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.store.keys import Keys
+from gateway.store.leases import hold
 
 LEASE_SECONDS = 30.0
 
@@ -57,26 +56,11 @@ class RedisCoordination:
     async def held(self, what: str) -> bool:
         return bool(await self._r.exists(self._k.lease(what)))
 
-    async def _keep(self, what: str) -> None:
-        while True:
-            await asyncio.sleep(self.ttl / 3)
-            with contextlib.suppress(RedisConnectionError, RedisTimeoutError):
-                await self._renew(keys=[self._k.lease(what)], args=[self.holder, int(self.ttl * 1000)])
+    async def renew(self, what: str) -> None:
+        await self._renew(keys=[self._k.lease(what)], args=[self.holder, int(self.ttl * 1000)])
 
-    @contextlib.asynccontextmanager
-    async def lease(self, what: str) -> AsyncIterator[bool]:
-        if not await self.acquire(what):
-            yield False
-            return
-        keeper = asyncio.create_task(self._keep(what), name=f"lease-{what}")
-        try:
-            yield True
-        finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
-            with contextlib.suppress(Exception):
-                await self.release(what)
+    def lease(self, what: str) -> contextlib.AbstractAsyncContextManager[bool]:
+        return hold(self, what)
 
     # -- heartbeats ----------------------------------------------------------------
 

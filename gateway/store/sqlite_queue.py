@@ -19,12 +19,13 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 from gateway.records import Shard
 from gateway.store.base import Delivery
+from gateway.store.leases import hold
 from gateway.store.sqlite import connect
 
 _SCHEMA = """
@@ -169,25 +170,12 @@ class SQLiteCoordination:
         row = self._db.execute("SELECT 1 FROM leases WHERE what = ? AND expires_at >= ?", (what, time.time()))
         return row.fetchone() is not None
 
-    async def _keep(self, what: str) -> None:
-        while True:
-            await asyncio.sleep(self.ttl / 3)
-            self._db.execute("UPDATE leases SET expires_at = ? WHERE what = ? AND holder = ?",
-                             (time.time() + self.ttl, what, self.holder))
+    async def renew(self, what: str) -> None:
+        self._db.execute("UPDATE leases SET expires_at = ? WHERE what = ? AND holder = ?",
+                         (time.time() + self.ttl, what, self.holder))
 
-    @contextlib.asynccontextmanager
-    async def lease(self, what: str) -> AsyncIterator[bool]:
-        if not await self.acquire(what):
-            yield False
-            return
-        keeper = asyncio.create_task(self._keep(what), name=f"lease-{what}")
-        try:
-            yield True
-        finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
-            await self.release(what)
+    def lease(self, what: str) -> contextlib.AbstractAsyncContextManager[bool]:
+        return hold(self, what)
 
     async def reset(self) -> None:
         """Forget every lease and heartbeat: the owner of the data directory is starting, so whoever
