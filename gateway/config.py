@@ -237,20 +237,49 @@ def _batch_settings(section: dict[str, Any], routes: dict[str, Route], path: str
     )
 
 
+_SECTIONS = ("model_list", "router_settings", "general_settings", "litellm_settings", "batch_settings")
+_GENERAL = ("master_key",)
+
+
+def _known(section: dict[str, Any], known: tuple[str, ...], path: str, key: str) -> None:
+    """A setting we would not apply is refused, never silently dropped."""
+    for name in section:
+        if name not in known:
+            where = f"{key}.{name}" if key else str(name)
+            raise ConfigError(path, where, f"is not supported by batchyard; supported: {', '.join(known)}")
+
+
+def _router_settings(section: dict[str, Any], path: str) -> dict[str, Any]:
+    """`router_settings` go to LiteLLM's `Router` as keyword arguments: each must be one it takes."""
+    if section:
+        import inspect
+
+        from litellm import Router  # only a config with router settings pays for the import
+
+        accepted = set(inspect.signature(Router.__init__).parameters) - {"self", "model_list"}
+        for name in section:
+            if name not in accepted:
+                raise ConfigError(path, f"router_settings.{name}", "is not a setting of LiteLLM's Router "
+                                  "(model_list is batchyard's to build)")
+    return section
+
+
 def parse_config(raw: Any, path: str = "<config>") -> Config:
     """Build a `Config` from parsed YAML; raises `ConfigError`."""
     if not isinstance(raw, dict):
         raise ConfigError(path, "(top level)", "must be a mapping with model_list")
+    _known(raw, _SECTIONS, path, "")
     raw = _resolve(raw, path, "")
     routes = _routes(raw.get("model_list"), path)
     general = _mapping(raw.get("general_settings"), path, "general_settings")
+    _known(general, _GENERAL, path, "general_settings")
     master_key = general.get("master_key")
     if master_key is not None and (not isinstance(master_key, str) or not master_key):
         raise ConfigError(path, "general_settings.master_key", "must be a non-empty string")
     return Config(
         path=path,
         routes=routes,
-        router_settings=_mapping(raw.get("router_settings"), path, "router_settings"),
+        router_settings=_router_settings(_mapping(raw.get("router_settings"), path, "router_settings"), path),
         litellm_settings=check_litellm_settings(_mapping(raw.get("litellm_settings"), path, "litellm_settings"), path),
         master_key=master_key,
         batch=_batch_settings(_mapping(raw.get("batch_settings"), path, "batch_settings"), routes, path),

@@ -9,13 +9,13 @@ one line per shard).
 from __future__ import annotations
 
 import heapq
-import json
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import metrics
+from gateway.json_codec import dumps, loads
 from gateway.records import BatchRequest, Result, Shard, Usage
 from gateway.store.base import Blobs, Store, read_lines
 
@@ -28,7 +28,7 @@ async def seal_shard(store: Store, blobs: Blobs, shard: Shard, missing: tuple[st
     """
     if await blobs.size(shard.results_key) is not None:
         return  # sealed already (or a shard of answered lines)
-    requests = [BatchRequest.from_json(json.loads(raw)) async for raw in read_lines(blobs, shard.requests_key) if raw]
+    requests = [BatchRequest.from_json(loads(raw)) async for raw in read_lines(blobs, shard.requests_key) if raw]
     done = {r.line: r for r in await store.journal(shard)}
     unrun = [r for r in requests if r.line not in done]
     if unrun:
@@ -42,7 +42,7 @@ async def seal_shard(store: Store, blobs: Blobs, shard: Shard, missing: tuple[st
     writer = blobs.writer(shard.results_key)
     try:
         for req in requests:
-            await writer.write(json.dumps(done[req.line].to_json()).encode() + b"\n")
+            await writer.write(dumps(done[req.line].to_json()) + b"\n")
     except BaseException:
         await writer.abort()
         raise
@@ -80,7 +80,7 @@ class Summary:
 async def _results(blobs: Blobs, shard: Shard) -> AsyncIterator[Result]:
     async for raw in read_lines(blobs, shard.results_key):
         if raw:
-            yield Result.from_json(json.loads(raw))
+            yield Result.from_json(loads(raw))
 
 
 async def merge_shards(
@@ -105,7 +105,7 @@ async def merge_shards(
         while heap:
             _, i, result = heapq.heappop(heap)
             summary.add(result)
-            data = json.dumps(result.output_line(run_batch_errors), separators=(",", ":")).encode() + b"\n"
+            data = dumps(result.output_line(run_batch_errors)) + b"\n"
             if err is not None and not result.ok:
                 await err.write(data)
                 n_err += 1

@@ -8,13 +8,13 @@ holds one open shard writer per route and the set of custom_ids, never lines.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from gateway.config import Config
 from gateway.errors import LINE_HTTP_STATUS, LineCode, LineError
+from gateway.json_codec import dumps
 from gateway.records import Endpoint, Result, Shard
 from gateway.store.base import Blobs, BlobWriter
 from gateway.validate import FATAL_CODES, LineChecker, LineProblem
@@ -98,7 +98,7 @@ class Planner:
                 else:
                     self.outcome.models.add(checked.model)
                     route = self._config.routes[checked.model].model_name
-                    await self._append(route, json.dumps(checked.to_json()).encode())
+                    await self._append(route, dumps(checked.to_json()))
             if self.outcome.total == 0 and not self.outcome.failed:
                 # Kept in run_batch mode too: `batchyard run --model` answers an empty file before planning.
                 self._fail(LineError(LineCode.EMPTY_FILE, "the file contains no requests"))
@@ -137,7 +137,7 @@ class Planner:
         )
         if self._answered is None:
             self._answered = self._new_shard("")
-        await self._answered.writer.write(json.dumps(result.to_json()).encode() + b"\n")
+        await self._answered.writer.write(dumps(result.to_json()) + b"\n")
         self._answered.shard.size += 1
 
     async def _close(self, *, commit: bool) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable, Collection, Coroutine
@@ -22,6 +21,7 @@ from gateway.backend import ShardAwareBackend
 from gateway.backends import BackendPool
 from gateway.config import Config
 from gateway.finalizer import LOST, Finalizer, StopReason, stop_reason
+from gateway.json_codec import loads
 from gateway.merge import seal_shard
 from gateway.records import BatchRequest, Result, Shard
 from gateway.store.base import Blobs, Delivery, Queue, Store, read_lines
@@ -126,7 +126,7 @@ class ShardRunner:
         reason = stop_reason(batch)
         if reason is None:
             requests = [
-                BatchRequest.from_json(json.loads(raw))
+                BatchRequest.from_json(loads(raw))
                 async for raw in read_lines(self.blobs, shard.requests_key)
                 if raw
             ]

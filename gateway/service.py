@@ -9,7 +9,6 @@ shards and put them on the queue. Refusals are domain errors
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from gateway import metrics
 from gateway.config import Config
 from gateway.errors import Conflict, InvalidRequest, TooLarge, not_found
+from gateway.json_codec import loads
 from gateway.plan import Planner
 from gateway.records import BatchStatus, Result, Shard, new_id
 from gateway.store.base import (
@@ -267,7 +267,7 @@ class BatchService:
         buf: list[Result] = []
         async for raw in read_lines(self.blobs, shard.results_key):
             if raw:
-                buf.append(Result.from_json(json.loads(raw)))
+                buf.append(Result.from_json(loads(raw)))
             if len(buf) >= 500:
                 await self.store.record_results(shard, buf)
                 metrics.observe_results(owner, shard.route, buf)

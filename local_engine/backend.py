@@ -16,6 +16,7 @@ import contextlib
 import gc
 import logging
 import os
+import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -198,9 +199,18 @@ async def _build_engine_off_loop(args: Any) -> AsyncLLM:
     """
     from local_engine.serving import build_engine, shutdown_engine
 
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-engine-start")
-    future = pool.submit(build_engine, args)
-    pool.shutdown(wait=False)
+    future: concurrent.futures.Future[AsyncLLM] = concurrent.futures.Future()
+
+    def build() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(build_engine(args))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    # A daemon thread, not an executor's: a run that fails on its input while the engine loads exits at
+    # once (the interpreter joins executor threads at exit, which would wait out the whole load).
+    threading.Thread(target=build, name="local-engine-start", daemon=True).start()
     try:
         return await asyncio.wrap_future(future)
     except asyncio.CancelledError:

@@ -42,4 +42,4 @@ ruff check gateway providers local_engine tests bench
 echo "test: mypy"
 mypy
 echo "test: pytest"
-python -m pytest -q "$@"
+python -m pytest -q --durations=15 "$@"

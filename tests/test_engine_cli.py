@@ -124,6 +124,7 @@ model_list:
   - model_name: tiny-llama
     litellm_params: {{model: "vllm/{models.llama}"}}
     engine_args: {{max_model_len: 256, dtype: float32, enforce_eager: true, max_num_seqs: 16}}
+    model_info: {{input_cost_per_token: 0.000001, output_cost_per_token: 0.000002}}
   - model_name: tiny-bert
     litellm_params: {{model: "vllm/{models.bert}"}}
     engine_args: {{max_model_len: 128, dtype: float32, enforce_eager: true}}
@@ -161,6 +162,14 @@ batch_settings: {{shard_size: 4}}
         elif first == "e":
             assert body["data"][0]["object"] == "embedding"
     assert "tiny-llama" in proc.stderr and "gpt-4o-mini" in proc.stderr  # the summary, by model
+    # the summary's route table: requests, tokens and cost per route; the local route priced by its model_info
+    table = proc.stderr[proc.stderr.index("  route "):].splitlines()[1:4]
+    rows = {cells[0]: cells[1:] for cells in (row.split() for row in table)}
+    local = [x["response"]["body"]["usage"] for x in got if x["custom_id"].startswith("l")]
+    tokens_in, tokens_out = sum(u["prompt_tokens"] for u in local), sum(u["completion_tokens"] for u in local)
+    assert rows["tiny-llama"][:3] == ["3", str(tokens_in), str(tokens_out)]
+    assert float(rows["tiny-llama"][3]) == pytest.approx(tokens_in * 1e-6 + tokens_out * 2e-6, abs=1e-6)
+    assert rows["tiny-bert"][0] == "3" and rows["tiny-bert"][3] == "-"  # no price given: not priced
 
 
 def test_bad_model_path_fails_cleanly(tmp_path: Path) -> None:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway.cli import main
+from gateway.config import parse_config
+from gateway.errors import ConfigError
 
 CONFIG = """
 model_list:
@@ -157,3 +160,16 @@ def test_help_explains_itself(capsys: pytest.CaptureFixture[str]) -> None:
     for flag in ("--input-file", "--output-file", "--config", "--error-file", "--model", "--served-model-name",
                  "exit status"):
         assert flag in text
+
+
+@pytest.mark.parametrize(("extra", "key"), [
+    ({"environment_variables": {"A": "b"}}, "environment_variables"),
+    ({"general_settings": {"master_key": "sk-m", "database_url": "postgres://x"}}, "general_settings.database_url"),
+    ({"router_settings": {"num_retries": 1, "no_such_router_setting": 1}}, "router_settings.no_such_router_setting"),
+])
+def test_settings_we_would_not_apply_are_refused(extra: dict[str, Any], key: str) -> None:
+    """Nothing accepted and then ignored: a section or setting batchyard does not apply names itself."""
+    raw = {"model_list": [{"model_name": "m", "litellm_params": {"model": "openai/m", "api_key": "k"}}], **extra}
+    with pytest.raises(ConfigError) as caught:
+        parse_config(raw, "team.yaml")
+    assert str(caught.value).startswith(f"team.yaml: {key}: ")

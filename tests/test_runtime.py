@@ -156,7 +156,8 @@ def test_a_shard_that_kills_every_worker_is_given_up(upstream: Upstream, tmp_pat
     """Lines 21-40 (shard 1) kill the worker that sends them: whenever one reaches the upstream, we SIGKILL
     the process holding shard 1. After 3 attempts the shard is given up: its lines get `shard_failed`
     errors, and the batch completes with the other shards' results."""
-    lines = _lines(20, "healthy") + _lines(20, "poisoned", sleep_ms=300) + _lines(20, "healthy2")
+    # The poisoned lines are slow to answer, so the kill always comes before any of them is recorded.
+    lines = _lines(20, "healthy") + _lines(20, "poisoned", sleep_ms=5000) + _lines(20, "healthy2")
     for i, line in enumerate(lines):
         line["custom_id"] = f"line-{i}"
     # One shard per worker at a time: a worker killed for shard 1 takes no healthy shard down with it

@@ -111,6 +111,11 @@ def test_lifecycle_mixed_models_and_url_forms(alpha: OpenAI) -> None:
     assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (6, 5, 1)
     assert batch.in_progress_at and batch.finalizing_at and batch.completed_at
     assert batch.usage is not None and batch.usage.input_tokens > 0 and batch.usage.output_tokens > 0
+    routes = (batch.model_extra or {})["routes"]  # our per-route breakdown, beside OpenAI's fields
+    assert {name: (r["requests"], r["completed"], r["failed"]) for name, r in routes.items()} == {
+        "gpt-mini": (3, 2, 1), "gpt-azure": (3, 3, 0)}
+    assert sum(r["input_tokens"] for r in routes.values()) == batch.usage.input_tokens
+    assert sum(r["output_tokens"] for r in routes.values()) == batch.usage.output_tokens
 
     output = read_jsonl(alpha, batch.output_file_id)
     assert _ids(output) == ["c1", "c2", "c3", "c5", "c6"]  # input order

@@ -42,10 +42,12 @@ async def list_batches(request: Request, caller: Caller, limit: int = 20, after:
 
 @router.get("/batches/{batch_id}")
 async def get_batch(request: Request, caller: Caller, batch_id: str) -> JSONResponse:
-    rec = await runtime_of(request).store.get_batch(check_id(batch_id, "batch", "batch_id"), caller.owner)
+    store = runtime_of(request).store
+    rec = await store.get_batch(check_id(batch_id, "batch", "batch_id"), caller.owner)
     if rec is None:
         raise not_found("batch", batch_id)
-    return JSONResponse(rec.to_openai())
+    live = None if rec.status.finished else await store.route_stats(rec.id)
+    return JSONResponse(rec.to_openai(live))
 
 
 @router.post("/batches/{batch_id}/cancel")

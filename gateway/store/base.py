@@ -119,7 +119,14 @@ class BatchRecord:
     # Per-route facts for summaries and native batches (token totals, upstream ids, cost).
     routes: dict[str, Any] = field(default_factory=dict)
 
-    def to_openai(self) -> dict[str, Any]:
+    def to_openai(self, live_routes: dict[str, RouteStats] | None = None) -> dict[str, Any]:
+        """OpenAI's batch object, plus batchyard's `routes`: per route (model name) `requests`, `completed`,
+        `failed`, tokens and `cost_usd` (and a native route's `upstream_batch_ids`). `live_routes`: the
+        store's running counts, for a batch not yet finalized."""
+        routes = {name: dict(facts) for name, facts in self.routes.items() if name != "summary"}
+        for name, stats in (live_routes or {}).items():
+            if name:
+                routes[name] = {**routes.get(name, {}), **stats.to_json()}
         return {
             "id": self.id,
             "object": "batch",
@@ -143,6 +150,7 @@ class BatchRecord:
             "metadata": self.metadata,
             "model": self.model,
             "usage": self.usage.to_openai(),
+            "routes": routes,
         }
 
     def to_json(self) -> dict[str, Any]:

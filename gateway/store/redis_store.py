@@ -30,6 +30,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 
+from gateway.json_codec import dumps, loads
 from gateway.records import BatchStatus, Result, RouteStats, Shard, Usage
 from gateway.store.base import BatchRecord, FileRecord, Page, RequestCounts
 from gateway.store.keys import Keys
@@ -306,7 +307,7 @@ class RedisStore:
         args: list[str | int | float] = [shard.index, shard.route]
         for r in results:
             u = r.usage
-            args += [r.line, json.dumps(r.to_json()), 1 if r.ok else 0,
+            args += [r.line, dumps(r.to_json()).decode(), 1 if r.ok else 0,
                      u.input_tokens, u.output_tokens, u.cached_tokens, u.reasoning_tokens, r.cost_usd or 0]
         keys = [self._k.journal(shard.batch_id, shard.index), self._k.batch(shard.batch_id),
                 self._k.sealed(shard.batch_id), self._k.route_stats(shard.batch_id)]
@@ -314,7 +315,7 @@ class RedisStore:
 
     async def journal(self, shard: Shard) -> list[Result]:
         raws = await self._r.hvals(self._k.journal(shard.batch_id, shard.index))
-        return [Result.from_json(json.loads(raw)) for raw in raws]
+        return [Result.from_json(loads(raw)) for raw in raws]
 
     async def recorded_lines(self, shard: Shard) -> set[int]:
         return {int(line) for line in await self._r.hkeys(self._k.journal(shard.batch_id, shard.index))}

@@ -17,6 +17,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+from gateway.json_codec import dumps, loads
 from gateway.records import BatchStatus, Result, RouteStats, Shard, Usage
 from gateway.store.base import BatchRecord, FileRecord, Page, RequestCounts
 
@@ -233,7 +234,7 @@ class SQLiteStore:
             for r in results:
                 cur = self._db.execute(
                     "INSERT OR IGNORE INTO journal (batch_id, shard, line, data) VALUES (?, ?, ?, ?)",
-                    (shard.batch_id, shard.index, r.line, json.dumps(r.to_json())),
+                    (shard.batch_id, shard.index, r.line, dumps(r.to_json()).decode()),
                 )
                 if cur.rowcount != 1:
                     continue  # already recorded: counted once only
@@ -271,7 +272,7 @@ class SQLiteStore:
         rows = self._db.execute(
             "SELECT data FROM journal WHERE batch_id = ? AND shard = ?", (shard.batch_id, shard.index)
         ).fetchall()
-        return [Result.from_json(json.loads(r[0])) for r in rows]
+        return [Result.from_json(loads(r[0])) for r in rows]
 
     async def recorded_lines(self, shard: Shard) -> set[int]:
         rows = self._db.execute(
