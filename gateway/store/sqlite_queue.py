@@ -6,7 +6,8 @@ heartbeats through the same file as the `SQLiteStore`, with no server.
 
 - `queue`: one row per shard carried. `get` claims the oldest row of the routes
   asked for that nobody holds, or that a worker holds whose heartbeat is gone,
-  in one `BEGIN IMMEDIATE` transaction, so two processes never take one row.
+  in one `BEGIN IMMEDIATE` transaction, so two processes never take one row
+  (an idle poll only reads: it takes the write lock when there is a row to take).
   `ack` deletes it. Nothing pushes: an idle `get` polls (every 20 ms at first,
   backing off to 200 ms), and a `put` in the same process wakes it at once.
 - `leases`: a row per lease with its holder and expiry, renewed while held.
@@ -78,13 +79,13 @@ class SQLiteQueue:
         if routes is not None:
             where = f" AND route IN ({','.join('?' * len(routes))})"
             args = list(routes)
+        sql = ("SELECT key, shard FROM queue WHERE (consumer IS NULL OR (consumer != ? AND consumer NOT IN "
+               f"(SELECT name FROM workers WHERE expires_at > ?))){where} ORDER BY seq LIMIT 1")
+        if self._db.execute(sql, (self.consumer, at, *args)).fetchone() is None:
+            return None  # nothing to take: an idle poll reads, and never holds the write lock
         self._db.execute("BEGIN IMMEDIATE")
         try:
-            row = self._db.execute(
-                "SELECT key, shard FROM queue WHERE (consumer IS NULL OR (consumer != ? AND consumer NOT IN "
-                f"(SELECT name FROM workers WHERE expires_at > ?))){where} ORDER BY seq LIMIT 1",
-                (self.consumer, at, *args),
-            ).fetchone()
+            row = self._db.execute(sql, (self.consumer, at, *args)).fetchone()  # again, under the lock
             if row is not None:
                 self._db.execute("UPDATE queue SET consumer = ?, claimed_at = ? WHERE key = ?",
                                  (self.consumer, at, row[0]))
