@@ -123,7 +123,8 @@ class BatchRecord:
         """OpenAI's batch object, plus batchyard's `routes`: per route (model name) `requests`, `completed`,
         `failed`, tokens and `cost_usd` (and a native route's `upstream_batch_ids`). `live_routes`: the
         store's running counts, for a batch not yet finalized."""
-        routes = {name: dict(facts) for name, facts in self.routes.items() if name != "summary"}
+        routes = {name: dict(facts) for name, facts in self.routes.items()
+                  if name != "summary" and isinstance(facts, dict)}
         for name, stats in (live_routes or {}).items():
             if name:
                 routes[name] = {**routes.get(name, {}), **stats.to_json()}
