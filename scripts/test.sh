@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command: venv with the CPU engine, a redis-server binary, the tiny models,
-# then ruff, mypy and pytest. Arguments go to pytest, e.g. `bash scripts/test.sh -k batches -x`.
+# then ruff, mypy and pytest: on 2 workers, each test file on one of them (pytest-xdist, --dist loadfile: a
+# file's module fixtures and servers stay in one process). Arguments go to pytest, e.g.
+# `bash scripts/test.sh -k batches -x`.
 # Exits non-zero on the first failing step.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,4 +44,4 @@ ruff check gateway providers local_engine tests bench
 echo "test: mypy"
 mypy
 echo "test: pytest"
-python -m pytest -q --durations=15 "$@"
+python -m pytest -q -n 2 --dist loadfile --durations=15 "$@"
