@@ -96,6 +96,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=None,
+                        help="batchyard run --workers for the throughput runs (default: the product's)")
     args = parser.parse_args()
 
     with start_upstream() as upstream, tempfile.TemporaryDirectory() as tmp_name:
@@ -113,17 +115,17 @@ def main() -> None:
         peer = tmp / "peer.py"
         peer.write_text(_PEER)
 
-        def ours(src: Path) -> list[str]:
+        def ours(src: Path, workers: int | None = args.workers) -> list[str]:
+            extra = ["--workers", str(workers)] if workers is not None else []
             return [sys.executable, "-m", "gateway.cli", "run", "-i", str(src), "-o", str(tmp / "out.jsonl"),
-                    "--config", str(config), "-q"]
+                    "--config", str(config), "-q", *extra]
 
         theirs = [sys.executable, str(peer), str(big), str(tmp / "peer.jsonl"), upstream.v1_url,
                   str(args.concurrency)]
-        walls_ours, walls_peer, rss_big, cpu_ours, cpu_peer = [], [], [], [], []
+        walls_ours, walls_peer, cpu_ours, cpu_peer = [], [], [], []
         for i in range(args.repeat):
-            w, rss, cpu = _measure(ours(big))
+            w, _, cpu = _measure(ours(big))
             walls_ours.append(w)
-            rss_big.append(rss)
             cpu_ours.append(cpu)
             w, _, cpu = _measure(theirs)
             walls_peer.append(w)
@@ -132,7 +134,9 @@ def main() -> None:
                   f"{1000 * cpu_ours[-1] / args.requests:5.2f} CPU s/1k, "
                   f"AsyncOpenAI {args.requests / walls_peer[-1]:7.0f} req/s "
                   f"{1000 * cpu_peer[-1] / args.requests:5.2f} CPU s/1k", flush=True)
-        rss_small = [_measure(ours(small))[1] for _ in range(args.repeat)]
+        # Memory at the same process count (one): a worker process's RSS is not growth.
+        rss_small = [_measure(ours(small, 0))[1]]
+        rss_big = [_measure(ours(big, 0))[1]]
 
     ours_rate = args.requests / statistics.median(walls_ours)
     peer_rate = args.requests / statistics.median(walls_peer)
@@ -147,7 +151,7 @@ def main() -> None:
     print(f"  CPU s per 1k requests      {cpu_ours_k:8.2f}   batchyard (whole process tree, start-up included)")
     print(f"                             {cpu_peer_k:8.2f}   plain openai.AsyncOpenAI")
     print(f"  CPU ratio batchyard/openai {cpu_ours_k / cpu_peer_k:8.2f}")
-    print(f"  batchyard peak RSS  1k lines {statistics.median(rss_small) / mib:8.0f} MiB")
+    print(f"  batchyard peak RSS  1k lines {statistics.median(rss_small) / mib:8.0f} MiB   (--workers 0, one process)")
     print(f"  batchyard peak RSS {args.requests // 1000}k lines {statistics.median(rss_big) / mib:8.0f} MiB")
     ratio = statistics.median(rss_big) / statistics.median(rss_small)
     print(f"  RSS ratio {args.requests // 1000}k/1k          {ratio:8.2f}   (aim <= 1.25)")

@@ -249,18 +249,31 @@ def _known(section: dict[str, Any], known: tuple[str, ...], path: str, key: str)
             raise ConfigError(path, where, f"is not supported by batchyard; supported: {', '.join(known)}")
 
 
+# The keyword arguments of LiteLLM's `Router` (litellm==1.106.2, the pinned release; `model_list` is ours to
+# build). Written out so loading a config needn't import LiteLLM (seconds, and ~100 MB in the API process);
+# tests/test_input_errors.py checks it against the installed Router's signature.
+ROUTER_SETTINGS = frozenset({
+    "alerting_config", "allowed_fails", "allowed_fails_policy", "assistants_config", "auto_router_capability_limit",
+    "background_health_check_model_groups", "cache_kwargs", "cache_responses", "caching_groups", "client_ttl",
+    "content_policy_fallbacks", "context_window_fallbacks", "cooldown_time", "debug_level", "default_fallbacks",
+    "default_litellm_params", "default_max_parallel_requests", "default_priority", "deployment_affinity_ttl_seconds",
+    "disable_cooldowns", "enable_health_check_routing", "enable_pre_call_checks", "enable_tag_filtering",
+    "enable_weighted_failover", "fallback_access_check", "fallback_budget_check", "fallbacks", "guardrail_list",
+    "health_check_ignore_transient_errors", "health_check_staleness_threshold", "ignore_invalid_deployments",
+    "max_fallbacks", "model_group_affinity_config", "model_group_alias", "model_group_retry_policy", "num_retries",
+    "optional_pre_call_checks", "plugins", "polling_interval", "provider_budget_config", "redis_db", "redis_host",
+    "redis_password", "redis_port", "redis_url", "retry_after", "retry_policy", "router_general_settings",
+    "routing_groups", "routing_strategy", "routing_strategy_args", "search_tools", "set_verbose", "stream_timeout",
+    "tag_filtering_match_any", "tag_routing_prefix", "timeout",
+})
+
+
 def _router_settings(section: dict[str, Any], path: str) -> dict[str, Any]:
     """`router_settings` go to LiteLLM's `Router` as keyword arguments: each must be one it takes."""
-    if section:
-        import inspect
-
-        from litellm import Router  # only a config with router settings pays for the import
-
-        accepted = set(inspect.signature(Router.__init__).parameters) - {"self", "model_list"}
-        for name in section:
-            if name not in accepted:
-                raise ConfigError(path, f"router_settings.{name}", "is not a setting of LiteLLM's Router "
-                                  "(model_list is batchyard's to build)")
+    for name in section:
+        if name not in ROUTER_SETTINGS:
+            raise ConfigError(path, f"router_settings.{name}", "is not a setting of LiteLLM's Router "
+                              "(model_list is batchyard's to build)")
     return section
 
 

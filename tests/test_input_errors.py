@@ -173,3 +173,14 @@ def test_settings_we_would_not_apply_are_refused(extra: dict[str, Any], key: str
     with pytest.raises(ConfigError) as caught:
         parse_config(raw, "team.yaml")
     assert str(caught.value).startswith(f"team.yaml: {key}: ")
+
+
+def test_router_settings_known_are_the_routers_own() -> None:
+    """The written-out list of Router settings is exactly the pinned LiteLLM Router's keyword arguments."""
+    import inspect
+
+    from litellm import Router
+
+    from gateway.config import ROUTER_SETTINGS
+
+    assert set(inspect.signature(Router.__init__).parameters) - {"self", "model_list"} == ROUTER_SETTINGS
