@@ -62,9 +62,10 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="keep the run's state here instead of a temporary directory; the same "
                    "command run again after a kill or Ctrl-C continues where it stopped (finished requests are "
                    "not sent again)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="extra worker processes for upstream requests (default: one per extra core, used when the "
-                   "file has at least 2000 upstream requests; 0: none)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="extra worker processes for the upstream routes, started when the file has at least 2000 "
+                   "upstream requests (default 0). LiteLLM's per-call work is CPU-bound: they pay on a machine "
+                   "with cores to spare, not when the cores are busy already")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,

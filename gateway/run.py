@@ -3,9 +3,10 @@
 With `--data-dir D` the state lives in D instead, and the run can be resumed:
 the same command after a kill or Ctrl-C finds the batch of the same input and
 options in D and continues it (finished requests are not sent again; each
-custom_id is answered once). A file with many upstream requests also gets
-worker processes over the same directory (one per extra core): the upstream
-path is CPU-bound in LiteLLM, one core each.
+custom_id is answered once). `--workers N` adds N worker processes over the
+same directory for the upstream routes: LiteLLM's per-call work is CPU-bound,
+one core each, so they pay where cores are free (not beside a loopback
+upstream on two cores, where they cost more than they bring).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from gateway.worker_pool import WorkerPool
 
 EXIT_OK, EXIT_INPUT, EXIT_DELIVERY = 0, 1, 3
 _BOM = b"\xef\xbb\xbf"
-# Upstream requests a file needs before worker processes pay for their start (a second or two each,
-# mostly importing LiteLLM): at ~200 req/s on one core, 2,000 requests are ten seconds of work.
+# Upstream requests a file needs before worker processes pay for their start (a second or two of CPU each,
+# mostly importing LiteLLM): at ~150 req/s on one core, 2,000 requests are some fifteen seconds of work.
 WORKER_MIN_REQUESTS = 2_000
 
 
@@ -52,7 +53,7 @@ class RunOptions:
     summary: bool = True
     run_batch_errors: bool = False
     config_path: str | None = None  # what worker processes load; None: no worker processes
-    workers: int | None = None  # extra worker processes for upstream routes (None: one per extra core)
+    workers: int = 0  # extra worker processes for upstream routes
     verbose: bool = False
 
 
@@ -219,7 +220,7 @@ async def _get(runtime: Runtime, batch_id: str) -> BatchRecord:
 
 async def _start_workers(runtime: Runtime, data_dir: Path, batch_id: str, opts: RunOptions) -> WorkerPool | None:
     """Worker processes for the upstream routes, when the file has enough upstream requests to pay for them."""
-    count = opts.workers if opts.workers is not None else (os.cpu_count() or 1) - 1
+    count = opts.workers
     upstream = {r.model_name for r in runtime.config.routes.values() if r.kind is not RouteKind.LOCAL}
     if count <= 0 or opts.config_path is None or not upstream:
         return None
