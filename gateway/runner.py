@@ -39,16 +39,26 @@ _FLUSH_SECONDS = 0.25
 _POLL_SECONDS = 0.5  # how often a running shard looks for cancel and expiry
 
 
-def price(config: Config, route: str, result: Result) -> None:
-    """Give a result the config's per-token price when its backend did not price it (local routes)."""
-    if result.cost_usd is not None or not result.ok or route not in config.routes:
-        return
+Prices = tuple[float, float]  # USD per input token, per output token
+
+
+def route_prices(config: Config, route: str) -> Prices | None:
+    """The route's per-token prices from its `model_info`, if the config gives any."""
+    if route not in config.routes:
+        return None
     info = config.routes[route].model_info
     inp, out = info.get("input_cost_per_token"), info.get("output_cost_per_token")
     if inp is None and out is None:
+        return None
+    return float(inp or 0), float(out or 0)
+
+
+def price(prices: Prices | None, result: Result) -> None:
+    """Give a result the route's prices when its backend did not price it (local routes)."""
+    if prices is None or result.cost_usd is not None or not result.ok:
         return
     usage = result.usage
-    result.cost_usd = usage.input_tokens * float(inp or 0) + usage.output_tokens * float(out or 0)
+    result.cost_usd = usage.input_tokens * prices[0] + usage.output_tokens * prices[1]
 
 
 class ShardRunner:
@@ -156,9 +166,11 @@ class ShardRunner:
         else:
             results = backend.execute(todo)
 
+        prices = route_prices(self.config, shard.route)  # once per shard: results come by the thousand
+
         async def consume() -> None:
             async for result in results:
-                price(self.config, shard.route, result)
+                price(prices, result)
                 buffer.append(result)
                 if len(buffer) >= _FLUSH_EVERY or time.monotonic() - flushed_at > _FLUSH_SECONDS:
                     await flush()
@@ -183,4 +195,4 @@ class ShardRunner:
             await flush()
 
 
-__all__ = ["GIVEN_UP", "MAX_ATTEMPTS", "ShardRunner", "price"]
+__all__ = ["GIVEN_UP", "MAX_ATTEMPTS", "ShardRunner", "price", "route_prices"]

@@ -194,21 +194,18 @@ class BatchService:
 
     async def wait(self, batch_id: str, poll: float = 0.2) -> BatchRecord:
         """Until the batch is finished (the CLI's loop; servers don't block on a batch)."""
-        while True:
-            batch = await self.store.get_batch(batch_id)
-            if batch is None:
-                raise not_found("batch", batch_id)
-            if batch.status.finished:
-                return batch
-            await asyncio.sleep(poll)
+        return await self._wait_for(batch_id, lambda b: b.status.finished, poll)
 
     async def wait_validated(self, batch_id: str, poll: float = 0.05) -> BatchRecord:
         """Until the batch has left `validating`."""
+        return await self._wait_for(batch_id, lambda b: b.status is not BatchStatus.VALIDATING, poll)
+
+    async def _wait_for(self, batch_id: str, reached: Callable[[BatchRecord], bool], poll: float) -> BatchRecord:
         while True:
             batch = await self.store.get_batch(batch_id)
             if batch is None:
                 raise not_found("batch", batch_id)
-            if batch.status is not BatchStatus.VALIDATING:
+            if reached(batch):
                 return batch
             await asyncio.sleep(poll)
 
