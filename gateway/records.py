@@ -250,6 +250,10 @@ class Shard:
     index: int
     route: str  # the model_name of the route, or "" for the shard of plan-time errors
     size: int
+    # Set when the shard is queued (the store's shard table keeps neither): whose it is and when its batch
+    # expires, for the queue's fair pick (`gateway.fairness`).
+    team: str = ""
+    deadline: int = 0
 
     @property
     def key(self) -> str:
@@ -265,8 +269,10 @@ class Shard:
         return f"batches/{self.batch_id}/shards/{self.index:06d}.results.jsonl"
 
     def to_json(self) -> dict[str, Any]:
-        return {"batch_id": self.batch_id, "index": self.index, "route": self.route, "size": self.size}
+        return {"batch_id": self.batch_id, "index": self.index, "route": self.route, "size": self.size,
+                "team": self.team, "deadline": self.deadline}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Shard:
-        return cls(batch_id=data["batch_id"], index=data["index"], route=data["route"], size=data["size"])
+        return cls(batch_id=data["batch_id"], index=data["index"], route=data["route"], size=data["size"],
+                   team=data.get("team", ""), deadline=data.get("deadline", 0))

@@ -36,6 +36,11 @@ S3_ENDPOINT_ENV = "BATCHYARD_S3_ENDPOINT_URL"
 DB_NAME = "batchyard.sqlite3"
 
 
+def weights_of(config: Config) -> dict[str, float]:
+    """team -> weight, for the queue's fair pick."""
+    return {team.team_id: team.weight for team in config.batch.teams}
+
+
 def worker_name() -> str:
     """This process's name as a worker: unique on the machine and across machines."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -129,7 +134,8 @@ async def open_embedded(
     coordination = SQLiteCoordination(db, holder=name)
     if owner:
         await coordination.reset()
-    return Runtime(config, store, LocalBlobs(data_dir / "blobs"), SQLiteQueue(db, consumer=name), coordination,
+    queue = SQLiteQueue(db, consumer=name, weights=weights_of(config))
+    return Runtime(config, store, LocalBlobs(data_dir / "blobs"), queue, coordination,
                    mode="embedded", name=name, routes=routes, heartbeat=1.0, sweep_every=1.0,
                    sweeping=owner if sweeping is None else sweeping, recover_at_start=owner)
 
@@ -164,7 +170,7 @@ async def open_shared(
     keys = Keys(prefix) if prefix else Keys()
     name = name or worker_name()
     every = sorted({route.model_name for route in config.routes.values()})
-    queue = RedisStreamQueue(client, every, keys=keys, consumer=name, claim_idle=idle)
+    queue = RedisStreamQueue(client, every, keys=keys, consumer=name, claim_idle=idle, weights=weights_of(config))
     store = RedisStore(client, keys, owns_client=True)
     # A worker's heartbeat lives as long as its shards may stay idle: a shard is taken over only
     # when both have run out.

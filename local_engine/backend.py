@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from gateway.backends.interface import run_bounded
+from gateway.fairness import FairSlots
 from gateway.records import BatchRequest, Endpoint, Result
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class LocalEngineBackend:
         self.max_in_flight = max_in_flight or 0
         self._engine: AsyncLLM | None = None
         self._serving: ServingLayer | None = None
-        self._slots: asyncio.Semaphore | None = None
+        self._slots: FairSlots | None = None
         self._start_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -104,7 +105,7 @@ class LocalEngineBackend:
             # vLLM keeps some import-time tracebacks that pin this frame: drop the engine from it so aclose() frees it.
             del engine, layer
             self.max_in_flight = self._max_in_flight_arg or max(1, 2 * self._serving.max_num_seqs)
-            self._slots = asyncio.Semaphore(self.max_in_flight)
+            self._slots = FairSlots(self.max_in_flight)  # the engine's window, divided between teams
             log.info(
                 "local engine ready: model=%s served=%s endpoints=%s max_in_flight=%d",
                 args.model,

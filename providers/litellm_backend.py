@@ -19,6 +19,7 @@ from typing import Any
 
 from gateway.backends.interface import run_bounded
 from gateway.config.routes import Route
+from gateway.fairness import FairSlots
 from gateway.records import BatchRequest, Endpoint, Result
 from providers import litellm_setup
 from providers.upstream_cost import Prices
@@ -85,7 +86,7 @@ class LiteLLMBackend:
         ]
         self._litellm_settings = dict(litellm_settings or {})
         self._settings = router_kwargs(router_settings, self._litellm_settings)
-        self._limit = asyncio.Semaphore(max_concurrency)
+        self._limit = FairSlots(max_concurrency)  # shared by every shard, divided between teams
         self._router: Any = None
         self._prices = Prices(())
 

@@ -344,7 +344,7 @@ async def test_queue_routes_refresh_reclaim_and_hand_back(cluster: Cluster) -> N
 
         # a consumer that never refreshes keeps its shard while its heartbeat key lives…
         await a.put(Shard("batch_q", 2, "gpu", 1))
-        stream = keys.stream("gpu")
+        stream = keys.stream("gpu", "", "batch_q")  # one stream per (route, team, batch)
         await client.set(keys.worker("dead"), "{}")
         await client.xreadgroup(GROUP, "dead", {stream: ">"}, count=1)
         deadline = time.monotonic() + 1.6
@@ -372,11 +372,19 @@ async def test_queue_routes_refresh_reclaim_and_hand_back(cluster: Cluster) -> N
         assert not await b60.put_missing(Shard("batch_q", 3, "gpu", 1))
         await b60.ack(back)
         assert await b60.put_missing(Shard("batch_q", 3, "gpu", 1))
+        assert await b60.get(None, timeout=0.2) is not None  # b60 reads it, holds it, and stops (not alive)
         await b60.aclose()
         # consumers that hold nothing and are not alive are forgotten (one per worker start would pile up)
         await b.forget_dead_consumers({"a", "b"}.__contains__, idle=0)
         names = {c["name"] for c in await client.xinfo_consumers(stream, GROUP)}
-        assert "dead" not in names and "c" not in names and {"a", "b"} <= names
+        assert "c" not in names and "b60" not in names and "handed-back" in names
+        # a batch's stream goes once it carries nothing: its consumers with it
+        again, started = None, time.monotonic()
+        while again is None and time.monotonic() - started < 3:
+            again = await b.get({"gpu"}, timeout=0.2)  # taken back at b's next reclaim
+        assert again is not None and again.shard.index == 3
+        await b.ack(again)
+        assert not await client.exists(stream) and await a.queued() == {} and await a.counts() == ({}, {})
     finally:
         await a.aclose()
         await b.aclose()
@@ -434,8 +442,10 @@ async def _pid_with_shards(api: Runtime, redis_url: str, pids: set[int]) -> int:
     """One of `pids` (live worker processes) that holds shards right now."""
     client = connect_redis(redis_url)
     while True:
-        pending = await client.xpending(Keys().stream(MODEL), GROUP)
-        busy = {c["name"] for c in pending["consumers"] if int(c["pending"]) > 0}
+        busy = set()
+        for stream in await client.smembers(Keys().streams(MODEL)):
+            pending = await client.xpending(stream, GROUP)
+            busy |= {c["name"] for c in pending["consumers"] if int(c["pending"]) > 0}
         for w in await api.coordination.live_workers():
             if w["name"] in busy and int(w["pid"]) in pids:
                 return int(w["pid"])
@@ -464,7 +474,8 @@ async def test_sweeper_enqueues_shards_lost_from_the_queue(cluster: Cluster, ups
         while await api.coordination.held(f"validate:{batch_id}"):
             await asyncio.sleep(0.05)
         # Redis lost the queue (or the replica died while enqueueing): no entry carries the shards
-        await connect_redis(url).delete(Keys().stream(MODEL), Keys().queued)
+        lost = connect_redis(url)
+        await lost.delete(*await lost.smembers(Keys().streams(MODEL)), Keys().queued)
         await worker.start()
         await api.coordinator.sweep()
         batch = await _wait(api, batch_id, timeout=60)

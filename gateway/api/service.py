@@ -18,7 +18,7 @@ from gateway.config.schema import Config
 from gateway.config.urls import normalise_endpoint
 from gateway.errors import Conflict, InvalidRequest, TooLarge, not_found
 from gateway.json_codec import loads
-from gateway.pipeline.lifecycle import NO_EXPIRY, expiry
+from gateway.pipeline.lifecycle import NO_EXPIRY, expiry, for_queue
 from gateway.pipeline.plan import Planner
 from gateway.records import BatchStatus, Result, Shard, new_id
 from gateway.store.base import (
@@ -241,7 +241,7 @@ class BatchService:
         if outcome.answered is not None and await self.store.finish_shard(outcome.answered) == 0:
             await self._finalize(batch_id)  # every line was answered in place: nothing to run
         for shard in outcome.shards:
-            await self.queue.put(shard)
+            await self.queue.put(for_queue(shard, batch))
 
     async def _count_answered(self, shard: Shard, owner: str) -> None:
         # Lines answered in place count as failed requests, like any other.

@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from gateway.fairness import FairSlots, current_share
 from gateway.metrics import observe_latency, track_in_flight
 from gateway.records import BatchRequest, Endpoint, Result, Shard
 
@@ -71,17 +72,20 @@ class Backends(Protocol):
 async def run_bounded(
     requests: Sequence[BatchRequest],
     call: Callable[[BatchRequest], Coroutine[Any, Any, Result]],
-    slots: asyncio.Semaphore,
+    slots: FairSlots,
     tracked: set[asyncio.Task[Any]] | None = None,
 ) -> AsyncGenerator[Result, None]:
     """`call` on every request, at most `slots` at once, yielding results as they finish.
 
     `slots` is the backend's, shared by every shard in flight: one bound per
-    backend. Closing the iterator early (or cancelling its consumer) cancels
-    the calls still running. `call` turns a request's failure into its
-    `Result`; a call that raises or is cancelled from outside (the backend
-    closing: its tasks are in `tracked`) ends the iteration with an error.
+    backend, whose free slots go to the teams by fair share (`gateway.fairness`):
+    the requests are the share's the caller runs for (`running_for`). Closing
+    the iterator early (or cancelling its consumer) cancels the calls still
+    running. `call` turns a request's failure into its `Result`; a call that
+    raises or is cancelled from outside (the backend closing: its tasks are in
+    `tracked`) ends the iteration with an error.
     """
+    share = current_share()
     done: asyncio.Queue[Result | BaseException] = asyncio.Queue()
     mine: set[asyncio.Task[Any]] = set()
 
@@ -96,7 +100,7 @@ async def run_bounded(
             tracked.discard(task)
 
     def finished(task: asyncio.Task[Result]) -> None:
-        slots.release()  # in a callback: it runs even for a task cancelled before it started
+        slots.release(share)  # in a callback: it runs even for a task cancelled before it started
         forget(task)
         if task.cancelled():
             done.put_nowait(RuntimeError("the backend was closed while executing"))
@@ -120,7 +124,7 @@ async def run_bounded(
 
     async def feed() -> None:
         for req in requests:
-            await slots.acquire()
+            await slots.acquire(share)
             task = asyncio.create_task(measured(req))
             track(task)
             task.add_done_callback(finished)

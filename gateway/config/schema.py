@@ -27,6 +27,7 @@ class Team:
     team_id: str
     api_keys: list[str]
     models: list[str] | None  # None: every model
+    weight: float = 1.0  # the team's share of a route it competes for, against the others' weights
 
 
 @dataclass(slots=True)
@@ -182,7 +183,10 @@ def _teams(section: dict[str, Any], routes: dict[str, Route], path: str) -> list
             for m in models:
                 if m not in routes:
                     raise ConfigError(path, f"{key}.models", f"{m!r} is not a model_name in model_list")
-        teams.append(Team(team_id=t["team_id"], api_keys=list(keys), models=models))
+        weight = t.get("weight", 1.0)
+        if not isinstance(weight, int | float) or isinstance(weight, bool) or weight <= 0:
+            raise ConfigError(path, f"{key}.weight", f"must be a positive number, got {weight!r}")
+        teams.append(Team(team_id=t["team_id"], api_keys=list(keys), models=models, weight=float(weight)))
     return teams
 
 

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Collection, Coroutine
 from typing import Any, Protocol
 
 from gateway.pipeline.finalizer import Finalizer
+from gateway.pipeline.lifecycle import for_queue
 from gateway.records import BatchStatus
 from gateway.store.base import BatchRecord, Coordination, Queue, Store, now
 
@@ -130,7 +131,7 @@ class Coordinator:
                 continue
             if not shard.route:  # the shard of lines answered at validation: sealed already
                 await self.finalizer.finish_shard(shard)
-            elif await self.queue.put_missing(shard):
+            elif await self.queue.put_missing(for_queue(shard, batch)):
                 log.warning("shard %s was in no queue; enqueued it again", shard.key)
 
     # -- health ------------------------------------------------------------------------

@@ -1,6 +1,12 @@
 """The shard runner: claims shards from the `Queue`, runs them on a `Backend`,
 journals their results in the `Store`, and hands finished shards to the finalizer.
 
+Fair share (`gateway.fairness`): a process runs at most `max_shards_in_flight`
+shards, except that a team with no shard here may always take one more (a
+newcomer never waits for another team's long shards to end); the queue picks
+which shard by fair share; and the requests of every shard here go through
+the backend's `FairSlots` as their team's.
+
 A shard's attempts are counted in the store, by whichever process claims it,
 so a shard that kills every worker it reaches (or fails in every one) is given
 up after `MAX_ATTEMPTS`: its unfinished lines get `shard_failed` error results
@@ -13,12 +19,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Coroutine
 from typing import Any
 
 from gateway import metrics
 from gateway.backends.interface import Backends, ShardAwareBackend
 from gateway.config.schema import Config
+from gateway.fairness import DEFAULT_WEIGHT, Share, running_for
 from gateway.json_codec import loads
 from gateway.pipeline.lifecycle import GIVEN_UP, LOST, MAX_ATTEMPTS, StopReason, stop_reason
 from gateway.pipeline.merge import seal_shard
@@ -30,6 +38,7 @@ log = logging.getLogger("batchyard.runner")
 _FLUSH_EVERY = 64  # results per journal write
 _FLUSH_SECONDS = 0.25
 _POLL_SECONDS = 0.5  # how often a running shard looks for cancel and expiry
+_FULL_POLL = 0.25  # a full process looks this often for a newcomer team's shard
 
 
 Prices = tuple[float, float]  # USD per input token, per output token
@@ -67,24 +76,34 @@ class ShardRunner:
         self._spawn = spawn
         self._running: dict[str, asyncio.Task[Any]] = {}  # delivery token -> the task running it
         self._closing = False
+        self.weights = {t.team_id: t.weight for t in config.batch.teams}
         queue.on_lost = self._lost
 
     async def loop(self) -> None:
-        slots = asyncio.Semaphore(self.config.batch.max_shards_in_flight)
+        limit = self.config.batch.max_shards_in_flight
+        here: Counter[str] = Counter()  # team -> shards this process runs
+
+        def done(team: str) -> None:
+            here[team] -= 1
+            if here[team] <= 0:
+                del here[team]
+
         while not self._closing:
-            await slots.acquire()
+            full = here.total() >= limit
             try:
-                delivery = await self.queue.get(self.routes, timeout=1.0)
+                # Full: only a shard of a team with none here (the short timeout: a freed slot soon takes any).
+                delivery = await self.queue.get(self.routes, timeout=_FULL_POLL if full else 1.0,
+                                                skip_teams=set(here) if full else ())
             except Exception:
-                slots.release()
                 log.exception("queue read failed; retrying")
                 await asyncio.sleep(1.0)
                 continue
             if delivery is None:
-                slots.release()
                 continue
+            team = delivery.shard.team
+            here[team] += 1
             task = self._spawn(self._process(delivery), f"shard-{delivery.shard.key}")
-            task.add_done_callback(lambda _t: slots.release())
+            task.add_done_callback(lambda _t, team=team: done(team))  # type: ignore[misc]
 
     def close(self) -> None:
         self._closing = True
@@ -138,12 +157,14 @@ class ShardRunner:
             recorded = await self.store.recorded_lines(shard)
             todo = [r for r in requests if r.line not in recorded]
             if todo:
-                reason = await self._execute(shard, batch.owner, todo)
+                share = Share(batch.owner, batch.id, batch.expires_at, self.weights.get(batch.owner, DEFAULT_WEIGHT))
+                reason = await self._execute(shard, share, todo)
         if reason is None:
             await seal_shard(self.store, self.blobs, shard, missing=None)
         await self._finish_shard(shard)
 
-    async def _execute(self, shard: Shard, owner: str, todo: list[BatchRequest]) -> StopReason | None:
+    async def _execute(self, shard: Shard, share: Share, todo: list[BatchRequest]) -> StopReason | None:
+        owner = share.team
         backend = await self.backends.get(shard.route)
         buffer: list[Result] = []
         flushed_at = time.monotonic()
@@ -170,7 +191,8 @@ class ShardRunner:
                 if len(buffer) >= _FLUSH_EVERY or time.monotonic() - flushed_at > _FLUSH_SECONDS:
                     await flush()
 
-        consumer = asyncio.create_task(consume(), name=f"shard-{shard.key}")
+        with running_for(share):  # the task copies the context: the backend's slots see whose requests these are
+            consumer = asyncio.create_task(consume(), name=f"shard-{shard.key}")
         try:
             while True:
                 finished, _ = await asyncio.wait({consumer}, timeout=_POLL_SECONDS)

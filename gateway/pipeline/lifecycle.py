@@ -12,11 +12,12 @@ sit below all of them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any
 
 from gateway.errors import InvalidRequest
-from gateway.records import BatchStatus
+from gateway.records import BatchStatus, Shard
 from gateway.store.base import BatchRecord, now
 
 StopReason = tuple[str, str]  # (error code, message) for each request that will not run
@@ -46,6 +47,11 @@ def stop_reason(batch: BatchRecord) -> StopReason | None:
     return None
 
 
+def for_queue(shard: Shard, batch: BatchRecord) -> Shard:
+    """The shard as the queue carries it: whose it is and its batch's deadline, for the fair pick."""
+    return dataclasses.replace(shard, team=batch.owner, deadline=batch.expires_at)
+
+
 def derived_id(prefix: str, batch_id: str, what: str) -> str:
     # Output file ids follow from the batch id (128 random bits), so finalizing
     # twice (a retry after a crash) writes the same files instead of new ones.
@@ -71,5 +77,5 @@ def expiry(expires_after: dict[str, Any] | None, created_at: int, param: str) ->
 
 __all__ = [
     "CANCELLED", "EXPIRED", "GIVEN_UP", "LOST", "MAX_ATTEMPTS", "NO_EXPIRY", "StopReason", "derived_id", "expiry",
-    "stop_reason",
+    "for_queue", "stop_reason",
 ]

@@ -20,9 +20,13 @@ records (`RedisStore`)
     sealed:{batch}            set     shard indexes whose journal was dropped (sealed): late results are ignored
     meta:{key}                string  backend state JSON
 
-queue (`RedisStreamQueue`)
-    stream:{route}            stream  waiting and in-flight shards of one route
-    queued                    hash    shard key -> the stream entry that carries it
+queue (`RedisStreamQueue`; lengths make the keys unambiguous whatever a route or team is named)
+    stream:{n}:{route}:{m}:{team}:{batch}
+                              stream  waiting and in-flight shards of one batch on one route
+    ready:{n}:{route}:{team}  zset    a team's batch streams on a route, score = the batch's expires_at
+    teams:{route}             hash    team -> its `ready` key, for every team that queued on the route
+    streams:{route}           set     every batch stream of the route (reclaim, counts, upkeep)
+    queued                    hash    shard key -> `entry id@stream` of the entry that carries it
 
 coordination (`RedisCoordination`, for `gateway.pipeline.coordinator`)
     worker:{name}             string  heartbeat JSON (routes, pid, host), with a TTL
@@ -90,15 +94,17 @@ class Keys:
         return f"{self.prefix}meta:{key}"
 
     # -- queue -------------------------------------------------------------------
-    def stream(self, route: str) -> str:
-        return f"{self.prefix}stream:{route}"
+    def stream(self, route: str, team: str, batch_id: str) -> str:
+        return f"{self.prefix}stream:{len(route)}:{route}:{len(team)}:{team}:{batch_id}"
 
-    def route_of(self, stream: str) -> str:
-        return stream.removeprefix(f"{self.prefix}stream:")
+    def ready(self, route: str, team: str) -> str:
+        return f"{self.prefix}ready:{len(route)}:{route}:{team}"
 
-    @property
-    def stream_pattern(self) -> str:
-        return f"{self.prefix}stream:*"
+    def teams(self, route: str) -> str:
+        return f"{self.prefix}teams:{route}"
+
+    def streams(self, route: str) -> str:
+        return f"{self.prefix}streams:{route}"
 
     @property
     def queued(self) -> str:
