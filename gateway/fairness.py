@@ -8,19 +8,21 @@ unit goes to the waiting team with the least in use per unit of weight
 with the least in use. Input order holds only within a batch. Nothing is
 reserved: a team alone on a route gets all of it (work-conserving).
 
-`FairSlots` applies the rule to a backend's request slots. The runner says
+`FairSlots` applies the rule to a backend's request slots (not FIFO waiters:
+a slot that frees starts the chosen flow's next request in the same step, so
+a burst of completions cannot go to whoever happened to queue first). The runner says
 whose requests a backend runs through `running_for` (a context variable, so
 the `Backend` interface keeps its shape: `execute(requests)`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 DEFAULT_WEIGHT = 1.0
 
@@ -81,11 +83,22 @@ def pick(candidates: Iterable[Candidate], team_used: Mapping[tuple[str, str], fl
     return best
 
 
-class FairSlots:
-    """A bound on requests in flight (like `asyncio.Semaphore`) whose free slots go by `pick`, not FIFO.
+@dataclass(slots=True, eq=False)
+class Flow:
+    """One caller's requests waiting for slots (a shard's, in `run_bounded`): `start` runs the next one."""
 
-    Each waiter is one feeder (a shard's requests enter one at a time), so the
-    waiting list is short: as long as the number of shards in flight.
+    share: Share
+    pending: int
+    start: Callable[[], None]
+
+
+class FairSlots:
+    """A bound on requests in flight whose free slots go by `pick`, not first come, first served.
+
+    Callers `open` a flow (how many requests, and how to start the next one);
+    each free slot starts the next request of the flow `pick` chooses, at once
+    and in the same step, so a flow with a sooner deadline or a smaller share
+    takes every slot that frees while it has requests left.
     """
 
     def __init__(self, limit: int) -> None:
@@ -94,52 +107,49 @@ class FairSlots:
         self.by_team: Counter[tuple[str, str]] = Counter()  # ("", team) -> slots in use
         self._by_batch: Counter[str] = Counter()
         self._weights: dict[str, float] = {}
-        self._waiting: list[tuple[Candidate, asyncio.Future[None]]] = []
+        self._flows: list[Flow] = []
 
-    async def acquire(self, share: Share) -> None:
+    def open(self, share: Share, pending: int, start: Callable[[], None]) -> Flow:
+        flow = Flow(share, pending, start)
         self._weights[share.team] = share.weight
-        if self.used < self.limit and not self._waiting:
-            self._take(share.team, share.batch_id)
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiter = (Candidate(share.team, share.batch_id, share.deadline), future)
-        self._waiting.append(waiter)
-        try:
-            await future
-        except asyncio.CancelledError:
-            if future.done() and not future.cancelled():  # granted as we were cancelled: give it back
-                self.release(share)
-            elif waiter in self._waiting:
-                self._waiting.remove(waiter)
-            raise
+        if pending > 0:
+            self._flows.append(flow)
+            self._wake()
+        return flow
+
+    def close(self, flow: Flow) -> None:
+        """No more of the flow's requests start (it was closed early)."""
+        flow.pending = 0
+        if flow in self._flows:
+            self._flows.remove(flow)
 
     def release(self, share: Share) -> None:
+        """A request of `share` finished (or was cancelled): its slot goes to the next by `pick`."""
         self.used -= 1
-        self.by_team["", share.team] -= 1
+        key = ("", share.team)
+        self.by_team[key] -= 1
         self._by_batch[share.batch_id] -= 1
-        if self.by_team["", share.team] <= 0:
-            del self.by_team["", share.team]
+        if self.by_team[key] <= 0:
+            del self.by_team[key]
         if self._by_batch[share.batch_id] <= 0:
             del self._by_batch[share.batch_id]
         self._wake()
 
-    def _take(self, team: str, batch_id: str) -> None:
-        self.used += 1
-        self.by_team["", team] += 1
-        self._by_batch[batch_id] += 1
-
     def _wake(self) -> None:
-        while self.used < self.limit and self._waiting:
-            live = [w for w in self._waiting if not w[1].done()]
-            self._waiting = live
-            if not live:
-                return
-            chosen = pick((c for c, _ in live), self.by_team, self._by_batch, self._weights)
+        while self.used < self.limit and self._flows:
+            candidates = [Candidate(f.share.team, f.share.batch_id, f.share.deadline, item=f) for f in self._flows]
+            chosen = pick(candidates, self.by_team, self._by_batch, self._weights)
             assert chosen is not None
-            waiter = next(w for w in live if w[0] is chosen)
-            self._waiting.remove(waiter)
-            self._take(chosen.team, chosen.batch_id)
-            waiter[1].set_result(None)
+            flow = cast(Flow, chosen.item)
+            flow.pending -= 1
+            if flow.pending <= 0:
+                self._flows.remove(flow)
+            self.used += 1
+            self.by_team["", flow.share.team] += 1
+            self._by_batch[flow.share.batch_id] += 1
+            flow.start()
 
 
-__all__ = ["DEFAULT_WEIGHT", "NOBODY", "Candidate", "FairSlots", "Share", "current_share", "pick", "running_for"]
+__all__ = [
+    "DEFAULT_WEIGHT", "NOBODY", "Candidate", "FairSlots", "Flow", "Share", "current_share", "pick", "running_for",
+]

@@ -89,18 +89,12 @@ async def run_bounded(
     done: asyncio.Queue[Result | BaseException] = asyncio.Queue()
     mine: set[asyncio.Task[Any]] = set()
 
-    def track(task: asyncio.Task[Any]) -> None:
-        mine.add(task)
-        if tracked is not None:
-            tracked.add(task)
-
     def forget(task: asyncio.Task[Any]) -> None:
         mine.discard(task)
         if tracked is not None:
             tracked.discard(task)
 
     def finished(task: asyncio.Task[Result]) -> None:
-        slots.release(share)  # in a callback: it runs even for a task cancelled before it started
         forget(task)
         if task.cancelled():
             done.put_nowait(RuntimeError("the backend was closed while executing"))
@@ -108,11 +102,7 @@ async def run_bounded(
             done.put_nowait(exc)
         else:
             done.put_nowait(task.result())
-
-    def fed(task: asyncio.Task[None]) -> None:
-        forget(task)
-        if task.cancelled() or task.exception() is not None:
-            done.put_nowait(RuntimeError("the backend was closed while executing"))
+        slots.release(share)  # in a callback: it runs even for a task cancelled before it started
 
     async def measured(req: BatchRequest) -> Result:
         # Every backend's per-request call passes here: in-flight and latency per route (the line's model).
@@ -122,16 +112,16 @@ async def run_bounded(
         observe_latency(req.model, time.monotonic() - started)
         return result
 
-    async def feed() -> None:
-        for req in requests:
-            await slots.acquire(share)
-            task = asyncio.create_task(measured(req))
-            track(task)
-            task.add_done_callback(finished)
+    queue = iter(requests)
 
-    feeder = asyncio.create_task(feed())
-    track(feeder)
-    feeder.add_done_callback(fed)
+    def start() -> None:  # the slots call it when this flow's next request may start
+        task = asyncio.create_task(measured(next(queue)))
+        mine.add(task)
+        if tracked is not None:
+            tracked.add(task)
+        task.add_done_callback(finished)
+
+    flow = slots.open(share, len(requests), start)
     try:
         for _ in range(len(requests)):
             item = await done.get()
@@ -139,9 +129,7 @@ async def run_bounded(
                 raise item
             yield item
     finally:
-        # The feeder first: once it is done, no call starts after the ones cancelled here.
-        feeder.cancel()
-        await asyncio.gather(feeder, return_exceptions=True)
+        slots.close(flow)  # first: no call starts after the ones cancelled here
         pending = list(mine)
         for task in pending:
             task.cancel()

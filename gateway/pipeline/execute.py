@@ -1,11 +1,13 @@
 """The shard runner: claims shards from the `Queue`, runs them on a `Backend`,
 journals their results in the `Store`, and hands finished shards to the finalizer.
 
-Fair share (`gateway.fairness`): a process runs at most `max_shards_in_flight`
-shards, except that a team with no shard here may always take one more (a
-newcomer never waits for another team's long shards to end); the queue picks
-which shard by fair share; and the requests of every shard here go through
-the backend's `FairSlots` as their team's.
+Fair share (`gateway.fairness`): a process runs `max_shards_in_flight` shards;
+past that it still takes a shard of a batch it has none of (a sooner deadline
+must not wait for a later batch's shards to end), up to twice the limit, and
+past that a shard of a team it has none of (a newcomer never waits behind
+another team's long shards). The queue picks which shard by fair share, and
+the requests of every shard here go through the backend's `FairSlots` as their
+team's, so that a shard taken in overflow gets its share at once.
 
 A shard's attempts are counted in the store, by whichever process claims it,
 so a shard that kills every worker it reaches (or fails in every one) is given
@@ -81,29 +83,38 @@ class ShardRunner:
 
     async def loop(self) -> None:
         limit = self.config.batch.max_shards_in_flight
-        here: Counter[str] = Counter()  # team -> shards this process runs
+        teams: Counter[str] = Counter()  # team -> shards this process runs
+        batches: Counter[str] = Counter()  # batch -> shards this process runs
 
-        def done(team: str) -> None:
-            here[team] -= 1
-            if here[team] <= 0:
-                del here[team]
+        def done(shard: Shard) -> None:
+            for count, key in ((teams, shard.team), (batches, shard.batch_id)):
+                count[key] -= 1
+                if count[key] <= 0:
+                    del count[key]
 
         while not self._closing:
-            full = here.total() >= limit
+            running = teams.total()
+            skip_teams: Collection[str] = ()
+            skip_batches: Collection[str] = ()
+            if running >= 2 * limit:
+                skip_teams = set(teams)  # only a team with no shard here: bounded by the number of teams
+            elif running >= limit:
+                skip_batches = set(batches)  # a batch with none here (a sooner deadline, EDF): up to 2x the limit
             try:
-                # Full: only a shard of a team with none here (the short timeout: a freed slot soon takes any).
-                delivery = await self.queue.get(self.routes, timeout=_FULL_POLL if full else 1.0,
-                                                skip_teams=set(here) if full else ())
+                # Full: the short timeout, so that a slot freed meanwhile soon takes any shard again.
+                delivery = await self.queue.get(self.routes, timeout=_FULL_POLL if running >= limit else 1.0,
+                                                skip_teams=skip_teams, skip_batches=skip_batches)
             except Exception:
                 log.exception("queue read failed; retrying")
                 await asyncio.sleep(1.0)
                 continue
             if delivery is None:
                 continue
-            team = delivery.shard.team
-            here[team] += 1
-            task = self._spawn(self._process(delivery), f"shard-{delivery.shard.key}")
-            task.add_done_callback(lambda _t, team=team: done(team))  # type: ignore[misc]
+            shard = delivery.shard
+            teams[shard.team] += 1
+            batches[shard.batch_id] += 1
+            task = self._spawn(self._process(delivery), f"shard-{shard.key}")
+            task.add_done_callback(lambda _t, shard=shard: done(shard))  # type: ignore[misc]
 
     def close(self) -> None:
         self._closing = True

@@ -255,10 +255,11 @@ class Queue(Protocol):
     async def put(self, shard: Shard) -> None: ...
     async def put_missing(self, shard: Shard) -> bool:
         """Enqueue the shard unless an entry already carries it; True if it was enqueued."""
-    async def get(self, routes: Collection[str] | None, timeout: float,
-                  skip_teams: Collection[str] = ()) -> Delivery | None:
-        """The next shard for one of `routes` (None: any) and of a team not in `skip_teams`, or None after
-        `timeout` seconds. Which shard: the fair pick (`gateway.fairness`) between teams and batches.
+    async def get(self, routes: Collection[str] | None, timeout: float, skip_teams: Collection[str] = (),
+                  skip_batches: Collection[str] = ()) -> Delivery | None:
+        """The next shard for one of `routes` (None: any), of a team not in `skip_teams` and a batch not in
+        `skip_batches`, or None after `timeout` seconds. Which shard: the fair pick (`gateway.fairness`)
+        between teams and batches.
 
         A shard held by a worker that is no longer alive is delivered again."""
     async def ack(self, delivery: Delivery) -> None: ...

@@ -125,8 +125,8 @@ class RedisStreamQueue:
         self._held[token] = (stream, entry_id)
         return Delivery(shard=shard, token=token)
 
-    async def get(self, routes: Collection[str] | None, timeout: float,
-                  skip_teams: Collection[str] = ()) -> Delivery | None:
+    async def get(self, routes: Collection[str] | None, timeout: float, skip_teams: Collection[str] = (),
+                  skip_batches: Collection[str] = ()) -> Delivery | None:
         wanted = [r for r in (self._routes if routes is None else routes) if r]
         if not wanted:
             await asyncio.sleep(timeout)
@@ -141,7 +141,7 @@ class RedisStreamQueue:
                 return claimed
         deadline = time.monotonic() + timeout
         pause = _POLL_FIRST
-        opts = json.dumps({"skip": sorted(skip_teams), "weights": self.weights})
+        opts = json.dumps({"skip": sorted(skip_teams), "skip_batches": sorted(skip_batches), "weights": self.weights})
         teams = [self._k.teams(r) for r in wanted]
         while True:
             got = await self._claim(keys=teams, args=[GROUP, self.consumer, _EARLIEST, opts])

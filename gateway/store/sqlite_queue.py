@@ -88,7 +88,8 @@ class SQLiteQueue:
         self._put_here.set()
         return cur.rowcount == 1
 
-    def _claim(self, routes: Collection[str] | None, skip_teams: Collection[str]) -> Delivery | None:
+    def _claim(self, routes: Collection[str] | None, skip_teams: Collection[str],
+               skip_batches: Collection[str]) -> Delivery | None:
         at = time.time()
         where, args = "", []
         if routes is not None:
@@ -97,6 +98,9 @@ class SQLiteQueue:
         if skip_teams:
             where += f" AND team NOT IN ({','.join('?' * len(skip_teams))})"
             args += list(skip_teams)
+        if skip_batches:
+            where += f" AND batch NOT IN ({','.join('?' * len(skip_batches))})"
+            args += list(skip_batches)
         free = ("(consumer IS NULL OR (consumer != ? AND consumer NOT IN "
                 f"(SELECT name FROM workers WHERE expires_at > ?))){where}")
         if self._db.execute(f"SELECT 1 FROM queue WHERE {free} LIMIT 1", (self.consumer, at, *args)).fetchone() is None:
@@ -132,8 +136,8 @@ class SQLiteQueue:
         chosen = pick(candidates, team_used, batch_used, self.weights)
         return None if chosen is None else cast(tuple[str, str], chosen.item)
 
-    async def get(self, routes: Collection[str] | None, timeout: float,
-                  skip_teams: Collection[str] = ()) -> Delivery | None:
+    async def get(self, routes: Collection[str] | None, timeout: float, skip_teams: Collection[str] = (),
+                  skip_batches: Collection[str] = ()) -> Delivery | None:
         if routes is not None and not routes:
             await asyncio.sleep(timeout)
             return None
@@ -141,7 +145,7 @@ class SQLiteQueue:
         pause = _POLL_FIRST
         while True:
             self._put_here.clear()
-            delivery = self._claim(routes, skip_teams)
+            delivery = self._claim(routes, skip_teams, skip_batches)
             if delivery is not None:
                 return delivery
             left = deadline - time.monotonic()

@@ -40,12 +40,15 @@ return 1
 # first `k` batch streams by deadline; a team's use is the shards its streams have pending; the pick is the
 # waiting stream with the least (use / weight, deadline, its own pending); it is read with XREADGROUP. Cost:
 # O(teams x k) calls, whatever the number of shards queued.
-# KEYS: the teams hash of each route asked. ARGV: group, consumer, k, {"skip": [...], "weights": {...}} JSON.
+# KEYS: the teams hash of each route asked.
+# ARGV: group, consumer, k, {"skip": [teams], "skip_batches": [batch ids], "weights": {team: w}} JSON.
 CLAIM = """
 local group, me, k = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local opts = cjson.decode(ARGV[4])
 local skip = {}
 for _, t in ipairs(opts.skip) do skip[t] = true end
+local skip_batch = {}
+for _, b in ipairs(opts.skip_batches) do skip_batch[b] = true end
 local best, bestkey = nil, nil
 local function less(a, b)
   if b == nil then return true end
@@ -68,7 +71,10 @@ for r = 1, #KEYS do
           redis.call('ZREM', ready, stream)  -- the stream is gone (Redis lost it): the sweep enqueues again
         else
           held = held + p[1]
-          if redis.call('XLEN', stream) - p[1] > 0 then waiting[#waiting + 1] = {stream, deadline, p[1]} end
+          local batch = string.match(stream, ':([^:]*)$')
+          if not skip_batch[batch] and redis.call('XLEN', stream) - p[1] > 0 then
+            waiting[#waiting + 1] = {stream, deadline, p[1]}
+          end
         end
       end
       local w = tonumber(opts.weights[team] or 1)
