@@ -89,5 +89,9 @@ class TooLarge(GatewayError):
     """An input over a configured size limit."""
 
 
+class OverQuota(GatewayError):
+    """A team's quota would be exceeded (the code names the quota): try again once batches finish."""
+
+
 def not_found(kind: str, id_: str) -> NotFound:
     return NotFound(f"No such {kind}: '{id_}'", code="not_found")

@@ -29,6 +29,7 @@ from gateway.pipeline.coordinator import Coordinator
 from gateway.pipeline.execute import ShardRunner
 from gateway.pipeline.finalizer import Finalizer
 from gateway.store.base import Blobs, Coordination, Queue, Store
+from gateway.store.quota import QuotaLedger
 
 log = logging.getLogger("batchyard.runtime")
 
@@ -50,7 +51,7 @@ class Runtime:
     def __init__(
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
         mode: str, name: str, routes: Collection[str] | None, heartbeat: float, sweep_every: float,
-        sweeping: bool = True, recover_at_start: bool = False,
+        sweeping: bool = True, recover_at_start: bool = False, quotas: QuotaLedger | None = None,
     ) -> None:
         """`routes`: the routes whose shards this process runs (None: every route; empty: none)."""
         self.config, self.store, self.blobs, self.queue, self.coordination = config, store, blobs, queue, coordination
@@ -58,15 +59,17 @@ class Runtime:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.backends = BackendPool(config, store)
         self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter)
+        self.quotas = quotas
         self.service = BatchService(config, store, blobs, queue, coordination, spawn=self.spawn,
-                                    finalize=self.finalizer.finalize)
+                                    finalize=self.finalizer.finalize, quotas=quotas)
         every = sorted({r.model_name for r in config.routes.values()})
         hosted = every if routes is None else sorted(r for r in routes if r)
         self.runner = (ShardRunner(config, store, blobs, queue, self.backends,
                                    finish_shard=self.finalizer.finish_shard, routes=hosted, spawn=self.spawn)
                        if hosted else None)
         self.coordinator = Coordinator(store, queue, coordination, self.service, self.finalizer, name=name,
-                                       routes=hosted, spawn=self.spawn, heartbeat=heartbeat, sweep_every=sweep_every)
+                                       routes=hosted, spawn=self.spawn, heartbeat=heartbeat, sweep_every=sweep_every,
+                                       quotas=quotas)
         self._sweeping = sweeping
         self._recover_at_start = recover_at_start
 
@@ -110,6 +113,8 @@ class Runtime:
         await self.queue.aclose()
         await self.coordination.aclose()
         await self.blobs.aclose()
+        if self.quotas is not None:
+            await self.quotas.aclose()
         await self.store.aclose()
 
 
@@ -125,6 +130,7 @@ async def open_embedded(
     """
     from gateway.store.directory import LocalBlobs
     from gateway.store.sqlite_queue import SQLiteCoordination, SQLiteQueue
+    from gateway.store.sqlite_quota import SQLiteQuotaLedger
     from gateway.store.sqlite_store import SQLiteStore
 
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -137,7 +143,8 @@ async def open_embedded(
     queue = SQLiteQueue(db, consumer=name, weights=weights_of(config))
     return Runtime(config, store, LocalBlobs(data_dir / "blobs"), queue, coordination,
                    mode="embedded", name=name, routes=routes, heartbeat=1.0, sweep_every=1.0,
-                   sweeping=owner if sweeping is None else sweeping, recover_at_start=owner)
+                   sweeping=owner if sweeping is None else sweeping, recover_at_start=owner,
+                   quotas=SQLiteQuotaLedger(db))
 
 
 def open_blobs(storage: str | Path, *, endpoint_url: str | None = None) -> Blobs:
@@ -162,6 +169,7 @@ async def open_shared(
     from gateway.store.keys import Keys
     from gateway.store.redis_coordination import RedisCoordination, connect_redis
     from gateway.store.redis_queue import DEFAULT_CLAIM_IDLE, RedisStreamQueue
+    from gateway.store.redis_quota import RedisQuotaLedger
     from gateway.store.redis_store import RedisStore
 
     idle = claim_idle or DEFAULT_CLAIM_IDLE
@@ -176,7 +184,7 @@ async def open_shared(
     # when both have run out.
     return Runtime(config, store, open_blobs(storage, endpoint_url=s3_endpoint_url), queue,
                    RedisCoordination(client, keys, name), mode="shared", name=name, routes=routes,
-                   heartbeat=idle / 3, sweep_every=5.0)
+                   heartbeat=idle / 3, sweep_every=5.0, quotas=RedisQuotaLedger(client, keys))
 
 
 __all__ = ["S3_ENDPOINT_ENV", "Runtime", "open_blobs", "open_embedded", "open_shared", "worker_name"]

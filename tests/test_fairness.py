@@ -11,29 +11,24 @@ answers each line after the `#sleep` it carries, the OpenAI SDK is the client).
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import yaml
-from openai.types import Batch
 
-from tests.server_helpers import REPO_ROOT, Gateway, _wait_healthy, gateway_config, start_gateway, submit
-from tests.services import HAVE_REDIS, RedisServer, free_port, process_env
+from tests.server_helpers import Gateway, gateway_config, submit
+from tests.team_helpers import MODEL, MODES, serve
+from tests.team_helpers import done as _done
+from tests.team_helpers import finished as _finished
+from tests.team_helpers import lines as _lines
+from tests.team_helpers import until as _until
 from tests.upstream import Upstream, start_upstream
 
-MODEL = "gpt-mini"
 SLOTS = 6  # max_concurrency: the request slots a worker process divides between the teams
 TEAMS = [{"team_id": "alpha", "api_keys": ["sk-alpha"]}, {"team_id": "beta", "api_keys": ["sk-beta"]},
          {"team_id": "gamma", "api_keys": ["sk-gamma"], "weight": 2}]
-MODES = ["embedded", pytest.param("shared", marks=[pytest.mark.redis, pytest.mark.skipif(
-    not HAVE_REDIS, reason="redis-server is not on PATH")])]
 
 
 @pytest.fixture(scope="module")
@@ -47,59 +42,11 @@ def _config(upstream: Upstream) -> dict[str, Any]:
                           max_concurrency=SLOTS, max_shards_in_flight=4, completion_windows={"1h": 3600})
 
 
-def _start_shared(config: dict[str, Any], data_dir: Path, redis_url: str) -> Gateway:
-    data_dir.mkdir(parents=True, exist_ok=True)
-    config_path = data_dir.parent / "shared.config.yaml"
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    port = free_port()
-    fd, log = tempfile.mkstemp(prefix="serve-", suffix=".log")
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path), "--port", str(port),
-           "--redis-url", redis_url, "--storage", str(data_dir / "blobs"), "--with-worker"]
-    process = subprocess.Popen(cmd, cwd=REPO_ROOT, env=process_env({}), stdin=subprocess.DEVNULL, stdout=fd,
-                               stderr=fd)
-    gateway = Gateway(process, "127.0.0.1", port, data_dir, Path(log))
-    _wait_healthy(gateway, 120)
-    return gateway
-
-
 @pytest.fixture(scope="module", params=MODES)
 def gateway(request: pytest.FixtureRequest, upstream: Upstream,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    data_dir = tmp_path_factory.mktemp(request.param) / "data"
-    if request.param == "embedded":
-        with start_gateway(_config(upstream), data_dir, workers=1) as server:
-            yield server
-        return
-    redis = RedisServer().start()
-    try:
-        with _start_shared(_config(upstream), data_dir, redis.url) as server:
-            yield server
-    finally:
-        redis.close()
-
-
-def _lines(n: int, tag: str, sleep_ms: int = 200) -> list[dict[str, Any]]:
-    return [{"custom_id": f"{tag}-{i}", "method": "POST", "url": "/v1/chat/completions",
-             "body": {"model": MODEL, "messages": [{"role": "user", "content": f"#sleep:{sleep_ms} {tag} {i}"}]}}
-            for i in range(n)]
-
-
-def _until(gw: Gateway, key: str, batch_id: str, reached: Callable[[Batch], bool], timeout: float = 60) -> Batch:
-    client = gw.client(key)
-    deadline = time.monotonic() + timeout
-    while not reached(batch := client.batches.retrieve(batch_id)):
-        assert time.monotonic() < deadline, f"timed out: {batch}"
-        time.sleep(0.05)
-    return batch
-
-
-def _done(b: Batch) -> int:
-    assert b.request_counts is not None
-    return b.request_counts.completed + b.request_counts.failed
-
-
-def _finished(b: Batch) -> bool:
-    return b.status in ("completed", "failed", "expired", "cancelled")
+    with serve(request.param, _config(upstream), tmp_path_factory.mktemp(request.param) / "data") as server:
+        yield server
 
 
 def test_a_small_batch_runs_beside_another_teams_large_one(gateway: Gateway) -> None:

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from gateway.errors import Conflict, GatewayError, InvalidRequest, NotFound, TooLarge
+from gateway.errors import Conflict, GatewayError, InvalidRequest, NotFound, OverQuota, TooLarge
 
 
 class ApiError(Exception):
@@ -29,7 +29,8 @@ class ApiError(Exception):
 
 
 # The core's refusals, by kind.
-_STATUS: dict[type[GatewayError], int] = {InvalidRequest: 400, NotFound: 404, Conflict: 409, TooLarge: 413}
+_STATUS: dict[type[GatewayError], int] = {InvalidRequest: 400, NotFound: 404, Conflict: 409, TooLarge: 413,
+                                          OverQuota: 429}
 
 _TYPES = {401: "invalid_request_error", 403: "permission_error", 429: "rate_limit_error"}
 _CODES = {404: "unknown_url", 405: "method_not_allowed", 413: "request_too_large"}

@@ -17,7 +17,7 @@ from gateway import metrics
 from gateway.batch_params import ExpiresAfter, checked, checked_metadata
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_endpoint
-from gateway.errors import Conflict, InvalidRequest, TooLarge, not_found
+from gateway.errors import Conflict, InvalidRequest, OverQuota, TooLarge, not_found
 from gateway.json_codec import loads
 from gateway.pipeline.lifecycle import NO_EXPIRY, expiry, for_queue
 from gateway.pipeline.plan import Planner
@@ -33,6 +33,7 @@ from gateway.store.base import (
     now,
     read_lines,
 )
+from gateway.store.quota import QuotaLedger, TeamLimits
 
 log = logging.getLogger("batchyard.service")
 
@@ -44,12 +45,15 @@ Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
 class BatchService:
     def __init__(
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
-        spawn: Spawn, finalize: Callable[[str], Awaitable[None]],
+        spawn: Spawn, finalize: Callable[[str], Awaitable[None]], quotas: QuotaLedger | None = None,
     ) -> None:
         self.config, self.store, self.blobs, self.queue = config, store, blobs, queue
         self._coordination = coordination
         self._spawn = spawn
         self._finalize = finalize
+        self.quotas = quotas
+        self._limits = {t.team_id: TeamLimits(t.max_enqueued_requests, t.max_active_batches)
+                        for t in config.batch.teams}
 
     # -- files -----------------------------------------------------------------
 
@@ -140,9 +144,37 @@ class BatchService:
             expires_at=created + window, metadata=meta, options=opts,
             output_expires_after=output_expiry.model_dump() if output_expiry else None,
         )
+        await self._admit(batch, source)
         await self.store.put_batch(batch)
         self._spawn(self.validate(batch.id), f"validate-{batch.id}")
         return batch
+
+    async def _admit(self, batch: BatchRecord, source: FileRecord) -> None:
+        """Count the batch against its team's quotas, or refuse it (429, the code names the quota)."""
+        limits = self._limits.get(batch.owner)
+        if limits is None or self.quotas is None or limits == TeamLimits():
+            return
+        requests = await self._count_lines(source) if limits.max_enqueued_requests is not None else 0
+        refused = await self.quotas.admit(batch.owner, batch.id, requests, limits)
+        if refused is None:
+            return
+        usage = await self.quotas.usage(batch.owner)
+        if refused == "max_active_batches":
+            raise OverQuota(f"Active batch limit reached for team {batch.owner!r}. Limit: {limits.max_active_batches} "
+                            f"active batches ({usage.active_batches} now). Try again once a batch has finished.",
+                            code="max_active_batches_exceeded")
+        raise OverQuota(f"Enqueued request limit reached for team {batch.owner!r}. Limit: "
+                        f"{limits.max_enqueued_requests} enqueued requests ({usage.enqueued_requests} enqueued, this "
+                        f"batch has {requests}). Try again once some in_progress batches have completed.",
+                        code="max_enqueued_requests_exceeded")
+
+    async def _count_lines(self, source: FileRecord) -> int:
+        """The file's lines, counted in C over its chunks (none is parsed; a blank line counts too)."""
+        count, last = 0, b"\n"
+        async for chunk in self.blobs.read(source.blob_key):
+            count += chunk.count(b"\n")
+            last = chunk[-1:] or last
+        return count + (last != b"\n")
 
     async def cancel_batch(self, batch_id: str, owner: str) -> BatchRecord:
         batch = await self.store.get_batch(batch_id, owner)

@@ -27,6 +27,9 @@ class Team(Strict):
     models: list[str] | None = None  # None: every model of model_list
     # The team's share of a route it competes on, against the other teams' weights (gateway.fairness).
     weight: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
+    # Quotas, refused at create with 429 and a code naming the quota (gateway.store.quota); None: no limit.
+    max_enqueued_requests: PositiveInt | None = None  # requests in the team's unfinished batches
+    max_active_batches: PositiveInt | None = None  # the team's unfinished batches
 
 
 class MetricsSettings(Strict):

@@ -29,6 +29,7 @@ from gateway.pipeline.finalizer import Finalizer
 from gateway.pipeline.lifecycle import for_queue
 from gateway.records import BatchStatus
 from gateway.store.base import BatchRecord, Coordination, Queue, Store, now
+from gateway.store.quota import GRACE_SECONDS, QuotaLedger
 
 log = logging.getLogger("batchyard.coordinator")
 
@@ -49,7 +50,7 @@ class Coordinator:
     def __init__(
         self, store: Store, queue: Queue, coordination: Coordination, service: Intake, finalizer: Finalizer,
         *, name: str, routes: Collection[str], spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
-        heartbeat: float, sweep_every: float,
+        heartbeat: float, sweep_every: float, quotas: QuotaLedger | None = None,
     ) -> None:
         self.store, self.queue, self.coordination = store, queue, coordination
         self.service, self.finalizer = service, finalizer
@@ -58,6 +59,7 @@ class Coordinator:
         self._heartbeat, self._sweep_every = heartbeat, sweep_every
         self._started_at = now()
         self._files_swept_at = 0.0
+        self._quotas = quotas
 
     # -- the loops -----------------------------------------------------------------
 
@@ -93,8 +95,11 @@ class Coordinator:
             return
         try:
             queued = set(await self.queue.queued())  # read before the shards: see put_missing
-            for batch in await self.store.active_batches():
+            active = await self.store.active_batches()
+            for batch in active:
                 await self._sweep_batch(batch, queued, stale_after)
+            if self._quotas is not None:
+                await self._release_quotas({b.id for b in active})
             alive = {w["name"] for w in await self.coordination.live_workers()}
             await self.queue.tidy(alive)
             if time.monotonic() - self._files_swept_at > _FILE_SWEEP_SECONDS:
@@ -133,6 +138,20 @@ class Coordinator:
                 await self.finalizer.finish_shard(shard)
             elif await self.queue.put_missing(for_queue(shard, batch)):
                 log.warning("shard %s was in no queue; enqueued it again", shard.key)
+
+    async def _release_quotas(self, active: set[str]) -> None:
+        """Finished batches free their quota places, however they ended (and so do admissions whose batch
+        was never stored, once their creation cannot be under way any more)."""
+        assert self._quotas is not None
+        done = []
+        for batch_id, admitted_at in (await self._quotas.admitted()).items():
+            if batch_id in active:
+                continue
+            batch = await self.store.get_batch(batch_id)
+            if (batch.status.finished if batch is not None else time.time() - admitted_at > GRACE_SECONDS):
+                done.append(batch_id)
+        if done:
+            await self._quotas.release(done)
 
     # -- health ------------------------------------------------------------------------
 

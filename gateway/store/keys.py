@@ -28,6 +28,11 @@ queue (`RedisStreamQueue`; lengths make the keys unambiguous whatever a route or
     streams:{route}           set     every batch stream of the route (reclaim, counts, upkeep)
     queued                    hash    shard key -> `entry id@stream` of the entry that carries it
 
+quotas (`RedisQuotaLedger`)
+    quota:{team}              hash    batch id -> requests it enqueued, for each admitted batch still counted
+    quota-at                  zset    admitted batch ids, score = when (the sweep lets go of finished ones)
+    quota-team                hash    admitted batch id -> its team
+
 coordination (`RedisCoordination`, for `gateway.pipeline.coordinator`)
     worker:{name}             string  heartbeat JSON (routes, pid, host), with a TTL
     workers                   zset    worker names, score = last heartbeat
@@ -109,6 +114,18 @@ class Keys:
     @property
     def queued(self) -> str:
         return f"{self.prefix}queued"
+
+    # -- quotas ------------------------------------------------------------------
+    def quota(self, team: str) -> str:
+        return f"{self.prefix}quota:{team}"
+
+    @property
+    def quota_admitted_at(self) -> str:
+        return f"{self.prefix}quota-at"
+
+    @property
+    def quota_team(self) -> str:
+        return f"{self.prefix}quota-team"
 
     # -- upkeep ------------------------------------------------------------------
     def worker(self, name: str) -> str:

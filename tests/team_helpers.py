@@ -1,0 +1,80 @@
+"""What the team-sharing tests share: the gateway in either mode, batch lines with a `#sleep`, waiting on a batch.
+
+`serve(mode, config, data_dir)`: `batchyard serve` embedded (one worker process) or `batchyard serve
+--redis-url … --with-worker` over a real redis-server of its own, as a context manager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from openai.types import Batch
+
+from tests.server_helpers import REPO_ROOT, Gateway, _wait_healthy, start_gateway
+from tests.services import HAVE_REDIS, RedisServer, free_port, process_env
+
+MODEL = "gpt-mini"
+MODES = ["embedded", pytest.param("shared", marks=[pytest.mark.redis, pytest.mark.skipif(
+    not HAVE_REDIS, reason="redis-server is not on PATH")])]
+
+
+def _start_shared(config: dict[str, Any], data_dir: Path, redis_url: str) -> Gateway:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    config_path = data_dir.parent / "shared.config.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    port = free_port()
+    fd, log = tempfile.mkstemp(prefix="serve-", suffix=".log")
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path), "--port", str(port),
+           "--redis-url", redis_url, "--storage", str(data_dir / "blobs"), "--with-worker"]
+    process = subprocess.Popen(cmd, cwd=REPO_ROOT, env=process_env({}), stdin=subprocess.DEVNULL, stdout=fd,
+                               stderr=fd)
+    gateway = Gateway(process, "127.0.0.1", port, data_dir, Path(log))
+    _wait_healthy(gateway, 120)
+    return gateway
+
+
+@contextlib.contextmanager
+def serve(mode: str, config: dict[str, Any], data_dir: Path) -> Iterator[Gateway]:
+    if mode == "embedded":
+        with start_gateway(config, data_dir, workers=1) as server:
+            yield server
+        return
+    redis = RedisServer().start()
+    try:
+        with _start_shared(config, data_dir, redis.url) as server:
+            yield server
+    finally:
+        redis.close()
+
+
+def lines(n: int, tag: str, sleep_ms: int = 200) -> list[dict[str, Any]]:
+    return [{"custom_id": f"{tag}-{i}", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": MODEL, "messages": [{"role": "user", "content": f"#sleep:{sleep_ms} {tag} {i}"}]}}
+            for i in range(n)]
+
+
+def until(gw: Gateway, key: str, batch_id: str, reached: Callable[[Batch], bool], timeout: float = 60) -> Batch:
+    client = gw.client(key)
+    deadline = time.monotonic() + timeout
+    while not reached(batch := client.batches.retrieve(batch_id)):
+        assert time.monotonic() < deadline, f"timed out: {batch}"
+        time.sleep(0.05)
+    return batch
+
+
+def done(b: Batch) -> int:
+    assert b.request_counts is not None
+    return b.request_counts.completed + b.request_counts.failed
+
+
+def finished(b: Batch) -> bool:
+    return b.status in ("completed", "failed", "expired", "cancelled")
