@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -90,6 +91,16 @@ class Flow:
     share: Share
     pending: int
     start: Callable[[], None]
+    on_stop: Callable[[], None] | None = None  # told when `stop_sending` closes it
+
+
+_ALL: weakref.WeakSet[FairSlots] = weakref.WeakSet()  # every FairSlots of this process, for `stop_sending`
+
+
+def stop_sending(batch_id: str) -> None:
+    """No request of the batch starts any more, in this process; the ones in flight finish."""
+    for slots in list(_ALL):
+        slots.stop(batch_id)
 
 
 class FairSlots:
@@ -108,9 +119,11 @@ class FairSlots:
         self._by_batch: Counter[str] = Counter()
         self._weights: dict[str, float] = {}
         self._flows: list[Flow] = []
+        _ALL.add(self)
 
-    def open(self, share: Share, pending: int, start: Callable[[], None]) -> Flow:
-        flow = Flow(share, pending, start)
+    def open(self, share: Share, pending: int, start: Callable[[], None],
+             on_stop: Callable[[], None] | None = None) -> Flow:
+        flow = Flow(share, pending, start, on_stop)
         self._weights[share.team] = share.weight
         if pending > 0:
             self._flows.append(flow)
@@ -122,6 +135,12 @@ class FairSlots:
         flow.pending = 0
         if flow in self._flows:
             self._flows.remove(flow)
+
+    def stop(self, batch_id: str) -> None:
+        for flow in [f for f in self._flows if f.share.batch_id == batch_id]:
+            self.close(flow)
+            if flow.on_stop is not None:
+                flow.on_stop()
 
     def release(self, share: Share) -> None:
         """A request of `share` finished (or was cancelled): its slot goes to the next by `pick`."""
@@ -152,4 +171,5 @@ class FairSlots:
 
 __all__ = [
     "DEFAULT_WEIGHT", "NOBODY", "Candidate", "FairSlots", "Flow", "Share", "current_share", "pick", "running_for",
+    "stop_sending",
 ]

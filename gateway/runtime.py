@@ -25,6 +25,7 @@ from typing import Any
 from gateway.api.service import BatchService
 from gateway.backends.pool import BackendPool
 from gateway.config.schema import Config
+from gateway.pipeline.budget import Budgets
 from gateway.pipeline.coordinator import Coordinator
 from gateway.pipeline.execute import ShardRunner
 from gateway.pipeline.finalizer import Finalizer
@@ -60,12 +61,14 @@ class Runtime:
         self.backends = BackendPool(config, store)
         self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter)
         self.quotas = quotas
+        self.budgets = Budgets(config, quotas)
         self.service = BatchService(config, store, blobs, queue, coordination, spawn=self.spawn,
-                                    finalize=self.finalizer.finalize, quotas=quotas)
+                                    finalize=self.finalizer.finalize, quotas=quotas, budgets=self.budgets)
         every = sorted({r.model_name for r in config.routes.values()})
         hosted = every if routes is None else sorted(r for r in routes if r)
         self.runner = (ShardRunner(config, store, blobs, queue, self.backends,
-                                   finish_shard=self.finalizer.finish_shard, routes=hosted, spawn=self.spawn)
+                                   finish_shard=self.finalizer.finish_shard, routes=hosted, spawn=self.spawn,
+                                   budgets=self.budgets)
                        if hosted else None)
         self.coordinator = Coordinator(store, queue, coordination, self.service, self.finalizer, name=name,
                                        routes=hosted, spawn=self.spawn, heartbeat=heartbeat, sweep_every=sweep_every,

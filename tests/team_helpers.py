@@ -43,17 +43,19 @@ def _start_shared(config: dict[str, Any], data_dir: Path, redis_url: str) -> Gat
 
 
 @contextlib.contextmanager
-def serve(mode: str, config: dict[str, Any], data_dir: Path) -> Iterator[Gateway]:
+def serve(mode: str, config: dict[str, Any], data_dir: Path, redis_url: str | None = None) -> Iterator[Gateway]:
+    """The gateway in `mode`; shared mode uses `redis_url`, or a redis-server of its own when None."""
     if mode == "embedded":
         with start_gateway(config, data_dir, workers=1) as server:
             yield server
         return
-    redis = RedisServer().start()
+    redis = RedisServer().start() if redis_url is None else None
     try:
-        with _start_shared(config, data_dir, redis.url) as server:
+        with _start_shared(config, data_dir, redis.url if redis is not None else str(redis_url)) as server:
             yield server
     finally:
-        redis.close()
+        if redis is not None:
+            redis.close()
 
 
 def lines(n: int, tag: str, sleep_ms: int = 200) -> list[dict[str, Any]]:

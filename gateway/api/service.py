@@ -19,6 +19,7 @@ from gateway.config.schema import Config
 from gateway.config.urls import normalise_endpoint
 from gateway.errors import Conflict, InvalidRequest, OverQuota, TooLarge, not_found
 from gateway.json_codec import loads
+from gateway.pipeline.budget import Budgets
 from gateway.pipeline.lifecycle import NO_EXPIRY, expiry, for_queue
 from gateway.pipeline.plan import Planner
 from gateway.records import BatchStatus, Result, Shard, new_id
@@ -46,12 +47,14 @@ class BatchService:
     def __init__(
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
         spawn: Spawn, finalize: Callable[[str], Awaitable[None]], quotas: QuotaLedger | None = None,
+        budgets: Budgets | None = None,
     ) -> None:
         self.config, self.store, self.blobs, self.queue = config, store, blobs, queue
         self._coordination = coordination
         self._spawn = spawn
         self._finalize = finalize
         self.quotas = quotas
+        self.budgets = budgets or Budgets(config, quotas)
         self._limits = {t.team_id: TeamLimits(t.max_enqueued_requests, t.max_active_batches)
                         for t in config.batch.teams}
 
@@ -151,6 +154,11 @@ class BatchService:
 
     async def _admit(self, batch: BatchRecord, source: FileRecord) -> None:
         """Count the batch against its team's quotas, or refuse it (429, the code names the quota)."""
+        if await self.budgets.over(batch.owner):
+            spent, limit = await self.budgets.spent(batch.owner), self.budgets.limit(batch.owner)
+            raise OverQuota(f"Budget has been exceeded for team {batch.owner!r}: spent {spent:.6f} USD, max_budget "
+                            f"{limit} USD. New batches are refused until the budget period resets.",
+                            code="budget_exceeded")
         limits = self._limits.get(batch.owner)
         if limits is None or self.quotas is None or limits == TeamLimits():
             return

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from gateway.fairness import FairSlots, current_share
 from gateway.metrics import observe_latency, track_in_flight
@@ -69,6 +69,9 @@ class Backends(Protocol):
     async def get(self, route_name: str) -> Backend: ...
 
 
+_WAKE = object()  # put on a run's queue to have it look at its state again
+
+
 async def run_bounded(
     requests: Sequence[BatchRequest],
     call: Callable[[BatchRequest], Coroutine[Any, Any, Result]],
@@ -86,7 +89,7 @@ async def run_bounded(
     `tracked`) ends the iteration with an error.
     """
     share = current_share()
-    done: asyncio.Queue[Result | BaseException] = asyncio.Queue()
+    done: asyncio.Queue[Result | BaseException | object] = asyncio.Queue()
     mine: set[asyncio.Task[Any]] = set()
 
     def forget(task: asyncio.Task[Any]) -> None:
@@ -113,21 +116,34 @@ async def run_bounded(
         return result
 
     queue = iter(requests)
+    started = 0
+    stopped = False
 
     def start() -> None:  # the slots call it when this flow's next request may start
+        nonlocal started
+        started += 1
         task = asyncio.create_task(measured(next(queue)))
         mine.add(task)
         if tracked is not None:
             tracked.add(task)
         task.add_done_callback(finished)
 
-    flow = slots.open(share, len(requests), start)
+    def stop() -> None:  # `stop_sending` (a budget spent): what is in flight finishes, nothing more starts
+        nonlocal stopped
+        stopped = True
+        done.put_nowait(_WAKE)
+
+    flow = slots.open(share, len(requests), start, stop)
     try:
-        for _ in range(len(requests)):
+        received = 0
+        while received < len(requests) and not (stopped and received >= started):
             item = await done.get()
+            if item is _WAKE:
+                continue
             if isinstance(item, BaseException):
                 raise item
-            yield item
+            received += 1
+            yield cast(Result, item)
     finally:
         slots.close(flow)  # first: no call starts after the ones cancelled here
         pending = list(mine)

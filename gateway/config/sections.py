@@ -30,6 +30,18 @@ class Team(Strict):
     # Quotas, refused at create with 429 and a code naming the quota (gateway.store.quota); None: no limit.
     max_enqueued_requests: PositiveInt | None = None  # requests in the team's unfinished batches
     max_active_batches: PositiveInt | None = None  # the team's unfinished batches
+    # A budget, as LiteLLM names it: USD per `budget_duration` ("30d", "1h", "10m", "30s"; none: for ever). Over
+    # it, new batches are refused and running ones stop sending (gateway.pipeline.execute).
+    max_budget: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    budget_duration: Annotated[str, Field(pattern=r"^[1-9][0-9]*(s|m|h|d)$")] | None = None
+
+    @property
+    def budget_seconds(self) -> int | None:
+        """`budget_duration` in seconds (None: the budget never resets)."""
+        if self.budget_duration is None:
+            return None
+        unit = {"s": 1, "m": 60, "h": 3600, "d": 86_400}[self.budget_duration[-1]]
+        return int(self.budget_duration[:-1]) * unit
 
 
 class MetricsSettings(Strict):

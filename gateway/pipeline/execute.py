@@ -28,9 +28,10 @@ from typing import Any
 from gateway import metrics
 from gateway.backends.interface import Backends, ShardAwareBackend
 from gateway.config.schema import Config
-from gateway.fairness import DEFAULT_WEIGHT, Share, running_for
+from gateway.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
 from gateway.json_codec import loads
-from gateway.pipeline.lifecycle import GIVEN_UP, LOST, MAX_ATTEMPTS, StopReason, stop_reason
+from gateway.pipeline.budget import Budgets
+from gateway.pipeline.lifecycle import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
 from gateway.pipeline.merge import seal_shard
 from gateway.records import BatchRequest, Result, Shard
 from gateway.store.base import Blobs, Delivery, Queue, Store, read_lines
@@ -69,7 +70,7 @@ class ShardRunner:
     def __init__(
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, backends: Backends,
         *, finish_shard: Callable[[Shard], Awaitable[None]], routes: Collection[str] | None,
-        spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
+        spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]], budgets: Budgets | None = None,
     ) -> None:
         # `finish_shard`: the finalizer's, handed in (a later stage; the runner does not import it).
         self.config, self.store, self.blobs, self.queue = config, store, blobs, queue
@@ -79,6 +80,7 @@ class ShardRunner:
         self._running: dict[str, asyncio.Task[Any]] = {}  # delivery token -> the task running it
         self._closing = False
         self.weights = {t.team_id: t.weight for t in config.batch.teams}
+        self.budgets = budgets or Budgets(config, None)
         queue.on_lost = self._lost
 
     async def loop(self) -> None:
@@ -158,7 +160,7 @@ class ShardRunner:
         batch = await self.store.get_batch(shard.batch_id)
         if batch is None:
             return
-        reason = stop_reason(batch)
+        reason = stop_reason(batch) or (OVER_BUDGET if await self.budgets.over(batch.owner) else None)
         if reason is None:
             requests = [
                 BatchRequest.from_json(loads(raw))
@@ -170,8 +172,8 @@ class ShardRunner:
             if todo:
                 share = Share(batch.owner, batch.id, batch.expires_at, self.weights.get(batch.owner, DEFAULT_WEIGHT))
                 reason = await self._execute(shard, share, todo)
-        if reason is None:
-            await seal_shard(self.store, self.blobs, shard, missing=None)
+        if reason is None or reason is OVER_BUDGET:  # over budget: the unrun lines get error lines now
+            await seal_shard(self.store, self.blobs, shard, missing=reason)
         await self._finish_shard(shard)
 
     async def _execute(self, shard: Shard, share: Share, todo: list[BatchRequest]) -> StopReason | None:
@@ -185,6 +187,7 @@ class ShardRunner:
             if buffer:
                 done, buffer = buffer, []
                 await self.store.record_results(shard, done)
+                await self.budgets.add(owner, done)
                 metrics.observe_results(owner, shard.route, done)
             flushed_at = time.monotonic()
 
@@ -204,17 +207,24 @@ class ShardRunner:
 
         with running_for(share):  # the task copies the context: the backend's slots see whose requests these are
             consumer = asyncio.create_task(consume(), name=f"shard-{shard.key}")
+        stopping: StopReason | None = None
         try:
             while True:
                 finished, _ = await asyncio.wait({consumer}, timeout=_POLL_SECONDS)
                 if finished:
                     consumer.result()  # a bug in a backend surfaces here
-                    return None
+                    return stopping
                 await flush()  # slow results still get recorded promptly
+                if stopping is not None:
+                    continue
                 batch = await self.store.get_batch(shard.batch_id)
                 reason = stop_reason(batch) if batch is not None else LOST
                 if reason is not None:
                     return reason
+                if await self.budgets.over(owner):
+                    # Over budget: nothing more starts; the requests in flight finish and are recorded.
+                    stopping = OVER_BUDGET
+                    stop_sending(shard.batch_id)
         finally:
             if not consumer.done():
                 consumer.cancel()

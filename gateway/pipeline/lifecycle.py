@@ -25,6 +25,7 @@ StopReason = tuple[str, str]  # (error code, message) for each request that will
 CANCELLED: StopReason = ("batch_cancelled", "The batch was cancelled before this request ran.")
 EXPIRED: StopReason = ("batch_expired", "The batch expired before this request ran.")
 LOST: StopReason = ("internal_error", "No result was recorded for this request.")
+OVER_BUDGET: StopReason = ("budget_exceeded", "The team's budget (max_budget) was spent before this request ran.")
 
 MAX_ATTEMPTS = 3  # a shard that failed (or killed its worker) this often is given up
 GIVEN_UP: StopReason = (
@@ -66,6 +67,6 @@ def expiry(expires_after: ExpiresAfter | Mapping[str, Any] | None, created_at: i
 
 
 __all__ = [
-    "CANCELLED", "EXPIRED", "GIVEN_UP", "LOST", "MAX_ATTEMPTS", "NO_EXPIRY", "StopReason", "derived_id", "expiry",
-    "for_queue", "stop_reason",
+    "CANCELLED", "EXPIRED", "GIVEN_UP", "LOST", "MAX_ATTEMPTS", "NO_EXPIRY", "OVER_BUDGET", "StopReason", "derived_id",
+    "expiry", "for_queue", "stop_reason",
 ]

@@ -32,6 +32,7 @@ quotas (`RedisQuotaLedger`)
     quota:{team}              hash    batch id -> requests it enqueued, for each admitted batch still counted
     quota-at                  zset    admitted batch ids, score = when (the sweep lets go of finished ones)
     quota-team                hash    admitted batch id -> its team
+    spend:{team}              hash    budget period start (epoch seconds, 0: for ever) -> USD spent
 
 coordination (`RedisCoordination`, for `gateway.pipeline.coordinator`)
     worker:{name}             string  heartbeat JSON (routes, pid, host), with a TTL
@@ -126,6 +127,9 @@ class Keys:
     @property
     def quota_team(self) -> str:
         return f"{self.prefix}quota-team"
+
+    def spend(self, team: str) -> str:
+        return f"{self.prefix}spend:{team}"
 
     # -- upkeep ------------------------------------------------------------------
     def worker(self, name: str) -> str:

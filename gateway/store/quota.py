@@ -41,7 +41,16 @@ class QuotaLedger(Protocol):
     async def admitted(self) -> dict[str, float]:
         """Every batch counted now -> when it was admitted (epoch seconds)."""
     async def release(self, batch_ids: Collection[str]) -> None: ...
+    async def add_spend(self, team: str, period: int, usd: float) -> None:
+        """Add to the team's spend in the budget period that starts at `period` (epoch seconds; 0: for ever)."""
+    async def spend(self, team: str, period: int) -> float: ...
     async def aclose(self) -> None: ...
+
+
+def budget_period(duration: int | None, at: float) -> int:
+    """The start of the budget period `at` falls in: periods of `duration` seconds from the epoch (0: one
+    period for ever)."""
+    return 0 if not duration else int(at // duration) * duration
 
 
 def exceeded(usage: TeamUsage, requests: int, limits: TeamLimits) -> str | None:
@@ -53,5 +62,13 @@ def exceeded(usage: TeamUsage, requests: int, limits: TeamLimits) -> str | None:
     return None
 
 
-__all__ = ["GRACE_SECONDS", "MAX_ACTIVE_BATCHES", "MAX_ENQUEUED_REQUESTS", "QuotaLedger", "TeamLimits",
-           "TeamUsage", "exceeded"]
+__all__ = [
+    "GRACE_SECONDS",
+    "MAX_ACTIVE_BATCHES",
+    "MAX_ENQUEUED_REQUESTS",
+    "QuotaLedger",
+    "TeamLimits",
+    "TeamUsage",
+    "budget_period",
+    "exceeded",
+]

@@ -58,6 +58,13 @@ class RedisQuotaLedger:
                 tx.hdel(k.quota_team, batch_id)
                 await tx.execute()
 
+    async def add_spend(self, team: str, period: int, usd: float) -> None:
+        await self._r.hincrbyfloat(self._k.spend(team), str(period), usd)  # atomic in Redis
+
+    async def spend(self, team: str, period: int) -> float:
+        value = await self._r.hget(self._k.spend(team), str(period))
+        return float(value) if value is not None else 0.0
+
     async def aclose(self) -> None:
         return None  # the client is the store's
 

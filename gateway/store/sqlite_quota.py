@@ -14,6 +14,9 @@ CREATE TABLE IF NOT EXISTS quota_admissions (
     batch_id TEXT PRIMARY KEY, team TEXT NOT NULL, requests INTEGER NOT NULL, admitted_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS quota_team ON quota_admissions(team);
+CREATE TABLE IF NOT EXISTS team_spend (
+    team TEXT NOT NULL, period INTEGER NOT NULL, usd REAL NOT NULL, PRIMARY KEY (team, period)
+);
 """
 
 
@@ -48,6 +51,14 @@ class SQLiteQuotaLedger:
 
     async def release(self, batch_ids: Collection[str]) -> None:
         self._db.executemany("DELETE FROM quota_admissions WHERE batch_id = ?", [(b,) for b in batch_ids])
+
+    async def add_spend(self, team: str, period: int, usd: float) -> None:
+        self._db.execute("INSERT INTO team_spend VALUES (?, ?, ?) ON CONFLICT (team, period) DO UPDATE SET "
+                         "usd = usd + excluded.usd", (team, period, usd))
+
+    async def spend(self, team: str, period: int) -> float:
+        row = self._db.execute("SELECT usd FROM team_spend WHERE team = ? AND period = ?", (team, period)).fetchone()
+        return float(row[0]) if row else 0.0
 
     async def aclose(self) -> None:
         self._db.close()
