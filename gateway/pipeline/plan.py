@@ -8,6 +8,7 @@ holds one open shard writer per route and the set of custom_ids, never lines.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from gateway.config.schema import Config
 from gateway.errors import LINE_HTTP_STATUS, LineCode, LineError
 from gateway.json_codec import dumps
 from gateway.pipeline.validate import FATAL_CODES, LineChecker, LineProblem
-from gateway.records import Endpoint, Result, Shard
+from gateway.records import BatchRequest, Endpoint, Result, Shard
 from gateway.store.base import Blobs, BlobWriter
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,23 @@ class PlanOutcome:
 class _OpenShard:
     shard: Shard
     writer: BlobWriter
+
+
+Checked = BatchRequest | LineError | LineProblem
+_CHUNK_LINES, _CHUNK_BYTES = 2_000, 1 << 20  # lines checked per thread hop (whichever comes first)
+
+
+async def _chunks(lines: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+    chunk: list[bytes] = []
+    size = 0
+    async for raw in lines:
+        chunk.append(raw)
+        size += len(raw)
+        if len(chunk) >= _CHUNK_LINES or size >= _CHUNK_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
 
 
 class Planner:
@@ -74,31 +92,31 @@ class Planner:
     async def plan(self, lines: AsyncIterator[bytes]) -> PlanOutcome:
         limits = self._config.batch.limits
         try:
-            number = 0
-            async for raw in lines:
-                number += 1
-                checked = self._checker.check(raw, number)
-                if checked is None:
-                    continue
-                self.outcome.total += 1
-                if self.outcome.total > limits.max_lines:
-                    self._fail(
-                        LineError(
-                            LineCode.TOO_MANY_TASKS, f"the file has more than {limits.max_lines} requests", number
-                        )
-                    )
-                    break
-                if isinstance(checked, LineError):
-                    self._fail(checked)
-                elif isinstance(checked, LineProblem):
-                    if self._strict or checked.error.code in FATAL_CODES:
-                        self._fail(checked.error)
+            number, over = 0, False
+            async for chunk in _chunks(lines):
+                # The CPU work (JSON, checks, the shard line's bytes) in a thread: one team's upload must not
+                # hold the API's event loop (another team's GET answers meanwhile). Lines keep their numbers.
+                checked_chunk = await asyncio.to_thread(self._check_chunk, chunk, number)
+                number += len(chunk)
+                for line, checked, data in checked_chunk:
+                    self.outcome.total += 1
+                    if self.outcome.total > limits.max_lines:
+                        self._fail(LineError(LineCode.TOO_MANY_TASKS,
+                                             f"the file has more than {limits.max_lines} requests", line))
+                        over = True
+                        break
+                    if isinstance(checked, LineError):
+                        self._fail(checked)
+                    elif isinstance(checked, LineProblem):
+                        if self._strict or checked.error.code in FATAL_CODES:
+                            self._fail(checked.error)
+                        else:
+                            await self._answer(checked)
                     else:
-                        await self._answer(checked)
-                else:
-                    self.outcome.models.add(checked.model)
-                    route = self._config.routes[checked.model].model_name
-                    await self._append(route, dumps(checked.to_json()))
+                        self.outcome.models.add(checked.model)
+                        await self._append(self._config.routes[checked.model].model_name, data)
+                if over:
+                    break
             if self.outcome.total == 0 and not self.outcome.failed:
                 # Kept in run_batch mode too: `batchyard run --model` answers an empty file before planning.
                 self._fail(LineError(LineCode.EMPTY_FILE, "the file contains no requests"))
@@ -113,6 +131,16 @@ class Planner:
             await self._close(commit=False)
             raise
         return self.outcome
+
+    def _check_chunk(self, chunk: list[bytes], before: int) -> list[tuple[int, Checked, bytes]]:
+        """Check lines `before + 1`… (blank ones are left out); a good line comes with its shard bytes."""
+        out: list[tuple[int, Checked, bytes]] = []
+        for offset, raw in enumerate(chunk, start=1):
+            checked = self._checker.check(raw, before + offset)
+            if checked is not None:
+                data = dumps(checked.to_json()) if isinstance(checked, BatchRequest) else b""
+                out.append((before + offset, checked, data))
+        return out
 
     async def _append(self, route: str, data: bytes) -> None:
         if self.outcome.failed:
