@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from openai.types import Batch
@@ -76,6 +78,15 @@ def until(gw: Gateway, key: str, batch_id: str, reached: Callable[[Batch], bool]
 def done(b: Batch) -> int:
     assert b.request_counts is not None
     return b.request_counts.completed + b.request_counts.failed
+
+
+def metric(gw: Gateway, name: str, **labels: str) -> float | None:
+    """The sample of `name` with exactly these labels on the gateway's /metrics (the master key's), or None."""
+    text = httpx.get(gw.url + "/metrics", headers={"Authorization": "Bearer sk-admin"}, timeout=10).text
+    for match in re.finditer(rf"^{name}{{(.*)}} ([-0-9.e+]+)$", text, re.M):
+        if dict(re.findall(r'(\w+)="([^"]*)"', match.group(1))) == labels:
+            return float(match.group(2))
+    return None
 
 
 def finished(b: Batch) -> bool:

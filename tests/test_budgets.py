@@ -16,7 +16,7 @@ import pytest
 
 from tests.server_helpers import gateway_config, submit
 from tests.services import HAVE_REDIS, RedisServer
-from tests.team_helpers import MODEL, MODES, finished, lines, serve, until
+from tests.team_helpers import MODEL, MODES, finished, lines, metric, serve, until
 from tests.upstream import Upstream, start_upstream
 
 PRICE = 0.001  # USD per token, in and out: the upstream's reply to a line is 3 + 4 tokens, 0.007 USD
@@ -32,7 +32,8 @@ def upstream() -> Iterator[Upstream]:
 
 
 def _config(upstream: Upstream) -> dict[str, Any]:
-    config = gateway_config(upstream, models=(MODEL,), teams=TEAMS, shard_size=20, max_concurrency=4)
+    config = gateway_config(upstream, models=(MODEL,), teams=TEAMS, shard_size=20, max_concurrency=4,
+                            master_key="sk-admin")
     config["model_list"][0]["model_info"] = {"input_cost_per_token": PRICE, "output_cost_per_token": PRICE}
     return config
 
@@ -57,6 +58,10 @@ def test_a_budget_crossed_mid_batch_stops_it_and_survives_a_restart(
             with pytest.raises(openai.RateLimitError) as refused:
                 submit(client, lines(1, "more"))
             assert refused.value.response.json()["error"]["code"] == "budget_exceeded"
+            spend = metric(gw, "batchyard_team_spend_usd", team="thrifty")
+            assert spend is not None and BUDGET <= spend <= ran * 7 * PRICE + 1e-9  # what ran, counted once
+            assert metric(gw, "batchyard_team_max_budget_usd", team="thrifty") == BUDGET
+            assert (metric(gw, "batchyard_team_quota_headroom", team="thrifty", quota="max_budget") or 0) <= 0
             other = submit(gw.client("sk-other"), lines(2, "other", sleep_ms=0))  # other teams are not held
             assert until(gw, "sk-other", other.id, finished).status == "completed"
         with serve(mode, _config(upstream), tmp_path / "data", redis_url=redis_url) as gw:  # the spend was kept

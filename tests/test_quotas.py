@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.server_helpers import Gateway, gateway_config, submit
-from tests.team_helpers import MODEL, MODES, finished, lines, serve, until
+from tests.team_helpers import MODEL, MODES, finished, lines, metric, serve, until
 from tests.upstream import Upstream, start_upstream
 
 TEAMS = [{"team_id": "one-at-a-time", "api_keys": ["sk-one"], "max_active_batches": 1},
@@ -29,7 +29,8 @@ def upstream() -> Iterator[Upstream]:
 @pytest.fixture(scope="module", params=MODES)
 def gateway(request: pytest.FixtureRequest, upstream: Upstream,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    config = gateway_config(upstream, models=(MODEL,), teams=TEAMS, shard_size=10, max_concurrency=8)
+    config = gateway_config(upstream, models=(MODEL,), teams=TEAMS, shard_size=10, max_concurrency=8,
+                            master_key="sk-admin")
     with serve(request.param, config, tmp_path_factory.mktemp(request.param) / "data") as server:
         yield server
 
@@ -50,6 +51,8 @@ def test_max_active_batches_is_refused_with_its_code_until_a_batch_finishes(gate
     assert error["code"] == "max_active_batches_exceeded" and error["type"] == "rate_limit_error"
     assert "Limit: 1 active batches" in error["message"]
     assert [b.id for b in client.batches.list().data] == [first.id]  # the refused batch was never stored
+    assert metric(gateway, "batchyard_team_quota_headroom", team="one-at-a-time", quota="max_active_batches") == 0
+    assert metric(gateway, "batchyard_team_active_batches", team="one-at-a-time") == 1
     assert until(gateway, "sk-one", first.id, finished).status == "completed"
     # The sweep frees the finished batch's place (every second embedded, every 5 s shared).
     third = None

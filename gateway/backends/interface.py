@@ -110,7 +110,7 @@ async def run_bounded(
     async def measured(req: BatchRequest) -> Result:
         # Every backend's per-request call passes here: in-flight and latency per route (the line's model).
         started = time.monotonic()
-        with track_in_flight(req.model):
+        with track_in_flight(req.model, share.team):
             result = await call(req)
         observe_latency(req.model, time.monotonic() - started)
         return result
