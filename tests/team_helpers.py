@@ -29,7 +29,7 @@ MODES = ["embedded", pytest.param("shared", marks=[pytest.mark.redis, pytest.mar
     not HAVE_REDIS, reason="redis-server is not on PATH")])]
 
 
-def _start_shared(config: dict[str, Any], data_dir: Path, redis_url: str) -> Gateway:
+def start_shared(config: dict[str, Any], data_dir: Path, redis_url: str) -> Gateway:
     data_dir.mkdir(parents=True, exist_ok=True)
     config_path = data_dir.parent / "shared.config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -53,7 +53,7 @@ def serve(mode: str, config: dict[str, Any], data_dir: Path, redis_url: str | No
         return
     redis = RedisServer().start() if redis_url is None else None
     try:
-        with _start_shared(config, data_dir, redis.url if redis is not None else str(redis_url)) as server:
+        with start_shared(config, data_dir, redis.url if redis is not None else str(redis_url)) as server:
             yield server
     finally:
         if redis is not None:
