@@ -12,6 +12,11 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+# The providers whose batch jobs a native route can run (`providers.native` has one `UpstreamJobs` for each).
+# LiteLLM 1.106.2 also reaches Vertex AI (Google Cloud Storage) and Bedrock (S3 and CreateModelInvocationJob)
+# batches; nothing on loopback stands in for those, so they are not offered untested.
+NATIVE_PROVIDERS = ("openai", "azure", "anthropic", "mistral")
+
 
 class RouteKind(str, enum.Enum):
     LOCAL = "local"
