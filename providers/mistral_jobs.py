@@ -114,6 +114,23 @@ class MistralJobs:
         for file_id in state.files:
             async for raw in upstream_file_lines(self._litellm, file_id, self._kwargs):
                 try:
-                    yield json.loads(raw)
+                    obj = json.loads(raw)
                 except ValueError:
                     log.warning("native: Mistral file %s: a result line is not JSON", file_id)
+                    continue
+                yield _openai_error_shape(obj)
+
+
+def _openai_error_shape(obj: dict[str, Any]) -> dict[str, Any]:
+    """Mistral's error replies are flat (`{object: "error", message, type, param, code}`): OpenAI nests them
+    under `error`, which is what callers of an OpenAI-shaped batch read."""
+    response = obj.get("response")
+    body = response.get("body") if isinstance(response, dict) else None
+    if isinstance(body, dict) and "error" not in body and (body.get("object") == "error" or "message" in body
+                                                           and response.get("status_code", 200) >= 400):
+        code = body.get("code")
+        error = {"message": str(body.get("message") or body.get("detail") or ""),
+                 "type": str(body.get("type") or "invalid_request_error"), "param": body.get("param"),
+                 "code": None if code is None else str(code)}
+        obj = {**obj, "response": {**response, "body": {"error": error}}}
+    return obj

@@ -268,8 +268,8 @@ def batch_prices(model_info: dict[str, Any], model_cost: dict[str, Any], candida
 ):
     """(input, output) USD per token at batch rates: model_info first, then LiteLLM's price map.
 
-    `*_cost_per_token_batches` are used as they are; plain `*_cost_per_token` are halved (OpenAI's and
-    Azure's batch discount). None when no price is known.
+    `*_cost_per_token_batches` are used as they are; plain `*_cost_per_token` are halved (the 50% batch
+    discount of OpenAI, Azure, Anthropic and Mistral alike). None when no price is known.
     """
     sources = [model_info, *(model_cost.get(name) or {} for name in candidates if name)]
     for info in sources:

@@ -1,0 +1,242 @@
+"""Native batches beyond OpenAI: Anthropic's Message Batches and Mistral's batch jobs, through LiteLLM's batch
+functions, against their loopback stand-ins (tests/stubs_anthropic.py, tests/stubs_mistral.py). Nothing is mocked.
+
+Each provider, the same spec: a shard split under the provider's job limit; OpenAI-shaped chat completions back
+with usage; cost at the provider's batch rates; a line's error with the provider's code; a job that fails or
+expires; cancel; a restart that polls the job it created and never creates it twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.config.routes import Route, RouteKind
+from gateway.records import BatchRequest, BatchStatus, Endpoint, Result
+from gateway.store.base import now
+from gateway.store.sqlite_store import SQLiteStore
+from providers.native import NativeBatchBackend, native_route_summary
+from tests.stub_process import Stub, start_stub
+from tests.test_native import ROUTE, new_shard, run_shard, upstream_ids
+
+PROVIDERS = ["anthropic", "mistral"]
+# A model LiteLLM's price map knows, per provider: claude-haiku-4-5 has batch prices of its own
+# (input 5e-7, output 2.5e-6 per token); mistral-small-latest only real-time ones, which a batch halves.
+MODELS = {"anthropic": "claude-haiku-4-5", "mistral": "mistral-small-latest"}
+BATCH_RATES = {"anthropic": (5e-7, 2.5e-6), "mistral": (1.5e-7 / 2, 6e-7 / 2)}
+MODULES = {"anthropic": "tests.stubs_anthropic", "mistral": "tests.stubs_mistral"}
+
+
+@pytest.fixture(scope="module")
+def stubs() -> Iterator[dict[str, Stub]]:
+    started = {p: start_stub(m, ["--batch-delay", "0.4", "--max-requests", "3"]) for p, m in MODULES.items()}
+    try:
+        yield started
+    finally:
+        for stub in started.values():
+            stub.stop()
+
+
+@pytest.fixture(scope="module")
+def slow_stubs() -> Iterator[dict[str, Stub]]:
+    """Jobs that take long enough to be cancelled (or restarted) for sure."""
+    started = {p: start_stub(m, ["--batch-delay", "6"]) for p, m in MODULES.items()}
+    try:
+        yield started
+    finally:
+        for stub in started.values():
+            stub.stop()
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+    s = SQLiteStore(tmp_path / "store.sqlite3")
+    yield s
+    await s.aclose()
+
+
+def route(provider: str, stub: Stub, **info: Any) -> Route:
+    params = {"model": f"{provider}/{MODELS[provider]}", "api_base": stub.url, "api_key": f"sk-{provider}"}
+    entry = {"model_name": ROUTE, "litellm_params": params,
+             "model_info": {"batch_mode": "native", "native_poll_max_seconds": 0.2, **info}}
+    return Route(model_name=ROUTE, kind=RouteKind.NATIVE, deployments=[entry])
+
+
+def chat(line: int, text: str | None = None, **extra: Any) -> BatchRequest:
+    body = {"model": ROUTE, "messages": [{"role": "system", "content": "Answer briefly."},
+                                         {"role": "user", "content": text or f"hello number {line}"}],
+            "max_tokens": 32, **extra}
+    return BatchRequest(line=line, custom_id=f"task-{line}", url=Endpoint.CHAT, body=body)
+
+
+def stub_get(stub: Stub, path: str, headers: dict[str, str]) -> Any:
+    request = urllib.request.Request(stub.url + path, headers=headers)
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=10) as reply:
+        return json.loads(reply.read())
+
+
+def upstream_status(provider: str, stub: Stub, batch_id: str) -> str:
+    """The job's status in the provider's own words, asked of the stand-in directly."""
+    if provider == "anthropic":
+        obj = stub_get(stub, f"/v1/messages/batches/{batch_id}", {"x-api-key": "k", "anthropic-version": "2023-06-01"})
+        return str(obj["processing_status"])
+    return str(stub_get(stub, f"/v1/batch/jobs/{batch_id}", {"authorization": "Bearer k"})["status"])
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_shard_split_under_the_job_limit_answers_in_openai_shape_at_batch_rates(
+    provider: str, stubs: dict[str, Stub], store: SQLiteStore
+) -> None:
+    stub = stubs[provider]
+    # The stand-ins refuse a job over 3 requests (--max-requests 3): the route's limit splits 7 lines into 3 jobs.
+    backend = NativeBatchBackend(route(provider, stub, native_max_lines=3), {}, store)
+    requests = [chat(i) for i in (2, 3, 5, 8, 9, 11, 12)]
+    shard = await new_shard(store, len(requests))
+    before = stub.stats()
+    results = await run_shard(backend, shard, requests)
+    after = stub.stats()
+    assert after.get("batches_created", 0) - before.get("batches_created", 0) == 3
+    assert after.get("batch_requests", 0) - before.get("batch_requests", 0) == 7
+    for req, res in zip(requests, results, strict=True):
+        assert (res.line, res.custom_id, res.status_code, res.model) == (req.line, req.custom_id, 200, ROUTE)
+        assert res.body is not None and res.body["object"] == "chat.completion"
+        assert res.body["choices"][0]["message"] == {**res.body["choices"][0]["message"], "role": "assistant",
+                                                     "content": f"echo: hello number {req.line}"}
+        assert res.body["model"] == MODELS[provider]  # the deployment's model went upstream
+        usage = res.body["usage"]
+        assert usage["prompt_tokens"] == 5 and usage["completion_tokens"] == 4  # system + user words; the reply
+        assert (res.usage.input_tokens, res.usage.output_tokens) == (5, 4)
+    summary = await native_route_summary(store, shard.batch_id, ROUTE)
+    assert summary["upstream_batch_ids"] == await upstream_ids(store, shard) and len(summary["upstream_batch_ids"]) == 3
+    assert (summary["input_tokens"], summary["output_tokens"]) == (7 * 5, 7 * 4)
+    rate_in, rate_out = BATCH_RATES[provider]  # from LiteLLM's price map: no price in the config
+    assert summary["cost_usd"] == pytest.approx(35 * rate_in + 28 * rate_out)
+
+
+async def test_anthropic_lines_are_translated_by_litellm(stubs: dict[str, Stub], store: SQLiteStore) -> None:
+    """The system prompt becomes Messages' top-level `system`, stop becomes `stop_sequences`; a parameter
+    Anthropic has no counterpart for is that line's 400 before any job is made."""
+    stub = stubs["anthropic"]
+    backend = NativeBatchBackend(route("anthropic", stub), {}, store)
+    requests = [chat(1, stop=["\n\n"], temperature=0.2), chat(2, logit_bias={"50256": -100})]
+    results = await run_shard(backend, await new_shard(store, 2), requests)
+    params = stub.stats()["last_params"]
+    assert params["system"] == [{"type": "text", "text": "Answer briefly."}]
+    assert [m["role"] for m in params["messages"]] == ["user"]
+    assert (params["stop_sequences"], params["temperature"], params["max_tokens"]) == (["\n\n"], 0.2, 32)
+    assert results[0].status_code == 200
+    refused = results[1]
+    assert refused.status_code == 400 and refused.body is not None
+    assert refused.body["error"]["code"] == "unsupported_parameter"
+    assert refused.body["error"]["param"] == "logit_bias" and refused.body["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(("provider", "text", "status", "code"), [
+    ("anthropic", "busy #fail:overloaded_error", 503, "overloaded_error"),
+    ("anthropic", "bad #fail:invalid_request_error", 400, "invalid_request_error"),
+    ("mistral", "slow down #fail:429", 429, "429"),
+])
+async def test_a_line_error_keeps_the_providers_code(
+    provider: str, text: str, status: int, code: str, stubs: dict[str, Stub], store: SQLiteStore
+) -> None:
+    backend = NativeBatchBackend(route(provider, stubs[provider]), {}, store)
+    results = await run_shard(backend, await new_shard(store, 2), [chat(1), chat(2, text)])
+    assert results[0].status_code == 200
+    failed = results[1]
+    assert failed.status_code == status and failed.body is not None, failed
+    assert failed.body["error"]["code"] == code and "directive" in failed.body["error"]["message"]
+    assert failed.usage.input_tokens == 0  # an error costs nothing
+
+
+@pytest.mark.parametrize(("provider", "directive", "code", "words"), [
+    ("anthropic", "#batch:expire", "expired", "ended with this request expired"),
+    ("mistral", "#batch:expire", "timeout_exceeded", "expired"),
+    ("mistral", "#batch:fail", "failed", "Job failed (#batch:fail directive)."),
+])
+async def test_a_job_that_fails_or_expires_gives_every_line_the_providers_code(
+    provider: str, directive: str, code: str, words: str, stubs: dict[str, Stub], store: SQLiteStore
+) -> None:
+    backend = NativeBatchBackend(route(provider, stubs[provider]), {}, store)
+    shard = await new_shard(store, 3)
+    results = await run_shard(backend, shard, [chat(1), chat(2, f"poison {directive}"), chat(3)])
+    for res in results:
+        assert res.status_code is None and res.error is not None, res
+        assert res.error["code"] == code and words in res.error["message"], res.error
+    summary = await native_route_summary(store, shard.batch_id, ROUTE)
+    assert summary["input_tokens"] == 0 and summary["cost_usd"] == 0
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_cancel_cancels_the_upstream_job(provider: str, slow_stubs: dict[str, Stub],
+                                               store: SQLiteStore) -> None:
+    stub = slow_stubs[provider]
+    backend = NativeBatchBackend(route(provider, stub), {}, store)
+    await backend.start()
+    shard = await new_shard(store, 2)
+    got: list[Result] = []
+
+    async def consume() -> None:
+        async for r in backend.execute_shard(shard, [chat(1), chat(2)]):
+            got.append(r)
+
+    task = asyncio.create_task(consume())
+    (batch_id,) = await upstream_ids(store, shard)
+    before = stub.stats().get("cancels", 0)
+    await store.update_batch(shard.batch_id, {"status": BatchStatus.CANCELLING, "cancelling_at": now()})
+    task.cancel()  # what the pipeline does when it sees our batch cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert got == []
+    assert stub.stats()["cancels"] == before + 1
+    assert upstream_status(provider, stub, batch_id) in ("canceling", "ended", "CANCELLATION_REQUESTED", "CANCELLED")
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_restart_polls_the_job_it_created(provider: str, slow_stubs: dict[str, Stub], tmp_path: Path) -> None:
+    stub = slow_stubs[provider]
+    path = tmp_path / "restart.sqlite3"
+    first_store = SQLiteStore(path)
+    first = NativeBatchBackend(route(provider, stub, native_poll_initial_seconds=0.1), {}, first_store)
+    requests = [chat(i) for i in range(1, 5)]
+    shard = await new_shard(first_store, len(requests))
+    task = asyncio.create_task(anext(first.execute_shard(shard, requests)))
+    (batch_id,) = await upstream_ids(first_store, shard)
+    created = stub.stats()["batches_created"]
+    task.cancel()  # the process goes away mid-poll (a shutdown: our batch is still in progress)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await first_store.aclose()
+    assert upstream_status(provider, stub, batch_id) in ("in_progress", "QUEUED", "RUNNING")
+
+    second_store = SQLiteStore(path)  # a new process: new store connection, new backend
+    try:
+        second = NativeBatchBackend(route(provider, stub, native_poll_initial_seconds=0.1), {}, second_store)
+        todo = requests[1:]  # line 1 was recorded before the restart
+        results = await run_shard(second, shard, todo)
+        assert stub.stats()["batches_created"] == created, "a restart must not create the job again"
+        assert [r.custom_id for r in results] == [r.custom_id for r in todo] and all(r.ok for r in results)
+        summary = await native_route_summary(second_store, shard.batch_id, ROUTE)
+        assert summary["upstream_batch_ids"] == [batch_id]
+        assert summary["input_tokens"] == 4 * 5  # every line of the job counts, the one recorded before too
+    finally:
+        await second_store.aclose()
+
+
+async def test_mistral_embeddings_and_an_endpoint_a_provider_lacks(stubs: dict[str, Stub],
+                                                                   store: SQLiteStore) -> None:
+    embed = BatchRequest(line=1, custom_id="e1", url=Endpoint.EMBEDDINGS, body={"model": ROUTE, "input": "a b c"})
+    mistral = NativeBatchBackend(route("mistral", stubs["mistral"]), {}, store)
+    (res,) = await run_shard(mistral, await new_shard(store, 1), [embed])
+    assert res.status_code == 200 and res.body is not None and len(res.body["data"][0]["embedding"]) == 8
+    assert res.usage.input_tokens == 3
+    anthropic = NativeBatchBackend(route("anthropic", stubs["anthropic"]), {}, store)
+    assert anthropic.endpoints == frozenset({Endpoint.CHAT})
+    (res,) = await run_shard(anthropic, await new_shard(store, 1), [embed])
+    assert res.status_code == 400 and res.body is not None
+    assert res.body["error"]["code"] == "unsupported_endpoint" and "anthropic" in res.body["error"]["message"]
