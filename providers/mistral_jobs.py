@@ -126,11 +126,11 @@ def _openai_error_shape(obj: dict[str, Any]) -> dict[str, Any]:
     under `error`, which is what callers of an OpenAI-shaped batch read."""
     response = obj.get("response")
     body = response.get("body") if isinstance(response, dict) else None
-    if isinstance(body, dict) and "error" not in body and (body.get("object") == "error" or "message" in body
-                                                           and response.get("status_code", 200) >= 400):
+    failed = isinstance(response, dict) and int(response.get("status_code") or 200) >= 400
+    if failed and isinstance(body, dict) and "error" not in body:
         code = body.get("code")
         error = {"message": str(body.get("message") or body.get("detail") or ""),
                  "type": str(body.get("type") or "invalid_request_error"), "param": body.get("param"),
                  "code": None if code is None else str(code)}
-        obj = {**obj, "response": {**response, "body": {"error": error}}}
+        obj = {**obj, "response": {**(response or {}), "body": {"error": error}}}
     return obj
