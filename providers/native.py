@@ -54,7 +54,7 @@ _MAX_POLL_ERRORS = 10  # consecutive transient polling errors before a part's re
 _CANCEL_TIMEOUT = 15.0
 
 
-def _jobs_class(provider: str) -> Any:
+def jobs_class(provider: str) -> Any:
     """The `UpstreamJobs` implementation of a provider (imported lazily: one module per provider)."""
     if provider in ("openai", "azure"):
         from providers.openai_jobs import OpenAIJobs
@@ -90,7 +90,7 @@ class NativeBatchBackend:
         """What every deployment's provider takes in its batch jobs."""
         served: frozenset[Endpoint] | None = None
         for entry in self.route.deployments:
-            cls = _jobs_class(str(entry["litellm_params"]["model"]).partition("/")[0])
+            cls = jobs_class(str(entry["litellm_params"]["model"]).partition("/")[0])
             mine = cls.endpoints if cls is not None else frozenset()
             served = mine if served is None else served & mine
         return served or frozenset()
@@ -115,7 +115,7 @@ class NativeBatchBackend:
         info = dict(entry.get("model_info") or {})
         candidates = [info.get("base_model") or "", str(params["model"]), model]
         prices = batch_prices(info, self._litellm.model_cost, candidates)
-        cls = _jobs_class(provider) if provider in NATIVE_PROVIDERS else None
+        cls = jobs_class(provider) if provider in NATIVE_PROVIDERS else None
         jobs = cls(self._litellm, provider, model, call_kwargs(params, provider, self._timeout)) if cls else None
         return jobs, provider, prices
 
@@ -324,4 +324,4 @@ class NativeBatchBackend:
                             describe_error(exc))
 
 
-__all__ = ["NativeBatchBackend", "drop_native_state", "native_route_summary"]
+__all__ = ["NativeBatchBackend", "drop_native_state", "jobs_class", "native_route_summary"]

@@ -17,11 +17,13 @@ from typing import Any
 
 import pytest
 
-from gateway.config.routes import Route, RouteKind
+from gateway.config.routes import NATIVE_PROVIDERS, Route, RouteKind
+from gateway.config.schema import parse_config
+from gateway.errors import ConfigError
 from gateway.records import BatchRequest, BatchStatus, Endpoint, Result
 from gateway.store.base import now
 from gateway.store.sqlite_store import SQLiteStore
-from providers.native import NativeBatchBackend, native_route_summary
+from providers.native import NativeBatchBackend, jobs_class, native_route_summary
 from tests.stub_process import Stub, start_stub
 from tests.test_native import ROUTE, new_shard, run_shard, upstream_ids
 
@@ -240,3 +242,27 @@ async def test_mistral_embeddings_and_an_endpoint_a_provider_lacks(stubs: dict[s
     (res,) = await run_shard(anthropic, await new_shard(store, 1), [embed])
     assert res.status_code == 400 and res.body is not None
     assert res.body["error"]["code"] == "unsupported_endpoint" and "anthropic" in res.body["error"]["message"]
+
+
+def test_config_refuses_native_on_a_provider_without_native_batches() -> None:
+    """Never silently run in real time: the entry is named, and the providers that can."""
+    raw = {"model_list": [
+        {"model_name": "claude-cheap", "litellm_params": {"model": "anthropic/claude-haiku-4-5"},
+         "model_info": {"batch_mode": "native"}},
+        {"model_name": "llama-cheap", "litellm_params": {"model": "groq/llama-3.1-8b-instant"},
+         "model_info": {"batch_mode": "native"}},
+    ]}
+    with pytest.raises(ConfigError) as refused:
+        parse_config(raw, "cheap.yaml")
+    assert refused.value.key == "model_list[1].model_info.batch_mode"
+    assert str(refused.value).startswith("cheap.yaml: model_list[1].model_info.batch_mode: 'llama-cheap': ")
+    assert "not groq/" in refused.value.problem and "anthropic, mistral" in refused.value.problem
+    config = parse_config({"model_list": raw["model_list"][:1]}, "cheap.yaml")
+    assert config.routes["claude-cheap"].kind is RouteKind.NATIVE
+
+
+def test_every_provider_the_config_accepts_has_its_jobs() -> None:
+    for provider in NATIVE_PROVIDERS:
+        cls = jobs_class(provider)
+        assert cls is not None and cls.endpoints and cls.max_lines > 0 and cls.max_bytes > 0, provider
+    assert jobs_class("bedrock") is None and jobs_class("vertex_ai") is None  # documented, untested

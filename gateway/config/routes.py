@@ -18,6 +18,18 @@ from typing import Any
 NATIVE_PROVIDERS = ("openai", "azure", "anthropic", "mistral")
 
 
+def native_refusal(model: str) -> str | None:
+    """Why a deployment of `model` (`provider/name`) cannot be `batch_mode: native`; None when it can.
+
+    Checked at load: a native route on another provider would otherwise have every line fail, or be
+    quietly run in real time at twice the price."""
+    provider = model.partition("/")[0]
+    if provider in NATIVE_PROVIDERS:
+        return None
+    return (f"native batches run on {', '.join(NATIVE_PROVIDERS)} deployments, not {provider}/ "
+            "(use batch_mode: realtime)")
+
+
 class RouteKind(str, enum.Enum):
     LOCAL = "local"
     UPSTREAM = "upstream"

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from gateway.config.litellm_settings import check_litellm_settings
-from gateway.config.routes import Route, RouteKind
+from gateway.config.routes import Route, RouteKind, native_refusal
 from gateway.errors import ConfigError
 
 _ENV_PREFIX = "os.environ/"
@@ -153,6 +153,8 @@ def _kind(entry: dict[str, Any], path: str) -> RouteKind:
         return RouteKind.LOCAL
     mode = (entry.get("model_info") or {}).get("batch_mode", "realtime")
     if mode == "native":
+        if (refusal := native_refusal(entry["litellm_params"]["model"])) is not None:
+            raise ConfigError(path, f"{entry['_key']}.model_info.batch_mode", f"{entry['model_name']!r}: {refusal}")
         return RouteKind.NATIVE
     if mode != "realtime":
         raise ConfigError(path, f"{entry['_key']}.model_info.batch_mode", f"must be realtime or native, got {mode!r}")
