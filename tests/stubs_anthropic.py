@@ -25,7 +25,7 @@ import re
 import secrets
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from starlette.applications import Starlette
@@ -52,8 +52,8 @@ def _error(status: int, type_: str, message: str) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+def _now(hours: float = 0) -> str:
+    return (datetime.now(UTC) + timedelta(hours=hours)).isoformat().replace("+00:00", "Z")
 
 
 @dataclass
@@ -125,7 +125,7 @@ class AnthropicStub:
         obj = {"id": batch_id, "type": "message_batch", "processing_status": "in_progress",
                "request_counts": {"processing": len(requests), "succeeded": 0, "errored": 0, "canceled": 0,
                                   "expired": 0},
-               "ended_at": None, "created_at": now, "expires_at": now, "archived_at": None,
+               "ended_at": None, "created_at": now, "expires_at": _now(24), "archived_at": None,
                "cancel_initiated_at": None, "results_url": None}
         batch = self.batches[batch_id] = Batch(obj, requests)
         self.counters["batches_created"] += 1

@@ -24,6 +24,7 @@ from gateway.records import BatchRequest, BatchStatus, Endpoint, Result
 from gateway.store.base import now
 from gateway.store.sqlite_store import SQLiteStore
 from providers.native import NativeBatchBackend, jobs_class, native_route_summary
+from providers.openai_batches import shard_meta_key
 from tests.stub_process import Stub, start_stub
 from tests.test_native import ROUTE, new_shard, run_shard, upstream_ids
 
@@ -266,3 +267,40 @@ def test_every_provider_the_config_accepts_has_its_jobs() -> None:
         cls = jobs_class(provider)
         assert cls is not None and cls.endpoints and cls.max_lines > 0 and cls.max_bytes > 0, provider
     assert jobs_class("bedrock") is None and jobs_class("vertex_ai") is None  # documented, untested
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_refused_key_fails_the_lines_with_the_providers_words(provider: str, store: SQLiteStore) -> None:
+    with start_stub(MODULES[provider], ["--api-key", "the-right-key"]) as stub:
+        backend = NativeBatchBackend(route(provider, stub), {}, store)
+        results = await run_shard(backend, await new_shard(store, 2), [chat(1), chat(2)])
+    for res in results:
+        assert res.error is not None and res.error["code"] == "upstream_batch_failed", res
+        assert "401" in res.error["message"] and "sk-" not in res.error["message"]  # never the key itself
+
+
+async def test_mistral_job_made_before_a_crash_is_found_by_its_file(stubs: dict[str, Stub],
+                                                                   store: SQLiteStore) -> None:
+    """The upload was recorded, the job was created, the process died before recording the job: a restart
+    finds the job by its input file and polls it; it never creates a second one."""
+    import litellm
+
+    stub = stubs["mistral"]
+    backend = NativeBatchBackend(route("mistral", stub), {}, store)
+    await backend.start()
+    requests = [chat(1), chat(2)]
+    shard = await new_shard(store, 2)
+    jobs, _, _ = backend._deployment(0)
+    assert jobs is not None
+    kwargs = {"custom_llm_provider": "mistral", "api_base": stub.url, "api_key": "sk-mistral"}
+    data = b"".join(jobs.line(r) for r in requests)
+    upload = await litellm.acreate_file(file=("in.jsonl", data), purpose="batch", **kwargs)
+    job = await litellm.acreate_batch(completion_window="24h", endpoint="/v1/chat/completions",
+                                      input_file_id=upload.id, model="mistral/mistral-small-latest", **kwargs)
+    await store.put_meta(shard_meta_key(shard), {"deployment": 0, "parts": [
+        {"endpoint": "/v1/chat/completions", "lines": [1, 2], "file_id": upload.id}]})
+    created = stub.stats()["batches_created"]
+    results = await run_shard(backend, shard, requests)
+    assert stub.stats()["batches_created"] == created
+    assert all(r.ok for r in results)
+    assert await upstream_ids(store, shard) == [job.id]
