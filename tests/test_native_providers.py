@@ -255,8 +255,8 @@ def test_config_refuses_native_on_a_provider_without_native_batches() -> None:
     ]}
     with pytest.raises(ConfigError) as refused:
         parse_config(raw, "cheap.yaml")
-    assert refused.value.key == "model_list[1].model_info.batch_mode"
-    assert str(refused.value).startswith("cheap.yaml: model_list[1].model_info.batch_mode: 'llama-cheap': ")
+    assert refused.value.key == "model_list[1].model_info"
+    assert str(refused.value).startswith("cheap.yaml: model_list[1].model_info: batch_mode: native on 'llama-cheap': ")
     assert "not groq/" in refused.value.problem and "anthropic, mistral" in refused.value.problem
     config = parse_config({"model_list": raw["model_list"][:1]}, "cheap.yaml")
     assert config.routes["claude-cheap"].kind is RouteKind.NATIVE
