@@ -44,8 +44,22 @@ def retryable(exc: BaseException) -> bool:
 
 def describe_error(exc: BaseException) -> str:
     status = _status(exc)
-    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    message = _provider_words(str(getattr(exc, "message", None) or str(exc) or type(exc).__name__))
     return f"{status} {message}" if status else f"{type(exc).__name__}: {message}"
+
+
+def _provider_words(message: str) -> str:
+    """A provider's error body that LiteLLM passed on as text: its message (`message`, `error.message`)."""
+    if not message.lstrip().startswith("{"):
+        return message
+    try:
+        body = json.loads(message)
+    except ValueError:
+        return message
+    inner = body.get("error") if isinstance(body, dict) else None
+    found = (inner.get("message") if isinstance(inner, dict) else None) or (
+        body.get("message") or body.get("detail") if isinstance(body, dict) else None)
+    return str(found) if found else message
 
 
 # -- calling the upstream ----------------------------------------------------------------------------

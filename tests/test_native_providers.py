@@ -304,3 +304,17 @@ async def test_mistral_job_made_before_a_crash_is_found_by_its_file(stubs: dict[
     assert stub.stats()["batches_created"] == created
     assert all(r.ok for r in results)
     assert await upstream_ids(store, shard) == [job.id]
+
+
+@pytest.mark.parametrize(("provider", "status"), [("anthropic", "400 invalid_request_error: requests:"),
+                                                  ("mistral", "422 A batch job holds")])
+async def test_a_job_over_the_providers_limit_is_refused_in_its_words(
+    provider: str, status: str, stubs: dict[str, Stub], store: SQLiteStore
+) -> None:
+    """The stand-ins hold their provider's limit (here lowered to 3 requests): a route that allows more gets the
+    provider's refusal on each line of that job, and nothing is lost or run twice."""
+    backend = NativeBatchBackend(route(provider, stubs[provider], native_max_lines=4), {}, store)
+    results = await run_shard(backend, await new_shard(store, 4), [chat(i) for i in range(1, 5)])
+    for res in results:
+        assert res.error is not None and res.error["code"] == "upstream_batch_failed", res
+        assert status in res.error["message"] and "at most 3 requests" in res.error["message"], res.error
