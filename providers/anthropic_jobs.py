@@ -104,9 +104,10 @@ class AnthropicJobs:
         return base + suffix
 
     async def create(self, part: Part, data: bytes, name: str, metadata: dict[str, str], save: Save) -> None:
-        body = {"requests": [json.loads(line) for line in data.splitlines() if line]}
+        # The lines as they were sized against the limit: one request each, joined into `requests`.
+        body = b'{"requests":[' + b",".join(line for line in data.splitlines() if line) + b"]}"
         reply = await call_with_retries(lambda: http_json(
-            "POST", self._url(), self._headers(), self._kwargs.get("timeout"), body=body))
+            "POST", self._url(), self._headers(), self._kwargs.get("timeout"), content=body))
         part.batch_id = str(reply["id"])
 
     async def find(self, part: Part) -> bool:

@@ -92,10 +92,11 @@ def error_message(reply: httpx.Response) -> str:
 
 
 async def http_json(method: str, url: str, headers: Mapping[str, str], timeout: float | None,
-                    body: Any = None, params: Mapping[str, str] | None = None) -> Any:
-    """One JSON call to a provider; a non-2xx reply raises `UpstreamHTTPError` with its status."""
+                    content: bytes | None = None, params: Mapping[str, str] | None = None) -> Any:
+    """One call to a provider (`content`: a JSON body, sent as is); its JSON reply. A non-2xx reply raises
+    `UpstreamHTTPError` with its status."""
     async with httpx.AsyncClient(timeout=timeout or 600.0) as client:
-        reply = await client.request(method, url, headers=dict(headers), json=body, params=params)
+        reply = await client.request(method, url, headers=dict(headers), content=content, params=params)
     if reply.status_code >= 400:
         raise UpstreamHTTPError(reply.status_code, error_message(reply))
     return reply.json()

@@ -26,7 +26,7 @@ from gateway.store.sqlite_store import SQLiteStore
 from providers.native import NativeBatchBackend, jobs_class, native_route_summary
 from providers.openai_batches import shard_meta_key
 from tests.stub_process import Stub, start_stub
-from tests.test_native import ROUTE, new_shard, run_shard, upstream_ids
+from tests.test_native import ROUTE, content, new_shard, run_shard, upstream_ids
 
 PROVIDERS = ["anthropic", "mistral"]
 # A model LiteLLM's price map knows, per provider: claude-haiku-4-5 has batch prices of its own
@@ -127,13 +127,14 @@ async def test_anthropic_lines_are_translated_by_litellm(stubs: dict[str, Stub],
     Anthropic has no counterpart for is that line's 400 before any job is made."""
     stub = stubs["anthropic"]
     backend = NativeBatchBackend(route("anthropic", stub), {}, store)
-    requests = [chat(1, stop=["\n\n"], temperature=0.2), chat(2, logit_bias={"50256": -100})]
+    requests = [chat(1, "héllo ✓ \u2028 «quoted»", stop=["\n\n"], temperature=0.2),
+                chat(2, logit_bias={"50256": -100})]
     results = await run_shard(backend, await new_shard(store, 2), requests)
     params = stub.stats()["last_params"]
     assert params["system"] == [{"type": "text", "text": "Answer briefly."}]
     assert [m["role"] for m in params["messages"]] == ["user"]
     assert (params["stop_sequences"], params["temperature"], params["max_tokens"]) == (["\n\n"], 0.2, 32)
-    assert results[0].status_code == 200
+    assert results[0].status_code == 200 and content(results[0]) == "echo: héllo ✓ \u2028 «quoted»"
     refused = results[1]
     assert refused.status_code == 400 and refused.body is not None
     assert refused.body["error"]["code"] == "unsupported_parameter"
