@@ -1,7 +1,9 @@
 """Upstream-native batches, the data side: upstream lines, parts, results back, prices and the route summary.
 
-`providers.native` talks to the provider (LiteLLM's file and batch functions);
-this module shapes the data and keeps the records in the store's meta:
+Named for the format every provider's results are read back into: OpenAI's batch
+lines (its own line form is here too; other providers' forms sit in their
+`providers.*_jobs`). `providers.native` and the `*_jobs` modules talk to the
+providers; this module shapes the data and keeps the records in the store's meta:
 `native:<batch_id>:<shard index>` (a shard's upstream files and batches, with
 each batch's tokens and cost once read) and `cost:<batch_id>:<route>` (the
 route's totals for the batch, accumulated shard by shard).
