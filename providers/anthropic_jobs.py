@@ -1,9 +1,9 @@
 """Anthropic's Message Batches (`UpstreamJobs`): chat lines translated by LiteLLM, results translated back.
 
 Anthropic takes no file: one `POST /v1/messages/batches` carries `requests: [{custom_id, params}]`, where
-`params` is a Messages API body. LiteLLM 1.106.2 polls (`aretrieve_batch`) and reads results
-(`afile_content` on the batch id: `GET .../results`, Anthropic's JSONL) but does not create or cancel, so
-those two go over HTTP with LiteLLM's own URL and header helpers. Each line is translated with LiteLLM's
+`params` is a Messages API body. LiteLLM 1.106.2 polls (`aretrieve_batch`) but does not create or cancel,
+and reads results (`GET .../results`, Anthropic's JSONL) only whole, so those three go over HTTP with
+LiteLLM's own URL and header helpers, the results streamed. Each line is translated with LiteLLM's
 Anthropic chat transformation (the one its real-time calls use), and each result back into a
 `chat.completion` body with usage, so callers see OpenAI's shape.
 
@@ -22,7 +22,7 @@ from typing import Any
 
 from gateway.records import BatchRequest, Endpoint, Result
 from providers.openai_batches import Part, call_with_retries, detached, upstream_custom_id
-from providers.upstream_jobs import JobState, Save, http_json
+from providers.upstream_jobs import JobState, Save, http_json, http_lines
 
 # OpenAI chat fields that are the request itself, not parameters to map.
 _BODY_FIELDS = frozenset({"model", "messages"})
@@ -121,14 +121,14 @@ class AnthropicJobs:
     async def results(self, state: JobState) -> AsyncIterator[dict[str, Any]]:
         from litellm.llms.anthropic.common_utils import ANTHROPIC_ERROR_STATUS_CODE_MAP
         from litellm.llms.anthropic.files.handler import AnthropicFilesHandler
+        from litellm.llms.anthropic.files.transformation import AnthropicFilesConfig
 
         translate = AnthropicFilesHandler()._transform_anthropic_message_to_openai_format
         for batch_id in state.files:
-            reply = await call_with_retries(lambda b=batch_id: self._litellm.afile_content(  # type: ignore[misc]
-                file_id=b, **self._kwargs))
-            for raw in reply.content.splitlines():
-                if not raw.strip():
-                    continue
+            # LiteLLM's `afile_content` reads this URL whole; streamed, memory stays flat (100,000 results).
+            url, _ = AnthropicFilesConfig().transform_file_content_request(
+                {"file_id": batch_id}, {}, {"api_base": self._kwargs.get("api_base")})
+            async for raw in http_lines(url, self._headers(), self._kwargs.get("timeout")):
                 item = json.loads(raw)
                 custom_id, result = item.get("custom_id"), item.get("result") or {}
                 kind = result.get("type")

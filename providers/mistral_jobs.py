@@ -2,9 +2,9 @@
 
 A Mistral job runs one model, named on the job, over an uploaded JSONL file whose lines are
 `{custom_id, body}` (no url, no method). LiteLLM 1.106.2 uploads (`acreate_file`), creates and polls
-(`acreate_batch`/`aretrieve_batch`, which need the `model` to load Mistral's config) and reads files
-(`afile_content`); it does not cancel or list Mistral jobs, so those go over HTTP with LiteLLM's own
-Mistral URL and header helpers. Output and error files are already OpenAI-shaped.
+(`acreate_batch`/`aretrieve_batch`, which need the `model` to load Mistral's config); it does not cancel
+or list Mistral jobs and reads their files only whole, so those go over HTTP with LiteLLM's own Mistral URL
+and header helpers, the files streamed. Output and error files are already OpenAI-shaped.
 
 Limits (Mistral's docs): up to 1,000,000 requests per job; uploads up to 512 MB. A job that fails or runs
 past its timeout (`FAILED`, `TIMEOUT_EXCEEDED`) leaves the lines it did not answer with that status,
@@ -26,9 +26,8 @@ from providers.openai_batches import (
     call_with_retries,
     detached,
     upstream_custom_id,
-    upstream_file_lines,
 )
-from providers.upstream_jobs import JobState, Save, http_json
+from providers.upstream_jobs import JobState, Save, http_json, http_lines
 
 log = logging.getLogger("batchyard.native")
 
@@ -111,8 +110,14 @@ class MistralJobs:
         return JobState(status=status, files=files, why=why, code=_SHORT.get(status))
 
     async def results(self, state: JobState) -> AsyncIterator[dict[str, Any]]:
+        from litellm.llms.mistral.files.transformation import MistralFilesConfig
+
+        _, headers = self._http()
         for file_id in state.files:
-            async for raw in upstream_file_lines(self._litellm, file_id, self._kwargs):
+            # LiteLLM's `afile_content` reads a Mistral file whole; streamed, memory stays flat (1,000,000 lines).
+            url, _ = MistralFilesConfig().transform_file_content_request(
+                {"file_id": file_id}, {}, {"api_base": self._kwargs.get("api_base")})
+            async for raw in http_lines(url, headers, self._kwargs.get("timeout")):
                 try:
                     obj = json.loads(raw)
                 except ValueError:

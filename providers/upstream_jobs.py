@@ -102,6 +102,27 @@ async def http_json(method: str, url: str, headers: Mapping[str, str], timeout: 
     return reply.json()
 
 
+async def http_lines(url: str, headers: Mapping[str, str], timeout: float | None) -> AsyncIterator[bytes]:
+    """A provider's JSONL download, line by line as it arrives (flat memory, whatever the file's size).
+
+    LiteLLM 1.106.2 streams file content for OpenAI-compatible providers only; for the others it holds the
+    whole file, which for a job of 100,000 or 1,000,000 results is hundreds of MB at once."""
+    async with httpx.AsyncClient(timeout=timeout or 600.0) as client, client.stream(
+            "GET", url, headers=dict(headers)) as reply:
+        if reply.status_code >= 400:
+            await reply.aread()
+            raise UpstreamHTTPError(reply.status_code, error_message(reply))
+        rest = b""
+        async for chunk in reply.aiter_bytes():
+            rest += chunk
+            *lines, rest = rest.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield line
+        if rest.strip():
+            yield rest
+
+
 def call_kwargs(params: Mapping[str, Any], provider: str, timeout: float | None) -> dict[str, Any]:
     """The LiteLLM keyword arguments of a deployment's batch calls (credentials never logged)."""
     kwargs: dict[str, Any] = {"custom_llm_provider": provider}

@@ -26,6 +26,7 @@ from gateway.store.base import now
 from gateway.store.sqlite_store import SQLiteStore
 from providers.native import NativeBatchBackend, jobs_class, native_route_summary
 from providers.openai_batches import shard_meta_key
+from providers.upstream_jobs import UpstreamHTTPError, http_lines
 from tests.stub_process import Stub, start_stub
 from tests.test_native import ROUTE, content, new_shard, run_shard, upstream_ids, wait_shards
 
@@ -350,3 +351,22 @@ async def test_cancelling_our_batch_cancels_the_providers_job(provider: str, slo
         assert done.counts.failed == done.counts.total == 3
     finally:
         await pipeline.aclose()
+
+
+async def test_results_are_read_line_by_line_across_chunks(stubs: dict[str, Stub]) -> None:
+    """`http_lines` (how Anthropic's results and Mistral's files are read): lines cut across the network's
+    chunks come out whole, multi-byte characters too."""
+    import httpx
+
+    lines = [json.dumps({"custom_id": f"l{i}", "body": {"text": "ü✓" * (i % 97)}}).encode() for i in range(20_000)]
+    stub = stubs["mistral"]
+    auth = {"authorization": "Bearer sk-mistral"}
+    async with httpx.AsyncClient() as client:
+        reply = await client.post(f"{stub.url}/v1/files", headers=auth, data={"purpose": "batch"},
+                                  files={"file": ("big.jsonl", b"\n".join(lines) + b"\n")})
+    file_id = reply.json()["id"]
+    got = [line async for line in http_lines(f"{stub.url}/v1/files/{file_id}/content", auth, 10)]
+    assert got == lines
+    with pytest.raises(UpstreamHTTPError) as missing:
+        _ = [line async for line in http_lines(f"{stub.url}/v1/files/nope/content", auth, 10)]
+    assert missing.value.status_code == 404 and "nope not found" in missing.value.message
