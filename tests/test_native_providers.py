@@ -248,19 +248,22 @@ async def test_mistral_embeddings_and_an_endpoint_a_provider_lacks(stubs: dict[s
     assert res.body["error"]["code"] == "unsupported_endpoint" and "anthropic" in res.body["error"]["message"]
 
 
-def test_config_refuses_native_on_a_provider_without_native_batches() -> None:
-    """Never silently run in real time: the entry is named, and the providers that can."""
+@pytest.mark.parametrize("model", ["groq/llama-3.1-8b-instant", "bedrock/anthropic.claude-3-haiku-20240307-v1:0",
+                                   "vertex_ai/gemini-2.0-flash"])
+def test_config_refuses_native_on_a_provider_without_native_batches(model: str) -> None:
+    """Never silently run in real time: the entry is named, and the providers that can. Bedrock and Vertex
+    have batch APIs LiteLLM reaches, but nothing on loopback stands in for them: refused, not run untested."""
     raw = {"model_list": [
         {"model_name": "claude-cheap", "litellm_params": {"model": "anthropic/claude-haiku-4-5"},
          "model_info": {"batch_mode": "native"}},
-        {"model_name": "llama-cheap", "litellm_params": {"model": "groq/llama-3.1-8b-instant"},
-         "model_info": {"batch_mode": "native"}},
+        {"model_name": "llama-cheap", "litellm_params": {"model": model}, "model_info": {"batch_mode": "native"}},
     ]}
     with pytest.raises(ConfigError) as refused:
         parse_config(raw, "cheap.yaml")
     assert refused.value.key == "model_list[1].model_info"
     assert str(refused.value).startswith("cheap.yaml: model_list[1].model_info: batch_mode: native on 'llama-cheap': ")
-    assert "not groq/" in refused.value.problem and "anthropic, mistral" in refused.value.problem
+    provider = model.partition("/")[0]
+    assert f"not {provider}/" in refused.value.problem and "anthropic, mistral" in refused.value.problem
     config = parse_config({"model_list": raw["model_list"][:1]}, "cheap.yaml")
     assert config.routes["claude-cheap"].kind is RouteKind.NATIVE
 
