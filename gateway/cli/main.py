@@ -192,6 +192,8 @@ def refused_flag(args: argparse.Namespace) -> str | None:
             return "--models does not apply to a worker with --upstream-only (it hosts no local model)"
         if args.redis_url:
             mode, given = "shared mode (worker --redis-url)", {"--data-dir": args.data_dir}
+        elif not args.data_dir:
+            return None  # no mode chosen: the worker command says it needs one
         else:
             mode = "embedded mode (worker --data-dir)"
             given = {"--storage": args.storage, "--claim-idle": args.claim_idle}
