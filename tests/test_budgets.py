@@ -11,9 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
+from gateway.api.dashboard.pages import COOKIE
 from tests.server_helpers import gateway_config, submit
 from tests.services import HAVE_REDIS, RedisServer
 from tests.team_helpers import MODEL, MODES, finished, lines, metric, serve, until
@@ -62,6 +64,9 @@ def test_a_budget_crossed_mid_batch_stops_it_and_survives_a_restart(
             assert spend is not None and BUDGET <= spend <= ran * 7 * PRICE + 1e-9  # what ran, counted once
             assert metric(gw, "batchyard_team_max_budget_usd", team="thrifty") == BUDGET
             assert (metric(gw, "batchyard_team_quota_headroom", team="thrifty", quota="max_budget") or 0) <= 0
+            page = httpx.get(gw.url + "/ui", cookies={COOKIE: "sk-thrifty"}, timeout=10).text
+            assert 'data-team="thrifty"' in page and f"/ ${BUDGET:g}" in page  # the dashboard: spend / budget
+            assert 'data-team="other"' not in page  # a team sees its own standing only
             other = submit(gw.client("sk-other"), lines(2, "other", sleep_ms=0))  # other teams are not held
             assert until(gw, "sk-other", other.id, finished).status == "completed"
         with serve(mode, _config(upstream), tmp_path / "data", redis_url=redis_url) as gw:  # the spend was kept

@@ -26,6 +26,7 @@ from gateway.api.auth import Authenticator, Principal
 from gateway.api.dashboard.view import FILTERS, BatchView, batch_view
 from gateway.api.deps import bad_request, runtime_of
 from gateway.api.http_errors import ApiError
+from gateway.api.teams_view import team_states
 from gateway.store.base import BatchRecord, Page, Store
 
 PREFIX = "/ui"
@@ -145,10 +146,12 @@ async def batches_page(request: Request, limit: str = str(PAGE_SIZE), after: str
     size = _limit(limit)
     page, views = await _batches(request, viewer, size, after)
     query = {"limit": size, **({"after": after} if after else {})}
+    teams = [t for t in await team_states(runtime_of(request)) if viewer.admin or t.team == viewer.owner]
     return _page(
         request,
         "batches.html",
         viewer=viewer,
+        teams=teams,
         batches=views,
         has_more=page.has_more,
         older=f"?{urlencode({'limit': size, 'after': page.data[-1].id})}" if page.has_more and page.data else None,
