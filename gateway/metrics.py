@@ -133,7 +133,7 @@ async def team_of(store: Store, batch_id: str) -> str:
     """The team (owner) of a batch, remembered: for a call site that has only the batch id."""
     owner = _OWNERS.get(batch_id)
     if owner is None:
-        batch = await store.get_batch(batch_id)
+        batch = await store.batches.get(batch_id)
         owner = batch.owner if batch is not None else ""
         _OWNERS[batch_id] = owner
         while len(_OWNERS) > _OWNERS_KEPT:
@@ -224,7 +224,7 @@ async def read_shared_state(store: Store, queue: Any, routes: Sequence[str]) -> 
     if queue is not None:
         depth.update(await queue.depth())
     batches = {s.value: 0 for s in ACTIVE_STATUSES}
-    for batch in await store.active_batches():
+    for batch in await store.batches.active():
         batches[batch.status.value] = batches.get(batch.status.value, 0) + 1
     return SharedState(queue_depth=depth, batches=batches)
 

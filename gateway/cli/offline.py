@@ -191,7 +191,7 @@ async def _submit(runtime: Runtime, opts: RunOptions, chunks: AsyncIterator[byte
 async def _previous(runtime: Runtime, input_sha256: str, key: str) -> BatchRecord | None:
     after = None
     while True:
-        page = await runtime.store.list_batches("", limit=100, after=after)
+        page = await runtime.store.batches.page("", limit=100, after=after)
         for batch in page.data:
             meta = batch.metadata or {}
             if (meta.get("input_sha256"), meta.get("run_options")) == (input_sha256, key) \
@@ -213,7 +213,7 @@ async def _engines_or_invalid(runtime: Runtime, batch_id: str, engines: asyncio.
 
 
 async def _get(runtime: Runtime, batch_id: str) -> BatchRecord:
-    batch = await runtime.store.get_batch(batch_id)
+    batch = await runtime.store.batches.get(batch_id)
     assert batch is not None
     return batch
 
@@ -227,7 +227,7 @@ async def _start_workers(runtime: Runtime, data_dir: Path, batch_id: str, opts: 
     batch = await runtime.service.wait_validated(batch_id)
     if batch.status is not BatchStatus.IN_PROGRESS:
         return None
-    shards = await runtime.store.unfinished_shards(batch_id)
+    shards = await runtime.store.ledger.unfinished_shards(batch_id)
     if sum(s.size for s in shards if s.route in upstream) < WORKER_MIN_REQUESTS:
         return None
     assert isinstance(runtime.queue, SQLiteQueue)

@@ -10,8 +10,11 @@ import os
 import secrets
 import shutil
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import BinaryIO
+
+from gateway.store.base import BlobWriter, commit_or_abort
 
 
 class LocalBlobWriter:
@@ -51,6 +54,9 @@ class LocalBlobs:
 
     def writer(self, key: str) -> LocalBlobWriter:
         return LocalBlobWriter(self._path(key))
+
+    def writing(self, key: str) -> AbstractAsyncContextManager[BlobWriter]:
+        return commit_or_abort(self.writer(key))
 
     async def read(self, key: str, chunk_size: int = 1 << 16) -> AsyncIterator[bytes]:
         with open(self._path(key), "rb") as f:
