@@ -115,14 +115,22 @@ def observe_results(team: str, route: str, results: Iterable[Result]) -> None:
             tokens_out += usage.output_tokens
         if result.cost_usd:
             cost += result.cost_usd
-    for status, n in requests.items():
-        m.requests.labels(team, route, status).inc(n)
+    observe_statuses(team, route, requests)
     if tokens_in:
         m.tokens.labels(team, route, "input").inc(tokens_in)
     if tokens_out:
         m.tokens.labels(team, route, "output").inc(tokens_out)
     if cost:
         m.cost.labels(team, route).inc(cost)
+
+
+def observe_statuses(team: str, route: str, requests: Mapping[str, int]) -> None:
+    """Count results by status, without tokens or cost (lines answered at validation, tallied as the
+    planner wrote them)."""
+    m = _metrics()
+    route = route or UNROUTED
+    for status, n in requests.items():
+        m.requests.labels(team, route, status).inc(n)
 
 
 _OWNERS: OrderedDict[str, str] = OrderedDict()

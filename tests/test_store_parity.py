@@ -161,7 +161,12 @@ async def _ledger(store: Store) -> list[Any]:
     out.append([await ledger.finish_shard(shards[0]), await ledger.finish_shard(shards[0]),
                 await ledger.finish_shard(Shard("batch_1", 9, "m", 1))])
     out.append([s.index for s in await ledger.unfinished_shards("batch_1")])
-    out.append({route: stats.to_json() for route, stats in sorted((await ledger.route_stats("batch_1")).items())})
+    await ledger.record_answered(shards[2], 0)  # nothing to count: the shard is not sealed by it
+    await ledger.record_answered(shards[2], 1)  # the lines answered at validation: counted failed…
+    await ledger.record_answered(shards[2], 1)  # …once
+    stats = await ledger.route_stats("batch_1")
+    assert (stats[""].failed, stats["m"].completed, stats["m"].failed) == (1, 2, 2)
+    out.append({route: s.to_json() for route, s in sorted(stats.items())})
     out.append([await ledger.begin_attempt(shards[0]), await ledger.begin_attempt(shards[0]),
                 await ledger.begin_attempt(shards[1])])
     rec = await store.batches.get("batch_1")  # request_counts and usage are the ledger's counters

@@ -18,10 +18,9 @@ from gateway.batch_params import ExpiresAfter, checked, checked_metadata
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_endpoint
 from gateway.errors import Conflict, InvalidRequest, TooLarge, not_found
-from gateway.json_codec import loads
 from gateway.pipeline.lifecycle import NO_EXPIRY, expiry
 from gateway.pipeline.plan import Planner
-from gateway.records import BatchStatus, Result, Shard, new_id
+from gateway.records import BatchStatus, new_id
 from gateway.store.base import (
     BatchOptions,
     BatchRecord,
@@ -208,7 +207,9 @@ class BatchService:
         shards = [*outcome.shards, *([outcome.answered] if outcome.answered else [])]
         await self.store.ledger.put_shards(batch_id, shards)
         if outcome.answered is not None:
-            await self._count_answered(outcome.answered, batch.owner)
+            # Lines answered in place count as failed requests, like any other: the planner counted them.
+            await self.store.ledger.record_answered(outcome.answered, outcome.answered_statuses.total())
+            metrics.observe_statuses(batch.owner, outcome.answered.route, outcome.answered_statuses)
         model = next(iter(outcome.models)) if len(outcome.models) == 1 else None
         await self.store.batches.update(batch_id, {"counts": {"total": outcome.total, "completed": 0, "failed": 0},
                                                  "model": model, "shards_total": len(shards)})
@@ -222,21 +223,6 @@ class BatchService:
             await self._finalize(batch_id)  # every line was answered in place: nothing to run
         for shard in outcome.shards:
             await self.queue.put(shard)
-
-    async def _count_answered(self, shard: Shard, owner: str) -> None:
-        # Lines answered in place count as failed requests, like any other.
-        buf: list[Result] = []
-        async for raw in read_lines(self.blobs, shard.results_key):
-            if raw:
-                buf.append(Result.from_json(loads(raw)))
-            if len(buf) >= 500:
-                await self.store.ledger.record_results(shard, buf)
-                metrics.observe_results(owner, shard.route, buf)
-                buf = []
-        if buf:
-            await self.store.ledger.record_results(shard, buf)
-            metrics.observe_results(owner, shard.route, buf)
-        await self.store.ledger.drop_journal(shard)
 
     async def _fail(self, batch_id: str, errors: list[dict[str, Any]]) -> None:
         await self.store.batches.update(

@@ -129,6 +129,7 @@ class ShardRunner:
         if batch is None:
             return
         reason = stop_reason(batch)
+        requests: list[BatchRequest] | None = None
         if reason is None:
             requests = [
                 BatchRequest.from_json(loads(raw))
@@ -140,7 +141,7 @@ class ShardRunner:
             if todo:
                 reason = await self._execute(shard, batch.owner, todo)
         if reason is None:
-            await seal_shard(self.store, self.blobs, shard, missing=None)
+            await seal_shard(self.store, self.blobs, shard, missing=None, requests=requests)
         await self._finish_shard(shard)
 
     async def _execute(self, shard: Shard, owner: str, todo: list[BatchRequest]) -> StopReason | None:

@@ -21,15 +21,21 @@ from gateway.records import BatchRequest, Result, Shard, Usage
 from gateway.store.base import Blobs, Store, read_lines
 
 
-async def seal_shard(store: Store, blobs: Blobs, shard: Shard, missing: tuple[str, str] | None) -> None:
+async def seal_shard(
+    store: Store, blobs: Blobs, shard: Shard, missing: tuple[str, str] | None,
+    requests: Sequence[BatchRequest] | None = None,
+) -> None:
     """Write the shard's sorted results blob from its journal, then drop the journal.
 
     `missing`: the (code, message) given to requests without a result (a
-    cancelled or expired batch); None asserts there are none.
+    cancelled or expired batch); None asserts there are none. `requests`: the
+    shard's requests in input order, when the caller has them parsed already
+    (the runner that just ran them); read from the shard's blob otherwise.
     """
     if await blobs.size(shard.results_key) is not None:
         return  # sealed already (or a shard of answered lines)
-    requests = [BatchRequest.from_json(loads(raw)) async for raw in read_lines(blobs, shard.requests_key) if raw]
+    if requests is None:
+        requests = [BatchRequest.from_json(loads(raw)) async for raw in read_lines(blobs, shard.requests_key) if raw]
     done = {r.line: r for r in await store.ledger.journal(shard)}
     unrun = [r for r in requests if r.line not in done]
     if unrun:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 class PlanOutcome:
     shards: list[Shard] = field(default_factory=list)
     answered: Shard | None = None  # the pre-finished shard of per-line errors, if any
+    # Its lines by HTTP status, counted as they are written: nobody reads the shard back to count them.
+    answered_statuses: Counter[str] = field(default_factory=Counter)
     errors: list[LineError] = field(default_factory=list)  # fatal (or, strict, all) problems, capped
     error_count: int = 0
     total: int = 0  # requests, including those answered in place
@@ -162,3 +165,4 @@ class Planner:
             self._answered = await self._new_shard("")
         await self._answered.writer.write(dumps(result.to_json()) + b"\n")
         self._answered.shard.size += 1
+        self.outcome.answered_statuses[str(status)] += 1

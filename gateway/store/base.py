@@ -223,6 +223,10 @@ class ShardLedger(Protocol):
         """Count one more attempt at running the shard (by any process); returns the count so far."""
     async def record_results(self, shard: Shard, results: Sequence[Result]) -> None:
         """Record results and count them; a result for a line already recorded is ignored."""
+    async def record_answered(self, shard: Shard, count: int) -> None:
+        """Count `count` lines answered at validation as failed requests, and seal the shard. They are
+        not journaled: the planner wrote their results straight into the shard's results blob and
+        counted them as it went. Once per shard: a second call counts nothing."""
     async def journal(self, shard: Shard) -> list[Result]: ...
     async def recorded_lines(self, shard: Shard) -> set[int]: ...
     async def drop_journal(self, shard: Shard) -> None:

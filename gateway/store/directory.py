@@ -77,9 +77,5 @@ class LocalBlobs:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
 
-    def local_path(self, key: str) -> Path:
-        """Where a blob lies on disk (the CLI moves its output from here)."""
-        return self._path(key)
-
     async def aclose(self) -> None:
         return None

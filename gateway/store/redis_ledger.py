@@ -61,12 +61,27 @@ end
 return c[1] + c[2]
 """
 
+# KEYS: batch, sealed set, route stats. ARGV: shard index, route, count. Sealing the shard makes it once only.
+_RECORD_ANSWERED = """
+if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'n:failed', ARGV[3])
+  local r = ARGV[2] .. ':'
+  redis.call('HINCRBY', KEYS[3], r .. 'completed', 0)
+  redis.call('HINCRBY', KEYS[3], r .. 'failed', ARGV[3])
+  redis.call('HINCRBY', KEYS[3], r .. 'input_tokens', 0)
+  redis.call('HINCRBY', KEYS[3], r .. 'output_tokens', 0)
+end
+return 1
+"""
+
 
 class RedisLedger:
     def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
         self._r, self._k = client, keys
         self._finish_shard = client.register_script(_FINISH_SHARD)
         self._record_results = client.register_script(_RECORD_RESULTS)
+        self._record_answered = client.register_script(_RECORD_ANSWERED)
 
     # -- shards --------------------------------------------------------------
 
@@ -117,6 +132,12 @@ class RedisLedger:
         keys = [self._k.journal(shard.batch_id, shard.index), self._k.batch(shard.batch_id),
                 self._k.sealed(shard.batch_id), self._k.route_stats(shard.batch_id)]
         await self._record_results(keys=keys, args=args)
+
+    async def record_answered(self, shard: Shard, count: int) -> None:
+        if count <= 0:
+            return
+        keys = [self._k.batch(shard.batch_id), self._k.sealed(shard.batch_id), self._k.route_stats(shard.batch_id)]
+        await self._record_answered(keys=keys, args=[shard.index, shard.route, count])
 
     async def journal(self, shard: Shard) -> list[Result]:
         raws = await self._r.hvals(self._k.journal(shard.batch_id, shard.index))

@@ -116,6 +116,29 @@ class SQLiteLedger:
             self._db.execute("ROLLBACK")
             raise
 
+    async def record_answered(self, shard: Shard, count: int) -> None:
+        if count <= 0:
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            # Once per shard: the first call marks the shard's attempts (a shard of answered lines is
+            # never run), a second finds the mark and counts nothing.
+            first = self._db.execute(
+                "UPDATE shards SET attempts = -1 WHERE batch_id = ? AND idx = ? AND attempts = 0 RETURNING idx",
+                (shard.batch_id, shard.index),
+            ).fetchone()
+            if first is not None:
+                self._db.execute("UPDATE batches SET failed = failed + ? WHERE id = ?", (count, shard.batch_id))
+                self._db.execute(
+                    "INSERT INTO route_stats (batch_id, route, failed) VALUES (?, ?, ?) "
+                    "ON CONFLICT (batch_id, route) DO UPDATE SET failed = failed + excluded.failed",
+                    (shard.batch_id, shard.route, count),
+                )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
     async def journal(self, shard: Shard) -> list[Result]:
         rows = self._db.execute(
             "SELECT data FROM journal WHERE batch_id = ? AND shard = ?", (shard.batch_id, shard.index)
