@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 async def team_states(runtime: Runtime) -> list[TeamState]:
     queued: dict[str, int] = {}
     active: dict[str, int] = {}
-    for batch in await runtime.store.active_batches():
+    for batch in await runtime.store.batches.active():
         c = batch.counts
         queued[batch.owner] = queued.get(batch.owner, 0) + max(0, c.total - c.completed - c.failed)
         active[batch.owner] = active.get(batch.owner, 0) + 1

@@ -58,14 +58,11 @@ async def _serve(
         where = f"data in {data_dir}, " + (f"{count} worker process(es)" if count else "shards run in this process")
         if count:
             from gateway.metrics import MULTIPROC_ENV
-            from gateway.store.sqlite_queue import SQLiteQueue
 
             # One metrics directory for this process and its workers (they inherit it), so the API's
             # /metrics counts what they did. Set before any metric exists in this process.
             os.environ.setdefault(MULTIPROC_ENV, str(data_dir / "metrics"))
-            assert isinstance(runtime.queue, SQLiteQueue)
-            pool = WorkerPool(count, data_dir, runtime.queue, config_path=str(config_path),
-                              verbose=log_level == "debug")
+            pool = runtime.worker_pool(count, config_path=str(config_path), verbose=log_level == "debug")
     app = create_app(runtime, manage_runtime=True, workers=pool)
     server = uvicorn.Server(
         uvicorn.Config(

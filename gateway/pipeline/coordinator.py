@@ -95,7 +95,7 @@ class Coordinator:
             return
         try:
             queued = set(await self.queue.queued())  # read before the shards: see put_missing
-            active = await self.store.active_batches()
+            active = await self.store.batches.active()
             for batch in active:
                 await self._sweep_batch(batch, queued, stale_after)
             if self._quotas is not None:
@@ -112,9 +112,9 @@ class Coordinator:
     async def _sweep_batch(self, batch: BatchRecord, queued: set[str], stale_after: float) -> None:
         t = now()
         if batch.expired_at is None and t >= batch.expires_at and batch.status is not BatchStatus.CANCELLING:
-            await self.store.update_batch(batch.id, {"expired_at": t})
+            await self.store.batches.update(batch.id, {"expired_at": t})
             if batch.status is BatchStatus.VALIDATING:
-                await self.store.update_batch(batch.id, {"status": BatchStatus.EXPIRED},
+                await self.store.batches.update(batch.id, {"status": BatchStatus.EXPIRED},
                                               if_status={BatchStatus.VALIDATING})
                 return
         if await self.coordination.held(f"validate:{batch.id}"):
@@ -126,7 +126,7 @@ class Coordinator:
                     log.warning("batch %s was left validating; validating it again", batch.id)
                 self._spawn(self.service.validate(batch.id), f"validate-{batch.id}")
             return
-        unfinished = await self.store.unfinished_shards(batch.id)
+        unfinished = await self.store.ledger.unfinished_shards(batch.id)
         if not unfinished:
             if not await self.coordination.held(f"finalize:{batch.id}"):
                 self._spawn(self.finalizer.finalize(batch.id), f"finalize-{batch.id}")
@@ -147,7 +147,7 @@ class Coordinator:
         for batch_id, admitted_at in (await self._quotas.admitted()).items():
             if batch_id in active:
                 continue
-            batch = await self.store.get_batch(batch_id)
+            batch = await self.store.batches.get(batch_id)
             if (batch.status.finished if batch is not None else time.time() - admitted_at > GRACE_SECONDS):
                 done.append(batch_id)
         if done:
