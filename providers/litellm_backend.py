@@ -106,7 +106,8 @@ class LiteLLMBackend:
         self._router = await asyncio.to_thread(Router, model_list=self._model_list, **self._settings)
         self._prices = Prices(self._router.model_list)  # by the deployment ids the Router gave
         self._wire = PassThrough(self._router, self._max_concurrency)
-        self._wire_groups = wire_groups(self._router.model_list, self._litellm_settings)
+        # the config's entries, not the Router's copies (it adds its own defaults to litellm_params)
+        self._wire_groups = wire_groups(self._model_list, self._litellm_settings)
 
     async def aclose(self) -> None:
         if self._router is None:

@@ -33,6 +33,7 @@ Directives in the request text (last user message, prompt, input, query):
 - `#fail:CODExN` answer CODE to the first N calls with this exact text, then succeed
 - `#sleep:MS`  wait MS milliseconds before answering (real-time only)
 - `#count`     count calls per exact text in `stats()["by_custom"]`
+- `#extra`     add fields OpenAI's types don't know to a success reply (`x_provider`, `prompt_logprobs`)
 
 Files and Batches API under `/v1`, `/openai` (`?api-version=`) and `/openai/v1`.
 A batch goes validating → in_progress → finalizing → completed within

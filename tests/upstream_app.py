@@ -74,9 +74,13 @@ class UpstreamServer(FilesAndBatches):
                     headers = _RETRY_HEADERS if status == 429 or status >= 500 else None
                     return status, error_body(status, f"Injected failure {status} (#fail directive)."), headers
         try:
-            return 200, _BUILDERS[kind](body, model, text), None
+            reply = _BUILDERS[kind](body, model, text)
         except ApiError as exc:
             return exc.status, exc.body(), None
+        if "#extra" in text:  # fields a provider may add that OpenAI's types (and LiteLLM's) don't know
+            reply["x_provider"] = {"region": "loopback", "cached": False}
+            reply["prompt_logprobs"] = None
+        return 200, reply, None
 
     # ----------------------------------------------------------------- real-time
 
