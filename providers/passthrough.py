@@ -97,7 +97,7 @@ class _Target:
             return self.base + path
         from openai.lib.azure import _deployments_endpoints  # the SDK's rule for Azure's deployment urls
 
-        if self.api_version in (None, "v1", "latest", "preview") or self.base.endswith("/openai/v1"):
+        if self.api_version in ("v1", "latest", "preview") or self.base.endswith("/openai/v1"):
             root = self.base if self.base.endswith("/openai/v1") else self.base + "/openai/v1"
             return root + path + (f"?api-version={self.api_version}" if self.api_version == "preview" else "")
         if path in _deployments_endpoints:
@@ -128,6 +128,8 @@ class PassThrough:
         return target
 
     def _new_target(self, key: str, deployment: dict[str, Any]) -> _Target:
+        import litellm
+
         params = deployment["litellm_params"]
         provider, model = params["model"].split("/", 1)
         api_key = params.get("api_key") or os.environ.get(_KEY_ENV[provider])
@@ -146,7 +148,9 @@ class PassThrough:
         retries = params.get("num_retries")
         return _Target(
             id=key, provider=provider, model=model, base=base.rstrip("/"), headers=headers,
-            api_version=params.get("api_version") or os.environ.get("AZURE_API_VERSION"),
+            # as LiteLLM: the deployment's, else AZURE_API_VERSION, else its default
+            api_version=params.get("api_version") or os.environ.get("AZURE_API_VERSION")
+            or getattr(litellm, "AZURE_DEFAULT_API_VERSION", None),
             timeout=float(params.get("timeout") or self._timeout),
             num_retries=int(retries if retries is not None else (self._router.num_retries or 0)),
             has_limits=any(v is not None for v in limits),

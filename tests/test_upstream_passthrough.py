@@ -7,6 +7,7 @@ passing call proves the auth header); the `openai` SDK reads the same upstream f
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -154,6 +155,23 @@ async def test_an_unreachable_deployments_lines_are_answered_by_its_sibling(upst
         assert all(r.status_code == 200 for r in out.values()), [r.error for r in out.values() if r.error]
     finally:
         await backend.aclose()
+
+
+def test_config_entries_choose_the_path(tmp_path: Path) -> None:
+    from gateway.config.schema import load_config
+    from providers.litellm_backend import wire_groups
+
+    (tmp_path / "c.yaml").write_text("""model_list:
+  - {model_name: plain, litellm_params: {model: openai/gpt-4o-mini, api_key: k}}
+  - {model_name: az, litellm_params: {model: azure/d, api_key: k, api_base: "http://127.0.0.1:9", api_version: v1}}
+  - {model_name: mixed, litellm_params: {model: openai/gpt-4o-mini, api_key: k}}
+  - {model_name: mixed, litellm_params: {model: anthropic/claude-3-5-haiku-latest, api_key: k}}
+  - {model_name: bounded, litellm_params: {model: openai/gpt-4o-mini, api_key: k, max_parallel_requests: 2}}
+""")
+    config = load_config(tmp_path / "c.yaml")
+    deployments = [d for route in config.routes.values() for d in route.deployments]
+    assert wire_groups(deployments, {}) == {"plain", "az"}  # every deployment OpenAI-wire, nothing it would drop
+    assert wire_groups(deployments, {"success_callback": ["langfuse"]}) == set()  # callbacks: LiteLLM's path
 
 
 def test_reference_reply_is_what_httpx_reads(upstream: Upstream) -> None:
