@@ -67,6 +67,17 @@ def wire_provider(params: Mapping[str, Any]) -> str | None:
     return provider
 
 
+def _env_proxy(url: str) -> str | None:
+    """The proxy the environment (HTTPS_PROXY, HTTP_PROXY, NO_PROXY) names for `url`, as httpx would use it."""
+    import urllib.parse
+    import urllib.request
+
+    parts = urllib.parse.urlsplit(url)
+    if urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return urllib.request.getproxies().get(parts.scheme or "https")
+
+
 class _Failed(Exception):
     """One attempt's error reply, in the shape the Router's failure callback reads (status, headers)."""
 
@@ -89,6 +100,7 @@ class _Target:
     timeout: float
     num_retries: int
     has_limits: bool
+    proxy: str | None = None
     session: aiohttp.ClientSession | None = None
 
     def url(self, endpoint: Endpoint) -> str:
@@ -154,12 +166,14 @@ class PassThrough:
             timeout=float(params.get("timeout") or self._timeout),
             num_retries=int(retries if retries is not None else (self._router.num_retries or 0)),
             has_limits=any(v is not None for v in limits),
+            proxy=_env_proxy(base),
         )
 
     def _session(self, target: _Target) -> aiohttp.ClientSession:
         if target.session is None:
             connector = aiohttp.TCPConnector(limit=self._limit, ssl=self._ssl, family=self._family)
-            target.session = aiohttp.ClientSession(connector=connector, trust_env=True)
+            # trust_env would look the proxy (and netrc) up in a thread on every request: _env_proxy does it once
+            target.session = aiohttp.ClientSession(connector=connector, trust_env=False)
         return target.session
 
     async def aclose(self) -> None:
@@ -208,7 +222,8 @@ class PassThrough:
     async def _send(self, target: _Target, endpoint: Endpoint, data: bytes) -> tuple[int, httpx.Headers, bytes]:
         session = self._session(target)
         timeout = aiohttp.ClientTimeout(total=target.timeout)
-        async with session.post(target.url(endpoint), data=data, headers=target.headers, timeout=timeout) as reply:
+        async with session.post(target.url(endpoint), data=data, headers=target.headers, timeout=timeout,
+                                proxy=target.proxy) as reply:
             raw = await reply.read()
             if 200 <= reply.status < 300:
                 return reply.status, httpx.Headers(), raw

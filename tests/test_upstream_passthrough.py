@@ -178,3 +178,16 @@ def test_reference_reply_is_what_httpx_reads(upstream: Upstream) -> None:
     # the loopback itself requires the key: without it, 401 (so the tests above prove the headers)
     reply = httpx.post(upstream.v1_url + "/chat/completions", json={"model": "m", "messages": []}, timeout=10)
     assert reply.status_code == 401
+
+
+async def test_the_routers_fallbacks_answer_when_a_group_fails(upstream: Upstream) -> None:
+    dead = entry("primary", "openai/gpt-4o-mini", "http://127.0.0.1:9/v1")
+    spare = entry("spare", "openai/spare-model", upstream.v1_url)
+    routes = [Route("primary", RouteKind.UPSTREAM, [dead]), Route("spare", RouteKind.UPSTREAM, [spare])]
+    backend = LiteLLMBackend(routes, {"num_retries": 0, "fallbacks": [{"primary": ["spare"]}]}, 4)
+    try:
+        out = await run(backend, [chat(1, "primary", "fall back")])
+    finally:
+        await backend.aclose()
+    assert out["c1"].status_code == 200 and out["c1"].body is not None
+    assert out["c1"].body["model"] == "spare-model" and out["c1"].model == "primary"  # counted on the caller's route
