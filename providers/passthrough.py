@@ -145,7 +145,8 @@ class PassThrough:
         params = deployment["litellm_params"]
         provider, model = params["model"].split("/", 1)
         api_key = params.get("api_key") or os.environ.get(_KEY_ENV[provider])
-        base = str(params.get("api_base") or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1")
+        base = str(params.get("api_base") or os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
+                   or "https://api.openai.com/v1")
         headers = {"Content-Type": "application/json"}
         if provider == "azure":
             if api_key:
@@ -272,4 +273,5 @@ class PassThrough:
         from openai._models import FinalRequestOptions
 
         options = FinalRequestOptions(method="post", url="/", max_retries=target.num_retries)
-        return float(self._sdk()._calculate_retry_timeout(target.num_retries - attempt + 1, options, headers))
+        wait = float(self._sdk()._calculate_retry_timeout(target.num_retries - attempt + 1, options, headers))
+        return max(wait, float(getattr(self._router, "retry_after", 0) or 0))  # router_settings.retry_after: a floor
