@@ -171,7 +171,7 @@ def main() -> None:
     print(f"    added CPU per request     {marg_ours - marg_peer:8.3f} ms (batchyard {marg_ours:.3f} ms, plain loop "
           f"{marg_peer:.3f} ms, start-up excluded: the {n} file less the {small_n} file; aim < 1 ms)")
     rss_ratio = med("ours", 1) / med("ours1k", 1)
-    print(f"    peak RSS {small_n // 1000}k lines {med('ours1k', 1) / mib:6.0f} MiB, {n // 1000}k lines "
+    print(f"    peak RSS {small_n:,} lines {med('ours1k', 1) / mib:6.0f} MiB, {n:,} lines "
           f"{med('ours', 1) / mib:6.0f} MiB, ratio {rss_ratio:.2f}   (aim <= 1.1)")
     label = f"--workers {args.workers}" if args.workers is not None else "default workers"
     print(f"  batchyard run, {label}:")
