@@ -61,10 +61,9 @@ def build_args(engine_args: Mapping[str, Any]) -> Namespace:
     """
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    run_batch = vllm_compat.run_batch_module()
     if not engine_args.get("model"):
         raise ValueError("engine_args needs a 'model' (a local path or a Hugging Face model id)")
-    parser = run_batch.make_arg_parser(FlexibleArgumentParser(prog="batchyard-local-engine"))
+    parser = vllm_compat.load("make_arg_parser")(FlexibleArgumentParser(prog="batchyard-local-engine"))
     args = parser.parse_args(["--model", str(engine_args["model"]), "-i", "-", "-o", "-"])
     known = vars(args)
     unknown = sorted(k for k in engine_args if k.replace("-", "_") not in known)
@@ -79,7 +78,7 @@ def build_args(engine_args: Mapping[str, Any]) -> Namespace:
         elif name == "served_model_name" and isinstance(value, str):
             value = [value]
         setattr(args, name, value)
-    run_batch.validate_run_batch_args(args)
+    vllm_compat.load("validate_run_batch_args")(args)
     return args
 
 
@@ -129,7 +128,7 @@ def shutdown_engine(engine: AsyncLLM) -> None:
 
 def error_reply(message: str | Exception, **kwargs: Any) -> Reply:
     """An error reply in vLLM's shape (`create_error_response`: 400 BadRequestError unless told)."""
-    err = vllm_compat.create_error_response()(message, **kwargs)
+    err = vllm_compat.load("create_error_response")(message, **kwargs)
     return err.error.code, err.model_dump(mode="json")
 
 
@@ -165,7 +164,7 @@ class ServingLayer:
         await engine.reset_mm_cache()
         supported_tasks = await engine.get_supported_tasks()
         state = State()
-        await vllm_compat.init_app_state()(engine, state, args, supported_tasks)
+        await vllm_compat.load("init_app_state")(engine, state, args, supported_tasks)
 
         routes: dict[Endpoint, _Route] = {}
         chat = getattr(state, "openai_serving_chat", None)
@@ -214,7 +213,7 @@ class ServingLayer:
 
         errors = [{**err, "loc": ("body", *err.get("loc", ()))} for err in exc.errors(include_url=False)]
         fake_request = SimpleNamespace(app=SimpleNamespace(state=self.state), state=SimpleNamespace())
-        handler = vllm_compat.validation_exception_handler()
+        handler = vllm_compat.load("validation_exception_handler")
         response = await handler(fake_request, RequestValidationError(errors))
         return response.status_code, json.loads(bytes(response.body))
 
@@ -231,16 +230,15 @@ def _audio_routes(state: Any, args: Namespace) -> dict[Endpoint, _Route]:
     translation = getattr(state, "openai_serving_translation", None)
     if transcription is None and translation is None:
         return routes
-    run_batch = vllm_compat.run_batch_module()
-    make_transcription_wrapper = run_batch.make_transcription_wrapper
+    make_transcription_wrapper = vllm_compat.load("make_transcription_wrapper")
     domains = getattr(args, "allowed_media_domains", None)
     if transcription is not None:
         wrap = make_transcription_wrapper(is_translation=False, allowed_media_domains=domains)
-        routes[Endpoint.TRANSCRIPTIONS] = _Route(run_batch.BatchTranscriptionRequest.model_validate,
+        routes[Endpoint.TRANSCRIPTIONS] = _Route(vllm_compat.load("BatchTranscriptionRequest").model_validate,
                                                  wrap(transcription.create_transcription))
     if translation is not None:
         wrap = make_transcription_wrapper(is_translation=True, allowed_media_domains=domains)
-        routes[Endpoint.TRANSLATIONS] = _Route(run_batch.BatchTranslationRequest.model_validate,
+        routes[Endpoint.TRANSLATIONS] = _Route(vllm_compat.load("BatchTranslationRequest").model_validate,
                                                wrap(translation.create_translation))
     return routes
 
@@ -263,7 +261,7 @@ def _unsupported_message(url: Endpoint, names: tuple[str, ...]) -> str:
 async def _to_reply(response: Any) -> Reply:
     from pydantic import BaseModel
     from starlette.responses import Response, StreamingResponse
-    if isinstance(response, vllm_compat.error_response_type()):
+    if isinstance(response, vllm_compat.load("ErrorResponse")):
         return response.error.code, response.model_dump(mode="json")
     if isinstance(response, BaseModel):
         return 200, response.model_dump(mode="json")

@@ -1,28 +1,15 @@
 """Every vLLM name whose module moved between the releases we support: 0.26.0 to 0.33.
 
-The rest of the package imports vLLM's serving internals only through here.
-Each name is looked up in its newest home first, then in the older ones, so
-the release in between two documented layouts (a patch release) works too. A
-module that exists but fails to import for another reason (a dependency
-missing) is not skipped: that error is raised as it is.
+The rest of the package imports vLLM's moved serving internals only through
+here (`load(name)`). Each name is looked up in its newest home first, then in
+the older ones: the first module that exists and defines it wins, so a release
+between two documented layouts (a patch release) works too. A module that
+exists but fails to import for another reason (a dependency missing) is not
+skipped: that error is raised as it is. `scripts/check_vllm_layout.py` checks
+the table below against a release's wheel without installing it.
 
-Where each name lives, read from the wheels of 0.26.0 ... 0.33.0:
-
-| name | 0.26-0.27 | 0.28 | 0.29-0.31 | 0.32 | 0.33 |
-|---|---|---|---|---|---|
-| run_batch's parser, validator and audio request models | openai.run_batch | same | launchers.run_batch | same | same |
-| init_app_state | openai.api_server | same | launchers.api_server.app_state | same | same |
-| create_error_response | serve.utils.error_response | serve (re-export) | same | same | same |
-| validation_exception_handler | serve.utils.server_utils | serve.exception_handling.handlers.validation | same | ... |
-| ErrorResponse | openai.engine.protocol | same | serve.engine.protocol | same | same |
-| propagate_flash_late_interaction | absent | absent | absent | launchers.cli_args | common.cli_args |
-
-(all under `vllm.entrypoints.`). Unchanged over the range, imported directly:
-`vllm.v1.engine.async_llm.AsyncLLM`, `vllm.engine.arg_utils.AsyncEngineArgs`,
-`vllm.usage.usage_lib.UsageContext`, `vllm.utils.argparse_utils.FlexibleArgumentParser`,
-`vllm.envs`, `vllm.utils.random_uuid` and the request models of
-`vllm.entrypoints.openai.{chat_completion,completion}.protocol` and
-`vllm.entrypoints.pooling.{embed,scoring}.protocol`.
+The names that did not move over the range (`UNCHANGED`) are imported directly
+where they are used.
 """
 
 from __future__ import annotations
@@ -33,11 +20,62 @@ from types import ModuleType
 from typing import Any
 
 SUPPORTED = ">=0.26.0,<0.34"  # what the README promises; 0.32.0 is the tested default (CI)
+PREFIX = "vllm.entrypoints."
 
-_E = "vllm.entrypoints."
+_RUN_BATCH = (
+    # 0.29 moved run_batch to launchers/; openai.run_batch became a deprecated stub that no longer defines these.
+    "launchers.run_batch",
+    "openai.run_batch",  # 0.26 - 0.28
+)
+
+# name -> the modules (under vllm.entrypoints.) that define it, newest layout first.
+HOMES: dict[str, tuple[str, ...]] = {
+    "make_arg_parser": _RUN_BATCH,
+    "validate_run_batch_args": _RUN_BATCH,
+    "BatchTranscriptionRequest": _RUN_BATCH,
+    "BatchTranslationRequest": _RUN_BATCH,
+    "make_transcription_wrapper": _RUN_BATCH,
+    "init_app_state": (
+        "launchers.api_server.app_state",  # 0.29 -> (openai.api_server still re-exports it)
+        "openai.api_server",  # 0.26 - 0.28
+    ),
+    "create_error_response": (
+        "serve",  # 0.28 -> : defined in serve.exception_handling.error_response, re-exported by the package
+        "serve.utils.error_response",  # 0.26 - 0.27 (the package exists there too, without the name)
+    ),
+    "validation_exception_handler": (
+        "serve.exception_handling.handlers.validation",  # 0.28 ->
+        "serve.utils.server_utils",  # 0.26 - 0.27
+    ),
+    "ErrorResponse": (
+        "serve.engine.protocol",  # 0.29 ->
+        "openai.engine.protocol",  # 0.26 - 0.28
+    ),
+}
+
+# module -> names, the same in every release of the range (imported directly; listed for the checker).
+UNCHANGED: dict[str, tuple[str, ...]] = {
+    "vllm.v1.engine.async_llm": ("AsyncLLM",),
+    "vllm.engine.arg_utils": ("AsyncEngineArgs", "EngineArgs"),
+    "vllm.usage.usage_lib": ("UsageContext",),
+    "vllm.utils.argparse_utils": ("FlexibleArgumentParser",),
+    "vllm.utils": ("random_uuid",),
+    "vllm.entrypoints.openai.chat_completion.protocol": ("ChatCompletionRequest",),
+    "vllm.entrypoints.openai.completion.protocol": ("CompletionRequest",),
+    "vllm.entrypoints.pooling.embed.protocol": ("EmbeddingRequest",),
+    "vllm.entrypoints.pooling.scoring.protocol": ("RerankRequest", "ScoreRequest"),
+}
+
+# Names some releases lack altogether: `optional(name)` is None there.
+OPTIONAL_HOMES: dict[str, tuple[str, ...]] = {
+    # Copies --no-enable-flash-late-interaction into the engine's PoolerConfig. Added in 0.32
+    # (launchers.cli_args), moved in 0.33 (common.cli_args). Before 0.32 there is no such option,
+    # so not calling it is the equivalent.
+    "propagate_flash_late_interaction": ("common.cli_args", "launchers.cli_args"),
+}
 
 
-def _optional(name: str) -> ModuleType | None:
+def _module(name: str) -> ModuleType | None:
     """The module, or None when this vLLM's layout has no such module.
 
     Only "no such module" is None: a module that exists but fails on a missing
@@ -51,75 +89,31 @@ def _optional(name: str) -> ModuleType | None:
         raise
 
 
-def _first(*modules: str) -> ModuleType:
-    """The first of `modules` that exists (newest layout first)."""
-    for name in modules:
-        if (module := _optional(name)) is not None:
-            return module
-    raise ModuleNotFoundError(f"none of {', '.join(modules)} exists in this vLLM (supported: vllm{SUPPORTED})")
+def _find(name: str, homes: tuple[str, ...]) -> Any | None:
+    for home in homes:
+        module = _module(PREFIX + home)
+        if module is not None and hasattr(module, name):
+            return getattr(module, name)
+    return None
 
 
-def run_batch_module() -> ModuleType:
-    """vLLM's run_batch: `make_arg_parser`, `validate_run_batch_args`, `BatchTranscriptionRequest`,
-    `BatchTranslationRequest`, `make_transcription_wrapper`.
-
-    0.29 moved it to `launchers.run_batch`; `openai.run_batch` became a deprecated stub that re-runs
-    the new one (it no longer defines these names), so the new home is tried first.
-    """
-    return _first(_E + "launchers.run_batch", _E + "openai.run_batch")
-
-
-def init_app_state() -> Any:
-    """`init_app_state(engine, state, args, supported_tasks)`: builds the serving objects `vllm serve` uses.
-
-    0.29 moved it from `openai.api_server` (which still re-exports it) to `launchers.api_server.app_state`.
-    """
-    return _first(_E + "launchers.api_server.app_state", _E + "openai.api_server").init_app_state
+def load(name: str) -> Any:
+    """A moved vLLM name (a key of `HOMES`) from the installed release."""
+    found = _find(name, HOMES[name])
+    if found is None:
+        where = ", ".join(PREFIX + h for h in HOMES[name])
+        raise ImportError(f"vLLM's {name} is in none of {where}: this vLLM is not one batchyard supports "
+                          f"(vllm{SUPPORTED})")
+    return found
 
 
-def create_error_response() -> Any:
-    """`create_error_response(message, err_type=..., status_code=..., param=...)` -> `ErrorResponse`.
-
-    0.28 moved it from `serve.utils.error_response` to `serve.exception_handling.error_response` and
-    re-exported it as `vllm.entrypoints.serve.create_error_response`.
-    """
-    module = _first(_E + "serve")
-    if hasattr(module, "create_error_response"):
-        return module.create_error_response
-    return _first(_E + "serve.utils.error_response").create_error_response
-
-
-def validation_exception_handler() -> Any:
-    """`vllm serve`'s handler for a body that does not validate (its 400 and wording).
-
-    0.28 moved it from `serve.utils.server_utils` to `serve.exception_handling.handlers.validation`.
-    """
-    return _first(_E + "serve.exception_handling.handlers.validation",
-                  _E + "serve.utils.server_utils").validation_exception_handler
-
-
-def error_response_type() -> Any:
-    """`ErrorResponse`, the protocol model of an error reply.
-
-    0.29 moved it from `openai.engine.protocol` to `serve.engine.protocol`.
-    """
-    return _first(_E + "serve.engine.protocol", _E + "openai.engine.protocol").ErrorResponse
+def optional(name: str) -> Any | None:
+    """A name of `OPTIONAL_HOMES`, or None in the releases that lack it."""
+    return _find(name, OPTIONAL_HOMES[name])
 
 
 def propagate_flash_late_interaction(args: Namespace, engine_args: Any) -> None:
-    """Copy `--no-enable-flash-late-interaction` into the engine's `PoolerConfig`, as run_batch does.
-
-    Added in 0.32 (`launchers.cli_args`), moved in 0.33 to `common.cli_args`. Before 0.32 there is no
-    such option, so skipping the call is the equivalent.
-    """
-    for name in (_E + "common.cli_args", _E + "launchers.cli_args"):
-        func = getattr(_optional(name), "propagate_flash_late_interaction", None)
-        if func is not None:
-            func(args, engine_args)
-            return
-
-
-def vllm_version() -> str:
-    import vllm
-
-    return str(getattr(vllm, "__version__", "unknown"))
+    """As run_batch does from 0.32 on; nothing to do before (the option does not exist)."""
+    func = optional("propagate_flash_late_interaction")
+    if func is not None:
+        func(args, engine_args)
