@@ -108,3 +108,13 @@ def test_every_moved_name_resolves_in_the_installed_vllm() -> None:
     error = vllm_compat.load("create_error_response")("bad input")
     assert isinstance(error, vllm_compat.load("ErrorResponse"))
     assert error.error.code == 400 and error.error.type == "BadRequestError"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (the engine extra) is not installed")
+def test_engine_statistics_are_off_unless_asked_for() -> None:
+    """As vLLM's offline LLM class: no per-step stats unless engine_args say `disable_log_stats: false`."""
+    from local_engine.serving import build_args
+
+    assert build_args({"model": "some/model"}).disable_log_stats is True
+    assert build_args({"model": "some/model", "disable_log_stats": False}).disable_log_stats is False
+    assert build_args({"model": "some/model", "disable-log-stats": False}).disable_log_stats is False
