@@ -10,11 +10,13 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from gateway.api.deps import Caller, bad_request, check_id, check_limit, expires_after, list_reply, runtime_of
+from gateway.api.deps import Caller, bad_request, check_id, check_limit, list_reply, parse_body, runtime_of
 from gateway.api.form import Body, Event, Field, FileData, FileEnd, FileStart, FormReader
 from gateway.api.http_errors import ApiError
+from gateway.batch_params import ExpiresAfter
 from gateway.errors import GatewayError, not_found
 
 if TYPE_CHECKING:
@@ -130,11 +132,9 @@ def _purpose(fields: dict[str, str]) -> str:
     return purpose  # the service checks its value
 
 
-def _expires_after(fields: dict[str, str]) -> dict[str, Any] | None:
-    anchor, seconds = fields.get("expires_after[anchor]"), fields.get("expires_after[seconds]")
-    if anchor is None and seconds is None:
-        return None
-    return expires_after(anchor, seconds, "expires_after")
+def _expires_after(fields: dict[str, str]) -> ExpiresAfter | None:
+    given = {name: fields[key] for name in ("anchor", "seconds") if (key := f"expires_after[{name}]") in fields}
+    return parse_body(ExpiresAfter, given, "expires_after") if given else None
 
 
 class _Upload:
@@ -203,11 +203,12 @@ class _Upload:
             return rec
         try:
             expiry = _expires_after(self.late)
-        except (ApiError, GatewayError):
+        except (ApiError, GatewayError, RequestValidationError):
             await self.runtime.service.delete_file(rec.id, self.owner)
             raise
-        assert expiry is not None
-        rec.expires_at = rec.created_at + expiry["seconds"]
+        if expiry is None:
+            return rec
+        rec.expires_at = expiry.at(rec.created_at)
         await self.runtime.store.put_file(rec)
         return rec
 
