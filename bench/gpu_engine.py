@@ -146,15 +146,15 @@ def _run_tool(tool: str, cmd: list[str], log: Path, timeout: float) -> tuple[int
     lines: list[tuple[float, str]] = []
     start = time.time()
     with log.open("w") as f, subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                              stderr=subprocess.STDOUT, text=True, errors="replace",
-                                              newline="\n") as proc:
+                                              stderr=subprocess.STDOUT, text=True,
+                                              errors="replace") as proc:
         assert proc.stdout is not None
         timer = threading.Timer(timeout, proc.kill)
         timer.start()
         try:
             for raw in proc.stdout:
                 t = time.time() - start
-                for text in raw.rstrip("\n").split("\r"):  # tqdm redraws with \r
+                for text in raw.rstrip("\n").split("\r"):  # tqdm's redraws (text mode makes most of them lines)
                     lines.append((t, text))
                     f.write(f"[{t:8.2f}] {text}\n")
             rc = proc.wait()
