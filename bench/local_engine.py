@@ -9,10 +9,11 @@ engine flags, interleaved, `--repeat` times. Printed, with ratios against
 run_batch and `LLM.chat`:
 - marginal throughput: (big - small size) / (wall(big) - wall(small)), the
   per-request speed with start-up cancelled out (aim: >= 1.2x run_batch,
-  >= 1.0x LLM.chat). Two sizes far apart: with a small gap (200 and 1,000
-  lines: about 2 s of work against some 25 s of start-up) a second of
-  start-up noise swings the ratio by a factor, which is why 200/1,000 once
-  showed 2.68x where 1,000/7,000 showed 0.75-0.83x;
+  >= 1.0x LLM.chat). Keep the sizes far apart: at 200/1,000 the gap is a
+  few seconds of work beside ~25 s of start-up, and run_batch's marginal
+  there came out at 105 req/s against 342-487 at 1,000/7,000 (batchyard's
+  stayed at 257-404): that, not a change in batchyard, is why 200/1,000 once
+  read 2.68x where 1,000/7,000 read 0.75-0.83x;
 - small-file wall: the fixed cost a user pays on a short file (aim <= 1.0x run_batch);
 - peak RSS (process tree) at the big size.
 Not a test: numbers on a shared 2-core machine are noisy; read the medians.
