@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from local_engine.vllm_compat import HOMES, OPTIONAL_HOMES, PREFIX, UNCHANGED  # noqa: E402
+from local_engine.vllm_compat import HOMES, OPTIONAL_HOMES, PREFIX, UNCHANGED
 
 
 class Release:
