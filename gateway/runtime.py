@@ -20,7 +20,7 @@ import os
 import socket
 from collections.abc import Collection, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.api.service import BatchService
 from gateway.backends.pool import BackendPool
@@ -29,6 +29,10 @@ from gateway.pipeline.coordinator import Coordinator
 from gateway.pipeline.execute import ShardRunner
 from gateway.pipeline.finalizer import Finalizer
 from gateway.store.base import Blobs, Coordination, Queue, Store
+
+if TYPE_CHECKING:
+    from gateway.store.sqlite_queue import SQLiteQueue
+    from gateway.supervisor import WorkerPool
 
 log = logging.getLogger("batchyard.runtime")
 
@@ -45,10 +49,12 @@ class Runtime:
     def __init__(
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
         mode: str, name: str, routes: Collection[str] | None, heartbeat: float, sweep_every: float,
-        sweeping: bool = True, recover_at_start: bool = False,
+        sweeping: bool = True, recover_at_start: bool = False, embedded: tuple[Path, SQLiteQueue] | None = None,
     ) -> None:
-        """`routes`: the routes whose shards this process runs (None: every route; empty: none)."""
+        """`routes`: the routes whose shards this process runs (None: every route; empty: none).
+        `embedded`: the data directory and its queue, in the embedded mode (for `worker_pool`)."""
         self.config, self.store, self.blobs, self.queue, self.coordination = config, store, blobs, queue, coordination
+        self._embedded = embedded
         self.mode, self.name = mode, name
         self._tasks: set[asyncio.Task[Any]] = set()
         self.backends = BackendPool(config, store)
@@ -88,6 +94,19 @@ class Runtime:
         self.coordinator.start(hosting=self.runner is not None, sweeping=self._sweeping)
         if self.runner is not None:
             self.spawn(self.runner.loop(), "runner")
+
+    def worker_pool(
+        self, count: int, *, config_path: str, upstream_only: bool = False, verbose: bool = False,
+    ) -> WorkerPool:
+        """`count` worker processes over this runtime's data directory, which hand the shards of one that
+        dies back to the queue at once. The embedded mode only: shared-mode workers are `batchyard worker`s."""
+        from gateway.supervisor import WorkerPool
+
+        if self._embedded is None:
+            raise RuntimeError("worker processes belong to the embedded mode")
+        data_dir, queue = self._embedded
+        return WorkerPool(count, data_dir, queue, config_path=config_path, upstream_only=upstream_only,
+                          verbose=verbose)
 
     async def health(self) -> dict[str, Any]:
         return await self.coordinator.health(self.mode)
@@ -129,9 +148,11 @@ async def open_embedded(
     coordination = SQLiteCoordination(db, holder=name)
     if owner:
         await coordination.reset()
-    return Runtime(config, store, LocalBlobs(data_dir / "blobs"), SQLiteQueue(db, consumer=name), coordination,
+    queue = SQLiteQueue(db, consumer=name)
+    return Runtime(config, store, LocalBlobs(data_dir / "blobs"), queue, coordination,
                    mode="embedded", name=name, routes=routes, heartbeat=1.0, sweep_every=1.0,
-                   sweeping=owner if sweeping is None else sweeping, recover_at_start=owner)
+                   sweeping=owner if sweeping is None else sweeping, recover_at_start=owner,
+                   embedded=(data_dir, queue))
 
 
 def open_blobs(storage: str | Path, *, endpoint_url: str | None = None) -> Blobs:

@@ -77,6 +77,8 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 def _param(loc: tuple[Any, ...]) -> str | None:
     # loc is ("query", "limit") or ("body", "metadata", "k"): drop where it came from
     parts = [str(p) for p in loc[1:]] if len(loc) > 1 else [str(p) for p in loc]
+    if "[key]" in parts:  # a mapping's key is wrong (metadata's): name the mapping, not the key's text
+        parts = parts[:max(parts.index("[key]") - 1, 0)]
     return ".".join(parts) or None
 
 
@@ -97,6 +99,9 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(400, "Invalid request.", code="invalid_request")
     first = errors[0]
     param = _param(tuple(first.get("loc", ())))
+    if first.get("type") == "missing" and param:
+        return error_response(400, f"Missing required parameter: '{param}'.", code="missing_required_parameter",
+                              param=param)  # OpenAI's words
     details = "; ".join(f"{_param(tuple(e.get('loc', ()))) or 'request'}: {e.get('msg', 'invalid')}" for e in errors)
     return error_response(400, f"Invalid request: {details}", code=_code(str(first.get("type", ""))), param=param)
 

@@ -3,7 +3,7 @@
 All keys start with a prefix (default `batchyard:`) so one Redis can hold
 several deployments. The shapes:
 
-records (`RedisStore`)
+records (`RedisStore`: files, batches, ledger, backend state)
     file:{id}                 string  FileRecord JSON
     files:{owner}             zset    file ids, score created_at (ties: by id, Redis' own order)
     files:{owner}:{purpose}   zset    the same, for one purpose
