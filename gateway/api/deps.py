@@ -23,11 +23,14 @@ def runtime_of(request: Request) -> Runtime:
 
 
 def list_reply(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    # OpenAI's schema types first_id/last_id as strings (and requires them on a file list), so an
+    # empty page answers "" rather than null; the SDK's cursor pages read neither (they page by
+    # the last item's id and `has_more`).
     return {
         "object": "list",
         "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
+        "first_id": data[0]["id"] if data else "",
+        "last_id": data[-1]["id"] if data else "",
         "has_more": has_more,
     }
 
@@ -66,13 +69,20 @@ def check_limit(limit: int, high: int) -> int:
 
 def expires_after(anchor: Any, seconds: Any, param: str) -> dict[str, Any]:
     """OpenAI's `expires_after` ({anchor: "created_at", seconds: 3600..2592000}), checked."""
+    if anchor is None:
+        raise bad_request(f"Missing required parameter: '{param}.anchor'.", param=f"{param}.anchor",
+                          code="missing_required_parameter")
     if anchor != "created_at":
-        raise bad_request(f"{param}.anchor must be 'created_at'.", param=f"{param}.anchor")
+        raise bad_request(f"Invalid value: '{str(anchor)[:64]}'. Supported values are: 'created_at'.",
+                          param=f"{param}.anchor", code="invalid_value")
+    if seconds is None:
+        raise bad_request(f"Missing required parameter: '{param}.seconds'.", param=f"{param}.seconds",
+                          code="missing_required_parameter")
     if isinstance(seconds, str) and seconds.strip().isdigit():
         seconds = int(seconds)
     if not isinstance(seconds, int) or isinstance(seconds, bool) or not 3600 <= seconds <= 2_592_000:
         raise bad_request(
             f"{param}.seconds must be an integer between 3600 (1 hour) and 2592000 (30 days).",
-            param=f"{param}.seconds",
+            param=f"{param}.seconds", code="invalid_value",
         )
     return {"anchor": anchor, "seconds": seconds}

@@ -106,9 +106,13 @@ async def _client_disconnect(_: Request, __: Exception) -> JSONResponse:
     return error_response(499, "Client closed the request.", code="client_closed_request")
 
 
+def unexpected_error_response() -> JSONResponse:
+    return error_response(500, "The server had an error while processing your request.", code="internal_error")
+
+
 async def _unexpected(_: Request, __: Exception) -> JSONResponse:
     # Starlette re-raises after this reply is sent, so the server logs the traceback; the caller never sees it.
-    return error_response(500, "The server had an error while processing your request.", code="internal_error")
+    return unexpected_error_response()
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -16,11 +16,11 @@ from typing import Any
 from gateway import metrics
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_endpoint
-from gateway.errors import Conflict, InvalidRequest, TooLarge, not_found
+from gateway.errors import Conflict, InvalidRequest, TooLarge, invalid_value, not_found
 from gateway.json_codec import loads
 from gateway.pipeline.lifecycle import NO_EXPIRY, expiry
 from gateway.pipeline.plan import Planner
-from gateway.records import BatchStatus, Result, Shard, new_id
+from gateway.records import BatchStatus, Endpoint, Result, Shard, new_id
 from gateway.store.base import (
     BatchOptions,
     BatchRecord,
@@ -76,12 +76,12 @@ class BatchService:
         expires_after: dict[str, Any] | None = None,
     ) -> FileRecord:
         if purpose not in FILE_PURPOSES:
-            raise InvalidRequest(f"purpose must be one of {', '.join(sorted(FILE_PURPOSES))}", param="purpose")
+            raise invalid_value(purpose, sorted(FILE_PURPOSES), "purpose")
         created = now()
         expires_at = expiry(expires_after, created, "expires_after")
         if expires_at is None and self.config.batch.file_expiry_seconds is not None:
             expires_at = created + self.config.batch.file_expiry_seconds
-        file_id = new_id("file")
+        file_id = new_id("file", sep="-")  # older data dirs hold `file_` ids: still valid
         key = f"files/{file_id}"
         limit = self.config.batch.limits.max_file_bytes
         writer = self.blobs.writer(key)
@@ -130,19 +130,17 @@ class BatchService:
         `endpoint=None` and `completion_window=None` are the CLI's: any url, no expiry.
         """
         if endpoint is not None and normalise_endpoint(endpoint) is None:
-            raise InvalidRequest(f"endpoint {endpoint!r} is not supported", param="endpoint", code="invalid_endpoint")
+            raise invalid_value(endpoint, [e.value for e in Endpoint], "endpoint")
         if completion_window is None:
             window = NO_EXPIRY
         elif completion_window in self.config.batch.completion_windows:
             window = self.config.batch.completion_windows[completion_window]
         else:
-            allowed = ", ".join(self.config.batch.completion_windows)
-            raise InvalidRequest(f"completion_window must be one of: {allowed}", param="completion_window",
-                                 code="invalid_completion_window")
+            raise invalid_value(completion_window, list(self.config.batch.completion_windows), "completion_window")
         meta = check_metadata(metadata)
         source = await self.store.get_file(input_file_id, owner)
         if source is None:
-            raise not_found("file", input_file_id)
+            raise not_found("file", input_file_id, "input_file_id")
         if source.purpose != "batch":
             raise InvalidRequest(f"file {input_file_id} has purpose {source.purpose!r}, not 'batch'",
                                  param="input_file_id", code="invalid_file")
