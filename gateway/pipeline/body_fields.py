@@ -16,7 +16,7 @@ from gateway.records import Endpoint
 # Per endpoint, the alternative sets of required fields: the body must hold every
 # field of at least one set. vLLM's score takes any one of its four pairs
 # (vllm/entrypoints/pooling/scoring/protocol.py); audio takes a URL or the file.
-_REQUIRED: dict[Endpoint, tuple[tuple[str, ...], ...]] = {
+REQUIRED: dict[Endpoint, tuple[tuple[str, ...], ...]] = {
     Endpoint.CHAT: (("messages",),),
     Endpoint.COMPLETIONS: (("prompt",),),
     Endpoint.EMBEDDINGS: (("input",),),
@@ -46,7 +46,7 @@ _JSON_NAMES = {str: "a string", list: "an array", dict: "an object", int: "an in
 
 def check_body(endpoint: Endpoint, body: dict[str, Any], line: int) -> LineError | None:
     """The first missing or mistyped field of `body`, in OpenAI's words; None when it is fine."""
-    alternatives = _REQUIRED.get(endpoint, ())
+    alternatives = REQUIRED.get(endpoint, ())
     if alternatives and not any(all(body.get(f) is not None for f in fields) for fields in alternatives):
         # name the first field missing from the set the body came closest to
         closest = max(alternatives, key=lambda fields: sum(body.get(f) is not None for f in fields))
