@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gateway.cli",),
 ]
 # The pipeline's stages in the order a batch meets them: a stage imports only earlier ones, even lazily.
-STAGES = ["lifecycle", "validate", "plan", "merge", "execute", "finalizer", "coordinator"]
+STAGES = ["lifecycle", "body_fields", "validate", "plan", "merge", "execute", "finalizer", "coordinator"]
 
 
 def _modules() -> dict[str, Path]:
