@@ -15,6 +15,9 @@
 # Everything is resolved ONCE together (cpu + test + bootstrap), so the files always agree; the
 # others are then compiled with that resolution as constraints, and cpu.lock is the remainder.
 # litellm is pinned to 1.106.2; the check refuses 1.82.7, 1.82.8 and 1.107.0 (compromised releases).
+# [project] pins with an environment marker (async-timeout, which redis needs below CPython 3.11.3, as
+# on Debian bookworm's 3.11.2) are resolved without it and get it back on their lock line, so the
+# locks install on every Python 3.11 whichever 3.11 ran this script (pip-compile would drop them).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -49,15 +52,19 @@ compile() {  # compile OUTPUT ARGS...
     sed -i '/^ *#   -c .*pins\.txt$/d; s/^\( *\)# via -c .*pins\.txt$/\1# via/' "$out"
 }
 
+# 0. The marked pins, marker dropped (see scripts/lockfile.py marked_pins).
+"$PY" scripts/lockfile.py marked > "$TMP/marked.in"
+
 # 1. One resolution of everything.
-compile "$TMP/all.txt" --extra cpu --extra test pyproject.toml "$REQ/bootstrap.in"
+compile "$TMP/all.txt" --extra cpu --extra test pyproject.toml "$TMP/marked.in" "$REQ/bootstrap.in"
 "$PY" scripts/lockfile.py pins "$TMP/all.txt" > "$TMP/pins.txt"
 
 # 2. bootstrap, runtime, core and runtime+cpu, constrained to that resolution.
 compile "$TMP/bootstrap.lock" -c "$TMP/pins.txt" "$REQ/bootstrap.in"
-compile "$TMP/runtime.lock" -c "$TMP/pins.txt" pyproject.toml
-compile "$TMP/core.lock" -c "$TMP/pins.txt" --extra test pyproject.toml
-compile "$TMP/runtime-cpu.txt" -c "$TMP/pins.txt" --extra cpu pyproject.toml
+compile "$TMP/runtime.lock" -c "$TMP/pins.txt" pyproject.toml "$TMP/marked.in"
+compile "$TMP/core.lock" -c "$TMP/pins.txt" --extra test pyproject.toml "$TMP/marked.in"
+compile "$TMP/runtime-cpu.txt" -c "$TMP/pins.txt" --extra cpu pyproject.toml "$TMP/marked.in"
+"$PY" scripts/lockfile.py remark "$TMP/runtime.lock" "$TMP/core.lock"
 
 # 3. cpu.lock = runtime+cpu less runtime/bootstrap, less the torch companions that break vllm on CPU.
 cat > "$TMP/cpu.header" <<'HDR'

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import Any
 
 REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 # Releases that must never be installed (compromised or broken upstream).
@@ -46,12 +47,54 @@ def subtract(all_path: str, out_path: str, header: str, *minus: str, drop: str =
                 f.write("\n".join(lines) + "\n")
 
 
-def pyproject_errors(paths: list[str], pyproject: str = "pyproject.toml") -> list[str]:
-    """Each exact pin of pyproject.toml must be in the lock that installs it, at that version."""
+# An exact pin, optionally with extras and an environment marker: `name[extra]==1.2 ; marker`.
+PIN = re.compile(r"^([A-Za-z0-9._-]+)(?:\[[^\]]*\])?==([^;\s]+)\s*(?:;\s*(.+?))?\s*$")
+
+
+def load_project(pyproject: str = "pyproject.toml") -> dict[str, Any]:
     import tomllib
 
     with open(pyproject, "rb") as f:
-        project = tomllib.load(f)["project"]
+        return tomllib.load(f)["project"]
+
+
+def marked_pins(pyproject: str = "pyproject.toml") -> dict[str, tuple[str, str]]:
+    """{name: (version, marker)} for the [project] dependencies that carry an environment marker.
+
+    pip-compile drops a requirement whose marker is false on the machine that runs it: locks made on
+    CPython 3.11.7 would leave out `async-timeout ; python_full_version < "3.11.3"`, which redis needs
+    on Debian bookworm's 3.11.2. lock.sh therefore resolves these without their marker (`marked`) and
+    writes the marker back onto the lock line (`remark`), so the lock installs on every 3.11."""
+    out = {}
+    for spec in load_project(pyproject)["dependencies"]:
+        m = PIN.match(spec.strip())
+        if m and m.group(3):
+            out[norm(m.group(1))] = (m.group(2), m.group(3).replace("'", '"'))
+    return out
+
+
+def remark(path: str, pyproject: str = "pyproject.toml") -> None:
+    """Put pyproject.toml's marker on each marked pin's line of the pip-compile output `path`."""
+    marked = marked_pins(pyproject)
+    with open(path) as f:
+        lines = f.read().split("\n")
+    current = None
+    for i, line in enumerate(lines):
+        m = REQ.match(line)
+        if m:
+            current = norm(m.group(1)) if norm(m.group(1)) in marked else None
+            if current:
+                lines[i] = f"{m.group(1)}=={m.group(2)} ; {marked[current][1]} \\"
+        elif current and re.match(r"^ +#   -r .*marked\.in$|^ +# via -r .*marked\.in$", line):
+            lines[i] = re.sub(r"-r .*marked\.in$", "batchyard (pyproject.toml)", line)
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+def pyproject_errors(paths: list[str], pyproject: str = "pyproject.toml") -> list[str]:
+    """Each exact pin of pyproject.toml must be in the lock that installs it, at that version (and
+    with its environment marker, when it has one)."""
+    project = load_project(pyproject)
     extras = project.get("optional-dependencies", {})
     wanted = {
         "runtime.lock": project["dependencies"],
@@ -63,16 +106,18 @@ def pyproject_errors(paths: list[str], pyproject: str = "pyproject.toml") -> lis
         base = path.rsplit("/", 1)[-1]
         if base not in wanted:
             continue
-        locked = {n: v for n, v, _ in blocks(path)}
+        locked = {n: (v, lines[0]) for n, v, lines in blocks(path)}
         for spec in wanted[base]:
-            m = re.match(r"^([A-Za-z0-9._-]+)(?:\[[^\]]*\])?==([^;\s]+)$", spec.strip())
+            m = PIN.match(spec.strip())
             if not m:
                 errors.append(f"pyproject.toml: {spec!r} is not an exact == pin")
                 continue
-            name, version = norm(m.group(1)), m.group(2)
-            got = locked.get(name)
+            name, version, marker = norm(m.group(1)), m.group(2), m.group(3)
+            got, line = locked.get(name, (None, ""))
             if got is None or (got != version and not got.startswith(version + "+")):
                 errors.append(f"{path}: pyproject.toml pins {name}=={version}, the lock has {got}; run scripts/lock.sh")
+            elif marker and marker.replace("'", '"') not in line:
+                errors.append(f"{path}: {name} lacks pyproject.toml's marker {marker!r}; run scripts/lock.sh")
     return errors
 
 
@@ -135,6 +180,14 @@ if __name__ == "__main__":
     if cmd == "pins":  # exact pins without hashes, usable as a constraints file
         for n, v, _ in blocks(args[0]):
             print(f"{n}=={v}")
+        sys.exit(0)
+    if cmd == "marked":  # the marked [project] pins, marker dropped, as a requirements file
+        for n, (v, _) in marked_pins().items():
+            print(f"{n}=={v}")
+        sys.exit(0)
+    if cmd == "remark":  # remark OUT...: put pyproject.toml's markers back on those pins
+        for path in args:
+            remark(path)
         sys.exit(0)
     if cmd == "subtract":  # subtract ALL OUT HEADER_FILE DROP MINUS...
         all_path, out_path, header_path, drop, *minus = args
