@@ -18,7 +18,7 @@ from gateway.config.schema import Config
 from gateway.config.urls import normalise_endpoint
 from gateway.errors import Conflict, InvalidRequest, TooLarge, invalid_value, not_found
 from gateway.json_codec import loads
-from gateway.pipeline.lifecycle import NO_EXPIRY, expiry
+from gateway.pipeline.lifecycle import NO_EXPIRY, Announce, announce_nothing, expiry
 from gateway.pipeline.plan import Planner
 from gateway.records import BatchStatus, Endpoint, Result, Shard, new_id
 from gateway.store.base import (
@@ -62,12 +62,13 @@ def check_metadata(metadata: Any) -> dict[str, str] | None:
 class BatchService:
     def __init__(
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
-        spawn: Spawn, finalize: Callable[[str], Awaitable[None]],
+        spawn: Spawn, finalize: Callable[[str], Awaitable[None]], announce: Announce = announce_nothing,
     ) -> None:
         self.config, self.store, self.blobs, self.queue = config, store, blobs, queue
         self._coordination = coordination
         self._spawn = spawn
         self._finalize = finalize
+        self._announce = announce
 
     # -- files -----------------------------------------------------------------
 
@@ -205,12 +206,13 @@ class BatchService:
             return
         if batch.status is BatchStatus.CANCELLING:
             if batch.shards_total == 0:  # cancelled while validating, before any shard existed
+                await self._announce(batch.owner, batch_id, BatchStatus.CANCELLED)
                 await self.store.update_batch(batch_id, {"status": BatchStatus.CANCELLED, "cancelled_at": now()},
                                               if_status={BatchStatus.CANCELLING})
             return
         source = await self.store.get_file(batch.input_file_id)
         if source is None:
-            await self._fail(batch_id, [{"code": "invalid_file", "message": "the input file was deleted",
+            await self._fail(batch, [{"code": "invalid_file", "message": "the input file was deleted",
                                          "param": "input_file_id", "line": None}])
             return
         planner = Planner(
@@ -220,7 +222,7 @@ class BatchService:
         )
         outcome = await planner.plan(read_lines(self.blobs, source.blob_key))
         if outcome.failed:
-            await self._fail(batch_id, [e.to_openai() for e in outcome.errors])
+            await self._fail(batch, [e.to_openai() for e in outcome.errors])
             await self.blobs.delete_prefix(f"batches/{batch_id}")
             return
         shards = [*outcome.shards, *([outcome.answered] if outcome.answered else [])]
@@ -256,9 +258,10 @@ class BatchService:
             metrics.observe_results(owner, shard.route, buf)
         await self.store.drop_journal(shard)
 
-    async def _fail(self, batch_id: str, errors: list[dict[str, Any]]) -> None:
+    async def _fail(self, batch: BatchRecord, errors: list[dict[str, Any]]) -> None:
+        await self._announce(batch.owner, batch.id, BatchStatus.FAILED)
         await self.store.update_batch(
-            batch_id, {"status": BatchStatus.FAILED, "failed_at": now(), "errors": errors},
+            batch.id, {"status": BatchStatus.FAILED, "failed_at": now(), "errors": errors},
             if_status={BatchStatus.VALIDATING, BatchStatus.CANCELLING},
         )
 
