@@ -8,27 +8,27 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from gateway.api.deps import Caller, bad_request, check_id, check_limit, expires_after, list_reply, runtime_of
+from gateway.api.deps import Caller, bad_request, check_id, check_limit, list_reply, parse_body, runtime_of
 from gateway.api.form import Body
 from gateway.api.http_errors import ApiError
+from gateway.batch_params import CreateBatch
 from gateway.errors import not_found
 
 router = APIRouter()
 
 _MAX_BODY = 1024 * 1024
-_METADATA_PAIRS, _METADATA_KEY, _METADATA_VALUE = 16, 64, 512
 
 
 @router.post("/batches")
 async def create_batch(request: Request, caller: Caller) -> JSONResponse:
-    body = await _json_object(request)
+    body = parse_body(CreateBatch, await _json_object(request))
     rec = await runtime_of(request).service.create_batch(
         caller.owner,
-        input_file_id=check_id(_required_str(body, "input_file_id"), "file", "input_file_id"),
-        endpoint=_required_str(body, "endpoint"),
-        completion_window=_required_str(body, "completion_window"),
-        metadata=_metadata(body.get("metadata")),
-        output_expires_after=_output_expires_after(body.get("output_expires_after")),
+        input_file_id=check_id(body.input_file_id, "file", "input_file_id"),
+        endpoint=body.endpoint,
+        completion_window=body.completion_window,
+        metadata=body.metadata,
+        output_expires_after=body.output_expires_after,
         allowed_models=caller.allowed_models,
     )
     return JSONResponse(rec.to_openai())
@@ -69,37 +69,3 @@ async def _json_object(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", code="invalid_json")
     return body
-
-
-def _required_str(body: dict[str, Any], name: str) -> str:
-    value = body.get(name)
-    if value is None or value == "":
-        raise bad_request(f"Missing required parameter: '{name}'.", param=name, code="missing_required_parameter")
-    if not isinstance(value, str):
-        raise bad_request(f"'{name}' must be a string.", param=name, code="invalid_type")
-    return value
-
-
-def _metadata(value: Any) -> dict[str, str] | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise bad_request("metadata must be an object of string keys and string values.", param="metadata")
-    if len(value) > _METADATA_PAIRS:
-        raise bad_request(f"metadata has {len(value)} pairs; at most {_METADATA_PAIRS} are allowed.", param="metadata")
-    for key, item in value.items():
-        if len(key) > _METADATA_KEY:
-            raise bad_request(f"metadata keys are at most {_METADATA_KEY} characters.", param=f"metadata.{key}")
-        if not isinstance(item, str):
-            raise bad_request("metadata values must be strings.", param=f"metadata.{key}")
-        if len(item) > _METADATA_VALUE:
-            raise bad_request(f"metadata values are at most {_METADATA_VALUE} characters.", param=f"metadata.{key}")
-    return value
-
-
-def _output_expires_after(value: Any) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise bad_request("output_expires_after must be an object.", param="output_expires_after")
-    return expires_after(value.get("anchor"), value.get("seconds"), "output_expires_after")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
 
 from gateway.api.auth import Principal, current_principal
 from gateway.api.http_errors import ApiError
@@ -18,8 +20,6 @@ Caller = Annotated[Principal, Depends(current_principal)]
 
 def runtime_of(request: Request) -> Runtime:
     return request.app.state.runtime
-
-
 
 
 def list_reply(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
@@ -67,22 +67,14 @@ def check_limit(limit: int, high: int) -> int:
     return limit
 
 
-def expires_after(anchor: Any, seconds: Any, param: str) -> dict[str, Any]:
-    """OpenAI's `expires_after` ({anchor: "created_at", seconds: 3600..2592000}), checked."""
-    if anchor is None:
-        raise bad_request(f"Missing required parameter: '{param}.anchor'.", param=f"{param}.anchor",
-                          code="missing_required_parameter")
-    if anchor != "created_at":
-        raise bad_request(f"Invalid value: '{str(anchor)[:64]}'. Supported values are: 'created_at'.",
-                          param=f"{param}.anchor", code="invalid_value")
-    if seconds is None:
-        raise bad_request(f"Missing required parameter: '{param}.seconds'.", param=f"{param}.seconds",
-                          code="missing_required_parameter")
-    if isinstance(seconds, str) and seconds.strip().isdigit():
-        seconds = int(seconds)
-    if not isinstance(seconds, int) or isinstance(seconds, bool) or not 3600 <= seconds <= 2_592_000:
-        raise bad_request(
-            f"{param}.seconds must be an integer between 3600 (1 hour) and 2592000 (30 days).",
-            param=f"{param}.seconds", code="invalid_value",
-        )
-    return {"anchor": anchor, "seconds": seconds}
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_body(model: type[M], data: Any, *where: str) -> M:
+    """`data` as `model`; a failure is FastAPI's validation error (OpenAI's shape, the dotted param, 400)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *where, *e["loc"])} for e in exc.errors(include_url=False, include_context=False)]
+        ) from None

@@ -11,11 +11,13 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from gateway.api.deps import Caller, bad_request, check_id, check_limit, expires_after, list_reply, runtime_of
+from gateway.api.deps import Caller, bad_request, check_id, check_limit, list_reply, parse_body, runtime_of
 from gateway.api.form import Body, Event, Field, FileData, FileEnd, FileStart, FormReader
 from gateway.api.http_errors import ApiError
+from gateway.batch_params import ExpiresAfter
 from gateway.errors import GatewayError, not_found
 
 if TYPE_CHECKING:
@@ -142,10 +144,9 @@ def _purpose(fields: dict[str, str]) -> str:
     return purpose  # the service checks its value
 
 
-def _expires_after(fields: dict[str, str]) -> dict[str, Any] | None:
+def _expires_after(fields: dict[str, str]) -> ExpiresAfter | None:
     """The SDK's bracketed form fields, or one `expires_after` field holding a JSON object (what
     generic multipart encoders, schemathesis's among them, send for an object)."""
-    anchor, seconds = fields.get("expires_after[anchor]"), fields.get("expires_after[seconds]")
     if "expires_after" in fields:
         try:
             value = json.loads(fields["expires_after"])
@@ -154,10 +155,9 @@ def _expires_after(fields: dict[str, str]) -> dict[str, Any] | None:
         if not isinstance(value, dict):
             raise bad_request("expires_after must be an object with 'anchor' and 'seconds'.",
                               param="expires_after", code="invalid_type")
-        anchor, seconds = value.get("anchor"), value.get("seconds")
-    elif anchor is None and seconds is None:
-        return None
-    return expires_after(anchor, seconds, "expires_after")
+        return parse_body(ExpiresAfter, value, "expires_after")
+    given = {name: fields[key] for name in ("anchor", "seconds") if (key := f"expires_after[{name}]") in fields}
+    return parse_body(ExpiresAfter, given, "expires_after") if given else None
 
 
 class _Upload:
@@ -226,11 +226,12 @@ class _Upload:
             return rec
         try:
             expiry = _expires_after(self.late)
-        except (ApiError, GatewayError):
+        except (ApiError, GatewayError, RequestValidationError):
             await self.runtime.service.delete_file(rec.id, self.owner)
             raise
-        assert expiry is not None
-        rec.expires_at = rec.created_at + expiry["seconds"]
+        if expiry is None:
+            return rec
+        rec.expires_at = expiry.at(rec.created_at)
         await self.runtime.store.put_file(rec)
         return rec
 

@@ -97,8 +97,17 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(400, "Invalid request.", code="invalid_request")
     first = errors[0]
     param = _param(tuple(first.get("loc", ())))
-    details = "; ".join(f"{_param(tuple(e.get('loc', ()))) or 'request'}: {e.get('msg', 'invalid')}" for e in errors)
-    return error_response(400, f"Invalid request: {details}", code=_code(str(first.get("type", ""))), param=param)
+    code = _code(str(first.get("type", "")))
+    # OpenAI's phrasing: "Missing required parameter: 'x'." / "Invalid type for 'x': …" / "Invalid value for 'x': …"
+    if code == "missing_required_parameter":
+        message = f"Missing required parameter: '{param}'."
+    else:
+        kind = "type" if code == "invalid_type" else "value"
+        message = f"Invalid {kind} for '{param or 'request'}': {first.get('msg', 'invalid')}."
+    if len(errors) > 1:
+        message += " Also: " + "; ".join(
+            f"{_param(tuple(e.get('loc', ()))) or 'request'}: {e.get('msg', 'invalid')}" for e in errors[1:])
+    return error_response(400, message, code=code, param=param)
 
 
 async def _client_disconnect(_: Request, __: Exception) -> JSONResponse:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from gateway import metrics
+from gateway.batch_params import ExpiresAfter, checked, checked_metadata
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_endpoint
 from gateway.errors import Conflict, InvalidRequest, TooLarge, invalid_value, not_found
@@ -36,27 +37,8 @@ from gateway.store.base import (
 log = logging.getLogger("batchyard.service")
 
 FILE_PURPOSES = frozenset({"batch", "batch_output", "fine-tune", "assistants", "vision", "user_data", "evals"})
-_METADATA_PAIRS, _METADATA_KEY, _METADATA_VALUE = 16, 64, 512
 
 Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
-
-
-def check_metadata(metadata: Any) -> dict[str, str] | None:
-    if metadata is None:
-        return None
-    if not isinstance(metadata, dict):
-        raise InvalidRequest("metadata must be an object of string pairs", param="metadata", code="invalid_metadata")
-    if len(metadata) > _METADATA_PAIRS:
-        raise InvalidRequest(f"metadata may hold at most {_METADATA_PAIRS} pairs", param="metadata",
-                             code="invalid_metadata")
-    for key, value in metadata.items():
-        if not isinstance(key, str) or len(key) > _METADATA_KEY:
-            raise InvalidRequest(f"metadata keys are strings of at most {_METADATA_KEY} characters",
-                                 param="metadata", code="invalid_metadata")
-        if not isinstance(value, str) or len(value) > _METADATA_VALUE:
-            raise InvalidRequest(f"metadata[{key!r}] must be a string of at most {_METADATA_VALUE} characters",
-                                 param="metadata", code="invalid_metadata")
-    return metadata
 
 
 class BatchService:
@@ -74,7 +56,7 @@ class BatchService:
 
     async def upload_file(
         self, owner: str, filename: str, purpose: str, chunks: AsyncIterable[bytes],
-        expires_after: dict[str, Any] | None = None,
+        expires_after: ExpiresAfter | Mapping[str, Any] | None = None,
     ) -> FileRecord:
         if purpose not in FILE_PURPOSES:
             raise invalid_value(purpose, sorted(FILE_PURPOSES), "purpose")
@@ -123,7 +105,8 @@ class BatchService:
 
     async def create_batch(
         self, owner: str, *, input_file_id: str, endpoint: str | None, completion_window: str | None,
-        metadata: dict[str, Any] | None = None, output_expires_after: dict[str, Any] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        output_expires_after: ExpiresAfter | Mapping[str, Any] | None = None,
         allowed_models: list[str] | None = None, options: BatchOptions | None = None,
     ) -> BatchRecord:
         """A new batch in `validating`; validation goes on in the background.
@@ -138,7 +121,7 @@ class BatchService:
             window = self.config.batch.completion_windows[completion_window]
         else:
             raise invalid_value(completion_window, list(self.config.batch.completion_windows), "completion_window")
-        meta = check_metadata(metadata)
+        meta = checked_metadata(metadata)
         source = await self.store.get_file(input_file_id, owner)
         if source is None:
             raise not_found("file", input_file_id, "input_file_id")
@@ -146,13 +129,15 @@ class BatchService:
             raise InvalidRequest(f"file {input_file_id} has purpose {source.purpose!r}, not 'batch'",
                                  param="input_file_id", code="invalid_file")
         created = now()
-        expiry(output_expires_after, created, "output_expires_after")  # checked now, applied at the end
+        output_expiry = checked(ExpiresAfter, output_expires_after, "output_expires_after") if output_expires_after \
+            else None  # checked now, applied when the output is written
         opts = options or BatchOptions()
         opts.allowed_models = allowed_models
         batch = BatchRecord(
             id=new_id("batch"), owner=owner, endpoint=endpoint or "*", input_file_id=input_file_id,
             completion_window=completion_window or "none", status=BatchStatus.VALIDATING, created_at=created,
-            expires_at=created + window, metadata=meta, output_expires_after=output_expires_after, options=opts,
+            expires_at=created + window, metadata=meta, options=opts,
+            output_expires_after=output_expiry.model_dump() if output_expiry else None,
         )
         await self.store.put_batch(batch)
         self._spawn(self.validate(batch.id), f"validate-{batch.id}")
@@ -266,4 +251,4 @@ class BatchService:
         )
 
 
-__all__ = ["FILE_PURPOSES", "BatchService", "check_metadata"]
+__all__ = ["FILE_PURPOSES", "BatchService"]

@@ -15,10 +15,10 @@ sit below all of them.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from gateway.errors import InvalidRequest
+from gateway.batch_params import ExpiresAfter, checked
 from gateway.records import BatchStatus
 from gateway.store.base import BatchRecord, now
 
@@ -44,7 +44,6 @@ GIVEN_UP: StopReason = (
 )
 
 NO_EXPIRY = 10 * 365 * 86_400  # the CLI's batches don't expire
-EXPIRES_AFTER_MIN, EXPIRES_AFTER_MAX = 3600, 2_592_000  # OpenAI's bounds on expires_after[seconds]
 
 
 def stop_reason(batch: BatchRecord) -> StopReason | None:
@@ -64,21 +63,11 @@ def derived_id(prefix: str, batch_id: str, what: str) -> str:
     return f"{prefix}-{hashlib.sha256(f'{batch_id}:{what}'.encode()).hexdigest()[:32]}"
 
 
-def expiry(expires_after: dict[str, Any] | None, created_at: int, param: str) -> int | None:
-    """The expiry time an `expires_after` object ({anchor: created_at, seconds}) gives, checked."""
+def expiry(expires_after: ExpiresAfter | Mapping[str, Any] | None, created_at: int, param: str) -> int | None:
+    """The expiry time an `expires_after` object ({anchor: created_at, seconds}) gives; checked by its model."""
     if not expires_after:
         return None
-    anchor, seconds = expires_after.get("anchor"), expires_after.get("seconds")
-    if anchor != "created_at":
-        raise InvalidRequest(f"{param}[anchor] must be 'created_at'", param=param)
-    try:
-        secs = int(seconds)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise InvalidRequest(f"{param}[seconds] must be an integer", param=param) from None
-    if not EXPIRES_AFTER_MIN <= secs <= EXPIRES_AFTER_MAX:
-        raise InvalidRequest(f"{param}[seconds] must be between {EXPIRES_AFTER_MIN} and {EXPIRES_AFTER_MAX}",
-                             param=param)
-    return created_at + secs
+    return checked(ExpiresAfter, expires_after, param).at(created_at)
 
 
 __all__ = [
