@@ -5,6 +5,8 @@
   (None in a process that hosts none, like the API process with workers).
 - `finalizer` (`Finalizer`): merges a finished batch into its output files.
 - `coordinator` (`Coordinator`): heartbeats, expiry, and recovery.
+- `webhooks` (`WebhookSender`): the teams' batch webhooks, recorded in `deliveries`
+  before a batch ends and sent by the process that sweeps (one at a time).
 
 `open_embedded` hands the parts SQLite, a local directory and the SQLite queue
 (one machine, any number of processes); `open_shared` hands them Redis, S3 and
@@ -29,6 +31,9 @@ from gateway.pipeline.coordinator import Coordinator
 from gateway.pipeline.execute import ShardRunner
 from gateway.pipeline.finalizer import Finalizer
 from gateway.store.base import Blobs, Coordination, Queue, Store
+from gateway.store.webhook_deliveries import WebhookDeliveries
+from gateway.webhooks.sender import WebhookSender
+from gateway.webhooks.targets import retry_policy, webhook_targets
 
 log = logging.getLogger("batchyard.runtime")
 
@@ -45,23 +50,28 @@ class Runtime:
     def __init__(
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
         mode: str, name: str, routes: Collection[str] | None, heartbeat: float, sweep_every: float,
-        sweeping: bool = True, recover_at_start: bool = False,
+        sweeping: bool = True, recover_at_start: bool = False, deliveries: WebhookDeliveries,
     ) -> None:
         """`routes`: the routes whose shards this process runs (None: every route; empty: none)."""
         self.config, self.store, self.blobs, self.queue, self.coordination = config, store, blobs, queue, coordination
         self.mode, self.name = mode, name
         self._tasks: set[asyncio.Task[Any]] = set()
         self.backends = BackendPool(config, store)
-        self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter)
+        self.deliveries = deliveries
+        self.webhooks = WebhookSender(deliveries, store, coordination, webhook_targets(config), spawn=self.spawn,
+                                      policy=retry_policy(config))
+        announce = self.webhooks.announce
+        self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter, announce=announce)
         self.service = BatchService(config, store, blobs, queue, coordination, spawn=self.spawn,
-                                    finalize=self.finalizer.finalize)
+                                    finalize=self.finalizer.finalize, announce=announce)
         every = sorted({r.model_name for r in config.routes.values()})
         hosted = every if routes is None else sorted(r for r in routes if r)
         self.runner = (ShardRunner(config, store, blobs, queue, self.backends,
                                    finish_shard=self.finalizer.finish_shard, routes=hosted, spawn=self.spawn)
                        if hosted else None)
         self.coordinator = Coordinator(store, queue, coordination, self.service, self.finalizer, name=name,
-                                       routes=hosted, spawn=self.spawn, heartbeat=heartbeat, sweep_every=sweep_every)
+                                       routes=hosted, spawn=self.spawn, heartbeat=heartbeat, sweep_every=sweep_every,
+                                       announce=announce)
         self._sweeping = sweeping
         self._recover_at_start = recover_at_start
 
@@ -86,6 +96,8 @@ class Runtime:
         if self._recover_at_start:
             await self.coordinator.sweep(stale_after=0)
         self.coordinator.start(hosting=self.runner is not None, sweeping=self._sweeping)
+        if self._sweeping and any(t.webhook_url for t in self.config.batch.teams):
+            self.webhooks.start()
         if self.runner is not None:
             self.spawn(self.runner.loop(), "runner")
 
@@ -102,6 +114,8 @@ class Runtime:
                 await task
         await self.coordinator.stop(hosting=self.runner is not None)
         await self.backends.aclose()
+        await self.webhooks.aclose()
+        await self.deliveries.aclose()
         await self.queue.aclose()
         await self.coordination.aclose()
         await self.blobs.aclose()
@@ -121,6 +135,7 @@ async def open_embedded(
     from gateway.store.directory import LocalBlobs
     from gateway.store.sqlite_queue import SQLiteCoordination, SQLiteQueue
     from gateway.store.sqlite_store import SQLiteStore
+    from gateway.store.sqlite_webhooks import SQLiteWebhookDeliveries
 
     data_dir.mkdir(parents=True, exist_ok=True)
     db = data_dir / DB_NAME
@@ -131,7 +146,8 @@ async def open_embedded(
         await coordination.reset()
     return Runtime(config, store, LocalBlobs(data_dir / "blobs"), SQLiteQueue(db, consumer=name), coordination,
                    mode="embedded", name=name, routes=routes, heartbeat=1.0, sweep_every=1.0,
-                   sweeping=owner if sweeping is None else sweeping, recover_at_start=owner)
+                   sweeping=owner if sweeping is None else sweeping, recover_at_start=owner,
+                   deliveries=SQLiteWebhookDeliveries(db))
 
 
 def open_blobs(storage: str | Path, *, endpoint_url: str | None = None) -> Blobs:
@@ -157,6 +173,7 @@ async def open_shared(
     from gateway.store.redis_coordination import RedisCoordination, connect_redis
     from gateway.store.redis_queue import DEFAULT_CLAIM_IDLE, RedisStreamQueue
     from gateway.store.redis_store import RedisStore
+    from gateway.store.redis_webhooks import RedisWebhookDeliveries
 
     idle = claim_idle or DEFAULT_CLAIM_IDLE
     client = connect_redis(redis_url)
@@ -170,7 +187,7 @@ async def open_shared(
     # when both have run out.
     return Runtime(config, store, open_blobs(storage, endpoint_url=s3_endpoint_url), queue,
                    RedisCoordination(client, keys, name), mode="shared", name=name, routes=routes,
-                   heartbeat=idle / 3, sweep_every=5.0)
+                   heartbeat=idle / 3, sweep_every=5.0, deliveries=RedisWebhookDeliveries(client, keys))
 
 
 __all__ = ["S3_ENDPOINT_ENV", "Runtime", "open_blobs", "open_embedded", "open_shared", "worker_name"]

@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gateway", "gateway.records", "gateway.errors", "gateway.json_codec"),
     ("gateway.config",),
     ("gateway.store", "gateway.metrics"),
-    ("gateway.backends.interface", "gateway.backends", "gateway.pipeline.lifecycle"),
+    ("gateway.backends.interface", "gateway.backends", "gateway.pipeline.lifecycle", "gateway.webhooks"),
     ("gateway.pipeline", "providers", "local_engine"),
     ("gateway.api.service",),
     ("gateway.backends.pool", "gateway.runtime", "gateway.supervisor"),

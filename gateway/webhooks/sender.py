@@ -108,11 +108,19 @@ class WebhookSender:
         if not await self._lease.acquire(LEASE, max(self._every * 3, 5.0)):
             return 0
         started = 0
-        for delivery in await self.deliveries.due(time.time(), _BATCH):
-            if delivery.id not in self._in_flight:
+        try:
+            now = time.time()
+            for delivery in await self.deliveries.due(now, _BATCH):
+                if delivery.id in self._in_flight:
+                    continue
+                # claimed: not due again (here or in another process) until this attempt had its time
+                delivery.next_at = now + self.policy.timeout + _NOT_FINISHED_WAIT
+                await self.deliveries.save(delivery)
                 self._in_flight.add(delivery.id)
                 self._spawn(self._attempt(delivery), f"webhook-{delivery.id}")
                 started += 1
+        finally:
+            await self._lease.release(LEASE)
         return started
 
     async def _attempt(self, d: WebhookDelivery) -> None:
