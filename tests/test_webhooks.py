@@ -115,7 +115,10 @@ def test_a_failing_receiver_is_retried_until_it_answers(gw: Gateway, receivers: 
     receiver.wait_for(lambda events: bool(events))
     assert receiver.statuses == [500, 500, 200]  # at least once: the same event, retried with backoff
     assert receiver.batch_events(batch.id) == ["batch.completed"]
-    deliveries = gw.http("GET", "/ui/api/webhooks", headers={"Cookie": _login(gw, KEYS["delta"])}).json()["data"]
+    cookie = {"Cookie": _login(gw, KEYS["delta"])}
+    page = gw.http("GET", "/ui", headers=cookie).text
+    assert "Webhook deliveries" in page and batch.id in page and "HTTP 200" in page
+    deliveries = gw.http("GET", "/ui/api/webhooks", headers=cookie).json()["data"]
     assert [(d["batch_id"], d["type"], d["state"], d["attempts"], d["last_status"]) for d in deliveries] == [
         (batch.id, "batch.completed", "delivered", 3, 200)]
     assert not any(SECRETS["delta"] in str(d) for d in deliveries)
