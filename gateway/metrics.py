@@ -115,14 +115,22 @@ def observe_results(team: str, route: str, results: Iterable[Result]) -> None:
             tokens_out += usage.output_tokens
         if result.cost_usd:
             cost += result.cost_usd
-    for status, n in requests.items():
-        m.requests.labels(team, route, status).inc(n)
+    observe_statuses(team, route, requests)
     if tokens_in:
         m.tokens.labels(team, route, "input").inc(tokens_in)
     if tokens_out:
         m.tokens.labels(team, route, "output").inc(tokens_out)
     if cost:
         m.cost.labels(team, route).inc(cost)
+
+
+def observe_statuses(team: str, route: str, requests: Mapping[str, int]) -> None:
+    """Count results by status, without tokens or cost (lines answered at validation, tallied as the
+    planner wrote them)."""
+    m = _metrics()
+    route = route or UNROUTED
+    for status, n in requests.items():
+        m.requests.labels(team, route, status).inc(n)
 
 
 _OWNERS: OrderedDict[str, str] = OrderedDict()
@@ -133,7 +141,7 @@ async def team_of(store: Store, batch_id: str) -> str:
     """The team (owner) of a batch, remembered: for a call site that has only the batch id."""
     owner = _OWNERS.get(batch_id)
     if owner is None:
-        batch = await store.get_batch(batch_id)
+        batch = await store.batches.get(batch_id)
         owner = batch.owner if batch is not None else ""
         _OWNERS[batch_id] = owner
         while len(_OWNERS) > _OWNERS_KEPT:
@@ -224,7 +232,7 @@ async def read_shared_state(store: Store, queue: Any, routes: Sequence[str]) -> 
     if queue is not None:
         depth.update(await queue.depth())
     batches = {s.value: 0 for s in ACTIVE_STATUSES}
-    for batch in await store.active_batches():
+    for batch in await store.batches.active():
         batches[batch.status.value] = batches.get(batch.status.value, 0) + 1
     return SharedState(queue_depth=depth, batches=batches)
 

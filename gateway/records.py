@@ -149,14 +149,17 @@ class Result:
     # What the request cost, when known (LiteLLM's price for an upstream call, the
     # config's per-token prices otherwise); None: not priced.
     cost_usd: float | None = None
+    # Token counts of a successful reply, read from its body once, when the result is built (every
+    # way of building one, `from_json` included, goes through `__post_init__`): the journal, the
+    # counters, route stats, metrics and pricing all read it.
+    usage: Usage = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.usage = Usage.from_body(self.body) if self.ok else Usage()
 
     @property
     def ok(self) -> bool:
         return self.status_code is not None and 200 <= self.status_code < 300
-
-    @property
-    def usage(self) -> Usage:
-        return Usage.from_body(self.body) if self.ok else Usage()
 
     @classmethod
     def failure(cls, req_line: int, custom_id: str, code: str, message: str, model: str = "") -> Result:

@@ -5,7 +5,7 @@
   (None in a process that hosts none, like the API process with workers).
 - `finalizer` (`Finalizer`): merges a finished batch into its output files.
 - `coordinator` (`Coordinator`): heartbeats, expiry, and recovery.
-- `webhooks` (`WebhookSender`): the teams' batch webhooks, recorded in `deliveries`
+- `webhooks` (`WebhookSender`): the teams' batch webhooks, recorded in `store.webhooks`
   before a batch ends and sent by the process that sweeps (one at a time).
 
 `open_embedded` hands the parts SQLite, a local directory and the SQLite queue
@@ -22,7 +22,7 @@ import os
 import socket
 from collections.abc import Collection, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.api.service import BatchService
 from gateway.backends.pool import BackendPool
@@ -31,9 +31,12 @@ from gateway.pipeline.coordinator import Coordinator
 from gateway.pipeline.execute import ShardRunner
 from gateway.pipeline.finalizer import Finalizer
 from gateway.store.base import Blobs, Coordination, Queue, Store
-from gateway.store.webhook_deliveries import WebhookDeliveries
 from gateway.webhooks.sender import WebhookSender
 from gateway.webhooks.targets import retry_policy, webhook_targets
+
+if TYPE_CHECKING:
+    from gateway.store.sqlite_queue import SQLiteQueue
+    from gateway.supervisor import WorkerPool
 
 log = logging.getLogger("batchyard.runtime")
 
@@ -50,15 +53,17 @@ class Runtime:
     def __init__(
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
         mode: str, name: str, routes: Collection[str] | None, heartbeat: float, sweep_every: float,
-        sweeping: bool = True, recover_at_start: bool = False, deliveries: WebhookDeliveries,
+        sweeping: bool = True, recover_at_start: bool = False, embedded: tuple[Path, SQLiteQueue] | None = None,
     ) -> None:
-        """`routes`: the routes whose shards this process runs (None: every route; empty: none)."""
+        """`routes`: the routes whose shards this process runs (None: every route; empty: none).
+        `embedded`: the data directory and its queue, in the embedded mode (for `worker_pool`)."""
         self.config, self.store, self.blobs, self.queue, self.coordination = config, store, blobs, queue, coordination
+        self._embedded = embedded
         self.mode, self.name = mode, name
         self._tasks: set[asyncio.Task[Any]] = set()
         self.backends = BackendPool(config, store)
-        self.deliveries = deliveries
-        self.webhooks = WebhookSender(deliveries, store, coordination, webhook_targets(config), spawn=self.spawn,
+        self.webhooks = WebhookSender(store.webhooks, store.batches, coordination, webhook_targets(config),
+                                      spawn=self.spawn,
                                       policy=retry_policy(config))
         announce = self.webhooks.announce
         self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter, announce=announce)
@@ -101,6 +106,19 @@ class Runtime:
         if self.runner is not None:
             self.spawn(self.runner.loop(), "runner")
 
+    def worker_pool(
+        self, count: int, *, config_path: str, upstream_only: bool = False, verbose: bool = False,
+    ) -> WorkerPool:
+        """`count` worker processes over this runtime's data directory, which hand the shards of one that
+        dies back to the queue at once. The embedded mode only: shared-mode workers are `batchyard worker`s."""
+        from gateway.supervisor import WorkerPool
+
+        if self._embedded is None:
+            raise RuntimeError("worker processes belong to the embedded mode")
+        data_dir, queue = self._embedded
+        return WorkerPool(count, data_dir, queue, config_path=config_path, upstream_only=upstream_only,
+                          verbose=verbose)
+
     async def health(self) -> dict[str, Any]:
         return await self.coordinator.health(self.mode)
 
@@ -115,7 +133,6 @@ class Runtime:
         await self.coordinator.stop(hosting=self.runner is not None)
         await self.backends.aclose()
         await self.webhooks.aclose()
-        await self.deliveries.aclose()
         await self.queue.aclose()
         await self.coordination.aclose()
         await self.blobs.aclose()
@@ -135,7 +152,6 @@ async def open_embedded(
     from gateway.store.directory import LocalBlobs
     from gateway.store.sqlite_queue import SQLiteCoordination, SQLiteQueue
     from gateway.store.sqlite_store import SQLiteStore
-    from gateway.store.sqlite_webhooks import SQLiteWebhookDeliveries
 
     data_dir.mkdir(parents=True, exist_ok=True)
     db = data_dir / DB_NAME
@@ -144,10 +160,11 @@ async def open_embedded(
     coordination = SQLiteCoordination(db, holder=name)
     if owner:
         await coordination.reset()
-    return Runtime(config, store, LocalBlobs(data_dir / "blobs"), SQLiteQueue(db, consumer=name), coordination,
+    queue = SQLiteQueue(db, consumer=name)
+    return Runtime(config, store, LocalBlobs(data_dir / "blobs"), queue, coordination,
                    mode="embedded", name=name, routes=routes, heartbeat=1.0, sweep_every=1.0,
                    sweeping=owner if sweeping is None else sweeping, recover_at_start=owner,
-                   deliveries=SQLiteWebhookDeliveries(db))
+                   embedded=(data_dir, queue))
 
 
 def open_blobs(storage: str | Path, *, endpoint_url: str | None = None) -> Blobs:
@@ -173,7 +190,6 @@ async def open_shared(
     from gateway.store.redis_coordination import RedisCoordination, connect_redis
     from gateway.store.redis_queue import DEFAULT_CLAIM_IDLE, RedisStreamQueue
     from gateway.store.redis_store import RedisStore
-    from gateway.store.redis_webhooks import RedisWebhookDeliveries
 
     idle = claim_idle or DEFAULT_CLAIM_IDLE
     client = connect_redis(redis_url)
@@ -187,7 +203,7 @@ async def open_shared(
     # when both have run out.
     return Runtime(config, store, open_blobs(storage, endpoint_url=s3_endpoint_url), queue,
                    RedisCoordination(client, keys, name), mode="shared", name=name, routes=routes,
-                   heartbeat=idle / 3, sweep_every=5.0, deliveries=RedisWebhookDeliveries(client, keys))
+                   heartbeat=idle / 3, sweep_every=5.0)
 
 
 __all__ = ["S3_ENDPOINT_ENV", "Runtime", "open_blobs", "open_embedded", "open_shared", "worker_name"]

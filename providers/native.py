@@ -133,13 +133,13 @@ class NativeBatchBackend:
         shard = Shard(batch_id=new_id("native"), index=0, route=self.route.model_name, size=len(requests))
         async for result in self.execute_shard(shard, requests):
             yield result
-        await self._store.delete_meta(shard_meta_key(shard))
+        await self._store.backend_state.delete(shard_meta_key(shard))
 
     async def execute_shard(self, shard: Shard, requests: Sequence[BatchRequest]) -> AsyncIterator[Result]:
         await self.start()
         by_line = {r.line: r for r in requests}
         key = shard_meta_key(shard)
-        state = await self._store.get_meta(key) or {"deployment": shard.index % len(self.route.deployments)}
+        state = await self._store.backend_state.get(key) or {"deployment": shard.index % len(self.route.deployments)}
         jobs, provider, prices = self._deployment(int(state["deployment"]))
         if jobs is None:  # the config refuses these at load; a route built by hand may still hold one
             message = f"native batches need a deployment of {', '.join(NATIVE_PROVIDERS)}, not {provider}/"
@@ -173,7 +173,8 @@ class NativeBatchBackend:
         parts += new_parts
 
         async def save() -> None:
-            await self._store.put_meta(key, {"deployment": state["deployment"], "parts": [p.to_json() for p in parts]})
+            await self._store.backend_state.put(
+                key, {"deployment": state["deployment"], "parts": [p.to_json() for p in parts]})
 
         pending: list[Part] = []  # created, not yet finished
         try:
@@ -304,7 +305,7 @@ class NativeBatchBackend:
     async def _cancel_if_stopped(self, jobs: UpstreamJobs, shard: Shard, parts: Sequence[Part]) -> None:
         """Cancel the running upstream jobs if our batch was cancelled or expired (not on shutdown)."""
         try:
-            batch = await self._store.get_batch(shard.batch_id)
+            batch = await self._store.batches.get(shard.batch_id)
             if batch is None or stop_reason(batch) is None:
                 return  # a shutdown: they keep running and are polled again after a restart
         except Exception as exc:

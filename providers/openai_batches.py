@@ -338,19 +338,19 @@ async def accumulate_route(store: Store, shard: Shard) -> None:
     The entry: {"shards": {index: totals}, "upstream_batch_ids", "input_tokens", "output_tokens", "cost_usd"}.
     One process serialises its updates; `native_route_summary` is the race-free reading across workers.
     """
-    meta = await store.get_meta(shard_meta_key(shard)) or {}
+    meta = await store.backend_state.get(shard_meta_key(shard)) or {}
     totals = shard_totals([Part.from_json(p) for p in meta.get("parts", [])])
     key = cost_meta_key(shard.batch_id, shard.route)
     lock = _locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
     async with lock:
-        entry = await store.get_meta(key) or {"shards": {}}
+        entry = await store.backend_state.get(key) or {"shards": {}}
         entry["shards"][str(shard.index)] = totals.to_json()
         route = RouteTotals()
         for item in entry["shards"].values():
             route.add_part(Part(endpoint="", lines=[], input_tokens=item["input_tokens"],
                                 output_tokens=item["output_tokens"], cost_usd=item["cost_usd"]))
             route.upstream_batch_ids += item["upstream_batch_ids"]
-        await store.put_meta(key, {**entry, **route.to_json()})
+        await store.backend_state.put(key, {**entry, **route.to_json()})
 
 
 async def native_route_summary(store: Store, batch_id: str, route: str) -> dict[str, Any]:
@@ -360,10 +360,10 @@ async def native_route_summary(store: Store, batch_id: str, route: str) -> dict[
     Race-free across workers: it sums the per-shard records rather than the accumulated `cost:` key.
     """
     totals = RouteTotals()
-    for shard in await store.get_shards(batch_id):
+    for shard in await store.ledger.get_shards(batch_id):
         if shard.route != route:
             continue
-        meta = await store.get_meta(shard_meta_key(shard))
+        meta = await store.backend_state.get(shard_meta_key(shard))
         for raw in (meta or {}).get("parts", []):
             totals.add_part(Part.from_json(raw))
     return totals.to_json()
@@ -372,8 +372,8 @@ async def native_route_summary(store: Store, batch_id: str, route: str) -> dict[
 async def drop_native_state(store: Store, batch_id: str) -> None:
     """Forget a finished batch's native records (call after `native_route_summary`, at the end of finalize)."""
     routes = set()
-    for shard in await store.get_shards(batch_id):
+    for shard in await store.ledger.get_shards(batch_id):
         routes.add(shard.route)
-        await store.delete_meta(shard_meta_key(shard))
+        await store.backend_state.delete(shard_meta_key(shard))
     for route in routes:
-        await store.delete_meta(cost_meta_key(batch_id, route))
+        await store.backend_state.delete(cost_meta_key(batch_id, route))

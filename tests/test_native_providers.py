@@ -194,7 +194,7 @@ async def test_cancel_cancels_the_upstream_job(provider: str, slow_stubs: dict[s
     task = asyncio.create_task(consume())
     (batch_id,) = await upstream_ids(store, shard)
     before = stub.stats().get("cancels", 0)
-    await store.update_batch(shard.batch_id, {"status": BatchStatus.CANCELLING, "cancelling_at": now()})
+    await store.batches.update(shard.batch_id, {"status": BatchStatus.CANCELLING, "cancelling_at": now()})
     task.cancel()  # what the pipeline does when it sees our batch cancelled
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -303,7 +303,7 @@ async def test_mistral_job_made_before_a_crash_is_found_by_its_file(stubs: dict[
     upload = await litellm.acreate_file(file=("in.jsonl", data), purpose="batch", **kwargs)
     job = await litellm.acreate_batch(completion_window="24h", endpoint="/v1/chat/completions",
                                       input_file_id=upload.id, model="mistral/mistral-small-latest", **kwargs)
-    await store.put_meta(shard_meta_key(shard), {"deployment": 0, "parts": [
+    await store.backend_state.put(shard_meta_key(shard), {"deployment": 0, "parts": [
         {"endpoint": "/v1/chat/completions", "lines": [1, 2], "file_id": upload.id}]})
     created = stub.stats()["batches_created"]
     results = await run_shard(backend, shard, requests)

@@ -318,10 +318,9 @@ def test_older_file_ids_keep_working(upstream: Upstream, tmp_path: Path) -> None
     async def put_legacy_file() -> None:
         runtime = await open_embedded(parse_config(gateway_config(upstream)), data_dir)
         try:
-            writer = runtime.blobs.writer(f"files/{legacy}")
-            await writer.write(content)
-            await writer.commit()
-            await runtime.store.put_file(FileRecord(legacy, "", len(content), int(time.time()), "old.jsonl",
+            async with runtime.blobs.writing(f"files/{legacy}") as writer:
+                await writer.write(content)
+            await runtime.store.files.put(FileRecord(legacy, "", len(content), int(time.time()), "old.jsonl",
                                                     "batch", None, f"files/{legacy}"))
         finally:
             await runtime.aclose()

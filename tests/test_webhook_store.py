@@ -12,7 +12,7 @@ import pytest
 from gateway.store.keys import Keys
 from gateway.store.redis_coordination import connect_redis
 from gateway.store.redis_webhooks import RedisWebhookDeliveries
-from gateway.store.sqlite_webhooks import SQLiteWebhookDeliveries
+from gateway.store.sqlite_store import SQLiteStore
 from gateway.store.webhook_deliveries import DELIVERED, FAILED, PENDING, WebhookDeliveries, WebhookDelivery
 from tests.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer
 
@@ -63,11 +63,11 @@ async def _transcript(store: WebhookDeliveries) -> list[Any]:
 
 
 async def test_redis_deliveries_answer_as_sqlite_does(tmp_path: Path, redis_url: str) -> None:
-    sqlite = SQLiteWebhookDeliveries(tmp_path / "w.sqlite3")
+    sqlite = SQLiteStore(tmp_path / "w.sqlite3")
     client = connect_redis(redis_url)
     shared = RedisWebhookDeliveries(client, Keys("test-webhooks:"))
     try:
-        expected = await _transcript(sqlite)
+        expected = await _transcript(sqlite.webhooks)
         got = await _transcript(shared)
     finally:
         await sqlite.aclose()
@@ -80,11 +80,11 @@ async def test_redis_deliveries_answer_as_sqlite_does(tmp_path: Path, redis_url:
 
 async def test_a_recorded_delivery_survives_a_reopen(tmp_path: Path, redis_url: str) -> None:
     path = tmp_path / "again.sqlite3"
-    first = SQLiteWebhookDeliveries(path)
-    await first.add(_delivery(9, "a", 5.0))
+    first = SQLiteStore(path)
+    await first.webhooks.add(_delivery(9, "a", 5.0))
     await first.aclose()
-    again = SQLiteWebhookDeliveries(path)
-    assert [d.id for d in await again.due(10.0, 10)] == [f"wh_{9:032x}"]
+    again = SQLiteStore(path)
+    assert [d.id for d in await again.webhooks.due(10.0, 10)] == [f"wh_{9:032x}"]
     await again.aclose()
 
     client = connect_redis(redis_url)

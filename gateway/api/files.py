@@ -58,7 +58,7 @@ async def list_files(
 ) -> JSONResponse:
     if order not in ("asc", "desc"):
         raise bad_request("order must be 'asc' or 'desc'.", param="order")
-    page = await runtime_of(request).store.list_files(
+    page = await runtime_of(request).store.files.page(
         caller.owner, purpose=purpose, limit=check_limit(limit, 10_000), order=order, after=after
     )
     return JSONResponse(list_reply([file_object(f) for f in page.data], page.has_more))
@@ -114,7 +114,7 @@ def _too_large(limit: int) -> ApiError:
 
 
 async def _owned(request: Request, owner: str, file_id: str) -> FileRecord:
-    rec = await runtime_of(request).store.get_file(check_id(file_id, "file", "file_id"), owner)
+    rec = await runtime_of(request).store.files.get(check_id(file_id, "file", "file_id"), owner)
     if rec is None:
         raise not_found("file", file_id, "id")
     return rec
@@ -232,7 +232,7 @@ class _Upload:
         if expiry is None:
             return rec
         rec.expires_at = expiry.at(rec.created_at)
-        await self.runtime.store.put_file(rec)
+        await self.runtime.store.files.put(rec)
         return rec
 
 

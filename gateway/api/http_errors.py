@@ -77,6 +77,8 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 def _param(loc: tuple[Any, ...]) -> str | None:
     # loc is ("query", "limit") or ("body", "metadata", "k"): drop where it came from
     parts = [str(p) for p in loc[1:]] if len(loc) > 1 else [str(p) for p in loc]
+    if "[key]" in parts:  # a mapping's key is wrong (metadata's): name the mapping, not the key's text
+        parts = parts[:max(parts.index("[key]") - 1, 0)]
     return ".".join(parts) or None
 
 

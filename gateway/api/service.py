@@ -18,10 +18,9 @@ from gateway.batch_params import ExpiresAfter, checked, checked_metadata
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_endpoint
 from gateway.errors import Conflict, InvalidRequest, TooLarge, invalid_value, not_found
-from gateway.json_codec import loads
 from gateway.pipeline.lifecycle import NO_EXPIRY, Announce, announce_nothing, expiry
 from gateway.pipeline.plan import Planner
-from gateway.records import BatchStatus, Endpoint, Result, Shard, new_id
+from gateway.records import BatchStatus, Endpoint, new_id
 from gateway.store.base import (
     BatchOptions,
     BatchRecord,
@@ -67,29 +66,24 @@ class BatchService:
         file_id = new_id("file", sep="-")  # older data dirs hold `file_` ids: still valid
         key = f"files/{file_id}"
         limit = self.config.batch.limits.max_file_bytes
-        writer = self.blobs.writer(key)
         size = 0
-        try:
+        async with self.blobs.writing(key) as writer:
             async for chunk in chunks:
                 size += len(chunk)
                 if size > limit:
                     raise TooLarge(f"the file is larger than the limit of {limit} bytes", param="file",
                                    code="file_too_large")
                 await writer.write(chunk)
-        except BaseException:
-            await writer.abort()
-            raise
-        await writer.commit()
         rec = FileRecord(file_id, owner, size, created, filename, purpose, expires_at, key)
-        await self.store.put_file(rec)
+        await self.store.files.put(rec)
         return rec
 
     def open_file(self, rec: FileRecord) -> AsyncIterator[bytes]:
         return self.blobs.read(rec.blob_key)
 
     async def delete_file(self, file_id: str, owner: str | None) -> bool:
-        rec = await self.store.get_file(file_id, owner)
-        if rec is None or not await self.store.delete_file(file_id, owner):
+        rec = await self.store.files.get(file_id, owner)
+        if rec is None or not await self.store.files.delete(file_id, owner):
             return False
         await self.blobs.delete(rec.blob_key)
         return True
@@ -97,7 +91,7 @@ class BatchService:
     async def delete_expired_files(self) -> int:
         """Remove files past their `expires_at` (uploads and outputs alike); returns how many went."""
         gone = 0
-        for rec in await self.store.expired_files(now()):
+        for rec in await self.store.files.expired(now()):
             gone += int(await self.delete_file(rec.id, None))
         return gone
 
@@ -122,7 +116,7 @@ class BatchService:
         else:
             raise invalid_value(completion_window, list(self.config.batch.completion_windows), "completion_window")
         meta = checked_metadata(metadata)
-        source = await self.store.get_file(input_file_id, owner)
+        source = await self.store.files.get(input_file_id, owner)
         if source is None:
             raise not_found("file", input_file_id, "input_file_id")
         if source.purpose != "batch":
@@ -139,21 +133,21 @@ class BatchService:
             expires_at=created + window, metadata=meta, options=opts,
             output_expires_after=output_expiry.model_dump() if output_expiry else None,
         )
-        await self.store.put_batch(batch)
+        await self.store.batches.put(batch)
         self._spawn(self.validate(batch.id), f"validate-{batch.id}")
         return batch
 
     async def cancel_batch(self, batch_id: str, owner: str) -> BatchRecord:
-        batch = await self.store.get_batch(batch_id, owner)
+        batch = await self.store.batches.get(batch_id, owner)
         if batch is None:
             raise not_found("batch", batch_id)
         if batch.status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
             return batch
         cancellable = {BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS}
-        ok = await self.store.update_batch(
+        ok = await self.store.batches.update(
             batch_id, {"status": BatchStatus.CANCELLING, "cancelling_at": now()}, if_status=cancellable
         )
-        refreshed = await self.store.get_batch(batch_id, owner)
+        refreshed = await self.store.batches.get(batch_id, owner)
         assert refreshed is not None
         if not ok and refreshed.status is not BatchStatus.CANCELLING:
             raise Conflict(f"Cannot cancel a batch with status '{refreshed.status.value}'.",
@@ -170,7 +164,7 @@ class BatchService:
 
     async def _wait_for(self, batch_id: str, reached: Callable[[BatchRecord], bool], poll: float) -> BatchRecord:
         while True:
-            batch = await self.store.get_batch(batch_id)
+            batch = await self.store.batches.get(batch_id)
             if batch is None:
                 raise not_found("batch", batch_id)
             if reached(batch):
@@ -186,16 +180,16 @@ class BatchService:
                 await self._validate(batch_id)
 
     async def _validate(self, batch_id: str) -> None:
-        batch = await self.store.get_batch(batch_id)
+        batch = await self.store.batches.get(batch_id)
         if batch is None or batch.status not in (BatchStatus.VALIDATING, BatchStatus.CANCELLING):
             return
         if batch.status is BatchStatus.CANCELLING:
             if batch.shards_total == 0:  # cancelled while validating, before any shard existed
                 await self._announce(batch.owner, batch_id, BatchStatus.CANCELLED)
-                await self.store.update_batch(batch_id, {"status": BatchStatus.CANCELLED, "cancelled_at": now()},
+                await self.store.batches.update(batch_id, {"status": BatchStatus.CANCELLED, "cancelled_at": now()},
                                               if_status={BatchStatus.CANCELLING})
             return
-        source = await self.store.get_file(batch.input_file_id)
+        source = await self.store.files.get(batch.input_file_id)
         if source is None:
             await self._fail(batch, [{"code": "invalid_file", "message": "the input file was deleted",
                                          "param": "input_file_id", "line": None}])
@@ -211,41 +205,28 @@ class BatchService:
             await self.blobs.delete_prefix(f"batches/{batch_id}")
             return
         shards = [*outcome.shards, *([outcome.answered] if outcome.answered else [])]
-        await self.store.put_shards(batch_id, shards)
+        await self.store.ledger.put_shards(batch_id, shards)
         if outcome.answered is not None:
-            await self._count_answered(outcome.answered, batch.owner)
+            # Lines answered in place count as failed requests, like any other: the planner counted them.
+            await self.store.ledger.record_answered(outcome.answered, outcome.answered_statuses.total())
+            metrics.observe_statuses(batch.owner, outcome.answered.route, outcome.answered_statuses)
         model = next(iter(outcome.models)) if len(outcome.models) == 1 else None
-        await self.store.update_batch(batch_id, {"counts": {"total": outcome.total, "completed": 0, "failed": 0},
+        await self.store.batches.update(batch_id, {"counts": {"total": outcome.total, "completed": 0, "failed": 0},
                                                  "model": model, "shards_total": len(shards)})
-        started = await self.store.update_batch(
+        started = await self.store.batches.update(
             batch_id, {"status": BatchStatus.IN_PROGRESS, "in_progress_at": now()},
             if_status={BatchStatus.VALIDATING},
         )
         if not started:
             return  # cancelled or expired meanwhile: the coordinator finalizes it from the shards
-        if outcome.answered is not None and await self.store.finish_shard(outcome.answered) == 0:
+        if outcome.answered is not None and await self.store.ledger.finish_shard(outcome.answered) == 0:
             await self._finalize(batch_id)  # every line was answered in place: nothing to run
         for shard in outcome.shards:
             await self.queue.put(shard)
 
-    async def _count_answered(self, shard: Shard, owner: str) -> None:
-        # Lines answered in place count as failed requests, like any other.
-        buf: list[Result] = []
-        async for raw in read_lines(self.blobs, shard.results_key):
-            if raw:
-                buf.append(Result.from_json(loads(raw)))
-            if len(buf) >= 500:
-                await self.store.record_results(shard, buf)
-                metrics.observe_results(owner, shard.route, buf)
-                buf = []
-        if buf:
-            await self.store.record_results(shard, buf)
-            metrics.observe_results(owner, shard.route, buf)
-        await self.store.drop_journal(shard)
-
     async def _fail(self, batch: BatchRecord, errors: list[dict[str, Any]]) -> None:
         await self._announce(batch.owner, batch.id, BatchStatus.FAILED)
-        await self.store.update_batch(
+        await self.store.batches.update(
             batch.id, {"status": BatchStatus.FAILED, "failed_at": now(), "errors": errors},
             if_status={BatchStatus.VALIDATING, BatchStatus.CANCELLING},
         )

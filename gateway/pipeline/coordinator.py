@@ -94,7 +94,7 @@ class Coordinator:
             return
         try:
             queued = set(await self.queue.queued())  # read before the shards: see put_missing
-            for batch in await self.store.active_batches():
+            for batch in await self.store.batches.active():
                 await self._sweep_batch(batch, queued, stale_after)
             alive = {w["name"] for w in await self.coordination.live_workers()}
             await self.queue.tidy(alive)
@@ -108,10 +108,10 @@ class Coordinator:
     async def _sweep_batch(self, batch: BatchRecord, queued: set[str], stale_after: float) -> None:
         t = now()
         if batch.expired_at is None and t >= batch.expires_at and batch.status is not BatchStatus.CANCELLING:
-            await self.store.update_batch(batch.id, {"expired_at": t})
+            await self.store.batches.update(batch.id, {"expired_at": t})
             if batch.status is BatchStatus.VALIDATING:
                 await self._announce(batch.owner, batch.id, BatchStatus.EXPIRED)
-                await self.store.update_batch(batch.id, {"status": BatchStatus.EXPIRED},
+                await self.store.batches.update(batch.id, {"status": BatchStatus.EXPIRED},
                                               if_status={BatchStatus.VALIDATING})
                 return
         if await self.coordination.held(f"validate:{batch.id}"):
@@ -123,7 +123,7 @@ class Coordinator:
                     log.warning("batch %s was left validating; validating it again", batch.id)
                 self._spawn(self.service.validate(batch.id), f"validate-{batch.id}")
             return
-        unfinished = await self.store.unfinished_shards(batch.id)
+        unfinished = await self.store.ledger.unfinished_shards(batch.id)
         if not unfinished:
             if not await self.coordination.held(f"finalize:{batch.id}"):
                 self._spawn(self.finalizer.finalize(batch.id), f"finalize-{batch.id}")

@@ -95,7 +95,7 @@ class ShardRunner:
         assert task is not None
         self._running[delivery.token] = task
         try:
-            attempts = await self.store.begin_attempt(shard)
+            attempts = await self.store.ledger.begin_attempt(shard)
             if attempts > MAX_ATTEMPTS:
                 log.error("shard %s: giving up after %d attempts", shard.key, attempts - 1)
                 await seal_shard(self.store, self.blobs, shard, missing=GIVEN_UP)
@@ -125,22 +125,23 @@ class ShardRunner:
         if await self.blobs.size(shard.results_key) is not None:
             await self._finish_shard(shard)  # sealed before a crash; only the bookkeeping is left
             return
-        batch = await self.store.get_batch(shard.batch_id)
+        batch = await self.store.batches.get(shard.batch_id)
         if batch is None:
             return
         reason = stop_reason(batch)
+        requests: list[BatchRequest] | None = None
         if reason is None:
             requests = [
                 BatchRequest.from_json(loads(raw))
                 async for raw in read_lines(self.blobs, shard.requests_key)
                 if raw
             ]
-            recorded = await self.store.recorded_lines(shard)
+            recorded = await self.store.ledger.recorded_lines(shard)
             todo = [r for r in requests if r.line not in recorded]
             if todo:
                 reason = await self._execute(shard, batch.owner, todo)
         if reason is None:
-            await seal_shard(self.store, self.blobs, shard, missing=None)
+            await seal_shard(self.store, self.blobs, shard, missing=None, requests=requests)
         await self._finish_shard(shard)
 
     async def _execute(self, shard: Shard, owner: str, todo: list[BatchRequest]) -> StopReason | None:
@@ -152,7 +153,7 @@ class ShardRunner:
             nonlocal buffer, flushed_at
             if buffer:
                 done, buffer = buffer, []
-                await self.store.record_results(shard, done)
+                await self.store.ledger.record_results(shard, done)
                 metrics.observe_results(owner, shard.route, done)
             flushed_at = time.monotonic()
 
@@ -178,7 +179,7 @@ class ShardRunner:
                     consumer.result()  # a bug in a backend surfaces here
                     return None
                 await flush()  # slow results still get recorded promptly
-                batch = await self.store.get_batch(shard.batch_id)
+                batch = await self.store.batches.get(shard.batch_id)
                 reason = stop_reason(batch) if batch is not None else LOST
                 if reason is not None:
                     return reason

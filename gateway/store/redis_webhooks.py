@@ -1,12 +1,5 @@
-"""`WebhookDeliveries` in Redis (the shared mode).
-
-Keys (under the deployment's prefix, beside those in `gateway.store.keys`):
-    webhook:{id}          string  WebhookDelivery JSON
-    webhooks:due          zset    PENDING delivery ids, score next_at
-    webhooks:{owner}      zset    one team's delivery ids, score = the add sequence (newest last), trimmed
-    webhooks:all          zset    every team's, the same way
-    webhook-seq           string  the add sequence counter
-"""
+"""The shared `WebhookDeliveries`: a string per delivery, a due set, and per-team recent lists, in
+Redis (key names in `gateway.store.keys`)."""
 
 from __future__ import annotations
 
@@ -22,20 +15,20 @@ _TTL_SECONDS = 30 * 86400  # a finished delivery's record outlives any retry win
 
 class RedisWebhookDeliveries:
     def __init__(self, client: Any, keys: Keys) -> None:
-        self._r, self._p = client, keys.prefix
+        self._r, self._k = client, keys
 
     def _key(self, delivery_id: str) -> str:
-        return f"{self._p}webhook:{delivery_id}"
+        return self._k.webhook(delivery_id)
 
     def _recent(self, owner: str | None) -> str:
-        return f"{self._p}webhooks:all" if owner is None else f"{self._p}webhooks:{owner}"
+        return self._k.webhooks(owner)
 
     async def add(self, delivery: WebhookDelivery) -> bool:
         if not await self._r.set(self._key(delivery.id), json.dumps(delivery.to_json()), nx=True, ex=_TTL_SECONDS):
             return False
-        seq = await self._r.incr(f"{self._p}webhook-seq")
+        seq = await self._r.incr(self._k.webhook_seq)
         async with self._r.pipeline(transaction=True) as tx:
-            tx.zadd(f"{self._p}webhooks:due", {delivery.id: delivery.next_at})
+            tx.zadd(self._k.webhooks_due, {delivery.id: delivery.next_at})
             for key in (self._recent(delivery.owner), self._recent(None)):
                 tx.zadd(key, {delivery.id: seq})
                 tx.zremrangebyrank(key, 0, -_KEEP - 1)
@@ -43,16 +36,16 @@ class RedisWebhookDeliveries:
         return True
 
     async def due(self, now: float, limit: int) -> list[WebhookDelivery]:
-        ids = await self._r.zrangebyscore(f"{self._p}webhooks:due", "-inf", now, start=0, num=limit)
+        ids = await self._r.zrangebyscore(self._k.webhooks_due, "-inf", now, start=0, num=limit)
         return [d for d in await self._load(ids) if d.state == PENDING]
 
     async def save(self, delivery: WebhookDelivery) -> None:
         async with self._r.pipeline(transaction=True) as tx:
             tx.set(self._key(delivery.id), json.dumps(delivery.to_json()), ex=_TTL_SECONDS)
             if delivery.state == PENDING:
-                tx.zadd(f"{self._p}webhooks:due", {delivery.id: delivery.next_at})
+                tx.zadd(self._k.webhooks_due, {delivery.id: delivery.next_at})
             else:
-                tx.zrem(f"{self._p}webhooks:due", delivery.id)
+                tx.zrem(self._k.webhooks_due, delivery.id)
             await tx.execute()
 
     async def recent(self, owner: str | None, limit: int) -> list[WebhookDelivery]:
@@ -63,6 +56,3 @@ class RedisWebhookDeliveries:
             return []
         raws = await self._r.mget([self._key(i.decode() if isinstance(i, bytes) else i) for i in ids])
         return [WebhookDelivery.from_json(json.loads(raw)) for raw in raws if raw is not None]
-
-    async def aclose(self) -> None:
-        pass  # the client belongs to the runtime's store

@@ -1,14 +1,14 @@
-"""`WebhookDeliveries` in the embedded SQLite file (a table beside the store's)."""
+"""The embedded `WebhookDeliveries`: the `webhook_deliveries` table of the SQLite store (see
+`gateway.store.sqlite_store`)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import sqlite3
 
-from gateway.store.sqlite_store import connect
 from gateway.store.webhook_deliveries import PENDING, WebhookDelivery
 
-_SCHEMA = """
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS webhook_deliveries (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, owner TEXT NOT NULL,
     state TEXT NOT NULL, next_at REAL NOT NULL, data TEXT NOT NULL
@@ -19,9 +19,8 @@ CREATE INDEX IF NOT EXISTS webhook_owner ON webhook_deliveries(owner, seq);
 
 
 class SQLiteWebhookDeliveries:
-    def __init__(self, path: Path) -> None:
-        self._db = connect(path)
-        self._db.executescript(_SCHEMA)
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
 
     async def add(self, delivery: WebhookDelivery) -> bool:
         cur = self._db.execute(
@@ -51,6 +50,3 @@ class SQLiteWebhookDeliveries:
                 "SELECT data FROM webhook_deliveries WHERE owner = ? ORDER BY seq DESC LIMIT ?", (owner, limit)
             )
         return [WebhookDelivery.from_json(json.loads(r[0])) for r in rows.fetchall()]
-
-    async def aclose(self) -> None:
-        self._db.close()

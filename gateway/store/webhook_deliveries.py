@@ -3,8 +3,8 @@
 A delivery is recorded before its batch reaches the status it announces and
 before anything is sent, so a crash loses none (at least once). The sender
 (`gateway.webhooks.sender`) picks the due ones, sends, and saves the outcome;
-`recent` feeds the dashboard. Both modes implement it: `SQLiteWebhookDeliveries`
-(embedded) and `RedisWebhookDeliveries` (shared).
+`recent` feeds the dashboard. A part of the `Store` (`store.webhooks`), in both
+modes: `SQLiteWebhookDeliveries` (embedded) and `RedisWebhookDeliveries` (shared).
 """
 
 from __future__ import annotations
@@ -55,8 +55,6 @@ class WebhookDeliveries(Protocol):
     async def recent(self, owner: str | None, limit: int) -> list[WebhookDelivery]:
         """The newest deliveries of one team (None: every team), newest first."""
         ...
-
-    async def aclose(self) -> None: ...
 
 
 __all__ = ["DELIVERED", "FAILED", "PENDING", "STATES", "SUPERSEDED", "WebhookDeliveries", "WebhookDelivery"]

@@ -54,7 +54,7 @@ class RetryPolicy:
 
 
 class _Batches(Protocol):
-    async def get_batch(self, batch_id: str, owner: str | None = None) -> Any: ...
+    async def get(self, batch_id: str, owner: str | None = None) -> Any: ...
 
 
 class _Lease(Protocol):
@@ -133,7 +133,7 @@ class WebhookSender:
 
     async def _try(self, d: WebhookDelivery) -> None:
         now = time.time()
-        batch = await self._batches.get_batch(d.batch_id)
+        batch = await self._batches.get(d.batch_id)
         target = self._targets(d.owner)
         if batch is None or target is None or d.type not in target.events or (
                 batch.status.finished and EVENT_TYPES.get(batch.status) != d.type):

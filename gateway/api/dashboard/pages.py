@@ -182,10 +182,10 @@ async def _batches(
     """One page of the viewer's batches (newest first), and views of those to render: all but the
     finished ones named in `skip`."""
     store = runtime_of(request).store
-    page = await store.list_batches(viewer.owner, limit=limit, after=after)
+    page = await store.batches.page(viewer.owner, limit=limit, after=after)
     records: list[BatchRecord] = page.data
     wanted = [r for r in records if not (r.status.finished and r.id in skip)]
-    stats = await asyncio.gather(*(store.route_stats(r.id) for r in wanted))
+    stats = await asyncio.gather(*(store.ledger.route_stats(r.id) for r in wanted))
     planned = await asyncio.gather(*(_planned(store, r) for r in wanted))
     now = time.time()
     return page, [batch_view(r, s, p, now) for r, s, p in zip(wanted, stats, planned, strict=True)]
@@ -196,7 +196,7 @@ async def _planned(store: Store, rec: BatchRecord) -> dict[str, int] | None:
     if rec.status.finished:
         return None
     planned: dict[str, int] = {}
-    for shard in await store.get_shards(rec.id):
+    for shard in await store.ledger.get_shards(rec.id):
         planned[shard.route] = planned.get(shard.route, 0) + shard.size
     return planned
 

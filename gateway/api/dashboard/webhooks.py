@@ -21,7 +21,7 @@ router = APIRouter()
 
 async def recent_deliveries(request: Request, viewer: Principal, limit: int = SHOWN) -> list[dict[str, Any]]:
     owner = None if viewer.admin and viewer.owner == "" else viewer.owner
-    found = await runtime_of(request).deliveries.recent(owner, limit)
+    found = await runtime_of(request).store.webhooks.recent(owner, limit)
     return [{"id": d.id, "batch_id": d.batch_id, "type": d.type, "state": d.state, "attempts": d.attempts,
              "last_status": d.last_status, "last_error": d.last_error, "created_at": d.created_at,
              "finished_at": d.finished_at, "team": d.owner} for d in found]
