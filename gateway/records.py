@@ -13,9 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def new_id(prefix: str) -> str:
-    """An id with 128 random bits from the OS's CSPRNG (OpenAI-style `prefix_hex`): for what callers name."""
-    return f"{prefix}_{secrets.token_hex(16)}"
+def new_id(prefix: str, sep: str = "_") -> str:
+    """An id with 128 random bits from the OS's CSPRNG, OpenAI-style: for what callers name.
+
+    OpenAI's batches are `batch_<hex>` and its files `file-<hex>` (clients check the
+    prefix), hence `sep`.
+    """
+    return f"{prefix}{sep}{secrets.token_hex(16)}"
 
 
 _fast = random.Random(secrets.randbits(128))

@@ -5,6 +5,8 @@
   (None in a process that hosts none, like the API process with workers).
 - `finalizer` (`Finalizer`): merges a finished batch into its output files.
 - `coordinator` (`Coordinator`): heartbeats, expiry, and recovery.
+- `webhooks` (`WebhookSender`): the teams' batch webhooks, recorded in `store.webhooks`
+  before a batch ends and sent by the process that sweeps (one at a time).
 
 `open_embedded` hands the parts SQLite, a local directory and the SQLite queue
 (one machine, any number of processes); `open_shared` hands them Redis, S3 and
@@ -31,6 +33,8 @@ from gateway.pipeline.execute import ShardRunner
 from gateway.pipeline.finalizer import Finalizer
 from gateway.store.base import Blobs, Coordination, Queue, Store
 from gateway.store.quota import QuotaLedger
+from gateway.webhooks.sender import WebhookSender
+from gateway.webhooks.targets import retry_policy, webhook_targets
 
 if TYPE_CHECKING:
     from gateway.store.sqlite_queue import SQLiteQueue
@@ -66,11 +70,16 @@ class Runtime:
         self.mode, self.name = mode, name
         self._tasks: set[asyncio.Task[Any]] = set()
         self.backends = BackendPool(config, store)
-        self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter)
+        self.webhooks = WebhookSender(store.webhooks, store.batches, coordination, webhook_targets(config),
+                                      spawn=self.spawn,
+                                      policy=retry_policy(config))
+        announce = self.webhooks.announce
+        self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter, announce=announce)
         self.quotas = quotas
         self.budgets = Budgets(config, quotas)
         self.service = BatchService(config, store, blobs, queue, coordination, spawn=self.spawn,
-                                    finalize=self.finalizer.finalize, quotas=quotas, budgets=self.budgets)
+                                    finalize=self.finalizer.finalize, announce=announce, quotas=quotas,
+                                    budgets=self.budgets)
         every = sorted({r.model_name for r in config.routes.values()})
         hosted = every if routes is None else sorted(r for r in routes if r)
         self.runner = (ShardRunner(config, store, blobs, queue, self.backends,
@@ -79,7 +88,7 @@ class Runtime:
                        if hosted else None)
         self.coordinator = Coordinator(store, queue, coordination, self.service, self.finalizer, name=name,
                                        routes=hosted, spawn=self.spawn, heartbeat=heartbeat, sweep_every=sweep_every,
-                                       quotas=quotas)
+                                       announce=announce, quotas=quotas)
         self._sweeping = sweeping
         self._recover_at_start = recover_at_start
 
@@ -104,6 +113,8 @@ class Runtime:
         if self._recover_at_start:
             await self.coordinator.sweep(stale_after=0)
         self.coordinator.start(hosting=self.runner is not None, sweeping=self._sweeping)
+        if self._sweeping and any(t.webhook_url for t in self.config.batch.teams):
+            self.webhooks.start()
         if self.runner is not None:
             self.spawn(self.runner.loop(), "runner")
 
@@ -133,6 +144,7 @@ class Runtime:
                 await task
         await self.coordinator.stop(hosting=self.runner is not None)
         await self.backends.aclose()
+        await self.webhooks.aclose()
         await self.queue.aclose()
         await self.coordination.aclose()
         await self.blobs.aclose()

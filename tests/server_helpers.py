@@ -98,7 +98,7 @@ def start_gateway(
 ) -> Gateway:
     """Write `config` beside `data_dir`, start the server on a free port, wait until `/health` answers.
 
-    `workers`: the embedded worker processes (the product's default is one per core; one keeps the
+    `workers`: the embedded worker processes (the product's default is one per free core; one keeps the
     suite light, and the runtime tests ask for more; None: the product's default)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     config_path = data_dir.parent / f"{data_dir.name}.config.yaml"

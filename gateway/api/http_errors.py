@@ -100,11 +100,17 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(400, "Invalid request.", code="invalid_request")
     first = errors[0]
     param = _param(tuple(first.get("loc", ())))
-    if first.get("type") == "missing" and param:
-        return error_response(400, f"Missing required parameter: '{param}'.", code="missing_required_parameter",
-                              param=param)  # OpenAI's words
-    details = "; ".join(f"{_param(tuple(e.get('loc', ()))) or 'request'}: {e.get('msg', 'invalid')}" for e in errors)
-    return error_response(400, f"Invalid request: {details}", code=_code(str(first.get("type", ""))), param=param)
+    code = _code(str(first.get("type", "")))
+    # OpenAI's phrasing: "Missing required parameter: 'x'." / "Invalid type for 'x': …" / "Invalid value for 'x': …"
+    if code == "missing_required_parameter":
+        message = f"Missing required parameter: '{param}'."
+    else:
+        kind = "type" if code == "invalid_type" else "value"
+        message = f"Invalid {kind} for '{param or 'request'}': {first.get('msg', 'invalid')}."
+    if len(errors) > 1:
+        message += " Also: " + "; ".join(
+            f"{_param(tuple(e.get('loc', ()))) or 'request'}: {e.get('msg', 'invalid')}" for e in errors[1:])
+    return error_response(400, message, code=code, param=param)
 
 
 async def _client_disconnect(_: Request, __: Exception) -> JSONResponse:
@@ -112,9 +118,13 @@ async def _client_disconnect(_: Request, __: Exception) -> JSONResponse:
     return error_response(499, "Client closed the request.", code="client_closed_request")
 
 
+def unexpected_error_response() -> JSONResponse:
+    return error_response(500, "The server had an error while processing your request.", code="internal_error")
+
+
 async def _unexpected(_: Request, __: Exception) -> JSONResponse:
     # Starlette re-raises after this reply is sent, so the server logs the traceback; the caller never sees it.
-    return error_response(500, "The server had an error while processing your request.", code="internal_error")
+    return unexpected_error_response()
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -17,11 +17,11 @@ from gateway import metrics
 from gateway.batch_params import ExpiresAfter, checked, checked_metadata
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_endpoint
-from gateway.errors import Conflict, InvalidRequest, OverQuota, TooLarge, not_found
+from gateway.errors import Conflict, InvalidRequest, OverQuota, TooLarge, invalid_value, not_found
 from gateway.pipeline.budget import Budgets
-from gateway.pipeline.lifecycle import NO_EXPIRY, expiry, for_queue
+from gateway.pipeline.lifecycle import NO_EXPIRY, Announce, announce_nothing, expiry, for_queue
 from gateway.pipeline.plan import Planner
-from gateway.records import BatchStatus, new_id
+from gateway.records import BatchStatus, Endpoint, new_id
 from gateway.store.base import (
     BatchOptions,
     BatchRecord,
@@ -45,13 +45,14 @@ Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
 class BatchService:
     def __init__(
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
-        spawn: Spawn, finalize: Callable[[str], Awaitable[None]], quotas: QuotaLedger | None = None,
-        budgets: Budgets | None = None,
+        spawn: Spawn, finalize: Callable[[str], Awaitable[None]], announce: Announce = announce_nothing,
+        quotas: QuotaLedger | None = None, budgets: Budgets | None = None,
     ) -> None:
         self.config, self.store, self.blobs, self.queue = config, store, blobs, queue
         self._coordination = coordination
         self._spawn = spawn
         self._finalize = finalize
+        self._announce = announce
         self.quotas = quotas
         self.budgets = budgets or Budgets(config, quotas)
         self._limits = {t.team_id: TeamLimits(t.max_enqueued_requests, t.max_active_batches)
@@ -64,12 +65,12 @@ class BatchService:
         expires_after: ExpiresAfter | Mapping[str, Any] | None = None,
     ) -> FileRecord:
         if purpose not in FILE_PURPOSES:
-            raise InvalidRequest(f"purpose must be one of {', '.join(sorted(FILE_PURPOSES))}", param="purpose")
+            raise invalid_value(purpose, sorted(FILE_PURPOSES), "purpose")
         created = now()
         expires_at = expiry(expires_after, created, "expires_after")
         if expires_at is None and self.config.batch.file_expiry_seconds is not None:
             expires_at = created + self.config.batch.file_expiry_seconds
-        file_id = new_id("file")
+        file_id = new_id("file", sep="-")  # older data dirs hold `file_` ids: still valid
         key = f"files/{file_id}"
         limit = self.config.batch.limits.max_file_bytes
         size = 0
@@ -114,19 +115,17 @@ class BatchService:
         `endpoint=None` and `completion_window=None` are the CLI's: any url, no expiry.
         """
         if endpoint is not None and normalise_endpoint(endpoint) is None:
-            raise InvalidRequest(f"endpoint {endpoint!r} is not supported", param="endpoint", code="invalid_endpoint")
+            raise invalid_value(endpoint, [e.value for e in Endpoint], "endpoint")
         if completion_window is None:
             window = NO_EXPIRY
         elif completion_window in self.config.batch.completion_windows:
             window = self.config.batch.completion_windows[completion_window]
         else:
-            allowed = ", ".join(self.config.batch.completion_windows)
-            raise InvalidRequest(f"completion_window must be one of: {allowed}", param="completion_window",
-                                 code="invalid_completion_window")
+            raise invalid_value(completion_window, list(self.config.batch.completion_windows), "completion_window")
         meta = checked_metadata(metadata)
         source = await self.store.files.get(input_file_id, owner)
         if source is None:
-            raise not_found("file", input_file_id)
+            raise not_found("file", input_file_id, "input_file_id")
         if source.purpose != "batch":
             raise InvalidRequest(f"file {input_file_id} has purpose {source.purpose!r}, not 'batch'",
                                  param="input_file_id", code="invalid_file")
@@ -226,12 +225,13 @@ class BatchService:
             return
         if batch.status is BatchStatus.CANCELLING:
             if batch.shards_total == 0:  # cancelled while validating, before any shard existed
+                await self._announce(batch.owner, batch_id, BatchStatus.CANCELLED)
                 await self.store.batches.update(batch_id, {"status": BatchStatus.CANCELLED, "cancelled_at": now()},
                                               if_status={BatchStatus.CANCELLING})
             return
         source = await self.store.files.get(batch.input_file_id)
         if source is None:
-            await self._fail(batch_id, [{"code": "invalid_file", "message": "the input file was deleted",
+            await self._fail(batch, [{"code": "invalid_file", "message": "the input file was deleted",
                                          "param": "input_file_id", "line": None}])
             return
         planner = Planner(
@@ -241,7 +241,7 @@ class BatchService:
         )
         outcome = await planner.plan(read_lines(self.blobs, source.blob_key))
         if outcome.failed:
-            await self._fail(batch_id, [e.to_openai() for e in outcome.errors])
+            await self._fail(batch, [e.to_openai() for e in outcome.errors])
             await self.blobs.delete_prefix(f"batches/{batch_id}")
             return
         shards = [*outcome.shards, *([outcome.answered] if outcome.answered else [])]
@@ -264,9 +264,10 @@ class BatchService:
         for shard in outcome.shards:
             await self.queue.put(for_queue(shard, batch))
 
-    async def _fail(self, batch_id: str, errors: list[dict[str, Any]]) -> None:
+    async def _fail(self, batch: BatchRecord, errors: list[dict[str, Any]]) -> None:
+        await self._announce(batch.owner, batch.id, BatchStatus.FAILED)
         await self.store.batches.update(
-            batch_id, {"status": BatchStatus.FAILED, "failed_at": now(), "errors": errors},
+            batch.id, {"status": BatchStatus.FAILED, "failed_at": now(), "errors": errors},
             if_status={BatchStatus.VALIDATING, BatchStatus.CANCELLING},
         )
 

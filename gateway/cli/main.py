@@ -62,10 +62,10 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="keep the run's state here instead of a temporary directory; the same "
                    "command run again after a kill or Ctrl-C continues where it stopped (finished requests are "
                    "not sent again)")
-    p.add_argument("--workers", type=int, default=0,
+    p.add_argument("--workers", type=int, default=None,
                    help="extra worker processes for the upstream routes, started when the file has at least 2000 "
-                   "upstream requests (default 0). LiteLLM's per-call work is CPU-bound: they pay on a machine "
-                   "with cores to spare, not when the cores are busy already")
+                   "upstream requests (default: one per free core: the usable cores less one for this process, "
+                   "one per local model and those the load average says are busy; 0: none)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
@@ -127,8 +127,10 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument("--data-dir", help=f"embedded mode: records and files live here (default: {DEFAULT_DATA_DIR}); "
                        "a restart over the same directory resumes unfinished batches")
     serve.add_argument("--workers", type=int, default=None,
-                       help="embedded mode: worker processes that run shards (default: one per core; 0: run them "
-                       "in the API process). Local vLLM engines load in the first worker only")
+                       help="embedded mode: worker processes that run shards (default: one per free core: the "
+                       "usable cores less one for the API process, one per local model and those the load average "
+                       "says are busy, at least one when there are local models; 0: run them in the API process). "
+                       "Local vLLM engines load in the first worker only")
     _shared_args(serve)
     serve.add_argument("--with-worker", action="store_true",
                        help="shared mode: also run shards, for every route, in this API process (default: off)")

@@ -31,7 +31,7 @@ from gateway.config.schema import Config
 from gateway.records import BatchStatus
 from gateway.runtime import Runtime, open_embedded
 from gateway.store.base import BatchOptions, BatchRecord
-from gateway.supervisor import WorkerPool
+from gateway.supervisor import WorkerPool, default_workers
 
 EXIT_OK, EXIT_INPUT, EXIT_DELIVERY = 0, 1, 3
 _BOM = b"\xef\xbb\xbf"
@@ -52,7 +52,7 @@ class RunOptions:
     summary: bool = True
     run_batch_errors: bool = False
     config_path: str | None = None  # what worker processes load; None: no worker processes
-    workers: int = 0  # extra worker processes for upstream routes
+    workers: int | None = None  # extra worker processes for upstream routes; None: one per free core
     verbose: bool = False
 
 
@@ -219,7 +219,7 @@ async def _get(runtime: Runtime, batch_id: str) -> BatchRecord:
 
 async def _start_workers(runtime: Runtime, batch_id: str, opts: RunOptions) -> WorkerPool | None:
     """Worker processes for the upstream routes, when the file has enough upstream requests to pay for them."""
-    count = opts.workers
+    count = opts.workers if opts.workers is not None else default_workers(runtime.config, serving=False)
     upstream = {r.model_name for r in runtime.config.routes.values() if r.kind is not RouteKind.LOCAL}
     if count <= 0 or opts.config_path is None or not upstream:
         return None

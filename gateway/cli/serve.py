@@ -2,7 +2,7 @@
 
 Embedded (the default): the runtime over `data_dir` (SQLite records, queue and
 leases, a local blob directory). The API process serves HTTP, validates and
-sweeps; `workers` worker processes (default: one per core) run the shards.
+sweeps; `workers` worker processes (default: one per free core, `gateway.supervisor.default_workers`) run the shards.
 With `workers=0` the API process runs them itself. Everything is started by the
 app's lifespan and closed when uvicorn shuts down on SIGTERM or SIGINT. A
 restart over the same `data_dir` resumes unfinished batches.
@@ -44,7 +44,7 @@ async def _serve(
 ) -> None:
     from gateway.api.app import create_app
     from gateway.runtime import open_embedded  # the runtime imports the backends: only when serving
-    from gateway.supervisor import WorkerPool
+    from gateway.supervisor import WorkerPool, default_workers
 
     config = load_config(config_path)
     pool: WorkerPool | None = None
@@ -53,7 +53,7 @@ async def _serve(
     else:
         if data_dir is None:
             raise ValueError("embedded serve needs a data directory")
-        count = default_workers() if workers is None else workers
+        count = default_workers(config, serving=True) if workers is None else workers
         runtime = await open_embedded(config, data_dir, routes=() if count else None)
         where = f"data in {data_dir}, " + (f"{count} worker process(es)" if count else "shards run in this process")
         if count:
@@ -79,11 +79,6 @@ async def _serve(
     log.info("batchyard serving on http://%s:%d (%s)", host, port, where)
     log.debug("routes: %s", ", ".join(f"{name} ({route.kind.value})" for name, route in sorted(config.routes.items())))
     await server.serve()
-
-
-def default_workers() -> int:
-    """One worker process per core."""
-    return os.cpu_count() or 1
 
 
 def _quiet_libraries(log_level: str) -> None:

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Collection, Coroutine
 from typing import Any, Protocol
 
 from gateway.pipeline.finalizer import Finalizer
-from gateway.pipeline.lifecycle import for_queue
+from gateway.pipeline.lifecycle import Announce, announce_nothing, for_queue
 from gateway.records import BatchStatus
 from gateway.store.base import BatchRecord, Coordination, Queue, Store, now
 from gateway.store.quota import GRACE_SECONDS, QuotaLedger
@@ -50,12 +50,14 @@ class Coordinator:
     def __init__(
         self, store: Store, queue: Queue, coordination: Coordination, service: Intake, finalizer: Finalizer,
         *, name: str, routes: Collection[str], spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
-        heartbeat: float, sweep_every: float, quotas: QuotaLedger | None = None,
+        heartbeat: float, sweep_every: float, announce: Announce = announce_nothing,
+        quotas: QuotaLedger | None = None,
     ) -> None:
         self.store, self.queue, self.coordination = store, queue, coordination
         self.service, self.finalizer = service, finalizer
         self.name, self.routes = name, sorted(routes)
         self._spawn = spawn
+        self._announce = announce
         self._heartbeat, self._sweep_every = heartbeat, sweep_every
         self._started_at = now()
         self._files_swept_at = 0.0
@@ -114,6 +116,7 @@ class Coordinator:
         if batch.expired_at is None and t >= batch.expires_at and batch.status is not BatchStatus.CANCELLING:
             await self.store.batches.update(batch.id, {"expired_at": t})
             if batch.status is BatchStatus.VALIDATING:
+                await self._announce(batch.owner, batch.id, BatchStatus.EXPIRED)
                 await self.store.batches.update(batch.id, {"status": BatchStatus.EXPIRED},
                                               if_status={BatchStatus.VALIDATING})
                 return

@@ -13,7 +13,16 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.backends.interface import RouteReporter
-from gateway.pipeline.lifecycle import CANCELLED, EXPIRED, LOST, derived_id, expiry, stop_reason
+from gateway.pipeline.lifecycle import (
+    CANCELLED,
+    EXPIRED,
+    LOST,
+    Announce,
+    announce_nothing,
+    derived_id,
+    expiry,
+    stop_reason,
+)
 from gateway.pipeline.merge import merge_shards, seal_shard
 from gateway.records import BatchStatus, Shard
 from gateway.store.base import Blobs, Coordination, FileRecord, Store, now
@@ -23,11 +32,12 @@ log = logging.getLogger("batchyard.finalizer")
 class Finalizer:
     def __init__(
         self, store: Store, blobs: Blobs, coordination: Coordination,
-        reporter: Callable[[str], RouteReporter | None],
+        reporter: Callable[[str], RouteReporter | None], *, announce: Announce = announce_nothing,
     ) -> None:
         # `reporter(route)`: the route's backend when it summarises routes for finalize (native batches), else
         # None. Only that hook, not the backends: finalizing never starts an engine or builds a Router.
         self.store, self.blobs, self._coordination, self._reporter = store, blobs, coordination, reporter
+        self._announce = announce
 
     async def finish_shard(self, shard: Shard) -> None:
         """Mark a shard finished; finalize its batch if it was the last."""
@@ -83,6 +93,7 @@ class Finalizer:
             fields.update(status=BatchStatus.EXPIRED, expired_at=batch.expired_at or now())
         else:
             fields.update(status=BatchStatus.COMPLETED, completed_at=now())
+        await self._announce(batch.owner, batch_id, fields["status"])
         await self.store.batches.update(batch_id, fields)
         await self.blobs.delete_prefix(f"batches/{batch_id}")
         for reporter in reporters.values():  # after the record holds the summary: a re-run still finds the state

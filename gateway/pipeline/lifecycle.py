@@ -4,6 +4,8 @@
   request then gets (`StopReason`: a code and a message).
 - When a file or batch expires (`expiry`, from OpenAI's `expires_after` objects).
 - The ids derived from a batch id (`derived_id`), so work done twice lands once.
+- `Announce`: the hook told a batch is about to end, before its final status is
+  set (webhooks record their event there: at least once, even across a crash).
 
 It depends on the records and the store's record types only: the runner, the
 finalizer, the coordinator and the native-batch backend all ask it, so it must
@@ -14,12 +16,21 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from gateway.batch_params import ExpiresAfter, checked
 from gateway.records import BatchStatus, Shard
 from gateway.store.base import BatchRecord, now
+
+# (owner, batch id, the final status about to be set): called before the status is written, so an
+# event recorded there survives a crash between the two (the finalizer runs again and records it again).
+Announce = Callable[[str, str, BatchStatus], Awaitable[None]]
+
+
+async def announce_nothing(owner: str, batch_id: str, status: BatchStatus) -> None:
+    """The `Announce` of a runtime without webhooks."""
+
 
 StopReason = tuple[str, str]  # (error code, message) for each request that will not run
 CANCELLED: StopReason = ("batch_cancelled", "The batch was cancelled before this request ran.")

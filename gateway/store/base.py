@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from gateway.records import BatchStatus, Result, RouteStats, Shard, Usage
+from gateway.store.webhook_deliveries import WebhookDeliveries
 
 
 def now() -> int:
@@ -244,9 +245,10 @@ class BackendState(Protocol):
 
 
 class Store(Protocol):
-    """The records, by concept. One object hands out the four parts because they share one connection
+    """The records, by concept. One object hands out the parts because they share one connection
     (one SQLite file, one Redis client) and the ledger writes the batches' counters atomically with its
-    journal; a caller names the concept at each call (`store.ledger.record_results(...)`)."""
+    journal; a caller names the concept at each call (`store.ledger.record_results(...)`). `webhooks`:
+    the teams' webhook deliveries (`gateway.store.webhook_deliveries`)."""
 
     @property
     def files(self) -> FileStore: ...
@@ -256,6 +258,8 @@ class Store(Protocol):
     def ledger(self) -> ShardLedger: ...
     @property
     def backend_state(self) -> BackendState: ...
+    @property
+    def webhooks(self) -> WebhookDeliveries: ...
     async def aclose(self) -> None: ...
 
 

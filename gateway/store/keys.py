@@ -19,6 +19,11 @@ records (`RedisStore`: files, batches, ledger, backend state)
     route-stats:{batch}       hash    "{route}:{completed|failed|input_tokens|output_tokens|cost_usd}" -> number
     sealed:{batch}            set     shard indexes whose journal was dropped (sealed): late results are ignored
     meta:{key}                string  backend state JSON
+    webhook:{id}              string  WebhookDelivery JSON (expires 30 days after its last write)
+    webhooks:due              zset    pending delivery ids, score = when next tried
+    webhooks:{owner}          zset    one team's delivery ids, score = the add sequence (newest 1000 kept)
+    webhooks:all              zset    every team's, the same way (the admin's dashboard)
+    webhook-seq               string  the add sequence counter
 
 queue (`RedisStreamQueue`; lengths make the keys unambiguous whatever a route or team is named)
     stream:{n}:{route}:{m}:{team}:{batch}
@@ -98,6 +103,20 @@ class Keys:
 
     def meta(self, key: str) -> str:
         return f"{self.prefix}meta:{key}"
+
+    def webhook(self, delivery_id: str) -> str:
+        return f"{self.prefix}webhook:{delivery_id}"
+
+    def webhooks(self, owner: str | None) -> str:
+        return f"{self.prefix}webhooks:all" if owner is None else f"{self.prefix}webhooks:{owner}"
+
+    @property
+    def webhooks_due(self) -> str:
+        return f"{self.prefix}webhooks:due"
+
+    @property
+    def webhook_seq(self) -> str:
+        return f"{self.prefix}webhook-seq"
 
     # -- queue -------------------------------------------------------------------
     def stream(self, route: str, team: str, batch_id: str) -> str:

@@ -1,7 +1,7 @@
 """The shared `Store`: records in Redis, for API replicas and workers on many machines.
 
 It keeps the SQLite store's semantics exactly (see `gateway.store.sqlite_store`);
-the four parts share one client:
+the parts share one client:
 
 - `RedisFiles` (`gateway.store.redis_files`): a string per file, sorted sets
   per owner for SQLite's list order;
@@ -9,7 +9,9 @@ the four parts share one client:
   counters the ledger moves; `update` is atomic with its `if_status` check;
 - `RedisLedger` (`gateway.store.redis_ledger`): shard table, attempts, the
   journal and route stats; `record_results` counts each line once;
-- `RedisBackendState` (`gateway.store.redis_backend_state`).
+- `RedisBackendState` (`gateway.store.redis_backend_state`);
+- `RedisWebhookDeliveries` (`gateway.store.redis_webhooks`): a string per
+  delivery, a due set, per-team recent lists.
 
 Key names live in `gateway.store.keys`. Not for Redis Cluster: scripts touch a
 batch's keys and the global indexes together.
@@ -24,6 +26,7 @@ from gateway.store.redis_backend_state import RedisBackendState
 from gateway.store.redis_batches import RedisBatches
 from gateway.store.redis_files import RedisFiles
 from gateway.store.redis_ledger import RedisLedger
+from gateway.store.redis_webhooks import RedisWebhookDeliveries
 
 
 class RedisStore:
@@ -35,6 +38,7 @@ class RedisStore:
         self.batches = RedisBatches(client, keys)
         self.ledger = RedisLedger(client, keys)
         self.backend_state = RedisBackendState(client, keys)
+        self.webhooks = RedisWebhookDeliveries(client, keys)
 
     async def aclose(self) -> None:
         if self._owns_client:

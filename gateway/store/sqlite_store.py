@@ -1,7 +1,7 @@
 """The embedded `Store`: SQLite in the data directory, one table group per part.
 
 One connection per process, used from the event loop's thread and shared by
-the four parts (`SQLiteFiles`, `SQLiteBatches`, `SQLiteLedger`,
+the parts (`SQLiteFiles`, `SQLiteBatches`, `SQLiteLedger`, `SQLiteWebhookDeliveries`,
 `SQLiteBackendState`): each call is a short transaction, so a call is atomic
 with respect to every other, in this process and in the others on the same
 file (the API process and its worker processes). WAL mode lets readers
@@ -16,11 +16,12 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from gateway.store import sqlite_backend_state, sqlite_batches, sqlite_files, sqlite_ledger
+from gateway.store import sqlite_backend_state, sqlite_batches, sqlite_files, sqlite_ledger, sqlite_webhooks
 from gateway.store.sqlite_backend_state import SQLiteBackendState
 from gateway.store.sqlite_batches import SQLiteBatches
 from gateway.store.sqlite_files import SQLiteFiles
 from gateway.store.sqlite_ledger import SQLiteLedger
+from gateway.store.sqlite_webhooks import SQLiteWebhookDeliveries
 
 BUSY_TIMEOUT_MS = 30_000
 
@@ -38,12 +39,13 @@ def connect(path: Path) -> sqlite3.Connection:
 class SQLiteStore:
     def __init__(self, path: Path) -> None:
         self._db = connect(path)
-        for part in (sqlite_files, sqlite_batches, sqlite_ledger, sqlite_backend_state):
+        for part in (sqlite_files, sqlite_batches, sqlite_ledger, sqlite_backend_state, sqlite_webhooks):
             self._db.executescript(part.SCHEMA)
         self.files = SQLiteFiles(self._db)
         self.batches = SQLiteBatches(self._db)
         self.ledger = SQLiteLedger(self._db)
         self.backend_state = SQLiteBackendState(self._db)
+        self.webhooks = SQLiteWebhookDeliveries(self._db)
 
     async def aclose(self) -> None:
         self._db.close()

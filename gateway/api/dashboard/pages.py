@@ -24,6 +24,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from gateway.api import files
 from gateway.api.auth import Authenticator, Principal
 from gateway.api.dashboard.view import FILTERS, BatchView, batch_view
+from gateway.api.dashboard.webhooks import install_json, recent_deliveries
 from gateway.api.deps import bad_request, runtime_of
 from gateway.api.http_errors import ApiError
 from gateway.api.teams_view import team_states
@@ -157,6 +158,7 @@ async def batches_page(request: Request, limit: str = str(PAGE_SIZE), after: str
         older=f"?{urlencode({'limit': size, 'after': page.data[-1].id})}" if page.has_more and page.data else None,
         newest="?" + urlencode({"limit": size}) if after else None,
         poll_url=f"{PREFIX}/api/batches?{urlencode(query)}",
+        deliveries=await recent_deliveries(request, viewer),
     )
 
 
@@ -206,6 +208,11 @@ def _limit(raw: str) -> int:
     if not raw.strip().isdigit() or not 1 <= int(raw) <= 100:
         raise bad_request(f"limit must be an integer between 1 and 100, got {raw!r}.", param="limit")
     return int(raw)
+
+
+# -- webhooks ----------------------------------------------------------------
+
+webhooks_router = install_json(PREFIX, _viewer, _HEADERS)
 
 
 # -- files -------------------------------------------------------------------
