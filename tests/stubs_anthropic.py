@@ -70,7 +70,7 @@ class AnthropicStub:
         self.batches: dict[str, Batch] = {}
         self.counters: Counter[str] = Counter()
         self.by_model: Counter[str] = Counter()
-        self.last_params: dict[str, Any] = {}
+        self.params_seen: list[dict[str, Any]] = []  # every request's params, in arrival order
 
     # -- the HTTP surface ---------------------------------------------------------------------------
 
@@ -132,7 +132,7 @@ class AnthropicStub:
         self.counters["batch_requests"] += len(requests)
         for item in requests:
             self.by_model[item["params"]["model"]] += 1
-        self.last_params = requests[0]["params"]
+        self.params_seen.extend(item["params"] for item in requests)
         batch.task = asyncio.get_running_loop().create_task(self._run(batch))
         return JSONResponse(obj)
 
@@ -182,7 +182,7 @@ class AnthropicStub:
                          results_url=f"/v1/messages/batches/{batch.obj['id']}/results")
 
     def stats(self) -> dict[str, Any]:
-        return {**self.counters, "by_model": dict(self.by_model), "last_params": self.last_params}
+        return {**self.counters, "by_model": dict(self.by_model), "params_seen": self.params_seen}
 
     def reset(self) -> None:
         self.batches.clear()
