@@ -36,6 +36,10 @@ LINE_HTTP_STATUS: dict[LineCode, tuple[int, str]] = {
     LineCode.INVALID_URL: (400, "BadRequestError"),
     LineCode.STREAMING_UNSUPPORTED: (400, "BadRequestError"),
     LineCode.INVALID_REQUEST: (400, "BadRequestError"),
+    # a body without a field its endpoint requires, or of the wrong JSON type (answered per line where the
+    # batch is not strict: vLLM's run_batch answers such a line with its server's 400)
+    LineCode.MISSING_REQUIRED_PARAMETER: (400, "BadRequestError"),
+    LineCode.INVALID_TYPE: (400, "BadRequestError"),
 }
 
 

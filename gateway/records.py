@@ -168,10 +168,11 @@ class Result:
 
     @classmethod
     def http_error(
-        cls, req_line: int, custom_id: str, status: int, message: str, *, type_: str, code: str | None, model: str = ""
+        cls, req_line: int, custom_id: str, status: int, message: str, *, type_: str, code: str | None, model: str = "",
+        param: str | None = None,
     ) -> Result:
         """A request answered with an error reply in OpenAI's error shape."""
-        body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+        body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
         return cls(line=req_line, custom_id=custom_id, status_code=status, body=body, model=model)
 
     def output_line(self, run_batch_errors: bool = False) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import pytest
 from gateway.config.schema import parse_config
 from gateway.errors import LineCode, LineError
 from gateway.pipeline.body_fields import REQUIRED
-from gateway.pipeline.validate import LineChecker
+from gateway.pipeline.validate import LineChecker, LineProblem
 from gateway.records import BatchRequest, Endpoint
 
 CONFIG = parse_config({"model_list": [
@@ -20,8 +20,14 @@ CONFIG = parse_config({"model_list": [
 
 
 def check(url: str, body: dict[str, Any], line: int = 7) -> BatchRequest | LineError | Any:
+    """The line's request, or its error. A body problem is a `LineProblem`: it fails a strict batch (the
+    API's) and is answered in place by `batchyard run`, as vLLM's run_batch answers it."""
     raw = json.dumps({"custom_id": "c", "method": "POST", "url": url, "body": {"model": "m", **body}}).encode()
-    return LineChecker(CONFIG, endpoint=None, allowed_models=None).check(raw, line)
+    checked = LineChecker(CONFIG, endpoint=None, allowed_models=None).check(raw, line)
+    if isinstance(checked, LineProblem):
+        assert checked.custom_id == "c"
+        return checked.error
+    return checked
 
 
 MISSING = [

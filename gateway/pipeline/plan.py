@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from gateway.config.schema import Config
 from gateway.errors import LINE_HTTP_STATUS, LineCode, LineError
 from gateway.json_codec import dumps
-from gateway.pipeline.validate import FATAL_CODES, LineChecker, LineProblem
+from gateway.pipeline.validate import LineChecker, LineProblem
 from gateway.records import BatchRequest, Endpoint, Result, Shard
 from gateway.store.base import Blobs, BlobWriter
 
@@ -138,7 +138,7 @@ class Planner:
                 if isinstance(checked, LineError):
                     self._fail(checked)
                 elif isinstance(checked, LineProblem):
-                    if self._strict or checked.error.code in FATAL_CODES:
+                    if self._strict:
                         self._fail(checked.error)
                     else:
                         await self._answer(checked)
@@ -188,6 +188,9 @@ class Planner:
         result = Result.http_error(
             problem.error.line or 0, problem.custom_id, status, problem.error.message, type_=type_,
             code=problem.error.code.value, model=problem.model,
+            # a body field is named as the endpoint's own 400 names it ('input', not 'body.input')
+            param=(problem.error.param or "").removeprefix("body.") or None
+            if problem.error.code in (LineCode.MISSING_REQUIRED_PARAMETER, LineCode.INVALID_TYPE) else None,
         )
         if self._answered is None:
             self._answered = await self._new_shard("")

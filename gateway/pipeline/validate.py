@@ -18,28 +18,15 @@ from gateway.errors import LineCode, LineError
 from gateway.pipeline.body_fields import check_body
 from gateway.records import BatchRequest, Endpoint
 
-# Problems that make the whole file unusable in every mode (vLLM's run_batch
-# also exits on them). The others (unknown model, unsupported url, stream) can
-# be answered per line, as run_batch does, when the batch is not strict.
-FATAL_CODES = frozenset(
-    {
-        LineCode.INVALID_JSON_LINE,
-        LineCode.MISSING_REQUIRED_PARAMETER,
-        LineCode.INVALID_REQUEST,
-        LineCode.INVALID_TYPE,
-        LineCode.DUPLICATE_CUSTOM_ID,
-        LineCode.EMPTY_FILE,
-        LineCode.TOO_MANY_TASKS,
-        LineCode.FILE_TOO_LARGE,
-    }
-)
-
 _BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(slots=True)
 class LineProblem:
-    """A line that parsed well enough to answer in place, but can't be run."""
+    """A line that parsed well enough to answer in place, but can't be run: an unknown model, an unsupported
+    url, a stream, a body field missing or mistyped. It fails a strict batch (the API's) and is answered per
+    line elsewhere, as run_batch does. Problems that make the whole file unusable in every mode (vLLM's
+    run_batch also exits on them) are a `LineError`."""
 
     error: LineError
     custom_id: str
@@ -131,7 +118,8 @@ class LineChecker:
             return LineError(LineCode.INVALID_REQUEST, "body.model must be a non-empty string", line, "body.model")
         wrong = check_body(normal.endpoint, body, line)
         if wrong is not None:
-            return wrong
+            # fails a strict batch (the API's); answered in place elsewhere, as run_batch answers it
+            return LineProblem(wrong, custom_id, model)
         if body.get("stream") is True:
             return problem(LineCode.STREAMING_UNSUPPORTED, "Streaming is not supported by the Batch API.",
                            "body.stream")
