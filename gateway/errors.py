@@ -64,7 +64,7 @@ class ConfigError(Exception):
 class GatewayError(Exception):
     """A request the core refuses, in OpenAI's terms (message, code, param).
 
-    The core raises these; `gateway.server.errors` maps each kind to its HTTP
+    The core raises these; `gateway.api.http_errors` maps each kind to its HTTP
     status and the CLI prints the message. No HTTP status lives here.
     """
 

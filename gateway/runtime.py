@@ -22,12 +22,12 @@ from collections.abc import Collection, Coroutine
 from pathlib import Path
 from typing import Any
 
-from gateway.backends import BackendPool
-from gateway.config import Config
-from gateway.coordinator import Coordinator
-from gateway.finalizer import Finalizer
-from gateway.runner import ShardRunner
-from gateway.service import BatchService
+from gateway.api.service import BatchService
+from gateway.backends.pool import BackendPool
+from gateway.config.schema import Config
+from gateway.pipeline.coordinator import Coordinator
+from gateway.pipeline.execute import ShardRunner
+from gateway.pipeline.finalizer import Finalizer
 from gateway.store.base import Blobs, Coordination, Queue, Store
 
 log = logging.getLogger("batchyard.runtime")
@@ -52,13 +52,14 @@ class Runtime:
         self.mode, self.name = mode, name
         self._tasks: set[asyncio.Task[Any]] = set()
         self.backends = BackendPool(config, store)
-        self.finalizer = Finalizer(store, blobs, coordination, self.backends)
+        self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter)
         self.service = BatchService(config, store, blobs, queue, coordination, spawn=self.spawn,
                                     finalize=self.finalizer.finalize)
         every = sorted({r.model_name for r in config.routes.values()})
         hosted = every if routes is None else sorted(r for r in routes if r)
-        self.runner = (ShardRunner(config, store, blobs, queue, self.backends, self.finalizer, routes=hosted,
-                                   spawn=self.spawn) if hosted else None)
+        self.runner = (ShardRunner(config, store, blobs, queue, self.backends,
+                                   finish_shard=self.finalizer.finish_shard, routes=hosted, spawn=self.spawn)
+                       if hosted else None)
         self.coordinator = Coordinator(store, queue, coordination, self.service, self.finalizer, name=name,
                                        routes=hosted, spawn=self.spawn, heartbeat=heartbeat, sweep_every=sweep_every)
         self._sweeping = sweeping
@@ -117,9 +118,9 @@ async def open_embedded(
     the leases and heartbeats a killed predecessor left, and recovers its batches at once. Worker
     processes it starts are not owners.
     """
-    from gateway.store.local import LocalBlobs
-    from gateway.store.sqlite import SQLiteStore
+    from gateway.store.directory import LocalBlobs
     from gateway.store.sqlite_queue import SQLiteCoordination, SQLiteQueue
+    from gateway.store.sqlite_store import SQLiteStore
 
     data_dir.mkdir(parents=True, exist_ok=True)
     db = data_dir / DB_NAME
@@ -140,7 +141,7 @@ def open_blobs(storage: str | Path, *, endpoint_url: str | None = None) -> Blobs
         from gateway.store.s3 import S3Blobs
 
         return S3Blobs.from_url(text, endpoint_url=endpoint_url or os.environ.get(S3_ENDPOINT_ENV) or None)
-    from gateway.store.local import LocalBlobs
+    from gateway.store.directory import LocalBlobs
 
     return LocalBlobs(Path(text))
 

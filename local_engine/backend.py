@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from gateway.backend import run_bounded
+from gateway.backends.interface import run_bounded
 from gateway.records import BatchRequest, Endpoint, Result
 
 if TYPE_CHECKING:

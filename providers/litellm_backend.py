@@ -17,9 +17,9 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from gateway.backend import run_bounded
+from gateway.backends.interface import run_bounded
+from gateway.config.routes import Route
 from gateway.records import BatchRequest, Endpoint, Result
-from gateway.routes import Route
 from providers import litellm_setup
 from providers.upstream_cost import Prices
 from providers.upstream_errors import UPSTREAM_ERROR, provider_error

@@ -24,11 +24,11 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from gateway.finalizer import stop_reason
+from gateway.config.routes import Route
+from gateway.pipeline.lifecycle import stop_reason
 from gateway.records import BatchRequest, Result, Shard, Usage, new_id
-from gateway.routes import Route
 from gateway.store.base import Store
-from providers.native_files import (
+from providers.openai_batches import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_LINES,
     NATIVE_ENDPOINTS,

@@ -1,7 +1,7 @@
 """Running a real batchyard server process for tests, and talking to it.
 
 `start_gateway(config, data_dir)` writes the config, starts
-`python -m gateway.server.run` on a free loopback port and waits for
+`python -m gateway.cli.serve` on a free loopback port and waits for
 `/health`. Clients are the real `openai` SDK (and LiteLLM in the tests).
 """
 
@@ -40,7 +40,7 @@ def _free_port(host: str) -> int:
 
 
 class Gateway:
-    """A running `python -m gateway.server.run` process."""
+    """A running `python -m gateway.cli.serve` process."""
 
     def __init__(self, process: subprocess.Popen[bytes], host: str, port: int, data_dir: Path, log_path: Path):
         self.process, self.host, self.port, self.data_dir, self.log_path = process, host, port, data_dir, log_path
@@ -111,7 +111,7 @@ def start_gateway(
     cmd = [
         sys.executable,
         "-m",
-        "gateway.server.run",
+        "gateway.cli.serve",
         "--config",
         str(config_path),
         "--host",

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from gateway.server.ui.view import fmt_usd
+from gateway.api.dashboard.view import fmt_usd
 from tests.server_helpers import REPO_ROOT, Gateway, chat_line, gateway_config, start_gateway, submit, wait_batch
 from tests.upstream import Upstream, start_upstream
 

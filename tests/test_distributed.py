@@ -32,7 +32,8 @@ from typing import Any
 
 import pytest
 
-from gateway.config import Config, parse_config
+from gateway.cli.worker import hosted_routes
+from gateway.config.schema import Config, parse_config
 from gateway.errors import ConfigError
 from gateway.records import BatchStatus, Result, Shard
 from gateway.runtime import Runtime, open_shared
@@ -42,8 +43,7 @@ from gateway.store.redis_coordination import connect_redis
 from gateway.store.redis_queue import RedisStreamQueue
 from gateway.store.redis_store import RedisStore
 from gateway.store.s3 import S3Blobs
-from gateway.store.sqlite import SQLiteStore
-from gateway.worker import hosted_routes
+from gateway.store.sqlite_store import SQLiteStore
 from tests.services import (
     HAVE_REDIS,
     NO_REDIS_REASON,

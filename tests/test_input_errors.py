@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from gateway.cli import main
-from gateway.config import parse_config
+from gateway.cli.main import main
+from gateway.config.schema import parse_config
 from gateway.errors import ConfigError
 
 CONFIG = """
@@ -181,6 +181,6 @@ def test_router_settings_known_are_the_routers_own() -> None:
 
     from litellm import Router
 
-    from gateway.config import ROUTER_SETTINGS
+    from gateway.config.schema import ROUTER_SETTINGS
 
     assert set(inspect.signature(Router.__init__).parameters) - {"self", "model_list"} == ROUTER_SETTINGS

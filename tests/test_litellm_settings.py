@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.config import parse_config
+from gateway.config.schema import parse_config
 from gateway.errors import ConfigError
 from providers.litellm_backend import router_kwargs
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from gateway.backend import Backend
+from gateway.backends.interface import Backend
 from gateway.records import BatchRequest, Endpoint, Result
 from local_engine import EngineStartError, LocalEngineBackend, TinyModels, build_tiny_models
 

@@ -29,7 +29,7 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway import metrics
-from gateway.config import parse_config
+from gateway.config.schema import parse_config
 from gateway.errors import ConfigError
 from gateway.records import Result
 from tests.server_helpers import FINISHED, chat_line, gateway_config, start_gateway, submit, wait_batch

@@ -203,8 +203,8 @@ def test_tool_calling(models: Any, tmp_path: Path) -> None:
 
 def test_engine_options_from_flags_and_config(models: Any, tmp_path: Path) -> None:
     """The same run_batch options work as flags (with or without a value) and in a config's engine_args."""
-    from gateway.cli import _load, build_parser
-    from gateway.config import load_config
+    from gateway.cli.main import _load, build_parser
+    from gateway.config.schema import load_config
     from local_engine.serving import build_args
 
     template = tmp_path / "template.jinja"

@@ -189,8 +189,8 @@ def test_server_accepts_moderation_and_image_batches(upstream: Upstream, tmp_pat
 async def test_aclose_closes_every_litellm_client(upstream: Upstream) -> None:
     import litellm
 
+    from gateway.config.routes import Route, RouteKind
     from gateway.records import BatchRequest, Endpoint
-    from gateway.routes import Route, RouteKind
     from providers.litellm_backend import LiteLLMBackend
 
     entries = [{"model_name": "m", "litellm_params": {"model": "openai/gpt-4o-mini", "api_key": "sk-test",

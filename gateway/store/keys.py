@@ -24,7 +24,7 @@ queue (`RedisStreamQueue`)
     stream:{route}            stream  waiting and in-flight shards of one route
     queued                    hash    shard key -> the stream entry that carries it
 
-coordination (`RedisCoordination`, for `gateway.coordinator`)
+coordination (`RedisCoordination`, for `gateway.pipeline.coordinator`)
     worker:{name}             string  heartbeat JSON (routes, pid, host), with a TTL
     workers                   zset    worker names, score = last heartbeat
     lease:{what}              string  holder name, with a TTL (validate/finalize a batch, the sweep)

@@ -7,7 +7,7 @@
   worker acks it (XACK, then XDEL: a stream holds only unacked shards).
 - A dead worker's pending shards are taken over once they have been idle for
   `claim_idle` seconds (default 30) and their consumer has no heartbeat key
-  (`worker:{name}`, which `gateway.coordinator` keeps with a TTL of
+  (`worker:{name}`, which `gateway.pipeline.coordinator` keeps with a TTL of
   `claim_idle`): XAUTOCLAIM's rule plus a liveness check, in one script
   (XPENDING IDLE, EXISTS, XCLAIM), so a Redis restart that leaves every entry
   idle for a moment does not hand live workers' shards around.

@@ -1,6 +1,6 @@
 """The shared `Store`: records in Redis, for API replicas and workers on many machines.
 
-It keeps the SQLite store's semantics exactly (see `gateway.store.sqlite`):
+It keeps the SQLite store's semantics exactly (see `gateway.store.sqlite_store`):
 
 - A batch is one hash: every `BatchRecord` field JSON-encoded in its own
   field, plus integer counters (`n:completed`, `n:input_tokens`, …) that are

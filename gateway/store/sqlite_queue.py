@@ -27,7 +27,7 @@ from typing import Any
 from gateway.records import Shard
 from gateway.store.base import Delivery
 from gateway.store.leases import hold
-from gateway.store.sqlite import connect
+from gateway.store.sqlite_store import connect
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS queue (

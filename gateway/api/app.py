@@ -1,0 +1,128 @@
+"""The HTTP front door: OpenAI's Files and Batches API over the runtime.
+
+One router, mounted where each client family looks for it: `/v1` (OpenAI,
+LiteLLM), `/openai` (AzureOpenAI; `?api-version=` is accepted and ignored),
+`/openai/v1` (Azure's v1 form) and `/azure/v1` (LiteLLM's Azure form).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from gateway.api import batches, dashboard, files, scrape
+from gateway.api.auth import Authenticator, log_auth_mode
+from gateway.api.deps import Caller, check_api_version, runtime_of
+from gateway.api.http_errors import error_response, install_error_handlers
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
+    from gateway.supervisor import WorkerPool
+
+log = logging.getLogger(__name__)
+
+PREFIXES = ("/v1", "/openai", "/openai/v1", "/azure/v1")
+
+_models = APIRouter()
+
+
+@_models.get("/models")
+async def list_models(request: Request, caller: Caller) -> JSONResponse:
+    created: int = request.app.state.started_at
+    routes = runtime_of(request).config.routes
+    data = [
+        {"id": name, "object": "model", "created": created, "owned_by": "batchyard"}
+        for name in sorted(routes)
+        if caller.may_use(name)
+    ]
+    return JSONResponse({"object": "list", "data": data})
+
+
+_health = APIRouter()
+
+
+@_health.get("/health")
+@_health.get("/health/liveliness")
+@_health.get("/health/liveness")
+async def health(request: Request) -> JSONResponse:
+    return await _health_reply(request)
+
+
+@_health.get("/health/readiness")
+async def readiness(request: Request) -> JSONResponse:
+    return await _health_reply(request)
+
+
+async def _health_reply(request: Request) -> JSONResponse:
+    info: Any = None
+    try:
+        info = await runtime_of(request).health()
+    except Exception as exc:
+        log.warning("health check failed: %s", exc)
+        return error_response(503, f"unhealthy: {exc}", code="unhealthy")
+    body: dict[str, Any] = {"status": "healthy"}
+    if isinstance(info, dict):
+        body.update({k: v for k, v in info.items() if k != "status"})
+        if info.get("status") not in (None, "healthy", "ok"):
+            body["status"] = info["status"]
+            return JSONResponse(body, status_code=503)
+    elif info is not None:
+        body["info"] = info
+    return JSONResponse(body)
+
+
+def _api_router() -> APIRouter:
+    router = APIRouter(dependencies=[Depends(check_api_version)])
+    router.include_router(files.router)
+    router.include_router(batches.router)
+    router.include_router(_models)
+    return router
+
+
+def create_app(runtime: Runtime, *, manage_runtime: bool = False, workers: WorkerPool | None = None) -> FastAPI:
+    """The ASGI app over `runtime`.
+
+    With `manage_runtime`, the app's lifespan starts the runtime (and the worker
+    processes) and closes them on shutdown (what `serve` uses, so SIGTERM closes
+    them cleanly); otherwise the caller owns the runtime's life.
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        log_auth_mode(app.state.auth)
+        if manage_runtime:
+            await runtime.start()
+            if workers is not None:
+                await workers.start()
+        try:
+            yield
+        finally:
+            if manage_runtime:
+                if workers is not None:
+                    await workers.aclose()
+                await runtime.aclose()
+
+    app = FastAPI(
+        title="batchyard",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    app.state.auth = Authenticator(runtime.config)
+    app.state.started_at = int(time.time())
+    install_error_handlers(app)
+    api = _api_router()
+    for prefix in PREFIXES:
+        app.include_router(api, prefix=prefix)
+    app.include_router(_health)
+    dashboard.install(app)
+    scrape.install(app)
+    return app

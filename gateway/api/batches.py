@@ -1,0 +1,71 @@
+"""Batches: create, list, get, cancel."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from gateway.api.deps import Caller, bad_request, check_id, check_limit, list_reply, parse_body, runtime_of
+from gateway.api.form import Body
+from gateway.api.http_errors import ApiError
+from gateway.batch_params import CreateBatch
+from gateway.errors import not_found
+
+router = APIRouter()
+
+_MAX_BODY = 1024 * 1024
+
+
+@router.post("/batches")
+async def create_batch(request: Request, caller: Caller) -> JSONResponse:
+    body = parse_body(CreateBatch, await _json_object(request))
+    rec = await runtime_of(request).service.create_batch(
+        caller.owner,
+        input_file_id=check_id(body.input_file_id, "file", "input_file_id"),
+        endpoint=body.endpoint,
+        completion_window=body.completion_window,
+        metadata=body.metadata,
+        output_expires_after=body.output_expires_after,
+        allowed_models=caller.allowed_models,
+    )
+    return JSONResponse(rec.to_openai())
+
+
+@router.get("/batches")
+async def list_batches(request: Request, caller: Caller, limit: int = 20, after: str | None = None) -> JSONResponse:
+    page = await runtime_of(request).store.list_batches(caller.owner, limit=check_limit(limit, 100), after=after)
+    return JSONResponse(list_reply([b.to_openai() for b in page.data], page.has_more))
+
+
+@router.get("/batches/{batch_id}")
+async def get_batch(request: Request, caller: Caller, batch_id: str) -> JSONResponse:
+    store = runtime_of(request).store
+    rec = await store.get_batch(check_id(batch_id, "batch", "batch_id"), caller.owner)
+    if rec is None:
+        raise not_found("batch", batch_id)
+    live = None if rec.status.finished else await store.route_stats(rec.id)
+    return JSONResponse(rec.to_openai(live))
+
+
+@router.post("/batches/{batch_id}/cancel")
+async def cancel_batch(request: Request, caller: Caller, batch_id: str) -> JSONResponse:
+    rec = await runtime_of(request).service.cancel_batch(check_id(batch_id, "batch", "batch_id"), caller.owner)
+    return JSONResponse(rec.to_openai())
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    raw = bytearray()
+    async for chunk in Body(request.receive).chunks():
+        raw += chunk
+        if len(raw) > _MAX_BODY:
+            raise ApiError(413, f"The request body is larger than {_MAX_BODY} bytes.", code="request_too_large")
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise bad_request("The request body is not valid JSON.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.", code="invalid_json")
+    return body

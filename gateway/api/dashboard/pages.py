@@ -1,0 +1,217 @@
+"""The dashboard's pages: login, the team's batches with live progress, file downloads.
+
+The API key given at login is kept in an HttpOnly, SameSite=Strict cookie
+scoped to /ui, and checked on every request with the app's `Authenticator`,
+exactly as the API checks its headers: the owner it maps to is the only owner
+any query here asks for, so another team's batch or file is never listed and
+its id answers 404. The key is never logged and never written into a page.
+With no keys configured the dashboard is open, like the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from gateway.api import files
+from gateway.api.auth import Authenticator, Principal
+from gateway.api.dashboard.view import FILTERS, BatchView, batch_view
+from gateway.api.deps import bad_request, runtime_of
+from gateway.api.http_errors import ApiError
+from gateway.store.base import BatchRecord, Page, Store
+
+PREFIX = "/ui"
+COOKIE = "batchyard_key"
+PAGE_SIZE = 20
+_MAX_FORM_BYTES = 8 * 1024
+_HERE = Path(__file__).parent
+STATIC_DIR = _HERE / "static"
+
+_env = Environment(
+    loader=FileSystemLoader(_HERE / "templates"),
+    autoescape=select_autoescape(["html"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_env.filters.update(FILTERS)
+
+# No inline script or style, nothing from elsewhere, never framed; pages are per-user and not cached.
+_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+router = APIRouter(prefix=PREFIX)
+
+
+# -- who is looking ----------------------------------------------------------
+
+
+def _auth(request: Request) -> Authenticator:
+    return request.app.state.auth
+
+
+def _viewer(request: Request) -> Principal | None:
+    """The caller named by the cookie's key; None when it is missing or no longer valid."""
+    auth = _auth(request)
+    if not auth.enabled:
+        return auth.authenticate(None)  # open gateway: everyone is owner ""
+    key = request.cookies.get(COOKIE)
+    if not key:
+        return None
+    try:
+        return auth.authenticate(key)
+    except ApiError:
+        return None
+
+
+def _to_login() -> RedirectResponse:
+    return RedirectResponse(f"{PREFIX}/login", status_code=303, headers=_HEADERS)
+
+
+def _page(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+    context.setdefault("auth_enabled", _auth(request).enabled)
+    html = _env.get_template(template).render(prefix=PREFIX, **context)
+    return HTMLResponse(html, status_code=status, headers=_HEADERS)
+
+
+# -- login and logout --------------------------------------------------------
+
+
+@router.get("/login", response_model=None)
+async def login_form(request: Request) -> Response:
+    if _viewer(request) is not None:
+        return RedirectResponse(PREFIX, status_code=303, headers=_HEADERS)
+    return _page(request, "login.html")
+
+
+@router.post("/login", response_model=None)
+async def login(request: Request) -> Response:
+    if not _auth(request).enabled:
+        return RedirectResponse(PREFIX, status_code=303, headers=_HEADERS)
+    key = (await _form(request)).get("api_key", "").strip()
+    try:
+        _auth(request).authenticate(key)
+    except ApiError:
+        await asyncio.sleep(0.5)  # a little friction for guessing from a browser
+        message = "Enter your team's API key." if not key else "That API key is not valid. Check it and try again."
+        return _page(request, "login.html", status=401, error=message)
+    reply = RedirectResponse(PREFIX, status_code=303, headers=_HEADERS)
+    reply.set_cookie(
+        COOKIE, key, path=PREFIX, httponly=True, samesite="strict", secure=request.url.scheme == "https"
+    )
+    return reply
+
+
+@router.post("/logout", response_model=None)
+async def logout(request: Request) -> Response:
+    reply = _to_login()
+    reply.delete_cookie(COOKIE, path=PREFIX, httponly=True, samesite="strict")
+    return reply
+
+
+async def _form(request: Request) -> dict[str, str]:
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > _MAX_FORM_BYTES:
+            raise ApiError(413, "The form is too large.", code="request_too_large")
+    fields = parse_qs(raw.decode("utf-8", errors="replace"), keep_blank_values=True)
+    return {name: values[0] for name, values in fields.items()}
+
+
+# -- batches -----------------------------------------------------------------
+
+
+@router.get("", response_model=None)
+@router.get("/", response_model=None)
+async def batches_page(request: Request, limit: str = str(PAGE_SIZE), after: str | None = None) -> Response:
+    viewer = _viewer(request)
+    if viewer is None:
+        return _to_login()
+    size = _limit(limit)
+    page, views = await _batches(request, viewer, size, after)
+    query = {"limit": size, **({"after": after} if after else {})}
+    return _page(
+        request,
+        "batches.html",
+        viewer=viewer,
+        batches=views,
+        has_more=page.has_more,
+        older=f"?{urlencode({'limit': size, 'after': page.data[-1].id})}" if page.has_more and page.data else None,
+        newest="?" + urlencode({"limit": size}) if after else None,
+        poll_url=f"{PREFIX}/api/batches?{urlencode(query)}",
+    )
+
+
+@router.get("/api/batches")
+async def batches_json(
+    request: Request, limit: str = str(PAGE_SIZE), after: str | None = None, done: str = ""
+) -> JSONResponse:
+    """What the page's script polls: the page's batch ids, newest first, and fresh cards for all of them
+    but those in `done` (the ones the page already shows finished: their cards no longer change)."""
+    viewer = _viewer(request)
+    if viewer is None:
+        raise ApiError(401, "Log in again: the dashboard session has ended.", code="invalid_api_key")
+    page, views = await _batches(request, viewer, _limit(limit), after, skip={i for i in done.split(",") if i})
+    template = _env.get_template("_card.html")
+    cards = {v.id: template.render(b=v, prefix=PREFIX) for v in views}
+    return JSONResponse(
+        {"ids": [b.id for b in page.data], "has_more": page.has_more, "cards": cards}, headers=_HEADERS
+    )
+
+
+async def _batches(
+    request: Request, viewer: Principal, limit: int, after: str | None, skip: Collection[str] = ()
+) -> tuple[Page, list[BatchView]]:
+    """One page of the viewer's batches (newest first), and views of those to render: all but the
+    finished ones named in `skip`."""
+    store = runtime_of(request).store
+    page = await store.list_batches(viewer.owner, limit=limit, after=after)
+    records: list[BatchRecord] = page.data
+    wanted = [r for r in records if not (r.status.finished and r.id in skip)]
+    stats = await asyncio.gather(*(store.route_stats(r.id) for r in wanted))
+    planned = await asyncio.gather(*(_planned(store, r) for r in wanted))
+    now = time.time()
+    return page, [batch_view(r, s, p, now) for r, s, p in zip(wanted, stats, planned, strict=True)]
+
+
+async def _planned(store: Store, rec: BatchRecord) -> dict[str, int] | None:
+    """Requests per route of a running batch, from its shards (a finished batch's counts say it all)."""
+    if rec.status.finished:
+        return None
+    planned: dict[str, int] = {}
+    for shard in await store.get_shards(rec.id):
+        planned[shard.route] = planned.get(shard.route, 0) + shard.size
+    return planned
+
+
+def _limit(raw: str) -> int:
+    if not raw.strip().isdigit() or not 1 <= int(raw) <= 100:
+        raise bad_request(f"limit must be an integer between 1 and 100, got {raw!r}.", param="limit")
+    return int(raw)
+
+
+# -- files -------------------------------------------------------------------
+
+
+@router.get("/files/{file_id}/content", response_model=None)
+async def file_content(request: Request, file_id: str) -> Response:
+    """A file's bytes, as `GET /v1/files/{id}/content` gives them: the viewer's own files only."""
+    viewer = _viewer(request)
+    if viewer is None:
+        return _to_login()
+    return await files.file_content(request, viewer, file_id)

@@ -1,0 +1,218 @@
+"""Files: upload (streamed), list, get, delete, content."""
+
+from __future__ import annotations
+
+import tempfile
+import unicodedata
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from gateway.api.deps import Caller, bad_request, check_id, check_limit, list_reply, parse_body, runtime_of
+from gateway.api.form import Body, Event, Field, FileData, FileEnd, FileStart, FormReader
+from gateway.api.http_errors import ApiError
+from gateway.batch_params import ExpiresAfter
+from gateway.errors import GatewayError, not_found
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
+    from gateway.store.base import FileRecord
+
+router = APIRouter()
+
+_DRAIN_LIMIT = 64 * 1024 * 1024  # unread upload bytes we still read (and drop) so the client sees our error
+_FORM_OVERHEAD = 64 * 1024  # boundaries and small fields around the file in a multipart body
+_SPOOL_IN_MEMORY = 1024 * 1024
+_CHUNK = 1 << 16
+
+
+@router.post("/files")
+async def create_file(request: Request, caller: Caller) -> JSONResponse:
+    runtime = runtime_of(request)
+    body = Body(request.receive)
+    try:
+        _check_declared_size(request, runtime.config.batch.limits.max_file_bytes)
+        reader = FormReader(request.headers.get("content-type", ""), body)
+        async with aclosing(reader.events()) as events:
+            rec = await _Upload(runtime, caller.owner).run(events)
+    except (ApiError, GatewayError):
+        await body.drain(_DRAIN_LIMIT)
+        raise
+    return JSONResponse(rec.to_openai())
+
+
+@router.get("/files")
+async def list_files(
+    request: Request,
+    caller: Caller,
+    purpose: str | None = None,
+    limit: int = 10_000,
+    order: str = "desc",
+    after: str | None = None,
+) -> JSONResponse:
+    if order not in ("asc", "desc"):
+        raise bad_request("order must be 'asc' or 'desc'.", param="order")
+    page = await runtime_of(request).store.list_files(
+        caller.owner, purpose=purpose, limit=check_limit(limit, 10_000), order=order, after=after
+    )
+    return JSONResponse(list_reply([f.to_openai() for f in page.data], page.has_more))
+
+
+@router.get("/files/{file_id}")
+async def get_file(request: Request, caller: Caller, file_id: str) -> JSONResponse:
+    return JSONResponse((await _owned(request, caller.owner, file_id)).to_openai())
+
+
+@router.delete("/files/{file_id}")
+async def delete_file(request: Request, caller: Caller, file_id: str) -> JSONResponse:
+    if not await runtime_of(request).service.delete_file(check_id(file_id, "file", "file_id"), caller.owner):
+        raise not_found("file", file_id)
+    return JSONResponse({"id": file_id, "object": "file", "deleted": True})
+
+
+@router.get("/files/{file_id}/content")
+async def file_content(request: Request, caller: Caller, file_id: str) -> StreamingResponse:
+    rec = await _owned(request, caller.owner, file_id)
+    chunks = runtime_of(request).service.open_file(rec)
+    # The first chunk is read here, so a missing blob is an error reply and not a broken stream.
+    try:
+        first = await anext(chunks)
+    except StopAsyncIteration:
+        first = b""
+    headers = {
+        "Content-Disposition": f'attachment; filename="{_header_safe(rec.filename)}"',
+        "Content-Length": str(rec.bytes),
+    }
+    return StreamingResponse(_prepend(first, chunks), media_type="application/octet-stream", headers=headers)
+
+
+def _check_declared_size(request: Request, limit: int) -> None:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit + _FORM_OVERHEAD:
+        raise _too_large(limit)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"The file is larger than the {limit} bytes allowed.", code="file_too_large", param="file")
+
+
+async def _owned(request: Request, owner: str, file_id: str) -> FileRecord:
+    rec = await runtime_of(request).store.get_file(check_id(file_id, "file", "file_id"), owner)
+    if rec is None:
+        raise not_found("file", file_id)
+    return rec
+
+
+async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for chunk in rest:
+        yield chunk
+
+
+def _header_safe(name: str) -> str:
+    return "".join(c if c.isprintable() and c not in '"\\' and ord(c) < 128 else "_" for c in name)
+
+
+def _filename(raw: str) -> str:
+    name = PurePosixPath(raw.replace("\\", "/")).name
+    name = "".join(c for c in name if unicodedata.category(c)[0] != "C").strip()
+    return name[:255] or "file"
+
+
+def _purpose(fields: dict[str, str]) -> str:
+    purpose = fields.get("purpose", "").strip()
+    if not purpose:
+        raise bad_request("Missing required parameter: 'purpose'.", param="purpose", code="missing_required_parameter")
+    return purpose  # the service checks its value
+
+
+def _expires_after(fields: dict[str, str]) -> ExpiresAfter | None:
+    given = {name: fields[key] for name in ("anchor", "seconds") if (key := f"expires_after[{name}]") in fields}
+    return parse_body(ExpiresAfter, given, "expires_after") if given else None
+
+
+class _Upload:
+    """One upload: the fields in any order, the `file` part streamed to the service.
+
+    When `purpose` comes before the file (as the OpenAI SDK and LiteLLM send it)
+    the file's bytes go straight to the service as they arrive. Otherwise they
+    are spooled (memory, then a temporary file) until the fields are known.
+    """
+
+    def __init__(self, runtime: Runtime, owner: str) -> None:
+        self.runtime, self.owner = runtime, owner
+        self.limit = runtime.config.batch.limits.max_file_bytes
+        self.fields: dict[str, str] = {}
+        self.late: dict[str, str] = {}  # fields after a file already stored
+
+    async def run(self, events: AsyncIterator[Event]) -> FileRecord:
+        rec: FileRecord | None = None
+        spool: tuple[str, Any] | None = None
+        async for event in events:
+            if isinstance(event, Field):
+                (self.late if rec is not None else self.fields).setdefault(event.name, event.value)
+            elif isinstance(event, FileStart) and event.name == "file" and rec is None and spool is None:
+                chunks = self._file_chunks(events)
+                if "purpose" in self.fields:
+                    rec = await self._store(_filename(event.filename), chunks)
+                else:
+                    spool = (_filename(event.filename), await self._spool(chunks))
+            # other file parts: their FileStart/FileData/FileEnd events are skipped
+        if spool is not None:
+            filename, file = spool
+            with file:
+                return await self._store(filename, _read_spool(file))
+        if rec is None:
+            raise bad_request("Missing required parameter: 'file'.", param="file", code="missing_required_parameter")
+        return await self._apply_late_expiry(rec)
+
+    async def _store(self, filename: str, chunks: AsyncIterator[bytes]) -> FileRecord:
+        purpose, expiry = _purpose(self.fields), _expires_after(self.fields)
+        return await self.runtime.service.upload_file(self.owner, filename, purpose, chunks, expires_after=expiry)
+
+    async def _file_chunks(self, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
+        size = 0
+        async for event in events:
+            if isinstance(event, FileEnd):
+                return
+            if isinstance(event, FileData):
+                size += len(event.data)
+                if size > self.limit:
+                    raise _too_large(self.limit)
+                yield event.data
+
+    async def _spool(self, chunks: AsyncIterator[bytes]) -> Any:
+        file = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY)  # noqa: SIM115 (closed by run())
+        try:
+            async for chunk in chunks:
+                file.write(chunk)
+        except BaseException:
+            file.close()
+            raise
+        file.seek(0)
+        return file
+
+    async def _apply_late_expiry(self, rec: FileRecord) -> FileRecord:
+        if not any(k.startswith("expires_after[") for k in self.late):
+            return rec
+        try:
+            expiry = _expires_after(self.late)
+        except (ApiError, GatewayError, RequestValidationError):
+            await self.runtime.service.delete_file(rec.id, self.owner)
+            raise
+        if expiry is None:
+            return rec
+        rec.expires_at = expiry.at(rec.created_at)
+        await self.runtime.store.put_file(rec)
+        return rec
+
+
+async def _read_spool(file: Any) -> AsyncIterator[bytes]:
+    while chunk := file.read(_CHUNK):
+        yield chunk

@@ -1,0 +1,253 @@
+"""The batch/file service: what the API and the CLI ask of the runtime.
+
+Create, read, cancel and delete files and batches; validate a new batch into
+shards and put them on the queue. Refusals are domain errors
+(`gateway.errors`); the server maps them to HTTP. Running the shards is the
+`ShardRunner`'s job, finishing the batch the `Finalizer`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from typing import Any
+
+from gateway import metrics
+from gateway.batch_params import ExpiresAfter, checked, checked_metadata
+from gateway.config.schema import Config
+from gateway.config.urls import normalise_endpoint
+from gateway.errors import Conflict, InvalidRequest, TooLarge, not_found
+from gateway.json_codec import loads
+from gateway.pipeline.lifecycle import NO_EXPIRY, expiry
+from gateway.pipeline.plan import Planner
+from gateway.records import BatchStatus, Result, Shard, new_id
+from gateway.store.base import (
+    BatchOptions,
+    BatchRecord,
+    Blobs,
+    Coordination,
+    FileRecord,
+    Queue,
+    Store,
+    now,
+    read_lines,
+)
+
+log = logging.getLogger("batchyard.service")
+
+FILE_PURPOSES = frozenset({"batch", "batch_output", "fine-tune", "assistants", "vision", "user_data", "evals"})
+
+Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
+
+
+class BatchService:
+    def __init__(
+        self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
+        spawn: Spawn, finalize: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self.config, self.store, self.blobs, self.queue = config, store, blobs, queue
+        self._coordination = coordination
+        self._spawn = spawn
+        self._finalize = finalize
+
+    # -- files -----------------------------------------------------------------
+
+    async def upload_file(
+        self, owner: str, filename: str, purpose: str, chunks: AsyncIterable[bytes],
+        expires_after: ExpiresAfter | Mapping[str, Any] | None = None,
+    ) -> FileRecord:
+        if purpose not in FILE_PURPOSES:
+            raise InvalidRequest(f"purpose must be one of {', '.join(sorted(FILE_PURPOSES))}", param="purpose")
+        created = now()
+        expires_at = expiry(expires_after, created, "expires_after")
+        if expires_at is None and self.config.batch.file_expiry_seconds is not None:
+            expires_at = created + self.config.batch.file_expiry_seconds
+        file_id = new_id("file")
+        key = f"files/{file_id}"
+        limit = self.config.batch.limits.max_file_bytes
+        writer = self.blobs.writer(key)
+        size = 0
+        try:
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > limit:
+                    raise TooLarge(f"the file is larger than the limit of {limit} bytes", param="file",
+                                   code="file_too_large")
+                await writer.write(chunk)
+        except BaseException:
+            await writer.abort()
+            raise
+        await writer.commit()
+        rec = FileRecord(file_id, owner, size, created, filename, purpose, expires_at, key)
+        await self.store.put_file(rec)
+        return rec
+
+    def open_file(self, rec: FileRecord) -> AsyncIterator[bytes]:
+        return self.blobs.read(rec.blob_key)
+
+    async def delete_file(self, file_id: str, owner: str | None) -> bool:
+        rec = await self.store.get_file(file_id, owner)
+        if rec is None or not await self.store.delete_file(file_id, owner):
+            return False
+        await self.blobs.delete(rec.blob_key)
+        return True
+
+    async def delete_expired_files(self) -> int:
+        """Remove files past their `expires_at` (uploads and outputs alike); returns how many went."""
+        gone = 0
+        for rec in await self.store.expired_files(now()):
+            gone += int(await self.delete_file(rec.id, None))
+        return gone
+
+    # -- batches ----------------------------------------------------------------
+
+    async def create_batch(
+        self, owner: str, *, input_file_id: str, endpoint: str | None, completion_window: str | None,
+        metadata: Mapping[str, str] | None = None,
+        output_expires_after: ExpiresAfter | Mapping[str, Any] | None = None,
+        allowed_models: list[str] | None = None, options: BatchOptions | None = None,
+    ) -> BatchRecord:
+        """A new batch in `validating`; validation goes on in the background.
+
+        `endpoint=None` and `completion_window=None` are the CLI's: any url, no expiry.
+        """
+        if endpoint is not None and normalise_endpoint(endpoint) is None:
+            raise InvalidRequest(f"endpoint {endpoint!r} is not supported", param="endpoint", code="invalid_endpoint")
+        if completion_window is None:
+            window = NO_EXPIRY
+        elif completion_window in self.config.batch.completion_windows:
+            window = self.config.batch.completion_windows[completion_window]
+        else:
+            allowed = ", ".join(self.config.batch.completion_windows)
+            raise InvalidRequest(f"completion_window must be one of: {allowed}", param="completion_window",
+                                 code="invalid_completion_window")
+        meta = checked_metadata(metadata)
+        source = await self.store.get_file(input_file_id, owner)
+        if source is None:
+            raise not_found("file", input_file_id)
+        if source.purpose != "batch":
+            raise InvalidRequest(f"file {input_file_id} has purpose {source.purpose!r}, not 'batch'",
+                                 param="input_file_id", code="invalid_file")
+        created = now()
+        output_expiry = checked(ExpiresAfter, output_expires_after, "output_expires_after") if output_expires_after \
+            else None  # checked now, applied when the output is written
+        opts = options or BatchOptions()
+        opts.allowed_models = allowed_models
+        batch = BatchRecord(
+            id=new_id("batch"), owner=owner, endpoint=endpoint or "*", input_file_id=input_file_id,
+            completion_window=completion_window or "none", status=BatchStatus.VALIDATING, created_at=created,
+            expires_at=created + window, metadata=meta, options=opts,
+            output_expires_after=output_expiry.model_dump() if output_expiry else None,
+        )
+        await self.store.put_batch(batch)
+        self._spawn(self.validate(batch.id), f"validate-{batch.id}")
+        return batch
+
+    async def cancel_batch(self, batch_id: str, owner: str) -> BatchRecord:
+        batch = await self.store.get_batch(batch_id, owner)
+        if batch is None:
+            raise not_found("batch", batch_id)
+        if batch.status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
+            return batch
+        cancellable = {BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS}
+        ok = await self.store.update_batch(
+            batch_id, {"status": BatchStatus.CANCELLING, "cancelling_at": now()}, if_status=cancellable
+        )
+        refreshed = await self.store.get_batch(batch_id, owner)
+        assert refreshed is not None
+        if not ok and refreshed.status is not BatchStatus.CANCELLING:
+            raise Conflict(f"Cannot cancel a batch with status '{refreshed.status.value}'.",
+                           code="batch_not_cancellable")
+        return refreshed
+
+    async def wait(self, batch_id: str, poll: float = 0.2) -> BatchRecord:
+        """Until the batch is finished (the CLI's loop; servers don't block on a batch)."""
+        return await self._wait_for(batch_id, lambda b: b.status.finished, poll)
+
+    async def wait_validated(self, batch_id: str, poll: float = 0.05) -> BatchRecord:
+        """Until the batch has left `validating`."""
+        return await self._wait_for(batch_id, lambda b: b.status is not BatchStatus.VALIDATING, poll)
+
+    async def _wait_for(self, batch_id: str, reached: Callable[[BatchRecord], bool], poll: float) -> BatchRecord:
+        while True:
+            batch = await self.store.get_batch(batch_id)
+            if batch is None:
+                raise not_found("batch", batch_id)
+            if reached(batch):
+                return batch
+            await asyncio.sleep(poll)
+
+    # -- validate + plan ----------------------------------------------------------
+
+    async def validate(self, batch_id: str) -> None:
+        """Plan a `validating` batch into shards and queue them (or fail it). Under a lease: one process."""
+        async with self._coordination.lease(f"validate:{batch_id}") as ours:
+            if ours:
+                await self._validate(batch_id)
+
+    async def _validate(self, batch_id: str) -> None:
+        batch = await self.store.get_batch(batch_id)
+        if batch is None or batch.status not in (BatchStatus.VALIDATING, BatchStatus.CANCELLING):
+            return
+        if batch.status is BatchStatus.CANCELLING:
+            if batch.shards_total == 0:  # cancelled while validating, before any shard existed
+                await self.store.update_batch(batch_id, {"status": BatchStatus.CANCELLED, "cancelled_at": now()},
+                                              if_status={BatchStatus.CANCELLING})
+            return
+        source = await self.store.get_file(batch.input_file_id)
+        if source is None:
+            await self._fail(batch_id, [{"code": "invalid_file", "message": "the input file was deleted",
+                                         "param": "input_file_id", "line": None}])
+            return
+        planner = Planner(
+            self.config, self.blobs, batch_id,
+            endpoint=normalise_endpoint(batch.endpoint) if batch.endpoint != "*" else None,
+            strict=batch.options.strict, allowed_models=batch.options.allowed_models,
+        )
+        outcome = await planner.plan(read_lines(self.blobs, source.blob_key))
+        if outcome.failed:
+            await self._fail(batch_id, [e.to_openai() for e in outcome.errors])
+            await self.blobs.delete_prefix(f"batches/{batch_id}")
+            return
+        shards = [*outcome.shards, *([outcome.answered] if outcome.answered else [])]
+        await self.store.put_shards(batch_id, shards)
+        if outcome.answered is not None:
+            await self._count_answered(outcome.answered, batch.owner)
+        model = next(iter(outcome.models)) if len(outcome.models) == 1 else None
+        await self.store.update_batch(batch_id, {"counts": {"total": outcome.total, "completed": 0, "failed": 0},
+                                                 "model": model, "shards_total": len(shards)})
+        started = await self.store.update_batch(
+            batch_id, {"status": BatchStatus.IN_PROGRESS, "in_progress_at": now()},
+            if_status={BatchStatus.VALIDATING},
+        )
+        if not started:
+            return  # cancelled or expired meanwhile: the coordinator finalizes it from the shards
+        if outcome.answered is not None and await self.store.finish_shard(outcome.answered) == 0:
+            await self._finalize(batch_id)  # every line was answered in place: nothing to run
+        for shard in outcome.shards:
+            await self.queue.put(shard)
+
+    async def _count_answered(self, shard: Shard, owner: str) -> None:
+        # Lines answered in place count as failed requests, like any other.
+        buf: list[Result] = []
+        async for raw in read_lines(self.blobs, shard.results_key):
+            if raw:
+                buf.append(Result.from_json(loads(raw)))
+            if len(buf) >= 500:
+                await self.store.record_results(shard, buf)
+                metrics.observe_results(owner, shard.route, buf)
+                buf = []
+        if buf:
+            await self.store.record_results(shard, buf)
+            metrics.observe_results(owner, shard.route, buf)
+        await self.store.drop_journal(shard)
+
+    async def _fail(self, batch_id: str, errors: list[dict[str, Any]]) -> None:
+        await self.store.update_batch(
+            batch_id, {"status": BatchStatus.FAILED, "failed_at": now(), "errors": errors},
+            if_status={BatchStatus.VALIDATING, BatchStatus.CANCELLING},
+        )
+
+
+__all__ = ["FILE_PURPOSES", "BatchService"]

@@ -1,0 +1,144 @@
+"""The `Backend` interface: how a shard's requests get executed.
+
+`providers.litellm_backend` (upstream, through LiteLLM's Router),
+`providers.native` (upstream batch jobs) and `local_engine.backend`
+(in-process vLLM) each provide one. The runtime knows nothing else about
+them: what is special to one backend hangs on the optional hooks below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from gateway.metrics import observe_latency, track_in_flight
+from gateway.records import BatchRequest, Endpoint, Result, Shard
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Executes requests for one route and yields results as they finish.
+
+    Contract:
+    - `execute` yields exactly one `Result` per request given, in any order,
+      as each finishes; it never raises for a single request's failure (a
+      provider error becomes that request's `Result` with the provider's
+      status code and error body).
+    - It bounds its own concurrency; the pipeline may call `execute` for
+      several shards at once and expects them to share that bound.
+    - `start` is idempotent and may be slow (loading an engine); `aclose`
+      releases everything (processes, sockets) and is idempotent too.
+    """
+
+    @property
+    def endpoints(self) -> frozenset[Endpoint]:
+        """The endpoints this backend serves."""
+
+    async def start(self) -> None: ...
+
+    def execute(self, requests: Sequence[BatchRequest]) -> AsyncIterator[Result]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class ShardAwareBackend(Backend, Protocol):
+    """A backend whose work outlives a process (upstream batch jobs): it is told
+    which shard it runs, so it can find the jobs it created before a restart."""
+
+    def execute_shard(self, shard: Shard, requests: Sequence[BatchRequest]) -> AsyncIterator[Result]: ...
+
+
+@runtime_checkable
+class RouteReporter(Protocol):
+    """A backend with facts of its own about a batch's route (upstream batch ids, batch-rate cost),
+    and state to forget once the batch is finished. The finalizer calls both."""
+
+    async def route_summary(self, batch_id: str, route: str) -> dict[str, Any]: ...
+
+    async def forget_batch(self, batch_id: str) -> None: ...
+
+
+class Backends(Protocol):
+    """Where the runner gets a route's started backend (`gateway.backends.pool.BackendPool`, which the
+    composition root builds: it knows the implementations, the pipeline does not)."""
+
+    async def get(self, route_name: str) -> Backend: ...
+
+
+async def run_bounded(
+    requests: Sequence[BatchRequest],
+    call: Callable[[BatchRequest], Coroutine[Any, Any, Result]],
+    slots: asyncio.Semaphore,
+    tracked: set[asyncio.Task[Any]] | None = None,
+) -> AsyncGenerator[Result, None]:
+    """`call` on every request, at most `slots` at once, yielding results as they finish.
+
+    `slots` is the backend's, shared by every shard in flight: one bound per
+    backend. Closing the iterator early (or cancelling its consumer) cancels
+    the calls still running. `call` turns a request's failure into its
+    `Result`; a call that raises or is cancelled from outside (the backend
+    closing: its tasks are in `tracked`) ends the iteration with an error.
+    """
+    done: asyncio.Queue[Result | BaseException] = asyncio.Queue()
+    mine: set[asyncio.Task[Any]] = set()
+
+    def track(task: asyncio.Task[Any]) -> None:
+        mine.add(task)
+        if tracked is not None:
+            tracked.add(task)
+
+    def forget(task: asyncio.Task[Any]) -> None:
+        mine.discard(task)
+        if tracked is not None:
+            tracked.discard(task)
+
+    def finished(task: asyncio.Task[Result]) -> None:
+        slots.release()  # in a callback: it runs even for a task cancelled before it started
+        forget(task)
+        if task.cancelled():
+            done.put_nowait(RuntimeError("the backend was closed while executing"))
+        elif (exc := task.exception()) is not None:
+            done.put_nowait(exc)
+        else:
+            done.put_nowait(task.result())
+
+    def fed(task: asyncio.Task[None]) -> None:
+        forget(task)
+        if task.cancelled() or task.exception() is not None:
+            done.put_nowait(RuntimeError("the backend was closed while executing"))
+
+    async def measured(req: BatchRequest) -> Result:
+        # Every backend's per-request call passes here: in-flight and latency per route (the line's model).
+        started = time.monotonic()
+        with track_in_flight(req.model):
+            result = await call(req)
+        observe_latency(req.model, time.monotonic() - started)
+        return result
+
+    async def feed() -> None:
+        for req in requests:
+            await slots.acquire()
+            task = asyncio.create_task(measured(req))
+            track(task)
+            task.add_done_callback(finished)
+
+    feeder = asyncio.create_task(feed())
+    track(feeder)
+    feeder.add_done_callback(fed)
+    try:
+        for _ in range(len(requests)):
+            item = await done.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        # The feeder first: once it is done, no call starts after the ones cancelled here.
+        feeder.cancel()
+        await asyncio.gather(feeder, return_exceptions=True)
+        pending = list(mine)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)

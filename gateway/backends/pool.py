@@ -1,0 +1,114 @@
+"""`BackendPool`: one started `Backend` per route, created on first use.
+
+Every upstream route shares one LiteLLM backend (one Router, one concurrency
+bound); each local model gets its own engine, started once and shared by every
+shard that needs it; native routes share the provider-batch backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import Collection
+
+from gateway.backends.interface import Backend, RouteReporter
+from gateway.config.routes import Route, RouteKind
+from gateway.config.schema import Config
+from gateway.store.base import Store
+
+
+class BackendPool:
+    def __init__(self, config: Config, store: Store) -> None:
+        self._config = config
+        self._store = store
+        self._created: dict[str, Backend] = {}
+        self._starting: dict[int, asyncio.Task[None]] = {}  # by id(backend): one start per backend, shared
+        self._upstream: Backend | None = None
+
+    def _upstream_backend(self) -> Backend:
+        if self._upstream is None:
+            from providers.litellm_backend import LiteLLMBackend
+
+            routes = [r for r in self._unique_routes() if r.kind is RouteKind.UPSTREAM]
+            self._upstream = LiteLLMBackend(
+                routes, self._config.router_settings, self._config.batch.max_concurrency,
+                litellm_settings=self._config.litellm_settings,
+            )
+        return self._upstream
+
+    def _unique_routes(self) -> list[Route]:
+        seen: dict[str, Route] = {}
+        for route in self._config.routes.values():
+            seen.setdefault(route.model_name, route)
+        return list(seen.values())
+
+    def _create(self, route: Route) -> Backend:
+        if route.kind is RouteKind.UPSTREAM:
+            return self._upstream_backend()
+        if route.kind is RouteKind.LOCAL:
+            from local_engine import LocalEngineBackend
+
+            return LocalEngineBackend(route.engine_args)
+        from providers.native import NativeBatchBackend
+
+        return NativeBatchBackend(route, self._config.router_settings, self._store)
+
+    @property
+    def routes(self) -> frozenset[str]:
+        return frozenset(self._config.routes)
+
+    def peek(self, route_name: str) -> Backend:
+        """The route's backend, not started (for its hooks: no engine loads, no Router is built)."""
+        backend = self._created.get(route_name)
+        if backend is None:
+            backend = self._created[route_name] = self._create(self._config.routes[route_name])
+        return backend
+
+    def reporter(self, route_name: str) -> RouteReporter | None:
+        """The route's backend if it summarises its route for the finalizer (the `RouteReporter` hook)."""
+        if route_name not in self._config.routes:
+            return None
+        backend = self.peek(route_name)
+        return backend if isinstance(backend, RouteReporter) else None
+
+    async def get(self, route_name: str) -> Backend:
+        """The started backend for a route (by its model_name).
+
+        Routes start independently: two local engines load side by side, and a
+        shard of an upstream route never waits for an engine to load.
+        """
+        backend = self.peek(route_name)
+        task = self._starting.get(id(backend))
+        if task is None:
+            task = self._starting[id(backend)] = asyncio.ensure_future(backend.start())
+        try:
+            await asyncio.shield(task)  # one caller giving up must not cancel the start the others wait on
+        except Exception:
+            # a failed start is retried by the next caller (a shard attempt), not cached for good
+            if self._starting.get(id(backend)) is task:
+                del self._starting[id(backend)]
+            raise
+        return backend
+
+    async def warm_up(self, routes: Collection[str] | None = None) -> None:
+        """Import LiteLLM (seconds of work) in a thread when a route needs it, so the first shard
+        doesn't stall the event loop. `routes`: the ones this process hosts (None: all)."""
+        wanted = [r for r in self._config.routes.values() if routes is None or r.model_name in routes]
+        if any(r.kind is not RouteKind.LOCAL for r in wanted):
+            await asyncio.to_thread(importlib.import_module, "litellm")
+
+    async def start_local(self) -> None:
+        """Start every local engine now, side by side (fail fast on a bad model path, before any request)."""
+        local = [r.model_name for r in self._unique_routes() if r.kind is RouteKind.LOCAL]
+        await asyncio.gather(*(self.get(name) for name in local))
+
+    async def aclose(self) -> None:
+        backends = {id(b): b for b in self._created.values()}
+        self._created.clear()
+        self._upstream = None
+        starting, self._starting = list(self._starting.values()), {}
+        for task in starting:
+            task.cancel()
+        await asyncio.gather(*starting, return_exceptions=True)
+        for backend in backends.values():
+            await backend.aclose()

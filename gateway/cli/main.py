@@ -1,0 +1,276 @@
+"""The `batchyard` command: `run` (offline, a drop-in for vLLM's run_batch), `serve`, `worker`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.cli import console
+from gateway.cli.loop import loop_factory
+from gateway.config.schema import Config, load_config, local_model_config
+from gateway.errors import ConfigError, GatewayError
+
+EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_DELIVERY, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+_RUN_EPILOG = """\
+examples:
+  batchyard run -i batch.jsonl -o results.jsonl --config config/team.yaml
+  batchyard run -i batch.jsonl -o results.jsonl --model meta-llama/Meta-Llama-3-8B-Instruct
+  batchyard run -i https://bucket/in.jsonl?sig=… -o https://bucket/out.jsonl?sig=… --config team.yaml
+
+Lines whose model is unknown, whose url is unsupported, or that ask for
+stream=true are answered in place with 404/400 error lines, as run_batch does.
+Lines that are not JSON, lack custom_id/method/url/body, or repeat a
+custom_id make the whole file invalid: every such line is listed with its
+1-based number, nothing is sent, and the exit status is 1.
+
+With --model (vLLM run_batch's mode) a repeated custom_id is not an error: each
+line is answered in its own input position and one warning is printed; an
+empty input file gives an empty output and exit status 0. With --config the
+file follows OpenAI's rules (duplicate_custom_id, empty_file), as the server does.
+
+Any other --flag [VALUE] is passed to the local vLLM engine as an engine argument,
+as run_batch takes it (e.g. --gpu-memory-utilization 0.8 --max-num-seqs 64
+--enable-prefix-caching); a flag without a value means true.
+
+Quiet and offline by default: vLLM, torch and LiteLLM output goes to a log file
+named in the summary (-v: to stderr instead); LiteLLM's bundled price map is used
+(LITELLM_LOCAL_MODEL_COST_MAP=True), vLLM usage stats are off, and a model that
+is a local directory is loaded with HF_HUB_OFFLINE=1 (set these to override).
+
+exit status: 0 done (per-line errors are in the output), 1 bad input,
+2 bad usage or config, 3 output could not be delivered (kept locally), 130 interrupted.
+"""
+
+
+def _run_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "run", help="run one batch file offline and write one merged output file",
+        description="Run an OpenAI-format batch file: every line routed by its model, one merged output "
+        "file in input order.",
+        epilog=_RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-i", "--input-file", required=True, help="batch file: a path, - for stdin, or an http(s) URL")
+    p.add_argument("-o", "--output-file", required=True,
+                   help="output file: a path, - for stdout, or an http(s) URL to PUT to (e.g. presigned S3)")
+    p.add_argument("--config", help="LiteLLM-style YAML with model_list (see config/)")
+    p.add_argument("--error-file", help="write failed requests here instead of inline in the output (like OpenAI)")
+    p.add_argument("--data-dir", help="keep the run's state here instead of a temporary directory; the same "
+                   "command run again after a kill or Ctrl-C continues where it stopped (finished requests are "
+                   "not sent again)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="extra worker processes for the upstream routes, started when the file has at least 2000 "
+                   "upstream requests (default 0). LiteLLM's per-call work is CPU-bound: they pay on a machine "
+                   "with cores to spare, not when the cores are busy already")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="library and engine output on stderr instead of the log file")
+    p.add_argument("--log-file", help="where library and engine output goes (default: a new file in the temp "
+                   "directory, named in the summary; removed when nothing was written)")
+    engine = p.add_argument_group("local engine (vLLM run_batch compatible, used with --model)")
+    engine.add_argument("--model", help="run every line on a local vLLM engine for this model (path or hub id)")
+    engine.add_argument("--served-model-name", nargs="+", help="model names the lines may use (default: --model)")
+    engine.add_argument("--dtype", help="weights and activations dtype (auto, float16, bfloat16, float32)")
+    engine.add_argument("--max-model-len", type=int, help="context length")
+    engine.add_argument("--enforce-eager", action="store_true", default=None, help="disable CUDA graphs")
+    engine.add_argument("--output-tmp-dir", help="directory for the output while it is written (run_batch's flag)")
+    engine.add_argument("--trust-remote-code", action="store_true", default=None,
+                        help="allow the model's own code from its folder or the hub")
+    engine.add_argument("--chat-template", help="chat template: a file path or the template itself")
+    engine.add_argument("--response-role", help="role of the generated message when add_generation_prompt is "
+                        "true (default: assistant)")
+    engine.add_argument("--enable-auto-tool-choice", action="store_true", default=None,
+                        help="let the model call tools on its own (needs --tool-call-parser)")
+    engine.add_argument("--tool-call-parser", help="parser of the model's tool calls (e.g. hermes, llama3_json)")
+    engine.add_argument("--reasoning-parser", help="parser that splits reasoning from content (e.g. qwen3, "
+                        "deepseek_r1)")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="batchyard",
+        description="A batch gateway for LLM work: OpenAI batch files in, one merged output out, routed to a "
+        "local vLLM engine or to upstream providers through LiteLLM.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _run_parser(sub)
+    serve = sub.add_parser("serve", help="serve the OpenAI Files + Batches API",
+                           description="Serve the OpenAI Files + Batches API (also Azure and LiteLLM routes).")
+    serve.add_argument("--config", required=True, help="LiteLLM-style YAML config")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=4000)
+    serve.add_argument("--data-dir", default=".batchyard/data", help="embedded store: records and files live here")
+    serve.add_argument("--workers", type=int, default=None,
+                       help="embedded mode: worker processes that run shards (default: one per core; 0: run them "
+                       "in the API process). Local vLLM engines load in the first worker only")
+    _shared_args(serve)
+    serve.add_argument("--with-worker", action="store_true", help="shared mode: also run shards, for every route")
+    worker = sub.add_parser("worker", help="run shards for the models hosted here (shared or embedded mode)",
+                            description="A worker: runs the shards of its routes. Shared mode (--redis-url): from "
+                            "Redis Streams, results in Redis, files in the shared storage. Embedded mode "
+                            "(--data-dir): over the data directory of a `batchyard serve` on this machine, which "
+                            "starts its own workers (--workers) so you rarely start one by hand.")
+    worker.add_argument("--config", required=True, help="LiteLLM-style YAML config (the API replicas' one)")
+    _shared_args(worker)
+    worker.add_argument("--data-dir", help="embedded mode: the data directory of the serve process on this machine")
+    worker.add_argument("--models", help="comma-separated local models this worker hosts (default: every local "
+                        "model of the config); upstream models are always served")
+    worker.add_argument("--upstream-only", action="store_true", help="host no local model")
+    worker.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # set by the process that starts it
+    worker.add_argument("--metrics-port", type=int,
+                        help="serve this worker's own Prometheus /metrics on this port (for a worker that shares no "
+                        "PROMETHEUS_MULTIPROC_DIR with an API process; batch_settings.metrics applies)")
+    worker.add_argument("--metrics-host", default="127.0.0.1", help="address of --metrics-port (0.0.0.0: every one)")
+    return parser
+
+
+def _shared_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--redis-url", help="shared mode: records and the shard queue in this Redis (redis://host:port/db)")
+    p.add_argument("--storage", default=".batchyard/blobs",
+                   help="shared mode: files in s3://bucket/prefix (endpoint: $BATCHYARD_S3_ENDPOINT_URL or "
+                   "$AWS_ENDPOINT_URL_S3) or a directory every process reaches")
+    p.add_argument("--claim-idle", type=float, default=None,
+                   help="shared mode: seconds a dead worker's shard waits before another worker takes it over "
+                   "(default 30)")
+
+
+# The run_batch flags declared above (for --help); any other flag is passed through as it is.
+_ENGINE_OPTIONS = ("dtype", "max_model_len", "enforce_eager", "trust_remote_code", "chat_template", "response_role",
+                   "enable_auto_tool_choice", "tool_call_parser", "reasoning_parser")
+
+
+def _engine_args(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    """run_batch's engine flags, plus any other --flag value pairs, as vLLM engine args."""
+    engine: dict[str, Any] = {}
+    for name in _ENGINE_OPTIONS:
+        value = getattr(args, name)
+        if value is not None:
+            engine[name] = value
+    i = 0
+    while i < len(extra):
+        flag = extra[i]
+        if not flag.startswith("--"):
+            raise ConfigError("command line", flag, "unexpected argument")
+        name, _, inline = flag[2:].partition("=")
+        key = name.replace("-", "_")
+        if inline:
+            engine[key] = _parse_value(inline)
+        elif i + 1 < len(extra) and not extra[i + 1].startswith("--"):
+            engine[key] = _parse_value(extra[i + 1])
+            i += 1
+        else:
+            engine[key] = True
+        i += 1
+    return engine
+
+
+def _parse_value(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def _load(args: argparse.Namespace, extra: list[str]) -> Config:
+    if args.config and args.model:
+        raise ConfigError("command line", "--model", "use either --config or --model, not both")
+    if args.config:
+        if extra:
+            raise ConfigError("command line", extra[0], "unknown flag (engine flags go in the config's engine_args)")
+        return load_config(args.config)
+    if args.model:
+        return local_model_config(args.model, _engine_args(args, extra), args.served_model_name)
+    raise ConfigError("command line", "--config/--model", "one of them is required")
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """LiteLLM logs every retry and model-map miss at ERROR through its own handlers; keep them for -v."""
+    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx"):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.WARNING if verbose else logging.CRITICAL)
+        if not verbose:
+            logger.handlers.clear()
+            logger.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; `argv` given means called as a function: stdout/stderr descriptors are left alone."""
+    own_process = argv is None
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "run":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "run":
+        console.setup(verbose=args.verbose, log_file=args.log_file, own_process=own_process)
+    else:
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    quiet_libraries(args.verbose)
+    try:
+        if args.command == "run":
+            return _run_command(args, extra)
+        if args.command == "worker":
+            from gateway.cli.worker import run_worker_command
+
+            return run_worker_command(args)
+        if args.command == "serve" and args.redis_url:
+            from gateway.cli.serve import serve_shared
+
+            serve_shared(args.config, args.host, args.port, redis_url=args.redis_url, storage=args.storage,
+                         with_worker=args.with_worker, claim_idle=args.claim_idle)
+            return EXIT_OK
+        if args.command == "serve":
+            load_config(args.config)  # a bad config fails here, before the server starts
+            from gateway.cli.serve import serve
+
+            serve(args.config, args.host, args.port, Path(args.data_dir), workers=args.workers)
+            return EXIT_OK
+    except ConfigError as exc:
+        console.say(f"config error: {exc}")
+        return EXIT_USAGE
+    except GatewayError as exc:
+        console.say(exc.message)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        console.say("interrupted")
+        return EXIT_INTERRUPTED
+    return EXIT_USAGE
+
+
+def _run_command(args: argparse.Namespace, extra: list[str]) -> int:
+    config = _load(args, extra)
+    from gateway.cli.offline import RunOptions, run_batch_file
+
+    opts = RunOptions(
+        input=args.input_file, output=args.output_file, error_file=args.error_file,
+        data_dir=Path(args.data_dir) if args.data_dir else None,
+        output_tmp_dir=Path(args.output_tmp_dir) if args.output_tmp_dir else None,
+        progress=not (args.no_progress or args.quiet), summary=not args.quiet,
+        run_batch_errors=bool(args.model),  # the drop-in writes errors as run_batch does
+        config_path=args.config, workers=args.workers, verbose=args.verbose,
+    )
+    try:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            return runner.run(run_batch_file(config, opts))
+    except (ConfigError, GatewayError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # the traceback goes to the log; the terminal gets one line
+        logging.getLogger("batchyard").exception("run failed")
+        where = console.log_path()
+        console.say(f"failed: {type(exc).__name__}: {exc}" + (f" (details in {where})" if where else ""))
+        return EXIT_INPUT
+
+
+__all__ = ["build_parser", "main"]
+
+if __name__ == "__main__":
+    sys.exit(main())

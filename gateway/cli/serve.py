@@ -1,0 +1,152 @@
+"""`serve`: the runtime behind uvicorn.
+
+Embedded (the default): the runtime over `data_dir` (SQLite records, queue and
+leases, a local blob directory). The API process serves HTTP, validates and
+sweeps; `workers` worker processes (default: one per core) run the shards.
+With `workers=0` the API process runs them itself. Everything is started by the
+app's lifespan and closed when uvicorn shuts down on SIGTERM or SIGINT. A
+restart over the same `data_dir` resumes unfinished batches.
+
+    python -m gateway.cli.serve --config CONFIG [--host H] [--port P] [--data-dir DIR] [--workers N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import uvicorn
+
+from gateway.cli.loop import loop_factory
+from gateway.config.schema import Config, load_config
+from gateway.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
+
+log = logging.getLogger("gateway.cli.serve")  # not "__main__" under python -m
+
+# Builds the runtime instead of the embedded one (the shared mode's `serve_shared`).
+RuntimeFactory = Callable[[Config], Awaitable["Runtime"]]
+
+DEFAULT_HOST, DEFAULT_PORT, DEFAULT_DATA_DIR = "127.0.0.1", 4000, ".batchyard"
+
+
+async def _serve(
+    config_path: str | Path,
+    host: str,
+    port: int,
+    data_dir: Path,
+    log_level: str,
+    runtime_factory: RuntimeFactory | None = None,
+    workers: int | None = None,
+) -> None:
+    from gateway.api.app import create_app
+    from gateway.runtime import open_embedded  # the runtime imports the backends: only when serving
+    from gateway.supervisor import WorkerPool
+
+    config = load_config(config_path)
+    pool: WorkerPool | None = None
+    if runtime_factory is not None:
+        runtime, where = await runtime_factory(config), "shared store"
+    else:
+        count = default_workers() if workers is None else workers
+        runtime = await open_embedded(config, data_dir, routes=() if count else None)
+        where = f"data in {data_dir}, " + (f"{count} worker process(es)" if count else "shards run in this process")
+        if count:
+            from gateway.metrics import MULTIPROC_ENV
+            from gateway.store.sqlite_queue import SQLiteQueue
+
+            # One metrics directory for this process and its workers (they inherit it), so the API's
+            # /metrics counts what they did. Set before any metric exists in this process.
+            os.environ.setdefault(MULTIPROC_ENV, str(data_dir / "metrics"))
+            assert isinstance(runtime.queue, SQLiteQueue)
+            pool = WorkerPool(count, data_dir, runtime.queue, config_path=str(config_path),
+                              verbose=log_level == "debug")
+    app = create_app(runtime, manage_runtime=True, workers=pool)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            access_log=False,
+            log_level=log_level,
+            lifespan="on",
+            timeout_graceful_shutdown=10,
+            server_header=False,
+        )
+    )
+    log.info("batchyard serving on http://%s:%d (%s)", host, port, where)
+    await server.serve()
+
+
+def default_workers() -> int:
+    """One worker process per core."""
+    return os.cpu_count() or 1
+
+
+def _quiet_libraries(log_level: str) -> None:
+    # LiteLLM logs every request at INFO (twice: its own handler and ours); keep its warnings and errors.
+    if log_level != "debug":
+        for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def serve(
+    config_path: str | Path,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    data_dir: str | Path = DEFAULT_DATA_DIR,
+    *,
+    log_level: str = "info",
+    runtime_factory: RuntimeFactory | None = None,
+    workers: int | None = None,
+) -> None:
+    """Run the gateway until SIGTERM/SIGINT; raises `ConfigError` for a bad config."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _quiet_libraries(log_level)
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        runner.run(_serve(config_path, host, port, Path(data_dir), log_level, runtime_factory, workers))
+
+
+def serve_shared(
+    config_path: str | Path, host: str, port: int, *, redis_url: str, storage: str | Path,
+    with_worker: bool = False, claim_idle: float | None = None, log_level: str = "info",
+) -> None:
+    """`batchyard serve --redis-url U --storage s3://…`: one API replica over the shared store."""
+
+    async def factory(config: Config) -> Runtime:
+        from gateway.runtime import open_shared
+
+        return await open_shared(config, redis_url, storage, routes=None if with_worker else (),
+                                 claim_idle=claim_idle)
+
+    serve(config_path, host, port, log_level=log_level, runtime_factory=factory)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway.cli.serve", description="Serve the batchyard API.")
+    parser.add_argument("--config", required=True, help="LiteLLM-style YAML config")
+    parser.add_argument("--host", default=DEFAULT_HOST)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--data-dir", default=os.environ.get("BATCHYARD_DATA_DIR", DEFAULT_DATA_DIR))
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--workers", type=int, default=None,
+                        help="worker processes that run shards (default: one per core; 0: in the API process)")
+    args = parser.parse_args(argv)
+    try:
+        serve(args.config, args.host, args.port, args.data_dir, log_level=args.log_level, workers=args.workers)
+    except ConfigError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""One `model_list` entry, typed by where it runs.
+
+An entry is local (`litellm_params.model: vllm/<path>`: an in-process vLLM engine), upstream in
+real time (one call per line through LiteLLM's Router), or upstream-native (`model_info.batch_mode:
+native`: shards forwarded as provider batch jobs). Each kind is its own model with `extra="forbid"`,
+so a key that kind would not use (`engine_args` on an upstream entry, `tpm` beside `litellm_params`,
+a typo such as `modle_info`) is refused at load instead of being dropped.
+
+`litellm_params` and `model_info` stay open mappings: they are LiteLLM's (provider keyword
+arguments, prices, ids), passed to it as written.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic_core import PydanticCustomError
+
+from gateway.config.engine_fields import unknown_engine_args
+from gateway.config.routes import RouteKind
+
+LOCAL_PREFIX = "vllm/"
+
+
+class Strict(BaseModel):
+    """A config section: unknown keys refused, no type coercion (`true` is no number, `"5"` no integer)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class LiteLLMParams(BaseModel):
+    """LiteLLM's deployment parameters; `model` is `provider/model`, the rest goes to LiteLLM as written."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    model: str
+
+    @field_validator("model")
+    @classmethod
+    def _names_a_provider(cls, model: str) -> str:
+        if "/" not in model:
+            raise PydanticCustomError(
+                "no_provider", "'{model}' names no provider; write provider/model, e.g. openai/{model}",
+                {"model": model},
+            )
+        return model
+
+
+class ModelInfo(BaseModel):
+    """LiteLLM's `model_info` (prices, ids, ...) plus batchyard's `batch_mode`."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    batch_mode: Literal["realtime", "native"] = "realtime"
+
+
+class LocalModelInfo(ModelInfo):
+    @field_validator("batch_mode")
+    @classmethod
+    def _realtime_only(cls, mode: str) -> str:
+        if mode != "realtime":
+            raise PydanticCustomError(
+                "local_batch_mode", "batch_mode: {mode} is for upstream providers; a vllm/ model runs on the "
+                "local engine", {"mode": mode},
+            )
+        return mode
+
+
+class _Entry(Strict):
+    model_name: Annotated[str, Field(min_length=1)]
+    litellm_params: LiteLLMParams
+
+
+class LocalEntry(_Entry):
+    """`vllm/<path or hub id>`: one engine per model_name; `engine_args` are vLLM run_batch's options."""
+
+    model_info: LocalModelInfo = Field(default_factory=LocalModelInfo)
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("engine_args")
+    @classmethod
+    def _known_to_vllm(cls, args: dict[str, Any]) -> dict[str, Any]:
+        unknown = unknown_engine_args(args)
+        if unknown:
+            raise PydanticCustomError(
+                "unknown_engine_args", "{names}: not an option of vLLM's run_batch (AsyncEngineArgs and its "
+                "frontend options, by python name)", {"names": ", ".join(map(str, unknown))},
+            )
+        return args
+
+
+class UpstreamEntry(_Entry):
+    """A provider through LiteLLM's Router, one call per line; several entries of a name are load-balanced."""
+
+    model_info: ModelInfo = Field(default_factory=ModelInfo)
+
+
+class NativeEntry(UpstreamEntry):
+    """`model_info.batch_mode: native`: shards go to the provider's own batch API."""
+
+
+def entry_kind(raw: Any) -> str:
+    """Which entry model a raw `model_list` item is (the tag of `ModelEntry`)."""
+    if not isinstance(raw, dict):
+        return RouteKind.UPSTREAM.value  # its model then says "must be a mapping"
+    params = raw.get("litellm_params")
+    model = params.get("model") if isinstance(params, dict) else None
+    if isinstance(model, str) and model.startswith(LOCAL_PREFIX):
+        return RouteKind.LOCAL.value
+    info = raw.get("model_info")
+    if isinstance(info, dict) and info.get("batch_mode") == "native":
+        return RouteKind.NATIVE.value
+    return RouteKind.UPSTREAM.value
+
+
+ModelEntry = Annotated[
+    Annotated[LocalEntry, Tag(RouteKind.LOCAL.value)]
+    | Annotated[UpstreamEntry, Tag(RouteKind.UPSTREAM.value)]
+    | Annotated[NativeEntry, Tag(RouteKind.NATIVE.value)],
+    Discriminator(entry_kind),
+]
+ENTRY_MODELS: dict[str, type[LocalEntry | UpstreamEntry]] = {
+    RouteKind.LOCAL.value: LocalEntry, RouteKind.UPSTREAM.value: UpstreamEntry, RouteKind.NATIVE.value: NativeEntry,
+}
+ENTRY_TAGS = frozenset(ENTRY_MODELS)  # they appear in pydantic's error locations; they are no config keys
+
+
+def kind_of(entry: LocalEntry | UpstreamEntry) -> RouteKind:
+    if isinstance(entry, LocalEntry):
+        return RouteKind.LOCAL
+    return RouteKind.NATIVE if isinstance(entry, NativeEntry) else RouteKind.UPSTREAM
+
+
+__all__ = [
+    "ENTRY_MODELS", "ENTRY_TAGS", "LOCAL_PREFIX", "LiteLLMParams", "LocalEntry", "ModelEntry", "ModelInfo",
+    "NativeEntry", "Strict", "UpstreamEntry", "entry_kind", "kind_of",
+]

@@ -1,0 +1,183 @@
+"""Loading the LiteLLM-style YAML config.
+
+The file a team already has for LiteLLM's proxy works here: `model_list`,
+`router_settings`, `general_settings`, `litellm_settings`; batchyard's own knobs
+live under `batch_settings`. `os.environ/NAME` reads the environment. The file
+is read into the pydantic models of `entries` and `sections` (`ConfigFile`),
+which refuse unknown keys and wrong types; every problem is reported before any
+request is sent, as a `ConfigError` naming the file and the dotted key. The
+result is a `Config`: routes by model name, and the checked sections.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import Field, ValidationError, field_validator
+
+from gateway.config.engine_fields import unknown_engine_args
+from gateway.config.entries import LocalEntry, ModelEntry, Strict, UpstreamEntry, kind_of
+from gateway.config.litellm_settings import check_litellm_settings
+from gateway.config.problems import config_error
+from gateway.config.routes import Route, RouteKind
+from gateway.config.sections import (
+    ROUTER_SETTINGS,
+    BatchSettings,
+    GeneralSettings,
+    Limits,
+    MetricsSettings,
+    Team,
+    check_router_settings,
+)
+from gateway.errors import ConfigError
+
+_ENV_PREFIX = "os.environ/"
+
+
+class ConfigFile(Strict):
+    """The YAML file as written (after `os.environ/` substitution)."""
+
+    model_list: Annotated[list[ModelEntry], Field(min_length=1)]
+    router_settings: dict[str, Any] = Field(default_factory=dict)  # LiteLLM Router kwargs: check_router_settings
+    general_settings: GeneralSettings = Field(default_factory=GeneralSettings)
+    litellm_settings: dict[str, Any] = Field(default_factory=dict)  # checked by litellm_settings.py
+    batch_settings: BatchSettings = Field(default_factory=BatchSettings)
+
+    @field_validator("router_settings", "general_settings", "litellm_settings", "batch_settings", mode="before")
+    @classmethod
+    def _empty_section(cls, value: Any) -> Any:
+        return {} if value is None else value  # `router_settings:` with nothing under it
+
+
+@dataclass(slots=True)
+class Config:
+    path: str
+    routes: dict[str, Route]
+    router_settings: dict[str, Any] = field(default_factory=dict)
+    litellm_settings: dict[str, Any] = field(default_factory=dict)
+    master_key: str | None = None
+    batch: BatchSettings = field(default_factory=BatchSettings)
+    # vLLM run_batch's input rules (repeated custom_ids answered line by line, an empty file is no error):
+    # only the config `batchyard run --model` implies; a YAML config and the server keep OpenAI's.
+    run_batch_rules: bool = False
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.master_key or any(t.api_keys for t in self.batch.teams))
+
+    def route(self, model: str) -> Route | None:
+        return self.routes.get(model)
+
+
+def _resolve(value: Any, path: str, key: str) -> Any:
+    """Replace `os.environ/NAME` with the variable's value, recursively."""
+    if isinstance(value, str) and value.startswith(_ENV_PREFIX):
+        name = value[len(_ENV_PREFIX):]
+        if name not in os.environ:
+            raise ConfigError(path, key, f"environment variable {name} is not set")
+        return os.environ[name]
+    if isinstance(value, dict):
+        return {k: _resolve(v, path, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve(v, path, f"{key}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def _routes(entries: list[LocalEntry | UpstreamEntry], raw: list[dict[str, Any]], path: str) -> dict[str, Route]:
+    """Entries of one `model_name` form one route: one local engine, or load-balanced upstream deployments."""
+    groups: dict[str, list[int]] = {}
+    for i, entry in enumerate(entries):
+        groups.setdefault(entry.model_name, []).append(i)
+    routes: dict[str, Route] = {}
+    for name, indexes in groups.items():
+        kinds = {kind_of(entries[i]) for i in indexes}
+        if RouteKind.LOCAL in kinds and len(kinds) > 1:
+            raise ConfigError(path, f"model_list[{indexes[1]}]",
+                              f"model_name {name!r} mixes local (vllm/) and upstream deployments")
+        if len(kinds) > 1:
+            raise ConfigError(path, f"model_list[{indexes[1]}].model_info.batch_mode",
+                              f"model_name {name!r} mixes native and realtime deployments")
+        kind = kinds.pop()
+        if kind is RouteKind.LOCAL and len(indexes) > 1:
+            raise ConfigError(path, f"model_list[{indexes[1]}]", f"local model {name!r} is listed twice")
+        # The deployments as written (os.environ/ resolved): LiteLLM gets litellm_params and model_info as is.
+        routes[name] = Route(model_name=name, kind=kind, deployments=[raw[i] for i in indexes])
+    return routes
+
+
+def _check_teams(teams: list[Team], routes: dict[str, Route], path: str) -> None:
+    seen: set[str] = set()
+    for i, team in enumerate(teams):
+        if team.team_id in seen:
+            raise ConfigError(path, f"batch_settings.teams[{i}].team_id", f"duplicate team {team.team_id!r}")
+        seen.add(team.team_id)
+        for model in team.models or ():
+            if model not in routes:
+                raise ConfigError(path, f"batch_settings.teams[{i}].models",
+                                  f"{model!r} is not a model_name in model_list")
+
+
+def parse_config(raw: Any, path: str = "<config>") -> Config:
+    """Build a `Config` from parsed YAML; raises `ConfigError`."""
+    if not isinstance(raw, dict):
+        raise ConfigError(path, "(top level)", "must be a mapping with model_list")
+    raw = _resolve(raw, path, "")
+    try:
+        file = ConfigFile.model_validate(raw)
+    except ValidationError as exc:
+        raise config_error(exc, path, ConfigFile) from None
+    routes = _routes(file.model_list, raw["model_list"], path)
+    _check_teams(file.batch_settings.teams, routes, path)
+    return Config(
+        path=path,
+        routes=routes,
+        router_settings=check_router_settings(file.router_settings, path),
+        litellm_settings=check_litellm_settings(file.litellm_settings, path),
+        master_key=file.general_settings.master_key,
+        batch=file.batch_settings,
+    )
+
+
+def load_config(path: str | Path) -> Config:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(str(p), "(file)", "no such file") from None
+    except OSError as exc:
+        raise ConfigError(str(p), "(file)", f"cannot be read: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "(yaml)"
+        raise ConfigError(str(p), where, f"is not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    return parse_config(raw, str(p))
+
+
+def local_model_config(model: str, engine_args: dict[str, Any], served_names: list[str] | None = None) -> Config:
+    """The config `batchyard run --model M` implies: every name served by one local engine (run_batch's mode).
+
+    The engine flags are checked here, as a config's `engine_args` are at load: an unknown one is
+    refused before anything starts.
+    """
+    names = served_names or [model]
+    args = {**engine_args, "served_model_name": names}
+    entry = {"model_name": names[0], "litellm_params": {"model": f"vllm/{model}"}, "engine_args": args}
+    unknown = unknown_engine_args(engine_args)
+    if unknown:
+        flag = "--" + str(unknown[0]).replace("_", "-")
+        raise ConfigError("command line", flag, "is not an option of vLLM's run_batch (nor of batchyard run)")
+    route = Route(model_name=names[0], kind=RouteKind.LOCAL, deployments=[entry])
+    routes = {name: route for name in names}
+    return Config(path="--model", routes=routes, run_batch_rules=True)
+
+
+__all__ = [
+    "ROUTER_SETTINGS", "BatchSettings", "Config", "ConfigFile", "GeneralSettings", "Limits", "MetricsSettings",
+    "Team", "load_config", "local_model_config", "parse_config",
+]

@@ -1,0 +1,152 @@
+"""The coordinator: heartbeats, expiry, and picking up what dead processes left.
+
+One recovery path for both modes. The sweep (one process at a time, under the
+`sweep` lease) looks at every unfinished batch:
+- past its `expires_at`: marked expired (running shards stop, unrun lines get
+  `batch_expired`);
+- left in `validating` by a process that died (no validate lease held, older
+  than `stale_validation` seconds): validated again;
+- unfinished shards that no queue entry carries (a process died while
+  enqueueing, or Redis lost writes): enqueued again;
+- every shard finished but not finalized (a worker died finalizing): finalized.
+A dead worker's held shards need nothing here: the queue delivers them again
+once the worker's heartbeat is gone. At start-up the embedded owner runs one
+sweep at once with no staleness wait: that is the recovery after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, Collection, Coroutine
+from typing import Any, Protocol
+
+from gateway.pipeline.finalizer import Finalizer
+from gateway.records import BatchStatus
+from gateway.store.base import BatchRecord, Coordination, Queue, Store, now
+
+log = logging.getLogger("batchyard.coordinator")
+
+STALE_VALIDATION_SECONDS = 10  # a batch validating this long with no lease held was left by a dead process
+_FILE_SWEEP_SECONDS = 5.0  # a cheap indexed query; expired files should not linger
+
+
+class Intake(Protocol):
+    """What the sweep asks of the batch service (`gateway.api.service.BatchService`), which sits above
+    the pipeline and is handed in."""
+
+    async def validate(self, batch_id: str) -> None: ...
+
+    async def delete_expired_files(self) -> int: ...
+
+
+class Coordinator:
+    def __init__(
+        self, store: Store, queue: Queue, coordination: Coordination, service: Intake, finalizer: Finalizer,
+        *, name: str, routes: Collection[str], spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
+        heartbeat: float, sweep_every: float,
+    ) -> None:
+        self.store, self.queue, self.coordination = store, queue, coordination
+        self.service, self.finalizer = service, finalizer
+        self.name, self.routes = name, sorted(routes)
+        self._spawn = spawn
+        self._heartbeat, self._sweep_every = heartbeat, sweep_every
+        self._started_at = now()
+        self._files_swept_at = 0.0
+
+    # -- the loops -----------------------------------------------------------------
+
+    async def beat(self) -> None:
+        info = {"name": self.name, "host": socket.gethostname(), "pid": os.getpid(), "routes": self.routes,
+                "started_at": self._started_at, "seen_at": now()}
+        await self.coordination.beat(self.name, info, ttl=self._heartbeat * 3)
+
+    def start(self, *, hosting: bool, sweeping: bool) -> None:
+        if hosting:
+            self._spawn(self._every(self._heartbeat, self.beat), "heartbeat")
+        if sweeping:
+            self._spawn(self._every(self._sweep_every, self.sweep), "sweeper")
+
+    async def _every(self, seconds: float, step: Callable[[], Awaitable[Any]]) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await step()
+            except Exception as exc:
+                log.warning("%s failed: %s", getattr(step, "__name__", step), exc)
+
+    async def stop(self, hosting: bool) -> None:
+        if hosting:
+            with contextlib.suppress(Exception):
+                await self.coordination.gone(self.name)
+
+    # -- the sweep ---------------------------------------------------------------------
+
+    async def sweep(self, *, stale_after: float = STALE_VALIDATION_SECONDS) -> None:
+        """Pick up what dead processes left (see the module docs). One process at a time."""
+        if not await self.coordination.acquire("sweep", max(self._sweep_every * 2, 5.0)):
+            return
+        try:
+            queued = set(await self.queue.queued())  # read before the shards: see put_missing
+            for batch in await self.store.active_batches():
+                await self._sweep_batch(batch, queued, stale_after)
+            alive = {w["name"] for w in await self.coordination.live_workers()}
+            await self.queue.tidy(alive)
+            if time.monotonic() - self._files_swept_at > _FILE_SWEEP_SECONDS:
+                self._files_swept_at = time.monotonic()
+                if gone := await self.service.delete_expired_files():
+                    log.info("deleted %d expired file(s)", gone)
+        finally:
+            await self.coordination.release("sweep")
+
+    async def _sweep_batch(self, batch: BatchRecord, queued: set[str], stale_after: float) -> None:
+        t = now()
+        if batch.expired_at is None and t >= batch.expires_at and batch.status is not BatchStatus.CANCELLING:
+            await self.store.update_batch(batch.id, {"expired_at": t})
+            if batch.status is BatchStatus.VALIDATING:
+                await self.store.update_batch(batch.id, {"status": BatchStatus.EXPIRED},
+                                              if_status={BatchStatus.VALIDATING})
+                return
+        if await self.coordination.held(f"validate:{batch.id}"):
+            return  # being validated or enqueued right now
+        if batch.status is BatchStatus.VALIDATING or (batch.status is BatchStatus.CANCELLING
+                                                      and batch.shards_total == 0):
+            if t - batch.created_at >= stale_after:
+                if batch.status is BatchStatus.VALIDATING:
+                    log.warning("batch %s was left validating; validating it again", batch.id)
+                self._spawn(self.service.validate(batch.id), f"validate-{batch.id}")
+            return
+        unfinished = await self.store.unfinished_shards(batch.id)
+        if not unfinished:
+            if not await self.coordination.held(f"finalize:{batch.id}"):
+                self._spawn(self.finalizer.finalize(batch.id), f"finalize-{batch.id}")
+            return
+        for shard in unfinished:
+            if shard.key in queued:
+                continue
+            if not shard.route:  # the shard of lines answered at validation: sealed already
+                await self.finalizer.finish_shard(shard)
+            elif await self.queue.put_missing(shard):
+                log.warning("shard %s was in no queue; enqueued it again", shard.key)
+
+    # -- health ------------------------------------------------------------------------
+
+    async def health(self, mode: str) -> dict[str, Any]:
+        waiting, in_flight = await self.queue.counts()
+        workers = await self.coordination.live_workers()
+        served = {r for w in workers for r in w["routes"]}
+        return {
+            "mode": mode,
+            "queue_depth": waiting,
+            "in_flight": in_flight,
+            "workers": [{"name": w["name"], "host": w["host"], "pid": w["pid"], "routes": w["routes"],
+                         "seen_at": w["seen_at"]} for w in workers],
+            "unserved_routes": sorted(r for r in waiting if r not in served),
+        }
+
+
+__all__ = ["STALE_VALIDATION_SECONDS", "Coordinator", "Intake"]

@@ -1,0 +1,193 @@
+"""The shard runner: claims shards from the `Queue`, runs them on a `Backend`,
+journals their results in the `Store`, and hands finished shards to the finalizer.
+
+A shard's attempts are counted in the store, by whichever process claims it,
+so a shard that kills every worker it reaches (or fails in every one) is given
+up after `MAX_ATTEMPTS`: its unfinished lines get `shard_failed` error results
+and the batch finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection, Coroutine
+from typing import Any
+
+from gateway import metrics
+from gateway.backends.interface import Backends, ShardAwareBackend
+from gateway.config.schema import Config
+from gateway.json_codec import loads
+from gateway.pipeline.lifecycle import GIVEN_UP, LOST, MAX_ATTEMPTS, StopReason, stop_reason
+from gateway.pipeline.merge import seal_shard
+from gateway.records import BatchRequest, Result, Shard
+from gateway.store.base import Blobs, Delivery, Queue, Store, read_lines
+
+log = logging.getLogger("batchyard.runner")
+
+_FLUSH_EVERY = 64  # results per journal write
+_FLUSH_SECONDS = 0.25
+_POLL_SECONDS = 0.5  # how often a running shard looks for cancel and expiry
+
+
+Prices = tuple[float, float]  # USD per input token, per output token
+
+
+def route_prices(config: Config, route: str) -> Prices | None:
+    """The route's per-token prices from its `model_info`, if the config gives any."""
+    if route not in config.routes:
+        return None
+    info = config.routes[route].model_info
+    inp, out = info.get("input_cost_per_token"), info.get("output_cost_per_token")
+    if inp is None and out is None:
+        return None
+    return float(inp or 0), float(out or 0)
+
+
+def price(prices: Prices | None, result: Result) -> None:
+    """Give a result the route's prices when its backend did not price it (local routes)."""
+    if prices is None or result.cost_usd is not None or not result.ok:
+        return
+    usage = result.usage
+    result.cost_usd = usage.input_tokens * prices[0] + usage.output_tokens * prices[1]
+
+
+class ShardRunner:
+    def __init__(
+        self, config: Config, store: Store, blobs: Blobs, queue: Queue, backends: Backends,
+        *, finish_shard: Callable[[Shard], Awaitable[None]], routes: Collection[str] | None,
+        spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
+    ) -> None:
+        # `finish_shard`: the finalizer's, handed in (a later stage; the runner does not import it).
+        self.config, self.store, self.blobs, self.queue = config, store, blobs, queue
+        self.backends, self._finish_shard = backends, finish_shard
+        self.routes = set(routes) if routes is not None else None  # None: every route
+        self._spawn = spawn
+        self._running: dict[str, asyncio.Task[Any]] = {}  # delivery token -> the task running it
+        self._closing = False
+        queue.on_lost = self._lost
+
+    async def loop(self) -> None:
+        slots = asyncio.Semaphore(self.config.batch.max_shards_in_flight)
+        while not self._closing:
+            await slots.acquire()
+            try:
+                delivery = await self.queue.get(self.routes, timeout=1.0)
+            except Exception:
+                slots.release()
+                log.exception("queue read failed; retrying")
+                await asyncio.sleep(1.0)
+                continue
+            if delivery is None:
+                slots.release()
+                continue
+            task = self._spawn(self._process(delivery), f"shard-{delivery.shard.key}")
+            task.add_done_callback(lambda _t: slots.release())
+
+    def close(self) -> None:
+        self._closing = True
+
+    async def _process(self, delivery: Delivery) -> None:
+        shard = delivery.shard
+        task = asyncio.current_task()
+        assert task is not None
+        self._running[delivery.token] = task
+        try:
+            attempts = await self.store.begin_attempt(shard)
+            if attempts > MAX_ATTEMPTS:
+                log.error("shard %s: giving up after %d attempts", shard.key, attempts - 1)
+                await seal_shard(self.store, self.blobs, shard, missing=GIVEN_UP)
+                await self._finish_shard(shard)
+            else:
+                await self.run_shard(shard)
+            await self.queue.ack(delivery)
+        except asyncio.CancelledError:
+            if self._running.get(delivery.token) is not None and not self._closing:
+                raise
+            # closing (the queue hands it back) or taken over by another worker: it runs the rest
+        except Exception:
+            log.exception("shard %s failed; handing it back", shard.key)
+            with contextlib.suppress(Exception):
+                await asyncio.sleep(1.0)
+                await self.queue.hand_back(delivery)
+        finally:
+            self._running.pop(delivery.token, None)
+
+    def _lost(self, token: str) -> None:
+        task = self._running.pop(token, None)
+        if task is not None:
+            task.cancel()
+
+    async def run_shard(self, shard: Shard) -> None:
+        """Run a shard's unfinished requests, seal it, and finalize the batch if it was the last."""
+        if await self.blobs.size(shard.results_key) is not None:
+            await self._finish_shard(shard)  # sealed before a crash; only the bookkeeping is left
+            return
+        batch = await self.store.get_batch(shard.batch_id)
+        if batch is None:
+            return
+        reason = stop_reason(batch)
+        if reason is None:
+            requests = [
+                BatchRequest.from_json(loads(raw))
+                async for raw in read_lines(self.blobs, shard.requests_key)
+                if raw
+            ]
+            recorded = await self.store.recorded_lines(shard)
+            todo = [r for r in requests if r.line not in recorded]
+            if todo:
+                reason = await self._execute(shard, batch.owner, todo)
+        if reason is None:
+            await seal_shard(self.store, self.blobs, shard, missing=None)
+        await self._finish_shard(shard)
+
+    async def _execute(self, shard: Shard, owner: str, todo: list[BatchRequest]) -> StopReason | None:
+        backend = await self.backends.get(shard.route)
+        buffer: list[Result] = []
+        flushed_at = time.monotonic()
+
+        async def flush() -> None:
+            nonlocal buffer, flushed_at
+            if buffer:
+                done, buffer = buffer, []
+                await self.store.record_results(shard, done)
+                metrics.observe_results(owner, shard.route, done)
+            flushed_at = time.monotonic()
+
+        if isinstance(backend, ShardAwareBackend):
+            results = backend.execute_shard(shard, todo)
+        else:
+            results = backend.execute(todo)
+
+        prices = route_prices(self.config, shard.route)  # once per shard: results come by the thousand
+
+        async def consume() -> None:
+            async for result in results:
+                price(prices, result)
+                buffer.append(result)
+                if len(buffer) >= _FLUSH_EVERY or time.monotonic() - flushed_at > _FLUSH_SECONDS:
+                    await flush()
+
+        consumer = asyncio.create_task(consume(), name=f"shard-{shard.key}")
+        try:
+            while True:
+                finished, _ = await asyncio.wait({consumer}, timeout=_POLL_SECONDS)
+                if finished:
+                    consumer.result()  # a bug in a backend surfaces here
+                    return None
+                await flush()  # slow results still get recorded promptly
+                batch = await self.store.get_batch(shard.batch_id)
+                reason = stop_reason(batch) if batch is not None else LOST
+                if reason is not None:
+                    return reason
+        finally:
+            if not consumer.done():
+                consumer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await consumer
+            await flush()
+
+
+__all__ = ["ShardRunner", "price", "route_prices"]

@@ -1,0 +1,99 @@
+"""The finalizer: a batch whose shards are all finished becomes its output files.
+
+Seal what is left unsealed (requests that never ran get error results), k-way
+merge the sealed shards into the output and error files, record usage, cost
+and per-route facts, and set the final status. Under a lease, so one process
+does it; idempotent, so a finalizer that died mid-way can be run again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from gateway.backends.interface import RouteReporter
+from gateway.pipeline.lifecycle import CANCELLED, EXPIRED, LOST, derived_id, expiry, stop_reason
+from gateway.pipeline.merge import merge_shards, seal_shard
+from gateway.records import BatchStatus, Shard
+from gateway.store.base import Blobs, Coordination, FileRecord, Store, now
+
+log = logging.getLogger("batchyard.finalizer")
+
+class Finalizer:
+    def __init__(
+        self, store: Store, blobs: Blobs, coordination: Coordination,
+        reporter: Callable[[str], RouteReporter | None],
+    ) -> None:
+        # `reporter(route)`: the route's backend when it summarises routes for finalize (native batches), else
+        # None. Only that hook, not the backends: finalizing never starts an engine or builds a Router.
+        self.store, self.blobs, self._coordination, self._reporter = store, blobs, coordination, reporter
+
+    async def finish_shard(self, shard: Shard) -> None:
+        """Mark a shard finished; finalize its batch if it was the last."""
+        if await self.store.finish_shard(shard) == 0:
+            await self.finalize(shard.batch_id)
+
+    async def finalize(self, batch_id: str) -> None:
+        async with self._coordination.lease(f"finalize:{batch_id}") as ours:
+            if ours:
+                await self._finalize(batch_id)
+
+    async def _finalize(self, batch_id: str) -> None:
+        batch = await self.store.get_batch(batch_id)
+        if batch is None or batch.status.finished:
+            return
+        reason = stop_reason(batch)
+        if batch.status is BatchStatus.IN_PROGRESS and reason is None:
+            await self.store.update_batch(batch_id, {"status": BatchStatus.FINALIZING, "finalizing_at": now()},
+                                          if_status={BatchStatus.IN_PROGRESS})
+        shards = await self.store.get_shards(batch_id)
+        for shard in shards:
+            await seal_shard(self.store, self.blobs, shard, missing=reason or LOST)
+        output_id = derived_id("file", batch_id, "output")
+        error_id = derived_id("file", batch_id, "errors") if batch.options.split_errors else None
+        summary, n_out, n_err = await merge_shards(
+            self.blobs, shards, f"files/{output_id}", f"files/{error_id}" if error_id else None,
+            run_batch_errors=batch.options.run_batch_errors,
+        )
+        created = now()
+        expires_at = expiry(batch.output_expires_after, created, "output_expires_after")
+        routes: dict[str, Any] = {**batch.routes, "summary": summary.to_json()}
+        for name, stats in (await self.store.route_stats(batch_id)).items():
+            if name:
+                routes[name] = {**routes.get(name, {}), **stats.to_json()}
+        reporters = self._reporters(shards)
+        for name, reporter in reporters.items():
+            routes[name] = {**routes.get(name, {}), **await reporter.route_summary(batch_id, name)}
+        fields: dict[str, Any] = {"routes": routes}
+        for file_id, count, what in ((output_id, n_out, "output"), (error_id, n_err, "error")):
+            if file_id is None:
+                continue
+            key = f"files/{file_id}"
+            if count == 0 and (what == "error" or batch.options.split_errors):
+                await self.blobs.delete(key)
+                continue
+            size = await self.blobs.size(key) or 0
+            await self.store.put_file(FileRecord(file_id, batch.owner, size, created, f"{batch_id}_{what}.jsonl",
+                                                 "batch_output", expires_at, key))
+            fields[f"{what}_file_id"] = file_id
+        if reason is CANCELLED:
+            fields.update(status=BatchStatus.CANCELLED, cancelled_at=now())
+        elif reason is EXPIRED:
+            fields.update(status=BatchStatus.EXPIRED, expired_at=batch.expired_at or now())
+        else:
+            fields.update(status=BatchStatus.COMPLETED, completed_at=now())
+        await self.store.update_batch(batch_id, fields)
+        await self.blobs.delete_prefix(f"batches/{batch_id}")
+        for reporter in reporters.values():  # after the record holds the summary: a re-run still finds the state
+            await reporter.forget_batch(batch_id)
+
+    def _reporters(self, shards: list[Shard]) -> dict[str, RouteReporter]:
+        found: dict[str, RouteReporter] = {}
+        for route in sorted({s.route for s in shards if s.route}):
+            if (reporter := self._reporter(route)) is not None:
+                found[route] = reporter
+        return found
+
+
+__all__ = ["Finalizer"]

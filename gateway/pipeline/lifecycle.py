@@ -1,0 +1,65 @@
+"""A batch's lifecycle rules, in one place every stage may import.
+
+- Why a batch's requests must stop (`stop_reason`) and the error each unrun
+  request then gets (`StopReason`: a code and a message).
+- When a file or batch expires (`expiry`, from OpenAI's `expires_after` objects).
+- The ids derived from a batch id (`derived_id`), so work done twice lands once.
+
+It depends on the records and the store's record types only: the runner, the
+finalizer, the coordinator and the native-batch backend all ask it, so it must
+sit below all of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.batch_params import ExpiresAfter, checked
+from gateway.records import BatchStatus
+from gateway.store.base import BatchRecord, now
+
+StopReason = tuple[str, str]  # (error code, message) for each request that will not run
+CANCELLED: StopReason = ("batch_cancelled", "The batch was cancelled before this request ran.")
+EXPIRED: StopReason = ("batch_expired", "The batch expired before this request ran.")
+LOST: StopReason = ("internal_error", "No result was recorded for this request.")
+
+MAX_ATTEMPTS = 3  # a shard that failed (or killed its worker) this often is given up
+GIVEN_UP: StopReason = (
+    "shard_failed",
+    f"The request's shard was attempted {MAX_ATTEMPTS} times and failed each time (a worker died or errored "
+    "while running it); the request was not run again.",
+)
+
+NO_EXPIRY = 10 * 365 * 86_400  # the CLI's batches don't expire
+
+
+def stop_reason(batch: BatchRecord) -> StopReason | None:
+    """Why a batch's requests must not run any more, if they mustn't."""
+    if batch.status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
+        return CANCELLED
+    if batch.expired_at is not None or now() >= batch.expires_at:
+        return EXPIRED
+    if batch.status.finished:
+        return LOST
+    return None
+
+
+def derived_id(prefix: str, batch_id: str, what: str) -> str:
+    # Output file ids follow from the batch id (128 random bits), so finalizing
+    # twice (a retry after a crash) writes the same files instead of new ones.
+    return f"{prefix}-{hashlib.sha256(f'{batch_id}:{what}'.encode()).hexdigest()[:32]}"
+
+
+def expiry(expires_after: ExpiresAfter | Mapping[str, Any] | None, created_at: int, param: str) -> int | None:
+    """The expiry time an `expires_after` object ({anchor: created_at, seconds}) gives; checked by its model."""
+    if not expires_after:
+        return None
+    return checked(ExpiresAfter, expires_after, param).at(created_at)
+
+
+__all__ = [
+    "CANCELLED", "EXPIRED", "GIVEN_UP", "LOST", "MAX_ATTEMPTS", "NO_EXPIRY", "StopReason", "derived_id", "expiry",
+    "stop_reason",
+]

@@ -1,0 +1,159 @@
+"""Validate and plan: one streamed pass over the input file.
+
+Each good line is appended to the open shard of its route; a shard is sealed
+when it holds `shard_size` requests. Lines answered in place (the CLI's
+lenient mode) go, in input order, to a pre-finished shard of results. Memory
+holds one open shard writer per route and the set of custom_ids, never lines.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from gateway.config.schema import Config
+from gateway.errors import LINE_HTTP_STATUS, LineCode, LineError
+from gateway.json_codec import dumps
+from gateway.pipeline.validate import FATAL_CODES, LineChecker, LineProblem
+from gateway.records import Endpoint, Result, Shard
+from gateway.store.base import Blobs, BlobWriter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PlanOutcome:
+    shards: list[Shard] = field(default_factory=list)
+    answered: Shard | None = None  # the pre-finished shard of per-line errors, if any
+    errors: list[LineError] = field(default_factory=list)  # fatal (or, strict, all) problems, capped
+    error_count: int = 0
+    total: int = 0  # requests, including those answered in place
+    models: set[str] = field(default_factory=set)
+
+    @property
+    def failed(self) -> bool:
+        return self.error_count > 0
+
+
+@dataclass(slots=True)
+class _OpenShard:
+    shard: Shard
+    writer: BlobWriter
+
+
+class Planner:
+    def __init__(
+        self, config: Config, blobs: Blobs, batch_id: str, *, endpoint: Endpoint | None, strict: bool,
+        allowed_models: list[str] | None, run_batch_rules: bool | None = None,
+    ) -> None:
+        """`run_batch_rules`: repeated custom_ids are answered line by line, as vLLM's run_batch does
+        (default: what the config says, i.e. true only for the config `batchyard run --model` implies)."""
+        self._config, self._blobs, self._batch_id, self._strict = config, blobs, batch_id, strict
+        if run_batch_rules is None:
+            run_batch_rules = config.run_batch_rules
+        self._checker = LineChecker(
+            config, endpoint=endpoint, allowed_models=allowed_models, allow_duplicates=run_batch_rules
+        )
+        self._open: dict[str, _OpenShard] = {}
+        self._answered: _OpenShard | None = None
+        self._next_index = 0
+        self.outcome = PlanOutcome()
+
+    def _new_shard(self, route: str) -> _OpenShard:
+        shard = Shard(self._batch_id, self._next_index, route, 0)
+        self._next_index += 1
+        key = shard.results_key if route == "" else shard.requests_key
+        return _OpenShard(shard, self._blobs.writer(key))
+
+    def _fail(self, error: LineError) -> None:
+        self.outcome.error_count += 1
+        if len(self.outcome.errors) < self._config.batch.limits.max_errors_listed:
+            self.outcome.errors.append(error)
+
+    async def plan(self, lines: AsyncIterator[bytes]) -> PlanOutcome:
+        limits = self._config.batch.limits
+        try:
+            number = 0
+            async for raw in lines:
+                number += 1
+                checked = self._checker.check(raw, number)
+                if checked is None:
+                    continue
+                self.outcome.total += 1
+                if self.outcome.total > limits.max_lines:
+                    self._fail(
+                        LineError(
+                            LineCode.TOO_MANY_TASKS, f"the file has more than {limits.max_lines} requests", number
+                        )
+                    )
+                    break
+                if isinstance(checked, LineError):
+                    self._fail(checked)
+                elif isinstance(checked, LineProblem):
+                    if self._strict or checked.error.code in FATAL_CODES:
+                        self._fail(checked.error)
+                    else:
+                        await self._answer(checked)
+                else:
+                    self.outcome.models.add(checked.model)
+                    route = self._config.routes[checked.model].model_name
+                    await self._append(route, dumps(checked.to_json()))
+            if self.outcome.total == 0 and not self.outcome.failed:
+                # Kept in run_batch mode too: `batchyard run --model` answers an empty file before planning.
+                self._fail(LineError(LineCode.EMPTY_FILE, "the file contains no requests"))
+            if self._checker.repeats and not self.outcome.failed:
+                cid, line = self._checker.first_repeat or ("", 0)
+                log.warning(
+                    "%d line(s) repeat a custom_id seen before (first: %r on line %d); each is answered in its "
+                    "own input position, as vLLM's run_batch does", self._checker.repeats, cid, line,
+                )
+            await self._close(commit=not self.outcome.failed)
+        except BaseException:
+            await self._close(commit=False)
+            raise
+        return self.outcome
+
+    async def _append(self, route: str, data: bytes) -> None:
+        if self.outcome.failed:
+            return  # keep validating, but stop writing shards nobody will run
+        open_ = self._open.get(route)
+        if open_ is None:
+            open_ = self._open[route] = self._new_shard(route)
+        await open_.writer.write(data + b"\n")
+        open_.shard.size += 1
+        if open_.shard.size >= self._config.batch.shard_size:
+            del self._open[route]
+            await open_.writer.commit()
+            self.outcome.shards.append(open_.shard)
+
+    async def _answer(self, problem: LineProblem) -> None:
+        if self.outcome.failed:
+            return
+        status, type_ = LINE_HTTP_STATUS[problem.error.code]
+        result = Result.http_error(
+            problem.error.line or 0, problem.custom_id, status, problem.error.message, type_=type_,
+            code=problem.error.code.value, model=problem.model,
+        )
+        if self._answered is None:
+            self._answered = self._new_shard("")
+        await self._answered.writer.write(dumps(result.to_json()) + b"\n")
+        self._answered.shard.size += 1
+
+    async def _close(self, *, commit: bool) -> None:
+        pending = list(self._open.values())
+        self._open.clear()
+        for open_ in pending:
+            if commit:
+                await open_.writer.commit()
+                self.outcome.shards.append(open_.shard)
+            else:
+                await open_.writer.abort()
+        if self._answered is not None:
+            if commit:
+                await self._answered.writer.commit()
+                self.outcome.answered = self._answered.shard
+            else:
+                await self._answered.writer.abort()
+            self._answered = None
+        self.outcome.shards.sort(key=lambda s: s.index)
