@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
-from gateway.cli import build_parser
-from gateway.config import parse_config
-from gateway.routes import RouteKind
+from gateway.cli.main import build_parser
+from gateway.config.routes import RouteKind
+from gateway.config.schema import parse_config
 from gateway.store.keys import GROUP, Keys
 
 
-def fail(where: str, message: str) -> None:
+def fail(where: str, message: str) -> NoReturn:
     raise SystemExit(f"chart_check.py: {where}: {message}")
 
 

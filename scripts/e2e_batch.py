@@ -21,7 +21,7 @@ import json
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import boto3
 import redis
@@ -48,7 +48,7 @@ def batch_lines(n_upstream: int, n_local: int) -> list[dict[str, Any]]:
     return lines
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     raise SystemExit(f"e2e_batch: FAILED: {message}")
 
 
@@ -146,13 +146,14 @@ def main() -> int:
     counts = batch.request_counts
     if counts is None or (counts.total, counts.completed, counts.failed) != (len(lines), len(lines), 0):
         fail(f"request_counts {counts}, want {len(lines)} completed of {len(lines)}")
+    if batch.output_file_id is None:
+        fail("a completed batch without an output file")
     if batch.error_file_id is not None:
         fail(f"an error file: {client.files.content(batch.error_file_id).text[:300]}")
     running = subprocess.run([args.podman, "inspect", "--format", "{{.State.Running}}", killed],
                              capture_output=True, text=True, check=True).stdout.strip()
     if running != "false":
         fail(f"{killed} is running again: the other worker did not have to take its shards over")
-    assert batch.output_file_id is not None
     check_output(lines, client.files.content(batch.output_file_id).text)
 
     s3 = boto3.client("s3", endpoint_url=args.s3_endpoint, region_name="us-east-1",
