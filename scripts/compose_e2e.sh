@@ -108,7 +108,14 @@ TORCH_PIN="$(sed -n 's/^torch==\([^ ]*\).*/\1/p' requirements/cpu.lock)"
 if WHEEL="$(ls /opt/wheels/torch-"$TORCH_PIN"-*.whl 2>/dev/null | head -1)" && [[ -n "$WHEEL" ]]; then
     mkdir -p "$TMP/idx/torch"
     ln "$WHEEL" "$TMP/idx/torch/" 2>/dev/null || cp "$WHEEL" "$TMP/idx/torch/"
-    PORT="$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    # The index URL is a build arg, so part of the layer cache's key: a fixed port keeps warm builds cached.
+    PORT="$("$PY" -c '
+import socket
+for port in (38765, 0):
+    try:
+        s = socket.socket(); s.bind(("127.0.0.1", port)); print(s.getsockname()[1]); break
+    except OSError:
+        pass')"
     python3 -m http.server "$PORT" --bind 127.0.0.1 --directory "$TMP/idx" >/dev/null 2>&1 &
     HTTP_PID=$!
     TORCH_ARGS=(--build-arg "TORCH_INDEX_URL=http://127.0.0.1:$PORT/")
@@ -116,6 +123,7 @@ fi
 timed "build batchyard:cpu (docker/Dockerfile)" quiet podman build --pull=never --network host "${TORCH_ARGS[@]}" \
     --ignorefile docker/Dockerfile.dockerignore -f docker/Dockerfile -t localhost/batchyard:cpu .
 [[ -n "$HTTP_PID" ]] && kill "$HTTP_PID" && HTTP_PID=""
+podman image prune -f >/dev/null   # earlier builds' layers: the storage does not grow run after run
 
 # -- 2. the locks on the image's Python -----------------------------------------------------------------
 # async-timeout comes from runtime.lock's marker line (nothing else installs it). pip check may only
@@ -136,7 +144,8 @@ PY
 # -- 3. the stack ---------------------------------------------------------------------------------------
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 MODELS="$ROOT/.batchyard/models"
-timed "tiny models" "$PY" -m local_engine.tiny_model "$MODELS" >/dev/null
+timed "tiny models" quiet "$PY" -m local_engine.tiny_model "$MODELS"
+chmod -R a+rX "$MODELS"   # the containers run as uid 10001; the weights are written 0600 (via a temp file)
 export BATCHYARD_CONFIG_DIR="$ROOT/docker/e2e" BATCHYARD_E2E_TESTS="$ROOT/tests" BATCHYARD_E2E_MODELS="$MODELS"
 export BATCHYARD_MASTER_KEY="sk-e2e-$RANDOM$RANDOM" OPENAI_API_KEY=sk-upstream VLLM_CPU_KVCACHE_SPACE=1
 export BATCHYARD_PORT="$(free_port)" BATCHYARD_MINIO_PORT="$(free_port)" BATCHYARD_MINIO_CONSOLE_PORT="$(free_port)"

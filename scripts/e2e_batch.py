@@ -30,7 +30,7 @@ from openai import OpenAI
 from gateway.store.keys import GROUP, Keys
 
 UPSTREAM, LOCAL = "gpt-4o-mini", "tiny-llama"  # docker/e2e/team.yaml's two routes
-UPSTREAM_DELAY_MS = 4000  # each upstream line waits this long (the stand-in's #sleep): shards stay in flight
+UPSTREAM_DELAY_MS = 6000  # each upstream line waits this long (the stand-in's #sleep): shards stay in flight
 
 
 def batch_lines(n_upstream: int, n_local: int) -> list[dict[str, Any]]:
@@ -128,9 +128,11 @@ def main() -> int:
         done = batch.request_counts.completed if batch.request_counts else 0
         if batch.status in ("completed", "failed", "expired", "cancelled"):
             break
-        if killed is None and done >= 1:
+        if killed is None and batch.status == "in_progress":
             held = holders(r, workers, args.podman)
-            if held:
+            print(f"e2e_batch: {time.monotonic() - started:5.1f}s {batch.status}: {done}/{len(lines)} done, "
+                  f"in flight: {held or 'none'}", flush=True)
+            if held and done >= 1:
                 killed, held_at_kill = max(held, key=lambda name: held[name]), max(held.values())
                 subprocess.run([args.podman, "kill", "--signal", "KILL", killed], check=True, capture_output=True)
                 print(f"e2e_batch: killed {killed} at {done}/{len(lines)} lines done, holding {held_at_kill} "
