@@ -64,9 +64,10 @@ def holders(r: redis.Redis, workers: list[str], podman: str) -> dict[str, int]:
     keys = Keys()
     for stream in r.scan_iter(match=keys.stream_pattern):
         for consumer in r.xinfo_consumers(stream, GROUP):
-            host = str(consumer["name"]).split("-", 1)[0]
-            if host in hostnames and int(consumer["pending"]) > 0:
-                held[hostnames[host]] = held.get(hostnames[host], 0) + int(consumer["pending"])
+            # A worker's consumer name starts with its host name (gateway.runtime.worker_name: host:pid).
+            for host, container in hostnames.items():
+                if str(consumer["name"]).startswith(host) and int(consumer["pending"]) > 0:
+                    held[container] = held.get(container, 0) + int(consumer["pending"])
     return held
 
 
