@@ -75,7 +75,7 @@ async def _one_batch(config_raw: dict, redis_url: str, storage: str, n: int) -> 
         batch = await api.service.create_batch("", input_file_id=source.id, endpoint="/v1/chat/completions",
                                        completion_window="24h")
         while True:
-            rec = await api.store.get_batch(batch.id)
+            rec = await api.store.batches.get(batch.id)
             assert rec is not None
             if rec.status.finished:
                 break

@@ -7,8 +7,11 @@ creates a batch, and polls it until it finishes; meanwhile a prober times
 `GET /v1/batches/{id}`. All batches must complete with every custom_id once.
 Prints throughput (and its ratio to `batchyard run` on the same lines, in one
 file, measured in the same run), the probe's p50/p99, the server's peak RSS
-(the API process and its worker processes), and the peak RSS while one large
-file is uploaded (flat: the upload is streamed to disk).
+(the API process and its worker processes), the peak RSS while one large
+file is uploaded (flat: the upload is streamed to disk), and the probe's p99
+while a `--validate-lines` file validates (off the API's event loop: the aim
+is p99 <= 50 ms; the file's last line is bad, so the batch fails once
+validated and never runs).
 Not a test: a shared 2-core machine is noisy; the upstream runs beside it.
 """
 
@@ -138,6 +141,8 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=1_000)
     parser.add_argument("--upload-mb", type=int, default=200)
     parser.add_argument("--workers", type=int, default=None, help="serve --workers (default: the product's)")
+    parser.add_argument("--validate-lines", type=int, default=200_000,
+                        help="lines of the file validated while GET /v1/batches is probed (default 200000; 0: skip)")
     args = parser.parse_args()
     mib = 1024 * 1024
     with start_upstream() as upstream, tempfile.TemporaryDirectory() as tmp:
@@ -167,6 +172,7 @@ def main() -> None:
                     files={"file": ("big.jsonl", b"".join(_chunks(args.upload_mb * mib)))},
                 )
             assert reply.status_code == 200, reply.text[:500]
+            validation = _validation_probe(gw, args.validate_lines) if args.validate_lines else None
         run_rate = _run_rate(config, Path(tmp), args.clients, args.lines)
     lat = sorted(latencies)
     print(f"\nserver load: {args.clients} clients x {args.lines}-line batches against a loopback upstream")
@@ -180,6 +186,34 @@ def main() -> None:
               f"   ({len(lat)} probes)")
     print(f"  server peak RSS under load {load_rss.peak / mib:7.0f} MiB   (idle {idle_rss / mib:.0f} MiB)")
     print(f"  server peak RSS during a {args.upload_mb} MB upload {upload_rss.peak / mib:7.0f} MiB")
+    if validation is not None:
+        seconds, during = validation
+        p99 = during[min(len(during) - 1, int(0.99 * len(during)))]
+        print(f"  GET /v1/batches while {args.validate_lines} lines validate ({seconds:.1f} s): p50 "
+              f"{1000 * statistics.median(during):6.1f} ms   p99 {1000 * p99:6.1f} ms   ({len(during)} probes;"
+              " aim p99 <= 50 ms)")
+    print(f"  load average {os.getloadavg()[0]:.1f} (1 min)")
+
+
+def _validation_probe(gw: Gateway, lines: int) -> tuple[float, list[float]]:
+    """Seconds a `lines`-line file took to validate, and the GET /v1/batches latencies meanwhile (sorted)."""
+    row = {"custom_id": "", "method": "POST", "url": "/v1/chat/completions",
+           "body": {"model": "gpt-mini", "messages": [{"role": "user", "content": "hello there, how are you?"}]}}
+    data = "".join(json.dumps({**row, "custom_id": f"v{i}"}) + "\n" for i in range(lines - 1)) + "{bad\n"
+    client = gw.client(None)
+    source = client.files.create(file=("validate.jsonl", data.encode()), purpose="batch")
+    latencies: list[float] = []
+    with httpx.Client(base_url=gw.url, timeout=60) as http:
+        started = time.perf_counter()
+        batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+        while client.batches.retrieve(batch.id).status == "validating":
+            t = time.perf_counter()
+            http.get("/v1/batches", params={"limit": 5})
+            latencies.append(time.perf_counter() - t)
+            time.sleep(0.01)
+        seconds = time.perf_counter() - started
+    return seconds, sorted(latencies)
 
 
 if __name__ == "__main__":

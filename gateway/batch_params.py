@@ -48,15 +48,22 @@ Metadata = Annotated[
 ]
 _METADATA: TypeAdapter[dict[str, str]] = TypeAdapter(Metadata)
 
-NonEmpty = Annotated[StrictStr, Field(min_length=1)]
+def _present(value: Any) -> Any:
+    # OpenAI answers null and "" for a required parameter as it answers its absence
+    if value is None or value == "":
+        raise PydanticCustomError("missing", "Field required")
+    return value
+
+
+Required = Annotated[StrictStr, BeforeValidator(_present)]
 
 
 class CreateBatch(BaseModel):
     """The body of `POST /v1/batches`. Keys OpenAI's API has and we do not use are ignored, as before."""
 
-    input_file_id: NonEmpty
-    endpoint: NonEmpty
-    completion_window: NonEmpty
+    input_file_id: Required
+    endpoint: Required
+    completion_window: Required
     metadata: Metadata | None = None
     output_expires_after: ExpiresAfter | None = None
 

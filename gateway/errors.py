@@ -19,6 +19,7 @@ class LineCode(str, enum.Enum):
     INVALID_JSON_LINE = "invalid_json_line"
     MISSING_REQUIRED_PARAMETER = "missing_required_parameter"
     INVALID_REQUEST = "invalid_request"
+    INVALID_TYPE = "invalid_type"
     INVALID_URL = "invalid_url"
     DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
     MODEL_NOT_FOUND = "model_not_found"
@@ -89,5 +90,23 @@ class TooLarge(GatewayError):
     """An input over a configured size limit."""
 
 
-def not_found(kind: str, id_: str) -> NotFound:
-    return NotFound(f"No such {kind}: '{id_}'", code="not_found")
+class OverQuota(GatewayError):
+    """A team's quota would be exceeded (the code names the quota): try again once batches finish."""
+
+
+def invalid_value(value: object, supported: list[str], param: str) -> InvalidRequest:
+    """OpenAI's refusal of a value outside an enum: "Invalid value: 'x'. Supported values are: 'a', and 'b'."."""
+    quoted = [f"'{v}'" for v in supported]
+    listed = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + f", and {quoted[-1]}"
+    shown = str(value) if len(str(value)) <= 64 else str(value)[:64] + "…"
+    return InvalidRequest(f"Invalid value: '{shown}'. Supported values are: {listed}.", param=param,
+                          code="invalid_value")
+
+
+# OpenAI's own wording for an unknown id (its code is null; ours names the kind of refusal).
+_NOT_FOUND = {"file": "No such File object: {id}", "batch": "No batch found with id '{id}'."}
+
+
+def not_found(kind: str, id_: str, param: str | None = None) -> NotFound:
+    message = _NOT_FOUND.get(kind, "No such {kind} object: {id}").format(kind=kind, id=id_)
+    return NotFound(message, code="not_found", param=param)

@@ -8,9 +8,14 @@ an embedded worker process):
   successful results;
 - `batchyard_cost_usd_total{team, route}`: what those results cost;
 - `batchyard_requests_in_flight{route}`: requests being executed right now;
+- `batchyard_team_requests_in_flight{team, route}`: the same by team (its share
+  of the route is this over the route's total);
 - `batchyard_request_duration_seconds{route}`: upstream/engine latency of each call.
 
-What describes shared state (`batchyard_queue_depth{route}`, `batchyard_batches{status}`)
+What describes shared state (`batchyard_queue_depth{route}`, `batchyard_batches{status}`,
+and per team `batchyard_team_requests_queued`, `batchyard_team_active_batches`,
+`batchyard_team_weight`, `batchyard_team_quota_headroom{quota}`,
+`batchyard_team_spend_usd` and `batchyard_team_max_budget_usd`)
 is read from the Queue and the Store at scrape time by `SharedState`, so every API
 replica reports the same truth and nothing is summed across processes.
 
@@ -67,6 +72,7 @@ class _Metrics:
     tokens: Counter
     cost: Counter
     in_flight: Gauge
+    team_in_flight: Gauge
     latency: Histogram
 
 
@@ -88,6 +94,9 @@ def _metrics() -> _Metrics:
         cost=Counter("batchyard_cost_usd", "Cost of requests in US dollars, by team and route.", ["team", "route"]),
         in_flight=Gauge("batchyard_requests_in_flight", "Requests being executed (upstream or on an engine), "
                         "by route.", ["route"], multiprocess_mode="livesum"),
+        team_in_flight=Gauge("batchyard_team_requests_in_flight", "Requests being executed, by team and route "
+                             "(the team's share of the route: this over batchyard_requests_in_flight).",
+                             ["team", "route"], multiprocess_mode="livesum"),
         latency=Histogram("batchyard_request_duration_seconds", "Latency of each upstream or engine call, by route.",
                           ["route"], buckets=LATENCY_BUCKETS),
     )
@@ -115,14 +124,22 @@ def observe_results(team: str, route: str, results: Iterable[Result]) -> None:
             tokens_out += usage.output_tokens
         if result.cost_usd:
             cost += result.cost_usd
-    for status, n in requests.items():
-        m.requests.labels(team, route, status).inc(n)
+    observe_statuses(team, route, requests)
     if tokens_in:
         m.tokens.labels(team, route, "input").inc(tokens_in)
     if tokens_out:
         m.tokens.labels(team, route, "output").inc(tokens_out)
     if cost:
         m.cost.labels(team, route).inc(cost)
+
+
+def observe_statuses(team: str, route: str, requests: Mapping[str, int]) -> None:
+    """Count results by status, without tokens or cost (lines answered at validation, tallied as the
+    planner wrote them)."""
+    m = _metrics()
+    route = route or UNROUTED
+    for status, n in requests.items():
+        m.requests.labels(team, route, status).inc(n)
 
 
 _OWNERS: OrderedDict[str, str] = OrderedDict()
@@ -133,7 +150,7 @@ async def team_of(store: Store, batch_id: str) -> str:
     """The team (owner) of a batch, remembered: for a call site that has only the batch id."""
     owner = _OWNERS.get(batch_id)
     if owner is None:
-        batch = await store.get_batch(batch_id)
+        batch = await store.batches.get(batch_id)
         owner = batch.owner if batch is not None else ""
         _OWNERS[batch_id] = owner
         while len(_OWNERS) > _OWNERS_KEPT:
@@ -142,13 +159,18 @@ async def team_of(store: Store, batch_id: str) -> str:
 
 
 @contextlib.contextmanager
-def track_in_flight(route: str) -> Iterator[None]:
-    gauge = _metrics().in_flight.labels(route or UNROUTED)
-    gauge.inc()
+def track_in_flight(route: str, team: str | None = None) -> Iterator[None]:
+    m = _metrics()
+    gauges = [m.in_flight.labels(route or UNROUTED)]
+    if team is not None:
+        gauges.append(m.team_in_flight.labels(team, route or UNROUTED))
+    for gauge in gauges:
+        gauge.inc()
     try:
         yield
     finally:
-        gauge.dec()
+        for gauge in gauges:
+            gauge.dec()
 
 
 def observe_latency(route: str, seconds: float) -> None:
@@ -204,6 +226,7 @@ class SharedState:
 
     queue_depth: Mapping[str, int] = field(default_factory=dict)
     batches: Mapping[str, int] = field(default_factory=dict)
+    teams: Sequence[TeamState] = ()
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
@@ -216,6 +239,48 @@ class SharedState:
         for status, n in sorted(self.batches.items()):
             batches.add_metric([status], n)
         yield batches
+        yield from _team_families(self.teams)
+
+
+@dataclass(frozen=True, slots=True)
+class TeamState:
+    """One team's standing, read at scrape time (`gateway.api.teams_view`)."""
+
+    team: str
+    weight: float
+    queued: int  # requests of its unfinished batches without a result yet
+    active_batches: int
+    headroom: Mapping[str, float]  # quota name -> what is left (only the quotas the team has)
+    spend_usd: float  # in the current budget period
+    max_budget_usd: float | None
+
+
+def _team_families(teams: Sequence[TeamState]) -> Iterator[Any]:
+    from prometheus_client.core import GaugeMetricFamily
+
+    families = {
+        "queued": GaugeMetricFamily("batchyard_team_requests_queued", "Requests of a team's unfinished batches "
+                                    "without a result yet.", labels=["team"]),
+        "active": GaugeMetricFamily("batchyard_team_active_batches", "A team's unfinished batches.", labels=["team"]),
+        "weight": GaugeMetricFamily("batchyard_team_weight", "A team's weight in the fair share of a route.",
+                                    labels=["team"]),
+        "headroom": GaugeMetricFamily("batchyard_team_quota_headroom", "What is left of a team's quota, by quota "
+                                      "(max_active_batches, max_enqueued_requests, max_budget).",
+                                      labels=["team", "quota"]),
+        "spend": GaugeMetricFamily("batchyard_team_spend_usd", "A team's spend in its current budget period, USD.",
+                                   labels=["team"]),
+        "budget": GaugeMetricFamily("batchyard_team_max_budget_usd", "A team's max_budget, USD.", labels=["team"]),
+    }
+    for t in teams:
+        families["queued"].add_metric([t.team], t.queued)
+        families["active"].add_metric([t.team], t.active_batches)
+        families["weight"].add_metric([t.team], t.weight)
+        for quota, left in sorted(t.headroom.items()):
+            families["headroom"].add_metric([t.team, quota], left)
+        families["spend"].add_metric([t.team], t.spend_usd)
+        if t.max_budget_usd is not None:
+            families["budget"].add_metric([t.team], t.max_budget_usd)
+    yield from families.values()
 
 
 async def read_shared_state(store: Store, queue: Any, routes: Sequence[str]) -> SharedState:
@@ -224,7 +289,7 @@ async def read_shared_state(store: Store, queue: Any, routes: Sequence[str]) -> 
     if queue is not None:
         depth.update(await queue.depth())
     batches = {s.value: 0 for s in ACTIVE_STATUSES}
-    for batch in await store.active_batches():
+    for batch in await store.batches.active():
         batches[batch.status.value] = batches.get(batch.status.value, 0) + 1
     return SharedState(queue_depth=depth, batches=batches)
 
@@ -263,6 +328,6 @@ def _as_collector(obj: Any) -> Collector:
 
 
 __all__ = [
-    "SharedState", "multiprocess_dir", "observe_latency", "observe_results", "prepare_multiprocess_dir",
+    "SharedState", "TeamState", "multiprocess_dir", "observe_latency", "observe_results", "prepare_multiprocess_dir",
     "process_exited", "read_shared_state", "render", "team_of", "track_in_flight",
 ]

@@ -13,9 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def new_id(prefix: str) -> str:
-    """An id with 128 random bits from the OS's CSPRNG (OpenAI-style `prefix_hex`): for what callers name."""
-    return f"{prefix}_{secrets.token_hex(16)}"
+def new_id(prefix: str, sep: str = "_") -> str:
+    """An id with 128 random bits from the OS's CSPRNG, OpenAI-style: for what callers name.
+
+    OpenAI's batches are `batch_<hex>` and its files `file-<hex>` (clients check the
+    prefix), hence `sep`.
+    """
+    return f"{prefix}{sep}{secrets.token_hex(16)}"
 
 
 _fast = random.Random(secrets.randbits(128))
@@ -145,14 +149,17 @@ class Result:
     # What the request cost, when known (LiteLLM's price for an upstream call, the
     # config's per-token prices otherwise); None: not priced.
     cost_usd: float | None = None
+    # Token counts of a successful reply, read from its body once, when the result is built (every
+    # way of building one, `from_json` included, goes through `__post_init__`): the journal, the
+    # counters, route stats, metrics and pricing all read it.
+    usage: Usage = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.usage = Usage.from_body(self.body) if self.ok else Usage()
 
     @property
     def ok(self) -> bool:
         return self.status_code is not None and 200 <= self.status_code < 300
-
-    @property
-    def usage(self) -> Usage:
-        return Usage.from_body(self.body) if self.ok else Usage()
 
     @classmethod
     def failure(cls, req_line: int, custom_id: str, code: str, message: str, model: str = "") -> Result:
@@ -250,6 +257,10 @@ class Shard:
     index: int
     route: str  # the model_name of the route, or "" for the shard of plan-time errors
     size: int
+    # Set when the shard is queued (the store's shard table keeps neither): whose it is and when its batch
+    # expires, for the queue's fair pick (`gateway.fairness`).
+    team: str = ""
+    deadline: int = 0
 
     @property
     def key(self) -> str:
@@ -265,8 +276,10 @@ class Shard:
         return f"batches/{self.batch_id}/shards/{self.index:06d}.results.jsonl"
 
     def to_json(self) -> dict[str, Any]:
-        return {"batch_id": self.batch_id, "index": self.index, "route": self.route, "size": self.size}
+        return {"batch_id": self.batch_id, "index": self.index, "route": self.route, "size": self.size,
+                "team": self.team, "deadline": self.deadline}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Shard:
-        return cls(batch_id=data["batch_id"], index=data["index"], route=data["route"], size=data["size"])
+        return cls(batch_id=data["batch_id"], index=data["index"], route=data["route"], size=data["size"],
+                   team=data.get("team", ""), deadline=data.get("deadline", 0))

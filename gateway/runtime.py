@@ -5,6 +5,8 @@
   (None in a process that hosts none, like the API process with workers).
 - `finalizer` (`Finalizer`): merges a finished batch into its output files.
 - `coordinator` (`Coordinator`): heartbeats, expiry, and recovery.
+- `webhooks` (`WebhookSender`): the teams' batch webhooks, recorded in `store.webhooks`
+  before a batch ends and sent by the process that sweeps (one at a time).
 
 `open_embedded` hands the parts SQLite, a local directory and the SQLite queue
 (one machine, any number of processes); `open_shared` hands them Redis, S3 and
@@ -20,20 +22,33 @@ import os
 import socket
 from collections.abc import Collection, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.api.service import BatchService
 from gateway.backends.pool import BackendPool
 from gateway.config.schema import Config
+from gateway.pipeline.budget import Budgets
 from gateway.pipeline.coordinator import Coordinator
 from gateway.pipeline.execute import ShardRunner
 from gateway.pipeline.finalizer import Finalizer
 from gateway.store.base import Blobs, Coordination, Queue, Store
+from gateway.store.quota import QuotaLedger
+from gateway.webhooks.sender import WebhookSender
+from gateway.webhooks.targets import retry_policy, webhook_targets
+
+if TYPE_CHECKING:
+    from gateway.store.sqlite_queue import SQLiteQueue
+    from gateway.supervisor import WorkerPool
 
 log = logging.getLogger("batchyard.runtime")
 
 S3_ENDPOINT_ENV = "BATCHYARD_S3_ENDPOINT_URL"
 DB_NAME = "batchyard.sqlite3"
+
+
+def weights_of(config: Config) -> dict[str, float]:
+    """team -> weight, for the queue's fair pick."""
+    return {team.team_id: team.weight for team in config.batch.teams}
 
 
 def worker_name() -> str:
@@ -45,23 +60,35 @@ class Runtime:
     def __init__(
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
         mode: str, name: str, routes: Collection[str] | None, heartbeat: float, sweep_every: float,
-        sweeping: bool = True, recover_at_start: bool = False,
+        sweeping: bool = True, recover_at_start: bool = False, embedded: tuple[Path, SQLiteQueue] | None = None,
+        quotas: QuotaLedger | None = None,
     ) -> None:
-        """`routes`: the routes whose shards this process runs (None: every route; empty: none)."""
+        """`routes`: the routes whose shards this process runs (None: every route; empty: none).
+        `embedded`: the data directory and its queue, in the embedded mode (for `worker_pool`)."""
         self.config, self.store, self.blobs, self.queue, self.coordination = config, store, blobs, queue, coordination
+        self._embedded = embedded
         self.mode, self.name = mode, name
         self._tasks: set[asyncio.Task[Any]] = set()
         self.backends = BackendPool(config, store)
-        self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter)
+        self.webhooks = WebhookSender(store.webhooks, store.batches, coordination, webhook_targets(config),
+                                      spawn=self.spawn,
+                                      policy=retry_policy(config))
+        announce = self.webhooks.announce
+        self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter, announce=announce)
+        self.quotas = quotas
+        self.budgets = Budgets(config, quotas)
         self.service = BatchService(config, store, blobs, queue, coordination, spawn=self.spawn,
-                                    finalize=self.finalizer.finalize)
+                                    finalize=self.finalizer.finalize, announce=announce, quotas=quotas,
+                                    budgets=self.budgets)
         every = sorted({r.model_name for r in config.routes.values()})
         hosted = every if routes is None else sorted(r for r in routes if r)
         self.runner = (ShardRunner(config, store, blobs, queue, self.backends,
-                                   finish_shard=self.finalizer.finish_shard, routes=hosted, spawn=self.spawn)
+                                   finish_shard=self.finalizer.finish_shard, routes=hosted, spawn=self.spawn,
+                                   budgets=self.budgets)
                        if hosted else None)
         self.coordinator = Coordinator(store, queue, coordination, self.service, self.finalizer, name=name,
-                                       routes=hosted, spawn=self.spawn, heartbeat=heartbeat, sweep_every=sweep_every)
+                                       routes=hosted, spawn=self.spawn, heartbeat=heartbeat, sweep_every=sweep_every,
+                                       announce=announce, quotas=quotas)
         self._sweeping = sweeping
         self._recover_at_start = recover_at_start
 
@@ -86,8 +113,23 @@ class Runtime:
         if self._recover_at_start:
             await self.coordinator.sweep(stale_after=0)
         self.coordinator.start(hosting=self.runner is not None, sweeping=self._sweeping)
+        if self._sweeping and any(t.webhook_url for t in self.config.batch.teams):
+            self.webhooks.start()
         if self.runner is not None:
             self.spawn(self.runner.loop(), "runner")
+
+    def worker_pool(
+        self, count: int, *, config_path: str, upstream_only: bool = False, verbose: bool = False,
+    ) -> WorkerPool:
+        """`count` worker processes over this runtime's data directory, which hand the shards of one that
+        dies back to the queue at once. The embedded mode only: shared-mode workers are `batchyard worker`s."""
+        from gateway.supervisor import WorkerPool
+
+        if self._embedded is None:
+            raise RuntimeError("worker processes belong to the embedded mode")
+        data_dir, queue = self._embedded
+        return WorkerPool(count, data_dir, queue, config_path=config_path, upstream_only=upstream_only,
+                          verbose=verbose)
 
     async def health(self) -> dict[str, Any]:
         return await self.coordinator.health(self.mode)
@@ -102,9 +144,12 @@ class Runtime:
                 await task
         await self.coordinator.stop(hosting=self.runner is not None)
         await self.backends.aclose()
+        await self.webhooks.aclose()
         await self.queue.aclose()
         await self.coordination.aclose()
         await self.blobs.aclose()
+        if self.quotas is not None:
+            await self.quotas.aclose()
         await self.store.aclose()
 
 
@@ -120,6 +165,7 @@ async def open_embedded(
     """
     from gateway.store.directory import LocalBlobs
     from gateway.store.sqlite_queue import SQLiteCoordination, SQLiteQueue
+    from gateway.store.sqlite_quota import SQLiteQuotaLedger
     from gateway.store.sqlite_store import SQLiteStore
 
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -129,9 +175,11 @@ async def open_embedded(
     coordination = SQLiteCoordination(db, holder=name)
     if owner:
         await coordination.reset()
-    return Runtime(config, store, LocalBlobs(data_dir / "blobs"), SQLiteQueue(db, consumer=name), coordination,
+    queue = SQLiteQueue(db, consumer=name, weights=weights_of(config))
+    return Runtime(config, store, LocalBlobs(data_dir / "blobs"), queue, coordination,
                    mode="embedded", name=name, routes=routes, heartbeat=1.0, sweep_every=1.0,
-                   sweeping=owner if sweeping is None else sweeping, recover_at_start=owner)
+                   sweeping=owner if sweeping is None else sweeping, recover_at_start=owner,
+                   embedded=(data_dir, queue), quotas=SQLiteQuotaLedger(db))
 
 
 def open_blobs(storage: str | Path, *, endpoint_url: str | None = None) -> Blobs:
@@ -156,6 +204,7 @@ async def open_shared(
     from gateway.store.keys import Keys
     from gateway.store.redis_coordination import RedisCoordination, connect_redis
     from gateway.store.redis_queue import DEFAULT_CLAIM_IDLE, RedisStreamQueue
+    from gateway.store.redis_quota import RedisQuotaLedger
     from gateway.store.redis_store import RedisStore
 
     idle = claim_idle or DEFAULT_CLAIM_IDLE
@@ -164,13 +213,13 @@ async def open_shared(
     keys = Keys(prefix) if prefix else Keys()
     name = name or worker_name()
     every = sorted({route.model_name for route in config.routes.values()})
-    queue = RedisStreamQueue(client, every, keys=keys, consumer=name, claim_idle=idle)
+    queue = RedisStreamQueue(client, every, keys=keys, consumer=name, claim_idle=idle, weights=weights_of(config))
     store = RedisStore(client, keys, owns_client=True)
     # A worker's heartbeat lives as long as its shards may stay idle: a shard is taken over only
     # when both have run out.
     return Runtime(config, store, open_blobs(storage, endpoint_url=s3_endpoint_url), queue,
                    RedisCoordination(client, keys, name), mode="shared", name=name, routes=routes,
-                   heartbeat=idle / 3, sweep_every=5.0)
+                   heartbeat=idle / 3, sweep_every=5.0, quotas=RedisQuotaLedger(client, keys))
 
 
 __all__ = ["S3_ENDPOINT_ENV", "Runtime", "open_blobs", "open_embedded", "open_shared", "worker_name"]

@@ -24,11 +24,38 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway import metrics
+from gateway.config.routes import RouteKind
+from gateway.config.schema import Config
 from gateway.store.sqlite_queue import SQLiteQueue
 
 log = logging.getLogger("batchyard.workers")
 
 _RESTART_PAUSE_MAX = 10.0
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity, as a container or taskset limits it)."""
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    return len(getaffinity(0)) if getaffinity is not None else os.cpu_count() or 1
+
+
+def default_workers(config: Config, *, serving: bool, cores: int | None = None, load: float | None = None) -> int:
+    """Worker processes when `--workers` is not given: one per free core, for the upstream routes.
+
+    Free cores: the usable ones, less one for this process (the API, or the run's own pipeline), less one
+    per local model (its engine's loop keeps a core busy), less those already busy (the 1-minute load
+    average, rounded). With no upstream route there is nothing for extra workers to share: `run` starts
+    none, `serve` one (local engines load in a worker, not in the API process).
+    """
+    cores = usable_cores() if cores is None else cores
+    load = os.getloadavg()[0] if load is None else load
+    models = {r.model_name: r.kind for r in config.routes.values()}
+    local = sum(1 for kind in models.values() if kind is RouteKind.LOCAL)
+    upstream = any(kind is not RouteKind.LOCAL for kind in models.values())
+    free = max(0, cores - 1 - local - int(load + 0.5))
+    if not upstream:
+        return 1 if serving and local else 0
+    return max(free, 1 if serving and local else 0)
 
 
 @dataclass(slots=True)

@@ -23,7 +23,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from gateway.backends.interface import run_bounded
+from gateway.fairness import FairSlots
 from gateway.records import BatchRequest, Endpoint, Result
+from local_engine.ordering import group_by_prefix
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -46,20 +48,34 @@ class LocalEngineBackend:
     `model` is required. Requests whose `body["model"]` is not a served name
     get vLLM's 404.
 
-    `max_in_flight` bounds the requests inside the engine at once (default:
-    twice the engine's `max_num_seqs`, so the scheduler always has a full
-    batch waiting). `endpoints` is known once `start()` has returned.
+    `max_in_flight` is the submission window: the requests inside the engine
+    at once, running and waiting, shared by every concurrent `execute` call
+    (default: twice the engine's `max_num_seqs`, so the scheduler always has
+    a full batch waiting and vLLM's waiting queue never holds more than one
+    batch more). A bounded window is what lets a newcomer's requests in soon:
+    a shard started later gets slots as soon as the ones before it free them,
+    instead of queueing behind a whole file inside vLLM. For a stronger rule,
+    run the engine with ``scheduling_policy: priority`` in `engine_args` and
+    give each line a vLLM `priority` in its body (lower runs first; vLLM's
+    scheduler orders its waiting queue by it): that is where a fair-share
+    policy plugs in. `endpoints` is known once `start()` has returned.
+
+    `group_prefixes` (default on) sends a shard's lines that share a system
+    prompt one after another, for vLLM's prefix cache (`local_engine.ordering`).
     """
 
-    def __init__(self, engine_args: Mapping[str, Any], *, max_in_flight: int | None = None) -> None:
+    def __init__(
+        self, engine_args: Mapping[str, Any], *, max_in_flight: int | None = None, group_prefixes: bool = True
+    ) -> None:
         if max_in_flight is not None and max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self.engine_args: dict[str, Any] = dict(engine_args)
         self._max_in_flight_arg = max_in_flight
+        self.group_prefixes = group_prefixes
         self.max_in_flight = max_in_flight or 0
         self._engine: AsyncLLM | None = None
         self._serving: ServingLayer | None = None
-        self._slots: asyncio.Semaphore | None = None
+        self._slots: FairSlots | None = None
         self._start_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -104,7 +120,7 @@ class LocalEngineBackend:
             # vLLM keeps some import-time tracebacks that pin this frame: drop the engine from it so aclose() frees it.
             del engine, layer
             self.max_in_flight = self._max_in_flight_arg or max(1, 2 * self._serving.max_num_seqs)
-            self._slots = asyncio.Semaphore(self.max_in_flight)
+            self._slots = FairSlots(self.max_in_flight)  # the engine's window, divided between teams
             log.info(
                 "local engine ready: model=%s served=%s endpoints=%s max_in_flight=%d",
                 args.model,
@@ -143,8 +159,9 @@ class LocalEngineBackend:
     async def execute(self, requests: Sequence[BatchRequest]) -> AsyncIterator[Result]:
         """Yield one `Result` per request, as each finishes.
 
-        Requests enter the engine as slots free up; closing the iterator early
-        (or cancelling its consumer) aborts the ones still running.
+        Requests enter the engine as slots free up (grouped by system prompt
+        when `group_prefixes`); closing the iterator early (or cancelling its
+        consumer) aborts the ones still running.
         """
         if self._serving is None or self._slots is None:
             raise RuntimeError("LocalEngineBackend.start() has not been called (or it was closed)")
@@ -154,7 +171,8 @@ class LocalEngineBackend:
             return await _run_one(serving, req)
 
         # aclosing: closing this iterator must close the inner one now, not at garbage collection
-        async with contextlib.aclosing(run_bounded(requests, one, slots, self._tasks)) as results:
+        ordered = group_by_prefix(requests) if self.group_prefixes else requests
+        async with contextlib.aclosing(run_bounded(ordered, one, slots, self._tasks)) as results:
             async for result in results:
                 yield result
 

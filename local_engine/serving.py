@@ -3,11 +3,14 @@
 Everything here imports vLLM; `local_engine.backend` imports this module only
 inside `start()`, so the core works without the engine extra.
 
-The pieces, each as in vLLM 0.32.0's `vllm.entrypoints.launchers.run_batch`:
+The pieces, each as in vLLM's run_batch (0.26 to 0.33; names that moved between
+releases come from `local_engine.vllm_compat`):
 - `build_args`: the run_batch command line's namespace (frontend + engine
   args), with the caller's `engine_args` laid over its defaults.
 - `build_engine`: `AsyncEngineArgs.from_cli_args` -> `VllmConfig` -> `AsyncLLM`
-  (v1 engine), as `build_async_engine_client_from_engine_args` does.
+  (v1 engine), as `build_async_engine_client_from_engine_args` does, but with
+  the engine settings of vLLM's offline `LLM` class where engine_args are
+  silent (larger batches, no statistics): all our work is batch work.
 - `ServingLayer.create`: `init_app_state`, the function `vllm serve` and
   run_batch both use to build `OpenAIServingChat`, `OpenAIServingCompletion`,
   `ServingEmbedding`, `ServingScores`, `OpenAIServingModels`, ...
@@ -29,6 +32,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from gateway.records import Endpoint
+from local_engine import vllm_compat
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -38,24 +42,35 @@ Reply = tuple[int, dict[str, Any]]
 STREAM_MESSAGE = "Request must not be sent in stream mode"  # run_batch's words for a streaming answer
 
 
+# vLLM's offline `LLM` class turns the engine's statistics off unless asked (`disable_log_stats=True`):
+# no per-step scheduler stats in the engine core, no per-token stats in the front end, no periodic log
+# line, no `vllm:*` metrics. We do the same; `disable_log_stats: false` in engine_args brings them back.
+OFFLINE_DISABLE_LOG_STATS = True
+
+
 def build_args(engine_args: Mapping[str, Any]) -> Namespace:
     """run_batch's argument namespace with `engine_args` applied.
+
+    Where engine_args are silent, the engine is set up as vLLM's offline `LLM`
+    class sets it up (`OFFLINE_DISABLE_LOG_STATS`; the batch-size defaults in
+    `build_engine`), not as run_batch does.
 
     Keys are the python names of `vllm run_batch`'s options (`max_model_len`,
     `dtype`, `served_model_name`, `chat_template`, ...); dashes are accepted
     too. An unknown key is a `ValueError`.
     """
-    from vllm.entrypoints.launchers.run_batch import make_arg_parser, validate_run_batch_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     if not engine_args.get("model"):
         raise ValueError("engine_args needs a 'model' (a local path or a Hugging Face model id)")
-    parser = make_arg_parser(FlexibleArgumentParser(prog="batchyard-local-engine"))
+    parser = vllm_compat.load("make_arg_parser")(FlexibleArgumentParser(prog="batchyard-local-engine"))
     args = parser.parse_args(["--model", str(engine_args["model"]), "-i", "-", "-o", "-"])
     known = vars(args)
     unknown = sorted(k for k in engine_args if k.replace("-", "_") not in known)
     if unknown:
         raise ValueError(f"unknown engine_args for vLLM: {', '.join(unknown)}")
+    if not any(k.replace("-", "_") == "disable_log_stats" for k in engine_args):
+        args.disable_log_stats = OFFLINE_DISABLE_LOG_STATS
     for key, value in engine_args.items():
         name = key.replace("-", "_")
         if name == "model":
@@ -63,11 +78,18 @@ def build_args(engine_args: Mapping[str, Any]) -> Namespace:
         elif name == "served_model_name" and isinstance(value, str):
             value = [value]
         setattr(args, name, value)
-    validate_run_batch_args(args)
+    vllm_compat.load("validate_run_batch_args")(args)
     return args
 
 
 _BUILD_LOCK = threading.Lock()
+
+# vLLM picks `max_num_seqs` / `max_num_batched_tokens` by usage context (`EngineArgs.get_batch_defaults`):
+# its offline `LLM` class gets the large ones (CPU 256 / 4096; H100/H200 1024 / 16384), `vllm serve` smaller
+# ones, and run_batch (OPENAI_BATCH_RUNNER, in no table) the scheduler's fallback 128 / 2048 on every device.
+# Everything we run is batch work, so the engine is configured as the offline class is; a value set in
+# engine_args (or on the command line) still wins, since defaults only fill what is unset.
+BATCH_DEFAULTS_CONTEXT = "LLM_CLASS"
 
 
 def build_engine(args: Namespace) -> AsyncLLM:
@@ -81,20 +103,18 @@ def build_engine(args: Namespace) -> AsyncLLM:
     """
     from vllm import envs
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import propagate_flash_late_interaction
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    usage = UsageContext.OPENAI_BATCH_RUNNER
     in_process = not envs.VLLM_ENABLE_V1_MULTIPROCESSING
     with _BUILD_LOCK if in_process else contextlib.nullcontext():
         with _BUILD_LOCK if not in_process else contextlib.nullcontext():
             engine_args = AsyncEngineArgs.from_cli_args(args)
-            propagate_flash_late_interaction(args, engine_args)
-            vllm_config = engine_args.create_engine_config(usage_context=usage)
+            vllm_compat.propagate_flash_late_interaction(args, engine_args)
+            vllm_config = engine_args.create_engine_config(usage_context=UsageContext(BATCH_DEFAULTS_CONTEXT))
         return AsyncLLM.from_vllm_config(
             vllm_config=vllm_config,
-            usage_context=usage,
+            usage_context=UsageContext.OPENAI_BATCH_RUNNER,  # what vLLM's usage report says we are
             enable_log_requests=engine_args.enable_log_requests,
             aggregate_engine_logging=engine_args.aggregate_engine_logging,
             disable_log_stats=engine_args.disable_log_stats,
@@ -108,9 +128,7 @@ def shutdown_engine(engine: AsyncLLM) -> None:
 
 def error_reply(message: str | Exception, **kwargs: Any) -> Reply:
     """An error reply in vLLM's shape (`create_error_response`: 400 BadRequestError unless told)."""
-    from vllm.entrypoints.serve import create_error_response
-
-    err = create_error_response(message, **kwargs)
+    err = vllm_compat.load("create_error_response")(message, **kwargs)
     return err.error.code, err.model_dump(mode="json")
 
 
@@ -138,7 +156,6 @@ class ServingLayer:
     async def create(cls, engine: AsyncLLM, args: Namespace) -> ServingLayer:
         from pydantic import TypeAdapter
         from starlette.datastructures import State
-        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest
         from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
@@ -147,7 +164,7 @@ class ServingLayer:
         await engine.reset_mm_cache()
         supported_tasks = await engine.get_supported_tasks()
         state = State()
-        await init_app_state(engine, state, args, supported_tasks)
+        await vllm_compat.load("init_app_state")(engine, state, args, supported_tasks)
 
         routes: dict[Endpoint, _Route] = {}
         chat = getattr(state, "openai_serving_chat", None)
@@ -193,11 +210,11 @@ class ServingLayer:
     async def _validation_reply(self, exc: Any) -> Reply:
         """A body that does not validate: the 400 `vllm serve` answers (its RequestValidationError handler)."""
         from fastapi.exceptions import RequestValidationError
-        from vllm.entrypoints.serve.exception_handling.handlers.validation import validation_exception_handler
 
         errors = [{**err, "loc": ("body", *err.get("loc", ()))} for err in exc.errors(include_url=False)]
         fake_request = SimpleNamespace(app=SimpleNamespace(state=self.state), state=SimpleNamespace())
-        response = await validation_exception_handler(fake_request, RequestValidationError(errors))  # type: ignore[arg-type]
+        handler = vllm_compat.load("validation_exception_handler")
+        response = await handler(fake_request, RequestValidationError(errors))
         return response.status_code, json.loads(bytes(response.body))
 
 
@@ -213,20 +230,15 @@ def _audio_routes(state: Any, args: Namespace) -> dict[Endpoint, _Route]:
     translation = getattr(state, "openai_serving_translation", None)
     if transcription is None and translation is None:
         return routes
-    from vllm.entrypoints.launchers.run_batch import (
-        BatchTranscriptionRequest,
-        BatchTranslationRequest,
-        make_transcription_wrapper,
-    )
-
+    make_transcription_wrapper = vllm_compat.load("make_transcription_wrapper")
     domains = getattr(args, "allowed_media_domains", None)
     if transcription is not None:
         wrap = make_transcription_wrapper(is_translation=False, allowed_media_domains=domains)
-        routes[Endpoint.TRANSCRIPTIONS] = _Route(BatchTranscriptionRequest.model_validate,
+        routes[Endpoint.TRANSCRIPTIONS] = _Route(vllm_compat.load("BatchTranscriptionRequest").model_validate,
                                                  wrap(transcription.create_transcription))
     if translation is not None:
         wrap = make_transcription_wrapper(is_translation=True, allowed_media_domains=domains)
-        routes[Endpoint.TRANSLATIONS] = _Route(BatchTranslationRequest.model_validate,
+        routes[Endpoint.TRANSLATIONS] = _Route(vllm_compat.load("BatchTranslationRequest").model_validate,
                                                wrap(translation.create_translation))
     return routes
 
@@ -249,9 +261,7 @@ def _unsupported_message(url: Endpoint, names: tuple[str, ...]) -> str:
 async def _to_reply(response: Any) -> Reply:
     from pydantic import BaseModel
     from starlette.responses import Response, StreamingResponse
-    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
-
-    if isinstance(response, ErrorResponse):
+    if isinstance(response, vllm_compat.load("ErrorResponse")):
         return response.error.code, response.model_dump(mode="json")
     if isinstance(response, BaseModel):
         return 200, response.model_dump(mode="json")

@@ -1,11 +1,14 @@
 """Upstream providers in real time, through one LiteLLM `Router`.
 
-The Router is built from every upstream entry of `model_list`: it does the
-retries (with backoff, honouring Retry-After), rpm/tpm limits, cooldowns and
-load balancing over several deployments of one `model_name`. This module only
-maps a batch line to the Router call for its endpoint and the reply (or the
-provider's error, `providers.upstream_errors`) back to a `Result`, priced
-(`providers.upstream_cost`).
+The Router is built from every upstream entry of `model_list`: it chooses the
+deployment (load balancing over several deployments of one `model_name`,
+cooldowns, rpm/tpm limits) and decides retries and fallbacks. A model group
+whose every deployment speaks OpenAI's wire format takes the pass-through
+(`providers.passthrough`: the line's bytes out, the provider's reply back).
+Every other group (providers that need translation: Anthropic, Vertex,
+Bedrock, ...) keeps LiteLLM's completion path: this module maps the line to the
+Router call for its endpoint and the reply (or the provider's error,
+`providers.upstream_errors`) back to a `Result`, priced (`providers.upstream_cost`).
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from typing import Any
 
 from gateway.backends.interface import run_bounded
 from gateway.config.routes import Route
+from gateway.fairness import FairSlots
 from gateway.records import BatchRequest, Endpoint, Result
 from providers import litellm_setup
+from providers.passthrough import PATHS, PassThrough, wire_provider
 from providers.upstream_cost import Prices
 from providers.upstream_errors import UPSTREAM_ERROR, provider_error
 
@@ -85,9 +90,12 @@ class LiteLLMBackend:
         ]
         self._litellm_settings = dict(litellm_settings or {})
         self._settings = router_kwargs(router_settings, self._litellm_settings)
-        self._limit = asyncio.Semaphore(max_concurrency)
+        self._limit = FairSlots(max_concurrency)  # shared by every shard, divided between teams
         self._router: Any = None
         self._prices = Prices(())
+        self._max_concurrency = max_concurrency
+        self._wire: PassThrough | None = None
+        self._wire_groups: frozenset[str] = frozenset()
 
     async def start(self) -> None:
         if self._router is not None:
@@ -98,11 +106,17 @@ class LiteLLMBackend:
         # Building a Router does seconds of synchronous work on first use: keep it off the event loop.
         self._router = await asyncio.to_thread(Router, model_list=self._model_list, **self._settings)
         self._prices = Prices(self._router.model_list)  # by the deployment ids the Router gave
+        self._wire = PassThrough(self._router, self._max_concurrency)
+        # the config's entries, not the Router's copies (it adds its own defaults to litellm_params)
+        self._wire_groups = wire_groups(self._model_list, self._litellm_settings)
 
     async def aclose(self) -> None:
         if self._router is None:
             return
         self._router = None
+        if self._wire is not None:
+            await self._wire.aclose()
+            self._wire = None
         await litellm_setup.close_clients()
 
     async def execute(self, requests: Sequence[BatchRequest]) -> AsyncIterator[Result]:
@@ -124,6 +138,8 @@ class LiteLLMBackend:
             error = {"message": f"Missing required parameter: '{missing}'.", "type": "invalid_request_error",
                      "param": missing, "code": "missing_required_parameter"}
             return Result(line=req.line, custom_id=req.custom_id, status_code=400, body={"error": error}, model=model)
+        if self._wire is not None and model in self._wire_groups and req.url in PATHS:
+            return await self._pass_through(req, model)
         try:
             reply = await call(model=model, **body)
         except Exception as exc:  # a provider error is this line's result, never the batch's end
@@ -139,6 +155,28 @@ class LiteLLMBackend:
         data = _to_body(reply, exclude_none=req.url in _SPARSE)
         cost = self._prices.cost(reply, data)
         return Result(line=req.line, custom_id=req.custom_id, status_code=200, body=data, model=model, cost_usd=cost)
+
+    async def _pass_through(self, req: BatchRequest, group: str, tried: frozenset[str] = frozenset()) -> Result:
+        assert self._wire is not None
+        result, target = await self._wire.call(req, group)
+        if result.ok and target is not None and result.body is not None:
+            result.cost_usd = self._prices.for_deployment(target.id, result.body)
+            return result
+        if result.status_code is None or result.status_code in (408, 429) or result.status_code >= 500:
+            # The Router's fallbacks, as it would apply them after its retries: the next group in the list.
+            for fallback in fallback_groups(self._router.fallbacks, group):
+                if fallback in tried or fallback == group:
+                    continue
+                line = BatchRequest(line=req.line, custom_id=req.custom_id, url=req.url,
+                                    body={**req.body, "model": fallback})
+                if fallback in self._wire_groups:
+                    answer = await self._pass_through(line, fallback, tried | {group})
+                else:
+                    answer = await self._call(line)
+                answer.model = req.model
+                if answer.ok:
+                    return answer
+        return result
 
     def _method(self, endpoint: Endpoint) -> Callable[..., Awaitable[Any]] | None:
         name = _METHODS.get(endpoint)
@@ -159,3 +197,27 @@ def _to_body(reply: Any, exclude_none: bool = False) -> dict[str, Any]:
     for key in ("_hidden_params", "_response_headers"):
         data.pop(key, None)
     return data
+
+
+def wire_groups(deployments: Sequence[dict[str, Any]], litellm_settings: dict[str, Any]) -> frozenset[str]:
+    """The model groups that take the pass-through: every deployment OpenAI-wire, and no LiteLLM callbacks
+    configured (they run on LiteLLM's completion path only, so such a config keeps it for every group)."""
+    if any(litellm_settings.get(k) for k in ("callbacks", "success_callback", "failure_callback")):
+        return frozenset()
+    groups: dict[str, bool] = {}
+    for deployment in deployments:
+        name = str(deployment.get("model_name"))
+        groups[name] = groups.get(name, True) and wire_provider(deployment.get("litellm_params") or {}) is not None
+    return frozenset(name for name, ok in groups.items() if ok)
+
+
+def fallback_groups(fallbacks: Any, group: str) -> list[str]:
+    """The Router's `fallbacks` for a group (`[{group: [others]}]`, `*` for every group), in order."""
+    found: list[str] = []
+    for entry in fallbacks or []:
+        if isinstance(entry, dict):
+            for key in (group, "*"):
+                value = entry.get(key)
+                if isinstance(value, list):
+                    found += [str(v) for v in value]
+    return found

@@ -1,47 +1,39 @@
 """Upstream-native batches: a route's shards forwarded as provider batch jobs, at batch prices.
 
 A deployment marked `model_info: {batch_mode: native}` gets no call per line.
-Each shard is rewritten for the provider (its url form, the deployment's model,
-custom_id `l<line>`), split under the upstream file limits, uploaded with
-`litellm.acreate_file` and run with `litellm.acreate_batch`; the file and batch
-ids are recorded in the store's meta (`native:<batch>:<shard>`) before any
-polling, so a restarted process polls the batches it already created instead of
-creating new ones. `aretrieve_batch` polls with backoff; `afile_content` reads
-the output and error files back; every request gets exactly one `Result`.
-When the shard runner cancels a shard because our batch was cancelled or expired,
-the upstream batches are cancelled too (`acancel_batch`); a process shutdown
-leaves them running, to be picked up on restart.
+Each shard is rewritten for the provider (its line form, the deployment's model,
+custom_id `l<line>`), split under the provider's job limits and made into upstream
+jobs by that provider's `UpstreamJobs` (OpenAI and Azure: `providers.openai_jobs`;
+Anthropic: `providers.anthropic_jobs`; Mistral: `providers.mistral_jobs`). The file
+and job ids are recorded in the store's meta (`native:<batch>:<shard>`) before any
+polling, so a restarted process polls the jobs it already created instead of
+creating new ones. Jobs are polled with backoff and read back as OpenAI-shaped
+result lines; every request gets exactly one `Result`. When the shard runner
+cancels a shard because our batch was cancelled or expired, the upstream jobs are
+cancelled too; a process shutdown leaves them running, to be picked up on restart.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import json
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from gateway.config.routes import Route
+from gateway.config.routes import NATIVE_PROVIDERS, Route
 from gateway.pipeline.lifecycle import stop_reason
-from gateway.records import BatchRequest, Result, Shard, Usage, new_id
+from gateway.records import BatchRequest, Endpoint, Result, Shard, Usage, new_id
 from gateway.store.base import Store
 from providers.openai_batches import (
-    DEFAULT_MAX_BYTES,
-    DEFAULT_MAX_LINES,
-    NATIVE_ENDPOINTS,
-    PROVIDERS,
     TERMINAL,
     Part,
     accumulate_route,
-    batch_error_message,
     batch_prices,
     call_with_retries,
     cost_of,
     describe_error,
-    detached,
     drop_native_state,
     line_of,
     line_usage,
@@ -51,9 +43,8 @@ from providers.openai_batches import (
     result_from_line,
     retryable,
     shard_meta_key,
-    upstream_file_lines,
-    upstream_line,
 )
+from providers.upstream_jobs import JobState, UpstreamJobs, call_kwargs
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -61,26 +52,48 @@ log = logging.getLogger("batchyard.native")
 
 _MAX_POLL_ERRORS = 10  # consecutive transient polling errors before a part's requests get error results
 _CANCEL_TIMEOUT = 15.0
-# LiteLLM's success logging of a terminal `aretrieve_batch` downloads the whole output file again to price it;
-# its proxy's batch poller turns that off with this flag, and so do we (we read the file once, streamed).
-_QUIET_POLL = {"batch_ignore_default_logging": True}
+
+
+def jobs_class(provider: str) -> Any:
+    """The `UpstreamJobs` implementation of a provider (imported lazily: one module per provider)."""
+    if provider in ("openai", "azure"):
+        from providers.openai_jobs import OpenAIJobs
+
+        return OpenAIJobs
+    if provider == "anthropic":
+        from providers.anthropic_jobs import AnthropicJobs
+
+        return AnthropicJobs
+    if provider == "mistral":
+        from providers.mistral_jobs import MistralJobs
+
+        return MistralJobs
+    return None
 
 
 class NativeBatchBackend:
     """Runs one native route's shards as upstream batch jobs (`ShardAwareBackend`)."""
 
-    endpoints = NATIVE_ENDPOINTS
-
     def __init__(self, route: Route, router_settings: dict[str, Any], store: Store) -> None:
         self.route = route
         self._store = store
         info = route.model_info
-        self._max_lines = int(info.get("native_max_lines", DEFAULT_MAX_LINES))
-        self._max_bytes = int(info.get("native_max_bytes", DEFAULT_MAX_BYTES))
+        self._max_lines = info.get("native_max_lines")  # None: the provider's own limit
+        self._max_bytes = info.get("native_max_bytes")
         self._poll_max = float(info.get("native_poll_max_seconds", 60.0))
         self._poll_first = min(float(info.get("native_poll_initial_seconds", 0.5)), self._poll_max)
         self._timeout = router_settings.get("timeout")
         self._litellm: Any = None
+
+    @property
+    def endpoints(self) -> frozenset[Endpoint]:
+        """What every deployment's provider takes in its batch jobs."""
+        served: frozenset[Endpoint] | None = None
+        for entry in self.route.deployments:
+            cls = jobs_class(str(entry["litellm_params"]["model"]).partition("/")[0])
+            mine = cls.endpoints if cls is not None else frozenset()
+            served = mine if served is None else served & mine
+        return served or frozenset()
 
     async def start(self) -> None:
         if self._litellm is None:
@@ -94,20 +107,17 @@ class NativeBatchBackend:
 
     # -- the deployment -------------------------------------------------------------------------
 
-    def _deployment(self, index: int) -> tuple[str, str, dict[str, Any], tuple[float, float] | None]:
-        """(provider, upstream model, LiteLLM call kwargs, batch prices) of deployment `index`."""
+    def _deployment(self, index: int) -> tuple[UpstreamJobs | None, str, tuple[float, float] | None]:
+        """(the provider's jobs, the provider's name, batch prices) of deployment `index`."""
         entry = self.route.deployments[index % len(self.route.deployments)]
         params = entry["litellm_params"]
         provider, _, model = str(params["model"]).partition("/")
-        kwargs: dict[str, Any] = {"custom_llm_provider": provider}
-        for name in ("api_base", "api_key", "api_version", "organization", "timeout"):
-            if params.get(name) is not None:
-                kwargs[name] = params[name]
-        if "timeout" not in kwargs and self._timeout is not None:
-            kwargs["timeout"] = self._timeout
         info = dict(entry.get("model_info") or {})
         candidates = [info.get("base_model") or "", str(params["model"]), model]
-        return provider, model, kwargs, batch_prices(info, self._litellm.model_cost, candidates)
+        prices = batch_prices(info, self._litellm.model_cost, candidates)
+        cls = jobs_class(provider) if provider in NATIVE_PROVIDERS else None
+        jobs = cls(self._litellm, provider, model, call_kwargs(params, provider, self._timeout)) if cls else None
+        return jobs, provider, prices
 
     # -- the Backend interface --------------------------------------------------------------------
 
@@ -123,37 +133,48 @@ class NativeBatchBackend:
         shard = Shard(batch_id=new_id("native"), index=0, route=self.route.model_name, size=len(requests))
         async for result in self.execute_shard(shard, requests):
             yield result
-        await self._store.delete_meta(shard_meta_key(shard))
+        await self._store.backend_state.delete(shard_meta_key(shard))
 
     async def execute_shard(self, shard: Shard, requests: Sequence[BatchRequest]) -> AsyncIterator[Result]:
         await self.start()
         by_line = {r.line: r for r in requests}
         key = shard_meta_key(shard)
-        state = await self._store.get_meta(key) or {"deployment": shard.index % len(self.route.deployments)}
-        provider, model, kwargs, prices = self._deployment(int(state["deployment"]))
-        if provider not in PROVIDERS:
-            message = f"native batches need an openai/ or azure/ deployment, not {provider}/"
+        state = await self._store.backend_state.get(key) or {"deployment": shard.index % len(self.route.deployments)}
+        jobs, provider, prices = self._deployment(int(state["deployment"]))
+        if jobs is None:  # the config refuses these at load; a route built by hand may still hold one
+            message = f"native batches need a deployment of {', '.join(NATIVE_PROVIDERS)}, not {provider}/"
             for req in requests:
                 yield Result.failure(req.line, req.custom_id, "native_unsupported", message, model=req.model)
             return
-        unsupported = [r for r in requests if r.url not in NATIVE_ENDPOINTS]
-        for req in unsupported:
-            yield Result.http_error(req.line, req.custom_id, 400, f"{req.url.value} is not supported in upstream "
-                                    "batches", type_="invalid_request_error", code="unsupported_endpoint",
-                                    model=req.model)
+        for req in requests:
+            if req.url not in jobs.endpoints:
+                yield Result.http_error(req.line, req.custom_id, 400, f"{req.url.value} is not supported in "
+                                        f"{provider} batches", type_="invalid_request_error",
+                                        code="unsupported_endpoint", model=req.model)
         parts = [Part.from_json(p) for p in state.get("parts", [])]
-        parts = [p for p in parts if p.batch_id or (p.file_id and await self._find_batch(p, kwargs))]
+        parts = [p for p in parts if p.batch_id or (p.file_id and await self._find(jobs, p))]
         covered = {line for p in parts for line in p.lines}
-        fresh = [r for r in requests if r.line not in covered and r.url in NATIVE_ENDPOINTS]
-        new_parts, too_big = plan_parts(fresh, provider, self._max_lines, self._max_bytes)
+        fresh = []
+        for req in requests:
+            if req.line in covered or req.url not in jobs.endpoints:
+                continue
+            rejected = jobs.reject(req)
+            if rejected is not None:
+                yield rejected
+            else:
+                fresh.append(req)
+        max_lines = int(self._max_lines or jobs.max_lines)
+        max_bytes = int(self._max_bytes or jobs.max_bytes)
+        new_parts, too_big = plan_parts(fresh, jobs, max_lines, max_bytes)
         for req in too_big:
             yield Result.failure(req.line, req.custom_id, "request_too_large",
-                                 f"the request is larger than the upstream file limit of {self._max_bytes} bytes",
+                                 f"the request is larger than the upstream job limit of {max_bytes} bytes",
                                  model=req.model)
         parts += new_parts
 
         async def save() -> None:
-            await self._store.put_meta(key, {"deployment": state["deployment"], "parts": [p.to_json() for p in parts]})
+            await self._store.backend_state.put(
+                key, {"deployment": state["deployment"], "parts": [p.to_json() for p in parts]})
 
         pending: list[Part] = []  # created, not yet finished
         try:
@@ -161,7 +182,7 @@ class NativeBatchBackend:
                 if not any(line in by_line for line in part.lines):
                     continue  # every request of it is recorded already
                 if part.batch_id is None:
-                    failure = await self._create(shard, i, part, by_line, provider, model, kwargs, save)
+                    failure = await self._create(jobs, shard, i, part, by_line, save)
                     if failure is not None:
                         for line in part.lines:
                             if line in by_line:
@@ -170,62 +191,49 @@ class NativeBatchBackend:
                                                      model=req.model)
                         continue
                 pending.append(part)
-            async for result in self._poll(shard, pending, by_line, kwargs, prices, save):
+            async for result in self._poll(jobs, shard, pending, by_line, prices, save):
                 yield result
         except (asyncio.CancelledError, GeneratorExit):
             # Cancelled while waiting (the shard runner cancels the consuming task), or closed while suspended.
-            await asyncio.shield(self._cancel_if_stopped(shard, parts, kwargs))
+            await asyncio.shield(self._cancel_if_stopped(jobs, shard, parts))
             raise
 
     # -- create ------------------------------------------------------------------------------
 
     async def _create(
-        self, shard: Shard, index: int, part: Part, by_line: dict[int, BatchRequest], provider: str, model: str,
-        kwargs: dict[str, Any], save: Callable[[], Awaitable[None]],
+        self, jobs: UpstreamJobs, shard: Shard, index: int, part: Part, by_line: dict[int, BatchRequest],
+        save: Callable[[], Awaitable[None]],
     ) -> str | None:
-        """Upload the part's file and create its batch, recording each id as soon as it exists.
+        """Make the part's upstream job, recording each id as soon as it exists.
 
         Returns None on success, else the reason (the part's requests get error results)."""
-        litellm = self._litellm
         part.lines = [line for line in part.lines if line in by_line]  # never resend a recorded request
-        data = b"".join(upstream_line(by_line[line], provider, model) for line in part.lines)
+        data = b"".join(jobs.line(by_line[line]) for line in part.lines)
         name = f"batchyard-{shard.batch_id}-{shard.index}-{index}.jsonl"
+        metadata = {"batchyard_shard": shard.key, "batchyard_part": str(index)}
         try:
-            if part.file_id is None:
-                upload = await call_with_retries(
-                    lambda: litellm.acreate_file(file=(name, data), purpose="batch", **kwargs))
-                part.file_id = str(upload.id)
-                await save()
-            file_id = part.file_id
-            metadata = {"batchyard_shard": shard.key, "batchyard_part": str(index)}
-            batch = await call_with_retries(lambda: litellm.acreate_batch(
-                completion_window="24h", endpoint=part.endpoint, input_file_id=file_id, metadata=metadata, **kwargs))
+            await jobs.create(part, data, name, metadata, save)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.warning("native shard %s: creating an upstream batch failed: %s", shard.key, describe_error(exc))
             return f"creating the upstream batch failed: {describe_error(exc)}"
-        part.batch_id = str(batch.id)
         await save()
         log.info("native shard %s: upstream batch %s (%d requests, %s)", shard.key, part.batch_id, len(part.lines),
-                 kwargs["custom_llm_provider"])
+                 jobs.provider)
         return None
 
-    async def _find_batch(self, part: Part, kwargs: dict[str, Any]) -> bool:
-        """A batch created from the part's file before a crash could record its id (recent ones only)."""
-        with contextlib.suppress(Exception):
-            page = await self._litellm.alist_batches(limit=100, **kwargs)
-            for batch in getattr(page, "data", None) or []:
-                if getattr(batch, "input_file_id", None) == part.file_id:
-                    part.batch_id = str(batch.id)
-                    return True
+    async def _find(self, jobs: UpstreamJobs, part: Part) -> bool:
+        """A job created from the part's uploaded file before a crash could record its id (recent ones only)."""
+        if await jobs.find(part):
+            return True
         part.file_id = None
         return False
 
     # -- poll and read back ---------------------------------------------------------------------
 
     async def _poll(
-        self, shard: Shard, pending: list[Part], by_line: dict[int, BatchRequest], kwargs: dict[str, Any],
+        self, jobs: UpstreamJobs, shard: Shard, pending: list[Part], by_line: dict[int, BatchRequest],
         prices: tuple[float, float] | None, save: Callable[[], Awaitable[None]],
     ) -> AsyncIterator[Result]:
         delay = self._poll_first
@@ -234,8 +242,7 @@ class NativeBatchBackend:
             for part in list(pending):
                 assert part.batch_id is not None
                 try:
-                    batch = await detached(self._litellm.aretrieve_batch(
-                        batch_id=part.batch_id, litellm_metadata=_QUIET_POLL, **kwargs))
+                    job = await jobs.retrieve(part.batch_id)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -244,14 +251,13 @@ class NativeBatchBackend:
                         log.warning("native shard %s: polling %s failed: %s", shard.key, part.batch_id,
                                     describe_error(exc))
                         continue
-                    batch, why = None, f"polling it failed: {describe_error(exc)}"
+                    job = JobState(status="failed", why=f"polling it failed: {describe_error(exc)}")
                 else:
                     errors.pop(part.batch_id, None)
-                    if str(batch.status) not in TERMINAL:
+                    if job.status not in TERMINAL:
                         continue
-                    why = batch_error_message(batch) if batch.status == "failed" else ""
                 pending.remove(part)
-                async for result in self._read_back(part, batch, why, by_line, kwargs, prices):
+                async for result in self._read_back(jobs, part, job, by_line, prices):
                     yield result
                 await save()
                 await accumulate_route(self._store, shard)
@@ -260,55 +266,46 @@ class NativeBatchBackend:
                 delay = min(delay * 1.5, self._poll_max)
 
     async def _read_back(
-        self, part: Part, batch: Any, why: str, by_line: dict[int, BatchRequest], kwargs: dict[str, Any],
+        self, jobs: UpstreamJobs, part: Part, job: JobState, by_line: dict[int, BatchRequest],
         prices: tuple[float, float] | None,
     ) -> AsyncIterator[Result]:
-        """Results of a finished upstream batch: its output and error lines, then errors for what is missing."""
-        status = str(batch.status) if batch is not None else "failed"
-        part.status = status
+        """Results of a finished upstream job: its result lines, then errors for what is missing."""
+        part.status = job.status
+        status, why = job.status, job.why
         mine = set(part.lines)
         seen: set[int] = set()
         usage = Usage()
-        file_ids = [getattr(batch, "output_file_id", None), getattr(batch, "error_file_id", None)] if batch else []
-        for file_id in file_ids:
-            if not file_id:
-                continue
-            try:
-                async for raw in upstream_file_lines(self._litellm, str(file_id), kwargs):
-                    try:
-                        obj = json.loads(raw)
-                    except ValueError:
-                        log.warning("native: upstream batch %s: a result line is not JSON", part.batch_id)
-                        continue
-                    line = line_of(obj.get("custom_id"))
-                    if line is None or line not in mine or line in seen:
-                        continue
-                    seen.add(line)
-                    req = by_line.get(line)
-                    if req is None:  # recorded before a restart: only its tokens count
-                        usage.add(line_usage(obj))
-                        continue
-                    result = result_from_line(obj, req)
-                    usage.add(result.usage)
-                    yield result
-            except Exception as exc:
-                if retryable(exc):
-                    raise  # transient: the runner runs the shard again, which reads this batch again
-                why = f"reading its results ({file_id}) failed: {describe_error(exc)}"
-                status = "failed"
-                log.warning("native: upstream batch %s: %s", part.batch_id, why)
+        try:
+            async for obj in jobs.results(job):
+                line = line_of(obj.get("custom_id"))
+                if line is None or line not in mine or line in seen:
+                    continue
+                seen.add(line)
+                req = by_line.get(line)
+                if req is None:  # recorded before a restart: only its tokens count
+                    usage.add(line_usage(obj))
+                    continue
+                result = result_from_line(obj, req)
+                usage.add(result.usage)
+                yield result
+        except Exception as exc:
+            if retryable(exc):
+                raise  # transient: the runner runs the shard again, which reads this job again
+            why = f"reading its results failed: {describe_error(exc)}"
+            status = "failed"
+            log.warning("native: upstream batch %s: %s", part.batch_id, why)
         for line in part.lines:
             if line not in seen and line in by_line:
-                yield missing_result(by_line[line], status, part.batch_id or "?", why)
+                yield missing_result(by_line[line], status, part.batch_id or "?", why, job.code)
         part.input_tokens, part.output_tokens = usage.input_tokens, usage.output_tokens
         part.cost_usd = cost_of(usage, prices)
 
     # -- cancel -----------------------------------------------------------------------------------
 
-    async def _cancel_if_stopped(self, shard: Shard, parts: Sequence[Part], kwargs: dict[str, Any]) -> None:
-        """Cancel the running upstream batches if our batch was cancelled or expired (not on shutdown)."""
+    async def _cancel_if_stopped(self, jobs: UpstreamJobs, shard: Shard, parts: Sequence[Part]) -> None:
+        """Cancel the running upstream jobs if our batch was cancelled or expired (not on shutdown)."""
         try:
-            batch = await self._store.get_batch(shard.batch_id)
+            batch = await self._store.batches.get(shard.batch_id)
             if batch is None or stop_reason(batch) is None:
                 return  # a shutdown: they keep running and are polled again after a restart
         except Exception as exc:
@@ -316,18 +313,16 @@ class NativeBatchBackend:
             return
         for part in parts:
             if part.batch_id is None and part.file_id is not None:
-                await self._find_batch(part, kwargs)  # cancelled while creating it: it may exist all the same
+                await jobs.find(part)  # cancelled while creating it: it may exist all the same
             if part.batch_id is None or part.status is not None:
                 continue
             batch_id = part.batch_id
             try:
-                await asyncio.wait_for(
-                    call_with_retries(functools.partial(self._litellm.acancel_batch, batch_id=batch_id, **kwargs)),
-                    _CANCEL_TIMEOUT)
+                await asyncio.wait_for(call_with_retries(functools.partial(jobs.cancel, batch_id)), _CANCEL_TIMEOUT)
                 log.info("native shard %s: cancelled upstream batch %s", shard.key, batch_id)
-            except Exception as exc:  # best effort: the upstream batch ends by itself within its window
+            except Exception as exc:  # best effort: the upstream job ends by itself within its window
                 log.warning("native shard %s: cancelling upstream batch %s failed: %s", shard.key, batch_id,
                             describe_error(exc))
 
 
-__all__ = ["NativeBatchBackend", "drop_native_state", "native_route_summary"]
+__all__ = ["NativeBatchBackend", "drop_native_state", "jobs_class", "native_route_summary"]

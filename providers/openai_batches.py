@@ -1,7 +1,9 @@
 """Upstream-native batches, the data side: upstream lines, parts, results back, prices and the route summary.
 
-`providers.native` talks to the provider (LiteLLM's file and batch functions);
-this module shapes the data and keeps the records in the store's meta:
+Named for the format every provider's results are read back into: OpenAI's batch
+lines (its own line form is here too; other providers' forms sit in their
+`providers.*_jobs`). `providers.native` and the `*_jobs` modules talk to the
+providers; this module shapes the data and keeps the records in the store's meta:
 `native:<batch_id>:<shard index>` (a shard's upstream files and batches, with
 each batch's tokens and cost once read) and `cost:<batch_id>:<route>` (the
 route's totals for the batch, accumulated shard by shard).
@@ -15,24 +17,24 @@ import json
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from gateway.records import BatchRequest, Endpoint, Result, Shard, Usage
 from gateway.store.base import Store
 
-PROVIDERS = ("openai", "azure")
 # Endpoints that OpenAI's and Azure's batch jobs accept.
 NATIVE_ENDPOINTS = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES})
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
-DEFAULT_MAX_LINES = 50_000
-DEFAULT_MAX_BYTES = 190_000_000
 _RETRYABLE = {408, 409, 429}
 _CALL_ATTEMPTS = 4  # upload / create / read / cancel: transient errors are retried this many times in all
 T = TypeVar("T")
 
 
 def _status(exc: BaseException) -> int | None:
+    """The HTTP status of an upstream error: LiteLLM's exceptions carry it, httpx's `raise_for_status` on its reply."""
     status = getattr(exc, "status_code", None)
+    if not isinstance(status, int):
+        status = getattr(getattr(exc, "response", None), "status_code", None)
     return status if isinstance(status, int) else None
 
 
@@ -44,8 +46,22 @@ def retryable(exc: BaseException) -> bool:
 
 def describe_error(exc: BaseException) -> str:
     status = _status(exc)
-    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    message = _provider_words(str(getattr(exc, "message", None) or str(exc) or type(exc).__name__))
     return f"{status} {message}" if status else f"{type(exc).__name__}: {message}"
+
+
+def _provider_words(message: str) -> str:
+    """A provider's error body that LiteLLM passed on as text: its message (`message`, `error.message`)."""
+    if not message.lstrip().startswith("{"):
+        return message
+    try:
+        body = json.loads(message)
+    except ValueError:
+        return message
+    inner = body.get("error") if isinstance(body, dict) else None
+    found = (inner.get("message") if isinstance(inner, dict) else None) or (
+        body.get("message") or body.get("detail") if isinstance(body, dict) else None)
+    return str(found) if found else message
 
 
 # -- calling the upstream ----------------------------------------------------------------------------
@@ -161,22 +177,43 @@ class Part:
         return cls(**data)
 
 
-def plan_parts(
-    requests: Sequence[BatchRequest], provider: str, max_lines: int, max_bytes: int
-) -> tuple[list[Part], list[BatchRequest]]:
-    """Group requests by endpoint and split them under the upstream file limits.
+class LineForm(Protocol):
+    """How a provider takes a request in its batch jobs (`providers.upstream_jobs.UpstreamJobs` is one)."""
 
-    Returns the parts and the requests that fit in no upstream file (one line over `max_bytes`).
+    def url(self, endpoint: Endpoint) -> str: ...
+
+    def line(self, req: BatchRequest) -> bytes: ...
+
+
+class _OpenAIForm:
+    def __init__(self, provider: str) -> None:
+        self.provider = provider
+
+    def url(self, endpoint: Endpoint) -> str:
+        return upstream_url(endpoint, self.provider)
+
+    def line(self, req: BatchRequest) -> bytes:
+        return upstream_line(req, self.provider, "m" * 64)  # a model name's length does not matter here
+
+
+def plan_parts(
+    requests: Sequence[BatchRequest], form: str | LineForm, max_lines: int, max_bytes: int
+) -> tuple[list[Part], list[BatchRequest]]:
+    """Group requests by endpoint and split them under the upstream job limits.
+
+    `form`: the provider's line form (a provider name: OpenAI's form for it). Returns the parts and the
+    requests that fit in no upstream job (one line over `max_bytes`).
     """
+    shape = _OpenAIForm(form) if isinstance(form, str) else form
     parts: list[Part] = []
     too_big: list[BatchRequest] = []
     open_parts: dict[str, tuple[Part, int]] = {}  # endpoint -> (part being filled, its bytes)
     for req in requests:
-        size = len(upstream_line(req, provider, "m" * 64))  # a model name's length does not matter here
+        size = len(shape.line(req))
         if size > max_bytes:
             too_big.append(req)
             continue
-        url = upstream_url(req.url, provider)
+        url = shape.url(req.url)
         current = open_parts.get(url)
         if current is None or len(current[0].lines) >= max_lines or current[1] + size > max_bytes:
             current = (Part(endpoint=url, lines=[]), 0)
@@ -211,10 +248,10 @@ _TERMINAL_ERRORS = {
 }
 
 
-def missing_result(req: BatchRequest, status: str, batch_id: str, why: str) -> Result:
-    """The error result of a request that the upstream batch did not answer."""
-    code, template = _TERMINAL_ERRORS.get(status, ("upstream_batch_failed", "The upstream batch {id} ended {why}"))
-    return Result.failure(req.line, req.custom_id, code, template.format(id=batch_id, why=why or status),
+def missing_result(req: BatchRequest, status: str, batch_id: str, why: str, code: str | None = None) -> Result:
+    """The error result of a request that the upstream batch did not answer (`code`: the provider's own)."""
+    usual, template = _TERMINAL_ERRORS.get(status, ("upstream_batch_failed", "The upstream batch {id} ended {why}"))
+    return Result.failure(req.line, req.custom_id, code or usual, template.format(id=batch_id, why=why or status),
                           model=req.model)
 
 
@@ -247,8 +284,8 @@ def batch_prices(model_info: dict[str, Any], model_cost: dict[str, Any], candida
 ):
     """(input, output) USD per token at batch rates: model_info first, then LiteLLM's price map.
 
-    `*_cost_per_token_batches` are used as they are; plain `*_cost_per_token` are halved (OpenAI's and
-    Azure's batch discount). None when no price is known.
+    `*_cost_per_token_batches` are used as they are; plain `*_cost_per_token` are halved (the 50% batch
+    discount of OpenAI, Azure, Anthropic and Mistral alike). None when no price is known.
     """
     sources = [model_info, *(model_cost.get(name) or {} for name in candidates if name)]
     for info in sources:
@@ -301,19 +338,19 @@ async def accumulate_route(store: Store, shard: Shard) -> None:
     The entry: {"shards": {index: totals}, "upstream_batch_ids", "input_tokens", "output_tokens", "cost_usd"}.
     One process serialises its updates; `native_route_summary` is the race-free reading across workers.
     """
-    meta = await store.get_meta(shard_meta_key(shard)) or {}
+    meta = await store.backend_state.get(shard_meta_key(shard)) or {}
     totals = shard_totals([Part.from_json(p) for p in meta.get("parts", [])])
     key = cost_meta_key(shard.batch_id, shard.route)
     lock = _locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
     async with lock:
-        entry = await store.get_meta(key) or {"shards": {}}
+        entry = await store.backend_state.get(key) or {"shards": {}}
         entry["shards"][str(shard.index)] = totals.to_json()
         route = RouteTotals()
         for item in entry["shards"].values():
             route.add_part(Part(endpoint="", lines=[], input_tokens=item["input_tokens"],
                                 output_tokens=item["output_tokens"], cost_usd=item["cost_usd"]))
             route.upstream_batch_ids += item["upstream_batch_ids"]
-        await store.put_meta(key, {**entry, **route.to_json()})
+        await store.backend_state.put(key, {**entry, **route.to_json()})
 
 
 async def native_route_summary(store: Store, batch_id: str, route: str) -> dict[str, Any]:
@@ -323,10 +360,10 @@ async def native_route_summary(store: Store, batch_id: str, route: str) -> dict[
     Race-free across workers: it sums the per-shard records rather than the accumulated `cost:` key.
     """
     totals = RouteTotals()
-    for shard in await store.get_shards(batch_id):
+    for shard in await store.ledger.get_shards(batch_id):
         if shard.route != route:
             continue
-        meta = await store.get_meta(shard_meta_key(shard))
+        meta = await store.backend_state.get(shard_meta_key(shard))
         for raw in (meta or {}).get("parts", []):
             totals.add_part(Part.from_json(raw))
     return totals.to_json()
@@ -335,8 +372,8 @@ async def native_route_summary(store: Store, batch_id: str, route: str) -> dict[
 async def drop_native_state(store: Store, batch_id: str) -> None:
     """Forget a finished batch's native records (call after `native_route_summary`, at the end of finalize)."""
     routes = set()
-    for shard in await store.get_shards(batch_id):
+    for shard in await store.ledger.get_shards(batch_id):
         routes.add(shard.route)
-        await store.delete_meta(shard_meta_key(shard))
+        await store.backend_state.delete(shard_meta_key(shard))
     for route in routes:
-        await store.delete_meta(cost_meta_key(batch_id, route))
+        await store.backend_state.delete(cost_meta_key(batch_id, route))

@@ -144,3 +144,21 @@ def provider_error(exc: BaseException, model: str) -> ProviderError:
              "type": "invalid_request_error" if status and status < 500 else "upstream_error",
              "param": None, "code": UPSTREAM_ERROR}
     return ProviderError(status=status if status and status >= 400 else 500, body={"error": error})
+
+
+def reply_error(status: int, data: bytes) -> dict[str, Any]:
+    """The body of a provider's error reply: as sent when it is OpenAI's `{"error": {...}}` shape, else in
+    that shape (vLLM's top-level error object, a string `error`, or the text of an HTML error page)."""
+    try:
+        parsed = json.loads(data)
+    except (ValueError, TypeError):
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        return parsed
+    body = _error_object(parsed)
+    if body is not None:
+        return body
+    text = data.decode("utf-8", "replace").strip()[:1000] or f"the upstream answered {status}"
+    error = {"message": text, "type": "invalid_request_error" if status < 500 else "upstream_error",
+             "param": None, "code": UPSTREAM_ERROR}
+    return {"error": error}

@@ -1,7 +1,7 @@
 """Running a real batchyard server process for tests, and talking to it.
 
 `start_gateway(config, data_dir)` writes the config, starts
-`python -m gateway.cli.serve` on a free loopback port and waits for
+`python -m gateway.cli serve` on a free loopback port and waits for
 `/health`. Clients are the real `openai` SDK (and LiteLLM in the tests).
 """
 
@@ -40,7 +40,7 @@ def _free_port(host: str) -> int:
 
 
 class Gateway:
-    """A running `python -m gateway.cli.serve` process."""
+    """A running `python -m gateway.cli serve` process."""
 
     def __init__(self, process: subprocess.Popen[bytes], host: str, port: int, data_dir: Path, log_path: Path):
         self.process, self.host, self.port, self.data_dir, self.log_path = process, host, port, data_dir, log_path
@@ -98,7 +98,7 @@ def start_gateway(
 ) -> Gateway:
     """Write `config` beside `data_dir`, start the server on a free port, wait until `/health` answers.
 
-    `workers`: the embedded worker processes (the product's default is one per core; one keeps the
+    `workers`: the embedded worker processes (the product's default is one per free core; one keeps the
     suite light, and the runtime tests ask for more; None: the product's default)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     config_path = data_dir.parent / f"{data_dir.name}.config.yaml"
@@ -111,7 +111,8 @@ def start_gateway(
     cmd = [
         sys.executable,
         "-m",
-        "gateway.cli.serve",
+        "gateway.cli",
+        "serve",
         "--config",
         str(config_path),
         "--host",

@@ -1,10 +1,8 @@
 """Shared mode with real servers: redis-server, moto's S3, `batchyard worker` processes, a loopback upstream.
 
-- `RedisStore` answers exactly as `SQLiteStore` does (one scenario, both stores).
-- `S3Blobs`: single PUT, multipart, abort, streamed read, prefix delete.
-- `RedisStreamQueue`: per-route streams, a live worker's long shard is never
-  taken, a dead consumer's shard is taken after the idle timeout, a closing
-  worker hands its shards back at once.
+(The parts alone: `tests/test_store_parity.py` (SQLite and Redis answer alike,
+local and S3 blobs too) and `tests/test_redis_queue.py`.)
+
 - Two workers, one SIGKILLed mid-batch: the batch completes, each custom_id
   once, upstream calls ≤ total + requests in flight at the kill.
 - Redis restarted mid-batch (append-only file): the batch resumes and completes.
@@ -16,7 +14,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import signal
@@ -35,15 +32,11 @@ import pytest
 from gateway.cli.worker import hosted_routes
 from gateway.config.schema import Config, parse_config
 from gateway.errors import ConfigError
-from gateway.records import BatchStatus, Result, Shard
+from gateway.records import BatchStatus
 from gateway.runtime import Runtime, open_shared
-from gateway.store.base import BatchOptions, BatchRecord, FileRecord, Store
+from gateway.store.base import BatchRecord
 from gateway.store.keys import GROUP, Keys
 from gateway.store.redis_coordination import connect_redis
-from gateway.store.redis_queue import RedisStreamQueue
-from gateway.store.redis_store import RedisStore
-from gateway.store.s3 import S3Blobs
-from gateway.store.sqlite_store import SQLiteStore
 from tests.services import (
     HAVE_REDIS,
     NO_REDIS_REASON,
@@ -87,8 +80,8 @@ def upstream() -> Iterator[Upstream]:
 class Cluster:
     """One Redis (append-only, so it can restart), two `batchyard worker`s and two API replicas
     (`batchyard serve --redis-url`, the second `--with-worker`), all started at once: process
-    start-up (importing LiteLLM) is most of this file's time. Database 0 is theirs; unit tests
-    use databases 1 and 2."""
+    start-up (importing LiteLLM) is most of this file's time. Database 0 is theirs; the sweeper test
+    uses database 2."""
 
     redis: RedisServer
     workers: list[WorkerProcess]
@@ -127,262 +120,6 @@ def cluster(s3: MotoS3, upstream: Upstream, tmp_path_factory: pytest.TempPathFac
         server.close()
 
 
-# -- RedisStore answers as SQLiteStore does -------------------------------------------------
-
-
-def _batch(batch_id: str, owner: str, created: int, status: BatchStatus = BatchStatus.VALIDATING) -> BatchRecord:
-    return BatchRecord(id=batch_id, owner=owner, endpoint="/v1/chat/completions", input_file_id="file_in",
-                       completion_window="24h", status=status, created_at=created, expires_at=created + 86_400,
-                       metadata={"k": "v"}, options=BatchOptions(strict=False, allowed_models=["m"]))
-
-
-def _result(line: int, status: int | None, tokens: int = 0) -> Result:
-    body = {"usage": {"prompt_tokens": tokens, "completion_tokens": 2 * tokens}} if status == 200 else None
-    error = None if status else {"code": "batch_cancelled", "message": "no"}
-    return Result(line=line, custom_id=f"c{line}", status_code=status, body=body, error=error,
-                  request_id=f"req_{line}", id=f"batch_req_{line}", model="m")
-
-
-async def _scenario(store: Store) -> list[Any]:
-    """Every Store call, in the order the runtime makes them; the transcript of what came back."""
-    out: list[Any] = []
-
-    def page(p: Any) -> Any:
-        return [[r.id for r in p.data], p.has_more]
-
-    for i, (fid, created, purpose) in enumerate([("file_b", 100, "batch"), ("file_a", 100, "batch"),
-                                                  ("file_c", 101, "batch_output"), ("file_d", 99, "batch")]):
-        await store.put_file(FileRecord(fid, "team", 10 + i, created, f"{fid}.jsonl", purpose, None, f"files/{fid}"))
-    await store.put_file(FileRecord("file_x", "other", 1, 100, "x", "batch", None, "files/file_x"))
-    await store.put_file(FileRecord("file_e", "other", 1, 100, "e", "batch", 150, "files/file_e"))
-    out.append([[f.id for f in await store.expired_files(at)] for at in (150, 151)])
-    await store.delete_file("file_e")
-    out.append([f.id for f in await store.expired_files(151)])
-    out.append((await store.get_file("file_a")).to_json())  # type: ignore[union-attr]
-    out.append([await store.get_file("file_a", "other"), await store.get_file("nope")])
-    for order in ("asc", "desc"):
-        for after in (None, "file_a", "file_b", "file_c", "gone"):
-            for purpose in (None, "batch"):
-                for limit in (1, 2, 10):
-                    p = await store.list_files("team", purpose=purpose, limit=limit, order=order, after=after)
-                    out.append([order, after, purpose, limit, page(p)])
-    out.append([await store.delete_file("file_a", "other"), await store.delete_file("file_a", "team"),
-                await store.delete_file("file_a")])
-    out.append(page(await store.list_files("team", purpose=None, limit=10, order="asc", after=None)))
-
-    for i, bid in enumerate(["batch_1", "batch_2", "batch_3"]):
-        await store.put_batch(_batch(bid, "team", 1000 - i))  # creation order, not created_at, decides
-    await store.put_batch(_batch("batch_o", "other", 5))
-    for after in (None, "batch_3", "batch_2", "batch_1", "gone"):
-        for limit in (1, 2, 5):
-            out.append([after, limit, page(await store.list_batches("team", limit=limit, after=after))])
-    out.append(await store.update_batch("batch_1", {"status": BatchStatus.IN_PROGRESS, "in_progress_at": 7},
-                                        if_status={BatchStatus.VALIDATING}))
-    out.append(await store.update_batch("batch_1", {"status": BatchStatus.FAILED},
-                                        if_status={BatchStatus.VALIDATING, BatchStatus.CANCELLING}))
-    out.append(await store.update_batch("batch_1", {"counts": {"total": 5, "completed": 0, "failed": 0},
-                                                    "model": "m", "shards_total": 3, "routes": {"a": [1, 2.5]}}))
-    out.append(await store.update_batch("missing", {"model": "m"}))
-    shards = [Shard("batch_1", 0, "m", 2), Shard("batch_1", 1, "m", 2), Shard("batch_1", 2, "", 1)]
-    await store.put_shards("batch_1", shards)
-    await store.put_shards("batch_1", [Shard("batch_1", 0, "changed", 9)])  # ignored: already there
-    out.append([s.to_json() for s in await store.get_shards("batch_1")])
-    await store.record_results(shards[0], [_result(1, 200, 3), _result(2, 500)])
-    await store.record_results(shards[0], [_result(1, 200, 3), _result(2, 200, 4)])  # both already recorded
-    priced = _result(4, 200, 1)
-    priced.cost_usd = 0.125
-    await store.record_results(shards[1], [_result(3, None), priced])
-    await store.record_results(Shard("missing", 0, "m", 1), [_result(1, 200, 5)])
-    out.append(sorted(r.to_json()["line"] for r in await store.journal(shards[0])))
-    out.append([r.to_json() for r in sorted(await store.journal(shards[1]), key=lambda r: r.line)])
-    out.append(sorted(await store.recorded_lines(shards[1])))
-    await store.drop_journal(shards[1])
-    out.append([await store.journal(shards[1]), sorted(await store.recorded_lines(shards[0]))])
-    out.append([await store.finish_shard(shards[0]), await store.finish_shard(shards[0]),
-                await store.finish_shard(Shard("batch_1", 9, "m", 1))])
-    out.append([s.index for s in await store.unfinished_shards("batch_1")])
-    out.append({route: stats.to_json() for route, stats in sorted((await store.route_stats("batch_1")).items())})
-    out.append([await store.begin_attempt(shards[0]), await store.begin_attempt(shards[0]),
-                await store.begin_attempt(shards[1])])
-    rec = await store.get_batch("batch_1")
-    assert rec is not None
-    out.append(rec.to_json())
-    out.append(rec.to_openai())
-    out.append([await store.get_batch("batch_1", "other"), await store.get_batch("missing")])
-    out.append([b.id for b in await store.active_batches()])
-    out.append(await store.update_batch("batch_2", {"status": BatchStatus.COMPLETED, "completed_at": 9}))
-    out.append([b.id for b in await store.active_batches()])
-    out.append(await store.update_batch("batch_2", {"status": "cancelling"}))
-    out.append([b.id for b in await store.active_batches()])
-    out.append([await store.finish_shard(shards[1]), await store.finish_shard(shards[2])])
-
-    await store.put_meta("native:x", {"ids": ["a", "b"], "n": 1})
-    out.append([await store.get_meta("native:x"), await store.get_meta("none")])
-    await store.delete_meta("native:x")
-    out.append(await store.get_meta("native:x"))
-    return out
-
-
-async def test_redis_store_answers_as_sqlite_does(cluster: Cluster, tmp_path: Path) -> None:
-    sqlite = SQLiteStore(tmp_path / "s.sqlite3")
-    shared = RedisStore(connect_redis(cluster.db(1)))
-    try:
-        expected = await _scenario(sqlite)
-        got = await _scenario(shared)
-    finally:
-        await sqlite.aclose()
-        await shared.aclose()
-    for i, (e, g) in enumerate(zip(expected, got, strict=True)):
-        assert g == e, f"step {i}"
-
-
-async def test_store_counts_each_result_once_under_concurrency(cluster: Cluster) -> None:
-    store = RedisStore(connect_redis(cluster.db(1)))
-    try:
-        await store.put_batch(_batch("batch_c", "t", 1))
-        shard = Shard("batch_c", 0, "m", 200)
-        results = [_result(i, 200 if i % 2 else 429, 1) for i in range(1, 201)]
-        # eight writers race over overlapping halves: every line must count once
-        await asyncio.gather(*(store.record_results(shard, results[(k * 25) % 100:(k * 25) % 100 + 100])
-                               for k in range(8)))
-        await asyncio.gather(*(store.record_results(shard, results) for _ in range(4)))
-        rec = await store.get_batch("batch_c")
-        assert rec is not None
-        assert (rec.counts.completed, rec.counts.failed) == (100, 100)
-        assert rec.usage.input_tokens == 100 and rec.usage.output_tokens == 200
-        # if_status is atomic: of many racing transitions exactly one applies
-        applied = await asyncio.gather(*(store.update_batch("batch_c", {"status": BatchStatus.IN_PROGRESS},
-                                                            if_status={BatchStatus.VALIDATING}) for _ in range(20)))
-        assert sum(applied) == 1
-    finally:
-        await store.aclose()
-
-
-# -- S3Blobs -------------------------------------------------------------------------------
-
-
-async def _read_all(blobs: S3Blobs, key: str) -> bytes:
-    return b"".join([chunk async for chunk in blobs.read(key)])
-
-
-async def test_s3_blobs_put_multipart_abort_and_prefix_delete(s3: MotoS3) -> None:
-    blobs = S3Blobs.from_url(s3.storage("unit"), endpoint_url=s3.url, part_size=5 * 1024 * 1024)
-    try:
-        w = blobs.writer("files/small")
-        await w.write(b"hello\n")
-        await w.write(b"world\n")
-        assert await blobs.size("files/small") is None  # nothing visible before commit
-        assert await w.commit() == 12
-        assert await _read_all(blobs, "files/small") == b"hello\nworld\n"
-        assert await blobs.size("files/small") == 12
-
-        big = hashlib.sha256()
-        w = blobs.writer("batches/b1/shards/000000.results.jsonl")
-        for i in range(12):  # 12 MiB in 1 MiB writes: three parts
-            chunk = bytes([i]) * (1 << 20)
-            big.update(chunk)
-            await w.write(chunk)
-        assert await w.commit() == 12 << 20
-        got = hashlib.sha256()
-        async for chunk in blobs.read("batches/b1/shards/000000.results.jsonl", chunk_size=1 << 18):
-            got.update(chunk)
-        assert got.hexdigest() == big.hexdigest()
-
-        w = blobs.writer("files/aborted")
-        await w.write(b"x" * (6 << 20))  # a part went out already
-        await w.abort()
-        client = await blobs.client()
-        uploads = await client.list_multipart_uploads(Bucket=s3.bucket)
-        assert not uploads.get("Uploads")
-        assert await blobs.size("files/aborted") is None
-
-        w = blobs.writer("batches/b10/x")
-        await w.write(b"keep")
-        await w.commit()
-        await blobs.delete_prefix("batches/b1")
-        assert await blobs.size("batches/b1/shards/000000.results.jsonl") is None
-        assert await blobs.size("batches/b10/x") == 4  # a sibling with a longer name stays
-        await blobs.delete("files/small")
-        assert await blobs.size("files/small") is None
-        with pytest.raises(FileNotFoundError):
-            await _read_all(blobs, "files/small")
-        with pytest.raises(ValueError):
-            blobs.writer("../escape")
-    finally:
-        await blobs.aclose()
-
-
-# -- RedisStreamQueue ----------------------------------------------------------------------
-
-
-async def test_queue_routes_refresh_reclaim_and_hand_back(cluster: Cluster) -> None:
-    url = cluster.db(1)
-    client = connect_redis(url)
-    keys = Keys()
-    a = RedisStreamQueue(client, ["gpu", "api"], consumer="a", claim_idle=1.0)
-    b = RedisStreamQueue(client, ["gpu", "api"], consumer="b", claim_idle=1.0)
-    try:
-        await a.put(Shard("batch_q", 0, "gpu", 1))
-        await a.put(Shard("batch_q", 1, "api", 1))
-        assert await a.depth() == {"gpu": 1, "api": 1}
-        got = await b.get({"api"}, timeout=0.2)  # b hosts only the upstream route
-        assert got is not None and got.shard.route == "api"
-        assert await b.get({"api"}, timeout=0.2) is None
-        held = await a.get({"gpu"}, timeout=0.2)
-        assert held is not None and held.shard.index == 0
-        assert await a.depth() == {}
-        assert await a.counts() == ({}, {"gpu": 1, "api": 1})
-
-        # a live worker's long shard is refreshed: b never takes it, however long it runs
-        deadline = time.monotonic() + 3.5
-        while time.monotonic() < deadline:
-            assert await b.get({"gpu"}, timeout=0.2) is None
-        await a.ack(held)
-        await b.ack(got)
-        assert await a.counts() == ({}, {})
-        assert await a.queued() == {}
-
-        # a consumer that never refreshes keeps its shard while its heartbeat key lives…
-        await a.put(Shard("batch_q", 2, "gpu", 1))
-        stream = keys.stream("gpu")
-        await client.set(keys.worker("dead"), "{}")
-        await client.xreadgroup(GROUP, "dead", {stream: ">"}, count=1)
-        deadline = time.monotonic() + 1.6
-        while time.monotonic() < deadline:
-            assert await b.get({"gpu"}, timeout=0.2) is None
-        # …and loses it once the heartbeat is gone and the shard is idle for the timeout
-        await client.delete(keys.worker("dead"))
-        started = time.monotonic()
-        taken = None
-        while taken is None and time.monotonic() - started < 5:
-            taken = await b.get({"gpu"}, timeout=0.2)
-        assert taken is not None and taken.shard.index == 2
-        await b.ack(taken)
-
-        # a closing worker hands its shards back: taken at the next reclaim, not after the idle timeout
-        c = RedisStreamQueue(connect_redis(url), ["gpu"], consumer="c", claim_idle=60.0,
-                             owns_client=True)
-        b60 = RedisStreamQueue(client, ["gpu"], consumer="b60", claim_idle=60.0)
-        await c.put(Shard("batch_q", 3, "gpu", 1))
-        assert (await c.get(None, timeout=0.2)) is not None
-        await c.aclose()
-        back = await b60.get(None, timeout=0.2)
-        assert back is not None and back.shard.index == 3
-        # put_missing enqueues only a shard no entry carries
-        assert not await b60.put_missing(Shard("batch_q", 3, "gpu", 1))
-        await b60.ack(back)
-        assert await b60.put_missing(Shard("batch_q", 3, "gpu", 1))
-        await b60.aclose()
-        # consumers that hold nothing and are not alive are forgotten (one per worker start would pile up)
-        await b.forget_dead_consumers({"a", "b"}.__contains__, idle=0)
-        names = {c["name"] for c in await client.xinfo_consumers(stream, GROUP)}
-        assert "dead" not in names and "c" not in names and {"a", "b"} <= names
-    finally:
-        await a.aclose()
-        await b.aclose()
-        await client.aclose()
-
-
 # -- workers over a loopback upstream --------------------------------------------------------
 
 
@@ -407,7 +144,7 @@ async def _submit(api: Runtime, lines: list[dict[str, Any]]) -> str:
 async def _wait(api: Runtime, batch_id: str, timeout: float = 60) -> BatchRecord:
     deadline = time.monotonic() + timeout
     while True:
-        batch = await api.store.get_batch(batch_id)
+        batch = await api.store.batches.get(batch_id)
         assert batch is not None
         if batch.status.finished:
             return batch
@@ -434,8 +171,10 @@ async def _pid_with_shards(api: Runtime, redis_url: str, pids: set[int]) -> int:
     """One of `pids` (live worker processes) that holds shards right now."""
     client = connect_redis(redis_url)
     while True:
-        pending = await client.xpending(Keys().stream(MODEL), GROUP)
-        busy = {c["name"] for c in pending["consumers"] if int(c["pending"]) > 0}
+        busy = set()
+        for stream in await client.smembers(Keys().streams(MODEL)):
+            pending = await client.xpending(stream, GROUP)
+            busy |= {c["name"] for c in pending["consumers"] if int(c["pending"]) > 0}
         for w in await api.coordination.live_workers():
             if w["name"] in busy and int(w["pid"]) in pids:
                 return int(w["pid"])
@@ -444,7 +183,7 @@ async def _pid_with_shards(api: Runtime, redis_url: str, pids: set[int]) -> int:
 
 async def _until_completed(api: Runtime, batch_id: str, n: int) -> BatchRecord:
     while True:
-        rec = await api.store.get_batch(batch_id)
+        rec = await api.store.batches.get(batch_id)
         assert rec is not None
         if rec.counts.completed >= n or rec.status.finished:
             return rec
@@ -459,12 +198,13 @@ async def test_sweeper_enqueues_shards_lost_from_the_queue(cluster: Cluster, ups
         await api.start()
         lines = _lines(40, 0, "swept")
         batch_id = await _submit(api, lines)
-        while (rec := await api.store.get_batch(batch_id)) is not None and rec.status is BatchStatus.VALIDATING:
+        while (rec := await api.store.batches.get(batch_id)) is not None and rec.status is BatchStatus.VALIDATING:
             await asyncio.sleep(0.05)
         while await api.coordination.held(f"validate:{batch_id}"):
             await asyncio.sleep(0.05)
         # Redis lost the queue (or the replica died while enqueueing): no entry carries the shards
-        await connect_redis(url).delete(Keys().stream(MODEL), Keys().queued)
+        lost = connect_redis(url)
+        await lost.delete(*await lost.smembers(Keys().streams(MODEL)), Keys().queued)
         await worker.start()
         await api.coordinator.sweep()
         batch = await _wait(api, batch_id, timeout=60)

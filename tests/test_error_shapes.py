@@ -14,7 +14,7 @@ from tests.server_helpers import API_VERSION, Gateway, chat_line, gateway_config
 from tests.upstream import start_upstream
 
 KEY = "sk-team-0123456789"
-PREFIXES = ("/v1", "/openai", "/openai/v1", "/azure/v1")
+PREFIXES = ("/v1", "", "/openai", "/openai/v1", "/azure/v1")  # "": LiteLLM's root paths
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +42,7 @@ def _error(reply: httpx.Response, param: str | None) -> dict[str, Any]:
     assert isinstance(error["message"], str) and error["message"]
     assert error["param"] == param, error
     assert "Traceback" not in reply.text and "detail" not in body
+    assert reply.headers["x-request-id"].startswith("req_")  # on errors too, as OpenAI sends it
     return error
 
 

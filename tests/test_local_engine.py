@@ -133,6 +133,20 @@ class TestGenerate:
         assert llama.served_model_names == ("tiny-llama",)
         await llama.start()  # idempotent
 
+    async def test_engine_has_the_offline_settings(self, llama: LocalEngineBackend) -> None:
+        # Where engine_args are silent: vLLM's offline LLM class's batch sizes (not run_batch's 128 / 2048)
+        # and no statistics, as LLM() sets them.
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.usage.usage_lib import UsageContext
+
+        engine = llama._engine
+        assert engine is not None
+        tokens, seqs = EngineArgs.get_batch_defaults(world_size=1)
+        sched = engine.vllm_config.scheduler_config
+        assert sched.max_num_seqs == seqs[UsageContext.LLM_CLASS]
+        assert sched.max_num_batched_tokens == tokens[UsageContext.LLM_CLASS]
+        assert engine.log_stats is False
+
     async def test_chat_and_completions(self, llama: LocalEngineBackend) -> None:
         reqs = [
             chat(1, max_completion_tokens=8, ignore_eos=True),

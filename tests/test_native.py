@@ -69,10 +69,10 @@ def chat(line: int, text: str | None = None) -> BatchRequest:
 async def new_shard(store: SQLiteStore, size: int, status: BatchStatus = BatchStatus.IN_PROGRESS) -> Shard:
     batch_id = new_id("batch")
     t = now()
-    await store.put_batch(BatchRecord(id=batch_id, owner="", endpoint="*", input_file_id="file-x",
+    await store.batches.put(BatchRecord(id=batch_id, owner="", endpoint="*", input_file_id="file-x",
                                       completion_window="24h", status=status, created_at=t, expires_at=t + 3600))
     shard = Shard(batch_id=batch_id, index=0, route=ROUTE, size=size)
-    await store.put_shards(batch_id, [shard])
+    await store.ledger.put_shards(batch_id, [shard])
     return shard
 
 
@@ -87,7 +87,7 @@ async def upstream_ids(store: Store, shard: Shard, timeout: float = 10.0) -> lis
     """The upstream batch ids the backend recorded for a shard (waits for the first one)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        meta = await store.get_meta(shard_meta_key(shard))
+        meta = await store.backend_state.get(shard_meta_key(shard))
         ids = [p["batch_id"] for p in (meta or {}).get("parts", []) if p.get("batch_id")]
         if ids:
             return ids
@@ -134,7 +134,7 @@ async def test_openai_shard_split_into_upstream_batches(upstream: Upstream, stor
     out = sum(r.usage.output_tokens for r in results)
     assert (summary["input_tokens"], summary["output_tokens"]) == (inp, out) and inp > 0
     assert summary["cost_usd"] == pytest.approx(inp * 1e-6 + out * 2e-6)  # batch rates: half the listed price
-    accumulated = await store.get_meta(cost_meta_key(shard.batch_id, ROUTE))
+    accumulated = await store.backend_state.get(cost_meta_key(shard.batch_id, ROUTE))
     assert accumulated is not None and accumulated["cost_usd"] == pytest.approx(summary["cost_usd"])
     assert accumulated["upstream_batch_ids"] == ids
 
@@ -182,7 +182,7 @@ async def test_cancel_mid_poll_cancels_upstream(slow_upstream: Upstream, store: 
 
     task = asyncio.create_task(consume())
     (batch_id,) = await upstream_ids(store, shard)
-    await store.update_batch(shard.batch_id, {"status": BatchStatus.CANCELLING, "cancelling_at": now()})
+    await store.batches.update(shard.batch_id, {"status": BatchStatus.CANCELLING, "cancelling_at": now()})
     task.cancel()  # what the pipeline does when it sees the batch cancelled
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -224,7 +224,7 @@ async def test_pipeline_cancel_cancels_upstream(slow_upstream: Upstream, tmp_pat
 async def wait_shards(store: Store, batch_id: str) -> list[Shard]:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        shards = await store.get_shards(batch_id)
+        shards = await store.ledger.get_shards(batch_id)
         if shards:
             return list(shards)
         await asyncio.sleep(0.05)

@@ -7,11 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from openai import AzureOpenAI, OpenAI
@@ -27,62 +25,22 @@ from tests.server_helpers import (
     submit,
     wait_batch,
 )
+from tests.team_gateway import (
+    ALL_MODELS,
+    ALPHA,
+    ALPHA_MODELS,
+    BETA,
+    GAMMA,
+    MASTER,
+    alpha,
+    assert_error,
+    beta,
+    gw,
+    upstream,
+)
 from tests.upstream import Upstream, start_upstream
 
-MASTER, ALPHA, BETA, GAMMA = "sk-master-0123456789", "sk-alpha-0123456789", "sk-beta-0123456789", "sk-gamma-012345"
-MAX_LINES, MAX_FILE_BYTES = 20, 16_384
-ALPHA_MODELS = ["embed-small", "gpt-azure", "gpt-mini"]
-ALL_MODELS = ["embed-small", "gpt-azure", "gpt-mini", "secret-model"]
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def gw(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    teams = [
-        {"team_id": "alpha", "api_keys": [ALPHA], "models": ALPHA_MODELS},
-        {"team_id": "beta", "api_keys": [BETA]},
-        {"team_id": "gamma", "api_keys": [GAMMA]},
-    ]
-    config = gateway_config(
-        upstream,
-        master_key=MASTER,
-        teams=teams,
-        completion_windows={"4s": 4},  # short enough to watch a batch expire
-        max_lines=MAX_LINES,
-        max_file_bytes=MAX_FILE_BYTES,
-    )
-    with start_gateway(config, tmp_path_factory.mktemp("gw") / "data") as gateway:
-        yield gateway
-        log = gateway.log()
-    for key in (MASTER, ALPHA, BETA, GAMMA, "sk-wrong-key"):
-        assert key not in log, "an API key was logged"
-
-
-@pytest.fixture(scope="module")
-def alpha(gw: Gateway) -> OpenAI:
-    return gw.client(ALPHA)
-
-
-@pytest.fixture(scope="module")
-def beta(gw: Gateway) -> OpenAI:
-    return gw.client(BETA)
-
-
-def _assert_error(response: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/json")
-    body = response.json()
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"message", "type", "param", "code"}
-    assert body["error"]["message"]
-    if code is not None:
-        assert body["error"]["code"] == code
-    return body["error"]
+__all__ = ["alpha", "beta", "gw", "upstream"]  # fixtures, used by name
 
 
 def _ids(lines: list[dict[str, Any]]) -> list[str]:
@@ -206,9 +164,9 @@ def test_pagination(gw: Gateway) -> None:
     assert rest["has_more"] is False
     assert [b["id"] for b in page["data"] + rest["data"]] == [b.id for b in reversed(batches)]
     for bad in ("0", "101"):
-        _assert_error(gw.http("GET", f"/v1/batches?limit={bad}", GAMMA), 400)
-    _assert_error(gw.http("GET", "/v1/files?order=sideways", GAMMA), 400)
-    _assert_error(gw.http("GET", "/v1/batches?limit=many", GAMMA), 400, "invalid_type")
+        assert_error(gw.http("GET", f"/v1/batches?limit={bad}", GAMMA), 400)
+    assert_error(gw.http("GET", "/v1/files?order=sideways", GAMMA), 400)
+    assert_error(gw.http("GET", "/v1/batches?limit=many", GAMMA), 400, "invalid_type")
     for b in batches:
         wait_batch(gamma, b.id)
 
@@ -273,7 +231,7 @@ def test_tenant_isolation(gw: Gateway, alpha: OpenAI, other_key: str) -> None:
             with pytest.raises(openai.NotFoundError):
                 call(batch.id)
     for path in (f"/v1/files/{batch.input_file_id}", f"/v1/batches/{batch.id}"):
-        _assert_error(gw.http("GET", path, other_key), 404)
+        assert_error(gw.http("GET", path, other_key), 404)
     assert not set(owned_files) & {f.id for f in other.files.list()}
     assert batch.id not in {b.id for b in other.batches.list(limit=100)}
     # still there for its owner
@@ -289,7 +247,7 @@ def test_auth_errors(gw: Gateway) -> None:
         {"Authorization": f"Basic {ALPHA}"},
     ):
         for path in ("/v1/files", "/openai/batches", "/openai/v1/models", "/azure/v1/batches"):
-            _assert_error(gw.http("GET", path, headers=headers), 401)
+            assert_error(gw.http("GET", path, headers=headers), 401)
     with pytest.raises(openai.AuthenticationError):
         gw.client("sk-wrong-key").files.list()
     with pytest.raises(openai.AuthenticationError):
@@ -306,183 +264,12 @@ def test_models_per_caller(gw: Gateway) -> None:
         assert all(m.object == "model" and m.owned_by == "batchyard" and m.created > 0 for m in models)
 
 
-# --------------------------------------------------------------------------- validation
-
-
-def _good(i: int) -> dict[str, Any]:
-    return chat_line(f"ok{i}", "gpt-mini", f"fine {i}")
-
-
-_NO_CUSTOM_ID = {"method": "POST", "url": "/v1/chat/completions", "body": {"model": "gpt-mini", "messages": []}}
-
-VALIDATION_CASES: list[tuple[str, list[Any], str, int | None, str | None]] = [
-    ("invalid_json", [_good(1), '{"custom_id": "x", "method": "POST"', _good(3)], "invalid_json_line", 2, None),
-    ("missing_custom_id", [_good(1), _NO_CUSTOM_ID], "missing_required_parameter", 2, "custom_id"),
-    (
-        "missing_model",
-        [_good(1), _good(2), chat_line("m", None, "no model")],
-        "missing_required_parameter",
-        3,
-        "body.model",
-    ),
-    ("invalid_url", [_good(1), {**_good(2), "url": "/v1/embeddings"}], "invalid_url", 2, "url"),
-    ("duplicate_custom_id", [_good(1), _good(2), _good(1)], "duplicate_custom_id", 3, "custom_id"),
-    ("unknown_model", [chat_line("u", "no-such-model", "hi")], "model_not_found", 1, "body.model"),
-    ("model_not_allowed", [_good(1), chat_line("s", "secret-model", "hi")], "model_not_found", 2, "body.model"),
-    (
-        "streaming",
-        [_good(1), chat_line("st", "gpt-mini", "hi", stream=True)],
-        "streaming_unsupported",
-        2,
-        "body.stream",
-    ),
-    ("empty_file", [], "empty_file", None, None),
-    ("too_many_tasks", [_good(i) for i in range(MAX_LINES + 1)], "too_many_tasks", MAX_LINES + 1, None),
-]
-
-
-@pytest.mark.parametrize(
-    ("lines", "code", "line", "param"), [c[1:] for c in VALIDATION_CASES], ids=[c[0] for c in VALIDATION_CASES]
-)
-def test_validation_fails_the_batch(
-    alpha: OpenAI, upstream: Upstream, lines: list[Any], code: str, line: int | None, param: str | None
-) -> None:
-    sent = upstream.stats()["requests"]
-    batch = wait_batch(alpha, submit(alpha, lines).id)
-    assert batch.status == "failed", batch
-    assert batch.failed_at and batch.errors is not None and batch.errors.data
-    found = [e for e in batch.errors.data if e.code == code]
-    assert found, batch.errors
-    assert found[0].line == line and found[0].message
-    if param is not None:
-        assert found[0].param == param
-    assert upstream.stats()["requests"] == sent  # nothing of a failed batch is sent
-
-
-# --------------------------------------------------------------------------- uploads and errors
-
-
-def test_upload_limit(gw: Gateway, beta: OpenAI) -> None:
-    before = {f.id for f in beta.files.list()}
-    assert beta.files.create(file=("max.jsonl", b"x" * MAX_FILE_BYTES), purpose="batch").bytes == MAX_FILE_BYTES
-    with pytest.raises(openai.APIStatusError) as info:
-        beta.files.create(file=("big.jsonl", b"x" * (MAX_FILE_BYTES + 1)), purpose="batch")
-    assert info.value.status_code == 413
-
-    boundary = "b0undary"
-
-    def chunked(size: int) -> Iterator[bytes]:  # no Content-Length: the limit is enforced while streaming
-        yield (
-            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--{boundary}\r\n'
-            f'Content-Disposition: form-data; name="file"; filename="s.jsonl"\r\n\r\n'
-        ).encode()
-        for _ in range(size // 1000):
-            yield b"y" * 1000
-        yield f"\r\n--{boundary}--\r\n".encode()
-
-    headers = {"content-type": f"multipart/form-data; boundary={boundary}"}
-    _assert_error(gw.http("POST", "/v1/files", BETA, content=chunked(MAX_FILE_BYTES * 4), headers=headers), 413)
-    assert len({f.id for f in beta.files.list()} - before) == 1  # only the file that fit
-
-
-def test_upload_fields_in_any_order(gw: Gateway, beta: OpenAI) -> None:
-    boundary = "zzBOUNDARYzz"
-
-    def part(name: str, value: str, filename: str | None = None) -> str:
-        extra = f'; filename="{filename}"' if filename else ""
-        return f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"{extra}\r\n\r\n{value}\r\n'
-
-    content = b'{"a": 1}\n{"b": 2}\n'
-    headers = {"content-type": f"multipart/form-data; boundary={boundary}"}
-    for parts in (
-        [
-            part("file", content.decode(), "../dir/late.jsonl"),
-            part("purpose", "batch"),
-            part("expires_after[anchor]", "created_at"),
-            part("expires_after[seconds]", "7200"),
-        ],
-        [
-            part("purpose", "batch"),
-            part("file", content.decode(), "late.jsonl"),
-            part("expires_after[anchor]", "created_at"),
-            part("expires_after[seconds]", "7200"),
-        ],
-    ):
-        reply = gw.http("POST", "/v1/files", BETA, content="".join(parts) + f"--{boundary}--\r\n", headers=headers)
-        assert reply.status_code == 200, reply.text
-        file = reply.json()
-        assert file["filename"] == "late.jsonl" and file["bytes"] == len(content)
-        assert file["expires_at"] - file["created_at"] == 7200
-        assert beta.files.content(file["id"]).content == content
-    missing = gw.http(
-        "POST", "/v1/files", BETA, content=part("purpose", "batch") + f"--{boundary}--\r\n", headers=headers
-    )
-    assert _assert_error(missing, 400)["param"] == "file"
-    no_purpose = gw.http("POST", "/v1/files", BETA, files={"file": ("a.jsonl", b"{}\n")})
-    assert _assert_error(no_purpose, 400)["param"] == "purpose"
-    _assert_error(gw.http("POST", "/v1/files", BETA, json={"purpose": "batch"}), 400)
-
-
-def test_file_object_and_delete(beta: OpenAI) -> None:
-    file = beta.files.create(
-        file=("obj.jsonl", b"{}\n"), purpose="batch", expires_after={"anchor": "created_at", "seconds": 3600}
-    )
-    assert (file.object, file.status, file.filename, file.bytes) == ("file", "processed", "obj.jsonl", 3)
-    assert file.expires_at == file.created_at + 3600
-    assert beta.files.delete(file.id).deleted is True
-    with pytest.raises(openai.NotFoundError):
-        beta.files.retrieve(file.id)
-    with pytest.raises(openai.NotFoundError):
-        beta.files.delete(file.id)
-
-
-def test_bad_requests_answer_openai_errors(gw: Gateway, beta: OpenAI) -> None:
-    file = beta.files.create(file=("x.jsonl", jsonl([_good(1)])), purpose="batch")
-    good = {"input_file_id": file.id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
-    full = {f"k{i:02d}" + "x" * 61: "v" * 512 for i in range(16)}
-    accepted = gw.http("POST", "/v1/batches", BETA, json={**good, "metadata": full})
-    assert accepted.status_code == 200 and accepted.json()["metadata"] == full
-    cases: list[tuple[dict[str, Any], int, str | None]] = [
-        ({**good, "metadata": {f"k{i}": "v" for i in range(17)}}, 400, "metadata"),
-        ({**good, "metadata": {"k" * 65: "v"}}, 400, None),
-        ({**good, "metadata": {"k": "v" * 513}}, 400, "metadata.k"),
-        ({**good, "metadata": {"k": 1}}, 400, "metadata.k"),
-        ({**good, "input_file_id": None}, 400, "input_file_id"),
-        ({**good, "output_expires_after": {"anchor": "created_at", "seconds": 5}}, 400, "output_expires_after.seconds"),
-        ({**good, "input_file_id": "file-nope"}, 404, None),
-        ({**good, "completion_window": "1w"}, 400, None),
-        ({**good, "endpoint": "/v1/no-such-endpoint"}, 400, None),
-    ]
-    for body, status, param in cases:
-        error = _assert_error(gw.http("POST", "/v1/batches", BETA, json=body), status)
-        if param is not None:
-            assert error["param"] == param, (body, error)
-    _assert_error(gw.http("POST", "/v1/batches", BETA, content=b"{not json"), 400)
-    _assert_error(gw.http("POST", "/v1/batches", BETA, json=[1, 2]), 400)
-    _assert_error(gw.http("GET", "/v1/nothing-here", BETA), 404, "unknown_url")
-    _assert_error(gw.http("GET", "/nothing-here"), 404)
-    _assert_error(gw.http("PUT", "/v1/files", BETA), 405)
-    _assert_error(gw.http("GET", "/v1/files?limit=ten", BETA), 400, "invalid_type")
-    _assert_error(gw.http("GET", "/v1/batches/batch_missing", BETA), 404, "not_found")
-
-
-def test_server_fault_is_a_json_500(gw: Gateway, beta: OpenAI) -> None:
-    file = beta.files.create(file=("lost.jsonl", b"{}\n"), purpose="batch")
-    [blob] = [p for p in (gw.data_dir / "blobs").rglob("*") if p.name == file.id]
-    blob.unlink()  # the record survives its bytes: a real server-side fault
-    reply = gw.http("GET", f"/v1/files/{file.id}/content", BETA)
-    error = _assert_error(reply, 500)
-    assert error["type"] == "server_error" and "Traceback" not in reply.text and str(blob) not in reply.text
-    assert gw.http("GET", "/health").status_code == 200
-
-
-# --------------------------------------------------------------------------- separate servers
-
 
 def test_open_when_no_keys(upstream: Upstream, tmp_path: Path) -> None:
     with start_gateway(gateway_config(upstream), tmp_path / "open") as gw:
         assert "API is open" in gw.log()
-        file = gw.client(None).files.create(file=("o.jsonl", jsonl([_good(1)])), purpose="batch")
+        line = chat_line("ok1", "gpt-mini", "fine 1")
+        file = gw.client(None).files.create(file=("o.jsonl", jsonl([line])), purpose="batch")
         assert gw.client("anything").files.retrieve(file.id).id == file.id
         assert gw.http("GET", "/v1/files").json()["data"][0]["id"] == file.id
         assert [m.id for m in gw.client(None).models.list()] == ALL_MODELS

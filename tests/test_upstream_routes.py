@@ -186,20 +186,23 @@ def test_server_accepts_moderation_and_image_batches(upstream: Upstream, tmp_pat
 
 
 @pytest.mark.asyncio
-async def test_aclose_closes_every_litellm_client(upstream: Upstream) -> None:
+async def test_aclose_closes_every_client(upstream: Upstream) -> None:
     import litellm
 
     from gateway.config.routes import Route, RouteKind
     from gateway.records import BatchRequest, Endpoint
     from providers.litellm_backend import LiteLLMBackend
 
+    # m and v take the pass-through (our sessions); t LiteLLM's completion path (its cached clients)
     entries = [{"model_name": "m", "litellm_params": {"model": "openai/gpt-4o-mini", "api_key": "sk-test",
                                                       "api_base": upstream.v1_url}},
-               {"model_name": "v", "litellm_params": {"model": "hosted_vllm/llama", "api_base": upstream.v1_url}}]
+               {"model_name": "v", "litellm_params": {"model": "hosted_vllm/llama", "api_base": upstream.v1_url}},
+               {"model_name": "t", "litellm_params": {"model": "mistral/mistral-small", "api_key": "sk-test",
+                                                      "api_base": upstream.v1_url}}]
     routes = [Route(model_name=e["model_name"], kind=RouteKind.UPSTREAM, deployments=[e]) for e in entries]
     backend = LiteLLMBackend(routes, {"num_retries": 0}, 8)
     requests = [BatchRequest(line=i + 1, custom_id=f"c{i}", url=Endpoint.CHAT,
-                             body={"model": "mv"[i % 2], "messages": [{"role": "user", "content": f"hi {i}"}]})
+                             body={"model": "mvt"[i % 3], "messages": [{"role": "user", "content": f"hi {i}"}]})
                 for i in range(6)]
     results = [r async for r in backend.execute(requests)]
     assert sorted(r.status_code or 0 for r in results) == [200] * 6
@@ -207,6 +210,9 @@ async def test_aclose_closes_every_litellm_client(upstream: Upstream) -> None:
                for c in litellm.in_memory_llm_clients_cache.cache_dict.values()]
     open_clients = [c for c in clients if c is not None and hasattr(c, "is_closed") and not c.is_closed]
     assert open_clients  # LiteLLM cached the clients it made for these calls
+    sessions = [t.session for t in backend._wire._targets.values()] if backend._wire else []
+    assert len(sessions) == 2 and all(s is not None and not s.closed for s in sessions)
     await backend.aclose()
     assert all(c.is_closed for c in open_clients)
+    assert all(s is not None and s.closed for s in sessions)
     assert not litellm.in_memory_llm_clients_cache.cache_dict  # a later start makes fresh ones

@@ -1,8 +1,10 @@
 """The HTTP front door: OpenAI's Files and Batches API over the runtime.
 
 One router, mounted where each client family looks for it: `/v1` (OpenAI,
-LiteLLM), `/openai` (AzureOpenAI; `?api-version=` is accepted and ignored),
-`/openai/v1` (Azure's v1 form) and `/azure/v1` (LiteLLM's Azure form).
+LiteLLM), the root (`/files`, `/batches`: LiteLLM's clients and its proxy),
+`/openai` (AzureOpenAI; `?api-version=` is accepted and ignored), `/openai/v1`
+(Azure's v1 form) and `/azure/v1` (LiteLLM's Azure form). Every response
+carries an `x-request-id` (`gateway.api.request_id`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from gateway.api import batches, dashboard, files, scrape
 from gateway.api.auth import Authenticator, log_auth_mode
 from gateway.api.deps import Caller, check_api_version, runtime_of
 from gateway.api.http_errors import error_response, install_error_handlers
+from gateway.api.request_id import RequestIdMiddleware
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -27,7 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PREFIXES = ("/v1", "/openai", "/openai/v1", "/azure/v1")
+PREFIXES = ("/v1", "", "/openai", "/openai/v1", "/azure/v1")
 
 _models = APIRouter()
 
@@ -119,6 +122,7 @@ def create_app(runtime: Runtime, *, manage_runtime: bool = False, workers: Worke
     app.state.auth = Authenticator(runtime.config)
     app.state.started_at = int(time.time())
     install_error_handlers(app)
+    app.add_middleware(RequestIdMiddleware)
     api = _api_router()
     for prefix in PREFIXES:
         app.include_router(api, prefix=prefix)

@@ -36,17 +36,17 @@ async def create_batch(request: Request, caller: Caller) -> JSONResponse:
 
 @router.get("/batches")
 async def list_batches(request: Request, caller: Caller, limit: int = 20, after: str | None = None) -> JSONResponse:
-    page = await runtime_of(request).store.list_batches(caller.owner, limit=check_limit(limit, 100), after=after)
+    page = await runtime_of(request).store.batches.page(caller.owner, limit=check_limit(limit, 100), after=after)
     return JSONResponse(list_reply([b.to_openai() for b in page.data], page.has_more))
 
 
 @router.get("/batches/{batch_id}")
 async def get_batch(request: Request, caller: Caller, batch_id: str) -> JSONResponse:
     store = runtime_of(request).store
-    rec = await store.get_batch(check_id(batch_id, "batch", "batch_id"), caller.owner)
+    rec = await store.batches.get(check_id(batch_id, "batch", "batch_id"), caller.owner)
     if rec is None:
         raise not_found("batch", batch_id)
-    live = None if rec.status.finished else await store.route_stats(rec.id)
+    live = None if rec.status.finished else await store.ledger.route_stats(rec.id)
     return JSONResponse(rec.to_openai(live))
 
 

@@ -23,11 +23,14 @@ def runtime_of(request: Request) -> Runtime:
 
 
 def list_reply(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    # OpenAI's schema types first_id/last_id as strings (and requires them on a file list), so an
+    # empty page answers "" rather than null; the SDK's cursor pages read neither (they page by
+    # the last item's id and `has_more`).
     return {
         "object": "list",
         "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
+        "first_id": data[0]["id"] if data else "",
+        "last_id": data[-1]["id"] if data else "",
         "has_more": has_more,
     }
 

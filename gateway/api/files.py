@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 import unicodedata
 from collections.abc import AsyncIterator
@@ -43,7 +44,7 @@ async def create_file(request: Request, caller: Caller) -> JSONResponse:
     except (ApiError, GatewayError):
         await body.drain(_DRAIN_LIMIT)
         raise
-    return JSONResponse(rec.to_openai())
+    return JSONResponse(file_object(rec))
 
 
 @router.get("/files")
@@ -57,21 +58,21 @@ async def list_files(
 ) -> JSONResponse:
     if order not in ("asc", "desc"):
         raise bad_request("order must be 'asc' or 'desc'.", param="order")
-    page = await runtime_of(request).store.list_files(
+    page = await runtime_of(request).store.files.page(
         caller.owner, purpose=purpose, limit=check_limit(limit, 10_000), order=order, after=after
     )
-    return JSONResponse(list_reply([f.to_openai() for f in page.data], page.has_more))
+    return JSONResponse(list_reply([file_object(f) for f in page.data], page.has_more))
 
 
 @router.get("/files/{file_id}")
 async def get_file(request: Request, caller: Caller, file_id: str) -> JSONResponse:
-    return JSONResponse((await _owned(request, caller.owner, file_id)).to_openai())
+    return JSONResponse(file_object(await _owned(request, caller.owner, file_id)))
 
 
 @router.delete("/files/{file_id}")
 async def delete_file(request: Request, caller: Caller, file_id: str) -> JSONResponse:
     if not await runtime_of(request).service.delete_file(check_id(file_id, "file", "file_id"), caller.owner):
-        raise not_found("file", file_id)
+        raise not_found("file", file_id, "id")
     return JSONResponse({"id": file_id, "object": "file", "deleted": True})
 
 
@@ -91,6 +92,17 @@ async def file_content(request: Request, caller: Caller, file_id: str) -> Stream
     return StreamingResponse(_prepend(first, chunks), media_type="application/octet-stream", headers=headers)
 
 
+def file_object(rec: FileRecord) -> dict[str, Any]:
+    """OpenAI's File object. A file that never expires has no `expires_at`, and `status_details` is
+    left out unless set (the schema types both as non-null; the SDK's FileObject reads a missing one
+    as None)."""
+    data = rec.to_openai()
+    for name in ("expires_at", "status_details"):
+        if data.get(name) is None:
+            data.pop(name, None)
+    return data
+
+
 def _check_declared_size(request: Request, limit: int) -> None:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit + _FORM_OVERHEAD:
@@ -102,9 +114,9 @@ def _too_large(limit: int) -> ApiError:
 
 
 async def _owned(request: Request, owner: str, file_id: str) -> FileRecord:
-    rec = await runtime_of(request).store.get_file(check_id(file_id, "file", "file_id"), owner)
+    rec = await runtime_of(request).store.files.get(check_id(file_id, "file", "file_id"), owner)
     if rec is None:
-        raise not_found("file", file_id)
+        raise not_found("file", file_id, "id")
     return rec
 
 
@@ -133,6 +145,17 @@ def _purpose(fields: dict[str, str]) -> str:
 
 
 def _expires_after(fields: dict[str, str]) -> ExpiresAfter | None:
+    """The SDK's bracketed form fields, or one `expires_after` field holding a JSON object (what
+    generic multipart encoders, schemathesis's among them, send for an object)."""
+    if "expires_after" in fields:
+        try:
+            value = json.loads(fields["expires_after"])
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise bad_request("expires_after must be an object with 'anchor' and 'seconds'.",
+                              param="expires_after", code="invalid_type")
+        return parse_body(ExpiresAfter, value, "expires_after")
     given = {name: fields[key] for name in ("anchor", "seconds") if (key := f"expires_after[{name}]") in fields}
     return parse_body(ExpiresAfter, given, "expires_after") if given else None
 
@@ -199,7 +222,7 @@ class _Upload:
         return file
 
     async def _apply_late_expiry(self, rec: FileRecord) -> FileRecord:
-        if not any(k.startswith("expires_after[") for k in self.late):
+        if not any(k.startswith("expires_after") for k in self.late):
             return rec
         try:
             expiry = _expires_after(self.late)
@@ -209,7 +232,7 @@ class _Upload:
         if expiry is None:
             return rec
         rec.expires_at = expiry.at(rec.created_at)
-        await self.runtime.store.put_file(rec)
+        await self.runtime.store.files.put(rec)
         return rec
 
 

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from gateway.errors import Conflict, GatewayError, InvalidRequest, NotFound, TooLarge
+from gateway.errors import Conflict, GatewayError, InvalidRequest, NotFound, OverQuota, TooLarge
 
 
 class ApiError(Exception):
@@ -29,7 +29,8 @@ class ApiError(Exception):
 
 
 # The core's refusals, by kind.
-_STATUS: dict[type[GatewayError], int] = {InvalidRequest: 400, NotFound: 404, Conflict: 409, TooLarge: 413}
+_STATUS: dict[type[GatewayError], int] = {InvalidRequest: 400, NotFound: 404, Conflict: 409, TooLarge: 413,
+                                          OverQuota: 429}
 
 _TYPES = {401: "invalid_request_error", 403: "permission_error", 429: "rate_limit_error"}
 _CODES = {404: "unknown_url", 405: "method_not_allowed", 413: "request_too_large"}
@@ -77,6 +78,8 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 def _param(loc: tuple[Any, ...]) -> str | None:
     # loc is ("query", "limit") or ("body", "metadata", "k"): drop where it came from
     parts = [str(p) for p in loc[1:]] if len(loc) > 1 else [str(p) for p in loc]
+    if "[key]" in parts:  # a mapping's key is wrong (metadata's): name the mapping, not the key's text
+        parts = parts[:max(parts.index("[key]") - 1, 0)]
     return ".".join(parts) or None
 
 
@@ -97,8 +100,17 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(400, "Invalid request.", code="invalid_request")
     first = errors[0]
     param = _param(tuple(first.get("loc", ())))
-    details = "; ".join(f"{_param(tuple(e.get('loc', ()))) or 'request'}: {e.get('msg', 'invalid')}" for e in errors)
-    return error_response(400, f"Invalid request: {details}", code=_code(str(first.get("type", ""))), param=param)
+    code = _code(str(first.get("type", "")))
+    # OpenAI's phrasing: "Missing required parameter: 'x'." / "Invalid type for 'x': …" / "Invalid value for 'x': …"
+    if code == "missing_required_parameter":
+        message = f"Missing required parameter: '{param}'."
+    else:
+        kind = "type" if code == "invalid_type" else "value"
+        message = f"Invalid {kind} for '{param or 'request'}': {first.get('msg', 'invalid')}."
+    if len(errors) > 1:
+        message += " Also: " + "; ".join(
+            f"{_param(tuple(e.get('loc', ()))) or 'request'}: {e.get('msg', 'invalid')}" for e in errors[1:])
+    return error_response(400, message, code=code, param=param)
 
 
 async def _client_disconnect(_: Request, __: Exception) -> JSONResponse:
@@ -106,9 +118,13 @@ async def _client_disconnect(_: Request, __: Exception) -> JSONResponse:
     return error_response(499, "Client closed the request.", code="client_closed_request")
 
 
+def unexpected_error_response() -> JSONResponse:
+    return error_response(500, "The server had an error while processing your request.", code="internal_error")
+
+
 async def _unexpected(_: Request, __: Exception) -> JSONResponse:
     # Starlette re-raises after this reply is sent, so the server logs the traceback; the caller never sees it.
-    return error_response(500, "The server had an error while processing your request.", code="internal_error")
+    return unexpected_error_response()
 
 
 def install_error_handlers(app: FastAPI) -> None:

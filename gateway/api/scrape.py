@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 from gateway import metrics
 from gateway.api.auth import Authenticator, current_principal
 from gateway.api.http_errors import ApiError, install_error_handlers
+from gateway.api.teams_view import team_states
 from gateway.config.schema import Config
 
 log = logging.getLogger("batchyard.metrics")
@@ -50,6 +51,8 @@ async def scrape(request: Request) -> Response:
             shared = await asyncio.wait_for(
                 metrics.read_shared_state(runtime.store, getattr(runtime, "queue", None), routes), _STATE_TIMEOUT
             )
+            if hasattr(runtime, "budgets"):
+                shared.teams = await asyncio.wait_for(team_states(runtime), _STATE_TIMEOUT)
         except Exception as exc:  # the process's own counters are still worth a scrape
             log.warning("metrics: could not read queue depth and batch counts: %s", exc)
     body, content_type = metrics.render(shared, request.headers.get("accept"))

@@ -17,11 +17,11 @@ from gateway import metrics
 from gateway.batch_params import ExpiresAfter, checked, checked_metadata
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_endpoint
-from gateway.errors import Conflict, InvalidRequest, TooLarge, not_found
-from gateway.json_codec import loads
-from gateway.pipeline.lifecycle import NO_EXPIRY, expiry
+from gateway.errors import Conflict, InvalidRequest, OverQuota, TooLarge, invalid_value, not_found
+from gateway.pipeline.budget import Budgets
+from gateway.pipeline.lifecycle import NO_EXPIRY, Announce, announce_nothing, expiry, for_queue
 from gateway.pipeline.plan import Planner
-from gateway.records import BatchStatus, Result, Shard, new_id
+from gateway.records import BatchStatus, Endpoint, new_id
 from gateway.store.base import (
     BatchOptions,
     BatchRecord,
@@ -33,6 +33,7 @@ from gateway.store.base import (
     now,
     read_lines,
 )
+from gateway.store.quota import QuotaLedger, TeamLimits
 
 log = logging.getLogger("batchyard.service")
 
@@ -44,12 +45,18 @@ Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
 class BatchService:
     def __init__(
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
-        spawn: Spawn, finalize: Callable[[str], Awaitable[None]],
+        spawn: Spawn, finalize: Callable[[str], Awaitable[None]], announce: Announce = announce_nothing,
+        quotas: QuotaLedger | None = None, budgets: Budgets | None = None,
     ) -> None:
         self.config, self.store, self.blobs, self.queue = config, store, blobs, queue
         self._coordination = coordination
         self._spawn = spawn
         self._finalize = finalize
+        self._announce = announce
+        self.quotas = quotas
+        self.budgets = budgets or Budgets(config, quotas)
+        self._limits = {t.team_id: TeamLimits(t.max_enqueued_requests, t.max_active_batches)
+                        for t in config.batch.teams}
 
     # -- files -----------------------------------------------------------------
 
@@ -58,37 +65,32 @@ class BatchService:
         expires_after: ExpiresAfter | Mapping[str, Any] | None = None,
     ) -> FileRecord:
         if purpose not in FILE_PURPOSES:
-            raise InvalidRequest(f"purpose must be one of {', '.join(sorted(FILE_PURPOSES))}", param="purpose")
+            raise invalid_value(purpose, sorted(FILE_PURPOSES), "purpose")
         created = now()
         expires_at = expiry(expires_after, created, "expires_after")
         if expires_at is None and self.config.batch.file_expiry_seconds is not None:
             expires_at = created + self.config.batch.file_expiry_seconds
-        file_id = new_id("file")
+        file_id = new_id("file", sep="-")  # older data dirs hold `file_` ids: still valid
         key = f"files/{file_id}"
         limit = self.config.batch.limits.max_file_bytes
-        writer = self.blobs.writer(key)
         size = 0
-        try:
+        async with self.blobs.writing(key) as writer:
             async for chunk in chunks:
                 size += len(chunk)
                 if size > limit:
                     raise TooLarge(f"the file is larger than the limit of {limit} bytes", param="file",
                                    code="file_too_large")
                 await writer.write(chunk)
-        except BaseException:
-            await writer.abort()
-            raise
-        await writer.commit()
         rec = FileRecord(file_id, owner, size, created, filename, purpose, expires_at, key)
-        await self.store.put_file(rec)
+        await self.store.files.put(rec)
         return rec
 
     def open_file(self, rec: FileRecord) -> AsyncIterator[bytes]:
         return self.blobs.read(rec.blob_key)
 
     async def delete_file(self, file_id: str, owner: str | None) -> bool:
-        rec = await self.store.get_file(file_id, owner)
-        if rec is None or not await self.store.delete_file(file_id, owner):
+        rec = await self.store.files.get(file_id, owner)
+        if rec is None or not await self.store.files.delete(file_id, owner):
             return False
         await self.blobs.delete(rec.blob_key)
         return True
@@ -96,7 +98,7 @@ class BatchService:
     async def delete_expired_files(self) -> int:
         """Remove files past their `expires_at` (uploads and outputs alike); returns how many went."""
         gone = 0
-        for rec in await self.store.expired_files(now()):
+        for rec in await self.store.files.expired(now()):
             gone += int(await self.delete_file(rec.id, None))
         return gone
 
@@ -113,19 +115,17 @@ class BatchService:
         `endpoint=None` and `completion_window=None` are the CLI's: any url, no expiry.
         """
         if endpoint is not None and normalise_endpoint(endpoint) is None:
-            raise InvalidRequest(f"endpoint {endpoint!r} is not supported", param="endpoint", code="invalid_endpoint")
+            raise invalid_value(endpoint, [e.value for e in Endpoint], "endpoint")
         if completion_window is None:
             window = NO_EXPIRY
         elif completion_window in self.config.batch.completion_windows:
             window = self.config.batch.completion_windows[completion_window]
         else:
-            allowed = ", ".join(self.config.batch.completion_windows)
-            raise InvalidRequest(f"completion_window must be one of: {allowed}", param="completion_window",
-                                 code="invalid_completion_window")
+            raise invalid_value(completion_window, list(self.config.batch.completion_windows), "completion_window")
         meta = checked_metadata(metadata)
-        source = await self.store.get_file(input_file_id, owner)
+        source = await self.store.files.get(input_file_id, owner)
         if source is None:
-            raise not_found("file", input_file_id)
+            raise not_found("file", input_file_id, "input_file_id")
         if source.purpose != "batch":
             raise InvalidRequest(f"file {input_file_id} has purpose {source.purpose!r}, not 'batch'",
                                  param="input_file_id", code="invalid_file")
@@ -140,21 +140,54 @@ class BatchService:
             expires_at=created + window, metadata=meta, options=opts,
             output_expires_after=output_expiry.model_dump() if output_expiry else None,
         )
-        await self.store.put_batch(batch)
+        await self._admit(batch, source)
+        await self.store.batches.put(batch)
         self._spawn(self.validate(batch.id), f"validate-{batch.id}")
         return batch
 
+    async def _admit(self, batch: BatchRecord, source: FileRecord) -> None:
+        """Count the batch against its team's quotas, or refuse it (429, the code names the quota)."""
+        if await self.budgets.over(batch.owner):
+            spent, limit = await self.budgets.spent(batch.owner), self.budgets.limit(batch.owner)
+            raise OverQuota(f"Budget has been exceeded for team {batch.owner!r}: spent {spent:.6f} USD, max_budget "
+                            f"{limit} USD. New batches are refused until the budget period resets.",
+                            code="budget_exceeded")
+        limits = self._limits.get(batch.owner)
+        if limits is None or self.quotas is None or limits == TeamLimits():
+            return
+        requests = await self._count_lines(source) if limits.max_enqueued_requests is not None else 0
+        refused = await self.quotas.admit(batch.owner, batch.id, requests, limits)
+        if refused is None:
+            return
+        usage = await self.quotas.usage(batch.owner)
+        if refused == "max_active_batches":
+            raise OverQuota(f"Active batch limit reached for team {batch.owner!r}. Limit: {limits.max_active_batches} "
+                            f"active batches ({usage.active_batches} now). Try again once a batch has finished.",
+                            code="max_active_batches_exceeded")
+        raise OverQuota(f"Enqueued request limit reached for team {batch.owner!r}. Limit: "
+                        f"{limits.max_enqueued_requests} enqueued requests ({usage.enqueued_requests} enqueued, this "
+                        f"batch has {requests}). Try again once some in_progress batches have completed.",
+                        code="max_enqueued_requests_exceeded")
+
+    async def _count_lines(self, source: FileRecord) -> int:
+        """The file's lines, counted in C over its chunks (none is parsed; a blank line counts too)."""
+        count, last = 0, b"\n"
+        async for chunk in self.blobs.read(source.blob_key):
+            count += chunk.count(b"\n")
+            last = chunk[-1:] or last
+        return count + (last != b"\n")
+
     async def cancel_batch(self, batch_id: str, owner: str) -> BatchRecord:
-        batch = await self.store.get_batch(batch_id, owner)
+        batch = await self.store.batches.get(batch_id, owner)
         if batch is None:
             raise not_found("batch", batch_id)
         if batch.status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
             return batch
         cancellable = {BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS}
-        ok = await self.store.update_batch(
+        ok = await self.store.batches.update(
             batch_id, {"status": BatchStatus.CANCELLING, "cancelling_at": now()}, if_status=cancellable
         )
-        refreshed = await self.store.get_batch(batch_id, owner)
+        refreshed = await self.store.batches.get(batch_id, owner)
         assert refreshed is not None
         if not ok and refreshed.status is not BatchStatus.CANCELLING:
             raise Conflict(f"Cannot cancel a batch with status '{refreshed.status.value}'.",
@@ -171,7 +204,7 @@ class BatchService:
 
     async def _wait_for(self, batch_id: str, reached: Callable[[BatchRecord], bool], poll: float) -> BatchRecord:
         while True:
-            batch = await self.store.get_batch(batch_id)
+            batch = await self.store.batches.get(batch_id)
             if batch is None:
                 raise not_found("batch", batch_id)
             if reached(batch):
@@ -187,17 +220,18 @@ class BatchService:
                 await self._validate(batch_id)
 
     async def _validate(self, batch_id: str) -> None:
-        batch = await self.store.get_batch(batch_id)
+        batch = await self.store.batches.get(batch_id)
         if batch is None or batch.status not in (BatchStatus.VALIDATING, BatchStatus.CANCELLING):
             return
         if batch.status is BatchStatus.CANCELLING:
             if batch.shards_total == 0:  # cancelled while validating, before any shard existed
-                await self.store.update_batch(batch_id, {"status": BatchStatus.CANCELLED, "cancelled_at": now()},
+                await self._announce(batch.owner, batch_id, BatchStatus.CANCELLED)
+                await self.store.batches.update(batch_id, {"status": BatchStatus.CANCELLED, "cancelled_at": now()},
                                               if_status={BatchStatus.CANCELLING})
             return
-        source = await self.store.get_file(batch.input_file_id)
+        source = await self.store.files.get(batch.input_file_id)
         if source is None:
-            await self._fail(batch_id, [{"code": "invalid_file", "message": "the input file was deleted",
+            await self._fail(batch, [{"code": "invalid_file", "message": "the input file was deleted",
                                          "param": "input_file_id", "line": None}])
             return
         planner = Planner(
@@ -207,45 +241,33 @@ class BatchService:
         )
         outcome = await planner.plan(read_lines(self.blobs, source.blob_key))
         if outcome.failed:
-            await self._fail(batch_id, [e.to_openai() for e in outcome.errors])
+            await self._fail(batch, [e.to_openai() for e in outcome.errors])
             await self.blobs.delete_prefix(f"batches/{batch_id}")
             return
         shards = [*outcome.shards, *([outcome.answered] if outcome.answered else [])]
-        await self.store.put_shards(batch_id, shards)
+        await self.store.ledger.put_shards(batch_id, shards)
         if outcome.answered is not None:
-            await self._count_answered(outcome.answered, batch.owner)
+            # Lines answered in place count as failed requests, like any other: the planner counted them.
+            await self.store.ledger.record_answered(outcome.answered, outcome.answered_statuses.total())
+            metrics.observe_statuses(batch.owner, outcome.answered.route, outcome.answered_statuses)
         model = next(iter(outcome.models)) if len(outcome.models) == 1 else None
-        await self.store.update_batch(batch_id, {"counts": {"total": outcome.total, "completed": 0, "failed": 0},
+        await self.store.batches.update(batch_id, {"counts": {"total": outcome.total, "completed": 0, "failed": 0},
                                                  "model": model, "shards_total": len(shards)})
-        started = await self.store.update_batch(
+        started = await self.store.batches.update(
             batch_id, {"status": BatchStatus.IN_PROGRESS, "in_progress_at": now()},
             if_status={BatchStatus.VALIDATING},
         )
         if not started:
             return  # cancelled or expired meanwhile: the coordinator finalizes it from the shards
-        if outcome.answered is not None and await self.store.finish_shard(outcome.answered) == 0:
+        if outcome.answered is not None and await self.store.ledger.finish_shard(outcome.answered) == 0:
             await self._finalize(batch_id)  # every line was answered in place: nothing to run
         for shard in outcome.shards:
-            await self.queue.put(shard)
+            await self.queue.put(for_queue(shard, batch))
 
-    async def _count_answered(self, shard: Shard, owner: str) -> None:
-        # Lines answered in place count as failed requests, like any other.
-        buf: list[Result] = []
-        async for raw in read_lines(self.blobs, shard.results_key):
-            if raw:
-                buf.append(Result.from_json(loads(raw)))
-            if len(buf) >= 500:
-                await self.store.record_results(shard, buf)
-                metrics.observe_results(owner, shard.route, buf)
-                buf = []
-        if buf:
-            await self.store.record_results(shard, buf)
-            metrics.observe_results(owner, shard.route, buf)
-        await self.store.drop_journal(shard)
-
-    async def _fail(self, batch_id: str, errors: list[dict[str, Any]]) -> None:
-        await self.store.update_batch(
-            batch_id, {"status": BatchStatus.FAILED, "failed_at": now(), "errors": errors},
+    async def _fail(self, batch: BatchRecord, errors: list[dict[str, Any]]) -> None:
+        await self._announce(batch.owner, batch.id, BatchStatus.FAILED)
+        await self.store.batches.update(
+            batch.id, {"status": BatchStatus.FAILED, "failed_at": now(), "errors": errors},
             if_status={BatchStatus.VALIDATING, BatchStatus.CANCELLING},
         )
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
+from gateway.fairness import FairSlots, current_share
 from gateway.metrics import observe_latency, track_in_flight
 from gateway.records import BatchRequest, Endpoint, Result, Shard
 
@@ -68,27 +69,28 @@ class Backends(Protocol):
     async def get(self, route_name: str) -> Backend: ...
 
 
+_WAKE = object()  # put on a run's queue to have it look at its state again
+
+
 async def run_bounded(
     requests: Sequence[BatchRequest],
     call: Callable[[BatchRequest], Coroutine[Any, Any, Result]],
-    slots: asyncio.Semaphore,
+    slots: FairSlots,
     tracked: set[asyncio.Task[Any]] | None = None,
 ) -> AsyncGenerator[Result, None]:
     """`call` on every request, at most `slots` at once, yielding results as they finish.
 
     `slots` is the backend's, shared by every shard in flight: one bound per
-    backend. Closing the iterator early (or cancelling its consumer) cancels
-    the calls still running. `call` turns a request's failure into its
-    `Result`; a call that raises or is cancelled from outside (the backend
-    closing: its tasks are in `tracked`) ends the iteration with an error.
+    backend, whose free slots go to the teams by fair share (`gateway.fairness`):
+    the requests are the share's the caller runs for (`running_for`). Closing
+    the iterator early (or cancelling its consumer) cancels the calls still
+    running. `call` turns a request's failure into its `Result`; a call that
+    raises or is cancelled from outside (the backend closing: its tasks are in
+    `tracked`) ends the iteration with an error.
     """
-    done: asyncio.Queue[Result | BaseException] = asyncio.Queue()
+    share = current_share()
+    done: asyncio.Queue[Result | BaseException | object] = asyncio.Queue()
     mine: set[asyncio.Task[Any]] = set()
-
-    def track(task: asyncio.Task[Any]) -> None:
-        mine.add(task)
-        if tracked is not None:
-            tracked.add(task)
 
     def forget(task: asyncio.Task[Any]) -> None:
         mine.discard(task)
@@ -96,7 +98,6 @@ async def run_bounded(
             tracked.discard(task)
 
     def finished(task: asyncio.Task[Result]) -> None:
-        slots.release()  # in a callback: it runs even for a task cancelled before it started
         forget(task)
         if task.cancelled():
             done.put_nowait(RuntimeError("the backend was closed while executing"))
@@ -104,40 +105,47 @@ async def run_bounded(
             done.put_nowait(exc)
         else:
             done.put_nowait(task.result())
-
-    def fed(task: asyncio.Task[None]) -> None:
-        forget(task)
-        if task.cancelled() or task.exception() is not None:
-            done.put_nowait(RuntimeError("the backend was closed while executing"))
+        slots.release(share)  # in a callback: it runs even for a task cancelled before it started
 
     async def measured(req: BatchRequest) -> Result:
         # Every backend's per-request call passes here: in-flight and latency per route (the line's model).
         started = time.monotonic()
-        with track_in_flight(req.model):
+        with track_in_flight(req.model, share.team):
             result = await call(req)
         observe_latency(req.model, time.monotonic() - started)
         return result
 
-    async def feed() -> None:
-        for req in requests:
-            await slots.acquire()
-            task = asyncio.create_task(measured(req))
-            track(task)
-            task.add_done_callback(finished)
+    queue = iter(requests)
+    started = 0
+    stopped = False
 
-    feeder = asyncio.create_task(feed())
-    track(feeder)
-    feeder.add_done_callback(fed)
+    def start() -> None:  # the slots call it when this flow's next request may start
+        nonlocal started
+        started += 1
+        task = asyncio.create_task(measured(next(queue)))
+        mine.add(task)
+        if tracked is not None:
+            tracked.add(task)
+        task.add_done_callback(finished)
+
+    def stop() -> None:  # `stop_sending` (a budget spent): what is in flight finishes, nothing more starts
+        nonlocal stopped
+        stopped = True
+        done.put_nowait(_WAKE)
+
+    flow = slots.open(share, len(requests), start, stop)
     try:
-        for _ in range(len(requests)):
+        received = 0
+        while received < len(requests) and not (stopped and received >= started):
             item = await done.get()
+            if item is _WAKE:
+                continue
             if isinstance(item, BaseException):
                 raise item
-            yield item
+            received += 1
+            yield cast(Result, item)
     finally:
-        # The feeder first: once it is done, no call starts after the ones cancelled here.
-        feeder.cancel()
-        await asyncio.gather(feeder, return_exceptions=True)
+        slots.close(flow)  # first: no call starts after the ones cancelled here
         pending = list(mine)
         for task in pending:
             task.cancel()

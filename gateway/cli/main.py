@@ -62,10 +62,10 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="keep the run's state here instead of a temporary directory; the same "
                    "command run again after a kill or Ctrl-C continues where it stopped (finished requests are "
                    "not sent again)")
-    p.add_argument("--workers", type=int, default=0,
+    p.add_argument("--workers", type=int, default=None,
                    help="extra worker processes for the upstream routes, started when the file has at least 2000 "
-                   "upstream requests (default 0). LiteLLM's per-call work is CPU-bound: they pay on a machine "
-                   "with cores to spare, not when the cores are busy already")
+                   "upstream requests (default: one per free core: the usable cores less one for this process, "
+                   "one per local model and those the load average says are busy; 0: none)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
@@ -92,26 +92,52 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 4000
+DEFAULT_DATA_DIR, DEFAULT_STORAGE = ".batchyard/data", ".batchyard/blobs"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="batchyard",
         description="A batch gateway for LLM work: OpenAI batch files in, one merged output out, routed to a "
         "local vLLM engine or to upstream providers through LiteLLM.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log more: library output on stderr (run), the server's debug log (serve), INFO logs "
+                        "(worker); also accepted after the command (default: off)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _run_parser(sub)
-    serve = sub.add_parser("serve", help="serve the OpenAI Files + Batches API",
-                           description="Serve the OpenAI Files + Batches API (also Azure and LiteLLM routes).")
-    serve.add_argument("--config", required=True, help="LiteLLM-style YAML config")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=4000)
-    serve.add_argument("--data-dir", default=".batchyard/data", help="embedded store: records and files live here")
+    _serve_parser(sub)
+    _worker_parser(sub)
+    return parser
+
+
+def _serve_parser(sub: Any) -> None:
+    serve = sub.add_parser(
+        "serve", help="serve the OpenAI Files + Batches API",
+        description="Serve the OpenAI Files + Batches API (also Azure and LiteLLM routes). Embedded mode (the "
+        "default): records, queue and files in --data-dir on this machine, shards run by --workers processes. "
+        "Shared mode (--redis-url): records and the queue in Redis, files in --storage; run as many replicas "
+        "and `batchyard worker`s as you like. A flag of the other mode is refused.",
+    )
+    serve.add_argument("--config", required=True, help="LiteLLM-style YAML config (see config/ and the README)")
+    serve.add_argument("--host", default=DEFAULT_HOST,
+                       help=f"address to listen on (default: {DEFAULT_HOST}; 0.0.0.0: every interface)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default: {DEFAULT_PORT})")
+    serve.add_argument("--data-dir", help=f"embedded mode: records and files live here (default: {DEFAULT_DATA_DIR}); "
+                       "a restart over the same directory resumes unfinished batches")
     serve.add_argument("--workers", type=int, default=None,
-                       help="embedded mode: worker processes that run shards (default: one per core; 0: run them "
-                       "in the API process). Local vLLM engines load in the first worker only")
+                       help="embedded mode: worker processes that run shards (default: one per free core: the "
+                       "usable cores less one for the API process, one per local model and those the load average "
+                       "says are busy, at least one when there are local models; 0: run them in the API process). "
+                       "Local vLLM engines load in the first worker only")
     _shared_args(serve)
-    serve.add_argument("--with-worker", action="store_true", help="shared mode: also run shards, for every route")
+    serve.add_argument("--with-worker", action="store_true",
+                       help="shared mode: also run shards, for every route, in this API process (default: off)")
+    _verbose(serve)
+
+
+def _worker_parser(sub: Any) -> None:
     worker = sub.add_parser("worker", help="run shards for the models hosted here (shared or embedded mode)",
                             description="A worker: runs the shards of its routes. Shared mode (--redis-url): from "
                             "Redis Streams, results in Redis, files in the shared storage. Embedded mode "
@@ -119,26 +145,64 @@ def build_parser() -> argparse.ArgumentParser:
                             "starts its own workers (--workers) so you rarely start one by hand.")
     worker.add_argument("--config", required=True, help="LiteLLM-style YAML config (the API replicas' one)")
     _shared_args(worker)
-    worker.add_argument("--data-dir", help="embedded mode: the data directory of the serve process on this machine")
+    worker.add_argument("--data-dir", help="embedded mode: the data directory of the serve process on this machine "
+                        "(no default: give --redis-url or --data-dir)")
     worker.add_argument("--models", help="comma-separated local models this worker hosts (default: every local "
                         "model of the config); upstream models are always served")
-    worker.add_argument("--upstream-only", action="store_true", help="host no local model")
+    worker.add_argument("--upstream-only", action="store_true",
+                        help="host no local model, only the upstream routes (default: off; not with --models)")
     worker.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # set by the process that starts it
     worker.add_argument("--metrics-port", type=int,
-                        help="serve this worker's own Prometheus /metrics on this port (for a worker that shares no "
-                        "PROMETHEUS_MULTIPROC_DIR with an API process; batch_settings.metrics applies)")
-    worker.add_argument("--metrics-host", default="127.0.0.1", help="address of --metrics-port (0.0.0.0: every one)")
-    return parser
+                        help="serve this worker's own Prometheus /metrics on this port (default: none; for a worker "
+                        "that shares no PROMETHEUS_MULTIPROC_DIR with an API process; batch_settings.metrics "
+                        "applies)")
+    worker.add_argument("--metrics-host", default="127.0.0.1",
+                        help="address of --metrics-port (default: 127.0.0.1; 0.0.0.0: every interface)")
+    _verbose(worker)
+
+
+def _verbose(p: argparse.ArgumentParser) -> None:
+    # SUPPRESS: given before the command (batchyard -v serve) or after it (batchyard serve -v), it counts
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="log more (as batchyard -v; default: off)")
 
 
 def _shared_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--redis-url", help="shared mode: records and the shard queue in this Redis (redis://host:port/db)")
-    p.add_argument("--storage", default=".batchyard/blobs",
-                   help="shared mode: files in s3://bucket/prefix (endpoint: $BATCHYARD_S3_ENDPOINT_URL or "
-                   "$AWS_ENDPOINT_URL_S3) or a directory every process reaches")
+    p.add_argument("--redis-url", help="shared mode: records and the shard queue in this Redis (redis://host:port/db; "
+                   "default: none, embedded mode)")
+    p.add_argument("--storage", help="shared mode: files in s3://bucket/prefix (endpoint: $BATCHYARD_S3_ENDPOINT_URL "
+                   f"or $AWS_ENDPOINT_URL_S3) or a directory every process reaches (default: {DEFAULT_STORAGE})")
     p.add_argument("--claim-idle", type=float, default=None,
                    help="shared mode: seconds a dead worker's shard waits before another worker takes it over "
-                   "(default 30)")
+                   "(default: 30)")
+
+
+def refused_flag(args: argparse.Namespace) -> str | None:
+    """A flag the chosen command and mode would not use, as the message that refuses it (None: all apply).
+
+    Accepted and then ignored would be a lie: `serve --redis-url U --workers 4` would start no worker.
+    """
+    if args.command == "serve":
+        if args.redis_url:
+            mode = "shared mode (serve --redis-url: records and the queue in Redis, files in --storage)"
+            given = {"--data-dir": args.data_dir, "--workers": args.workers}
+        else:
+            mode = "embedded mode (serve without --redis-url: everything in --data-dir)"
+            given = {"--storage": args.storage, "--claim-idle": args.claim_idle, "--with-worker": args.with_worker}
+    elif args.command == "worker":
+        if args.upstream_only and args.models:
+            return "--models does not apply to a worker with --upstream-only (it hosts no local model)"
+        if args.redis_url:
+            mode, given = "shared mode (worker --redis-url)", {"--data-dir": args.data_dir}
+        elif not args.data_dir:
+            return None  # no mode chosen: the worker command says it needs one
+        else:
+            mode = "embedded mode (worker --data-dir)"
+            given = {"--storage": args.storage, "--claim-idle": args.claim_idle}
+    else:
+        return None
+    wrong = [flag for flag, value in given.items() if value not in (None, False)]
+    return f"{wrong[0]} does not apply in {mode}" if wrong else None
 
 
 # The run_batch flags declared above (for --help); any other flag is passed through as it is.
@@ -209,9 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "run":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    refused = refused_flag(args)
+    if refused is not None:
+        parser.error(refused)  # exit status 2, as for any bad usage
     if args.command == "run":
         console.setup(verbose=args.verbose, log_file=args.log_file, own_process=own_process)
-    else:
+    elif args.command == "worker":
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     quiet_libraries(args.verbose)
@@ -221,19 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "worker":
             from gateway.cli.worker import run_worker_command
 
+            args.storage = args.storage or DEFAULT_STORAGE
             return run_worker_command(args)
-        if args.command == "serve" and args.redis_url:
-            from gateway.cli.serve import serve_shared
-
-            serve_shared(args.config, args.host, args.port, redis_url=args.redis_url, storage=args.storage,
-                         with_worker=args.with_worker, claim_idle=args.claim_idle)
-            return EXIT_OK
         if args.command == "serve":
-            load_config(args.config)  # a bad config fails here, before the server starts
-            from gateway.cli.serve import serve
-
-            serve(args.config, args.host, args.port, Path(args.data_dir), workers=args.workers)
-            return EXIT_OK
+            return _serve_command(args)
     except ConfigError as exc:
         console.say(f"config error: {exc}")
         return EXIT_USAGE
@@ -244,6 +302,23 @@ def main(argv: list[str] | None = None) -> int:
         console.say("interrupted")
         return EXIT_INTERRUPTED
     return EXIT_USAGE
+
+
+def _serve_command(args: argparse.Namespace) -> int:
+    load_config(args.config)  # a bad config fails here, before the server starts
+    log_level = "debug" if args.verbose else "info"  # the server's log (uvicorn's included)
+    if args.redis_url:
+        from gateway.cli.serve import serve_shared
+
+        serve_shared(args.config, args.host, args.port, redis_url=args.redis_url,
+                     storage=args.storage or DEFAULT_STORAGE, with_worker=args.with_worker,
+                     claim_idle=args.claim_idle, log_level=log_level)
+    else:
+        from gateway.cli.serve import serve
+
+        serve(args.config, args.host, args.port, Path(args.data_dir or DEFAULT_DATA_DIR), workers=args.workers,
+              log_level=log_level)
+    return EXIT_OK
 
 
 def _run_command(args: argparse.Namespace, extra: list[str]) -> int:

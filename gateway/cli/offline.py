@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -25,21 +25,20 @@ from typing import Any
 
 from gateway.cli.console import log_path, say, stdout_bytes, terminal
 from gateway.cli.report import report_invalid, summarise
-from gateway.cli.transfer import TransferError, deliver, is_url, read_source
+from gateway.cli.transfer import Reader, TransferError, deliver, is_url, read_source
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
 from gateway.records import BatchStatus
 from gateway.runtime import Runtime, open_embedded
 from gateway.store.base import BatchOptions, BatchRecord
-from gateway.store.directory import LocalBlobs
-from gateway.store.sqlite_queue import SQLiteQueue
-from gateway.supervisor import WorkerPool
+from gateway.supervisor import WorkerPool, default_workers
 
 EXIT_OK, EXIT_INPUT, EXIT_DELIVERY = 0, 1, 3
 _BOM = b"\xef\xbb\xbf"
 # Upstream requests a file needs before worker processes pay for their start (a second or two of CPU each,
 # mostly importing LiteLLM): at ~150 req/s on one core, 2,000 requests are some fifteen seconds of work.
 WORKER_MIN_REQUESTS = 2_000
+_CHUNK = 1 << 20  # delivering the output: read from the blob store in MiB pieces
 
 
 @dataclass(slots=True)
@@ -53,7 +52,7 @@ class RunOptions:
     summary: bool = True
     run_batch_errors: bool = False
     config_path: str | None = None  # what worker processes load; None: no worker processes
-    workers: int = 0  # extra worker processes for upstream routes
+    workers: int | None = None  # extra worker processes for upstream routes; None: one per free core
     verbose: bool = False
 
 
@@ -64,14 +63,14 @@ async def run_batch_file(config: Config, opts: RunOptions) -> int:
     data_dir = opts.data_dir or Path(tmp.name)  # type: ignore[union-attr]
     runtime = await open_embedded(config, data_dir)
     try:
-        return await _run(runtime, data_dir, opts)
+        return await _run(runtime, opts)
     finally:
         await runtime.aclose()
         if tmp is not None:
             tmp.cleanup()
 
 
-async def _run(runtime: Runtime, data_dir: Path, opts: RunOptions) -> int:
+async def _run(runtime: Runtime, opts: RunOptions) -> int:
     """Start-up overlaps: the engines load while the input is read, stored and validated.
 
     Order: peek at the input (an empty file under run_batch's rules is done
@@ -114,7 +113,7 @@ async def _run(runtime: Runtime, data_dir: Path, opts: RunOptions) -> int:
     await runtime.start()
     pool = None
     try:
-        pool = await _start_workers(runtime, data_dir, batch.id, opts)
+        pool = await _start_workers(runtime, batch.id, opts)
         batch = await _watch(runtime, batch.id, opts.progress)
     except asyncio.CancelledError:
         if opts.data_dir is None:
@@ -191,7 +190,7 @@ async def _submit(runtime: Runtime, opts: RunOptions, chunks: AsyncIterator[byte
 async def _previous(runtime: Runtime, input_sha256: str, key: str) -> BatchRecord | None:
     after = None
     while True:
-        page = await runtime.store.list_batches("", limit=100, after=after)
+        page = await runtime.store.batches.page("", limit=100, after=after)
         for batch in page.data:
             meta = batch.metadata or {}
             if (meta.get("input_sha256"), meta.get("run_options")) == (input_sha256, key) \
@@ -213,39 +212,33 @@ async def _engines_or_invalid(runtime: Runtime, batch_id: str, engines: asyncio.
 
 
 async def _get(runtime: Runtime, batch_id: str) -> BatchRecord:
-    batch = await runtime.store.get_batch(batch_id)
+    batch = await runtime.store.batches.get(batch_id)
     assert batch is not None
     return batch
 
 
-async def _start_workers(runtime: Runtime, data_dir: Path, batch_id: str, opts: RunOptions) -> WorkerPool | None:
+async def _start_workers(runtime: Runtime, batch_id: str, opts: RunOptions) -> WorkerPool | None:
     """Worker processes for the upstream routes, when the file has enough upstream requests to pay for them."""
-    count = opts.workers
+    count = opts.workers if opts.workers is not None else default_workers(runtime.config, serving=False)
     upstream = {r.model_name for r in runtime.config.routes.values() if r.kind is not RouteKind.LOCAL}
     if count <= 0 or opts.config_path is None or not upstream:
         return None
     batch = await runtime.service.wait_validated(batch_id)
     if batch.status is not BatchStatus.IN_PROGRESS:
         return None
-    shards = await runtime.store.unfinished_shards(batch_id)
+    shards = await runtime.store.ledger.unfinished_shards(batch_id)
     if sum(s.size for s in shards if s.route in upstream) < WORKER_MIN_REQUESTS:
         return None
-    assert isinstance(runtime.queue, SQLiteQueue)
-    pool = WorkerPool(count, data_dir, runtime.queue, config_path=opts.config_path, upstream_only=True,
-                      verbose=opts.verbose)
+    pool = runtime.worker_pool(count, config_path=opts.config_path, upstream_only=True, verbose=opts.verbose)
     await pool.start()
     return pool
 
 
 async def _empty_run(runtime: Runtime, opts: RunOptions, started: float) -> int:
     """vLLM run_batch's answer to an empty file: an empty output (and error file), exit status 0."""
-    assert isinstance(runtime.blobs, LocalBlobs)
-    local = runtime.blobs.local_path("files/empty")
-    local.parent.mkdir(parents=True, exist_ok=True)
-    local.write_bytes(b"")
     for dest in (opts.output, *([opts.error_file] if opts.error_file else [])):
         try:
-            await _copy_out(local, dest)
+            await _copy_out(_nothing, 0, dest)
         except (TransferError, OSError) as exc:
             say(str(exc))
             return EXIT_DELIVERY
@@ -299,36 +292,38 @@ async def _watch(runtime: Runtime, batch_id: str, progress: bool) -> BatchRecord
 
 async def _deliver(runtime: Runtime, batch: BatchRecord, opts: RunOptions) -> int:
     blobs = runtime.blobs
-    assert isinstance(blobs, LocalBlobs)
     pairs = [(batch.output_file_id, opts.output)]
     if opts.error_file is not None:
         pairs.append((batch.error_file_id, opts.error_file))
     code = EXIT_OK
     for file_id, dest in pairs:
-        if file_id is None:
-            local = blobs.local_path(f"files/empty-{batch.id}")
-            local.parent.mkdir(parents=True, exist_ok=True)
-            local.write_bytes(b"")
-        else:
-            local = blobs.local_path(f"files/{file_id}")
+        read, size = _nothing, 0  # no such file (e.g. no failed request): an empty one, as run_batch writes
+        if file_id is not None:
+            key = f"files/{file_id}"
+            read, size = functools.partial(blobs.read, key, _CHUNK), await blobs.size(key) or 0
         try:
-            await _copy_out(local, dest)
+            await _copy_out(read, size, dest)
         except (TransferError, OSError) as exc:
             kept = Path.cwd() / f"batchyard-{batch.id}-{'errors' if dest == opts.error_file else 'output'}.jsonl"
-            shutil.copyfile(local, kept)
+            await deliver(read, size, str(kept))
             say(f"{exc}; the results are kept in {kept}")
             code = EXIT_DELIVERY
     return code
 
 
-async def _copy_out(local: Path, dest: str) -> None:
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield b""  # an async generator that yields nothing
+
+
+async def _copy_out(read: Reader, size: int, dest: str) -> None:
     if dest == "-":  # the user's stdout (descriptor 1 may be the log file in quiet mode)
         out = stdout_bytes()
-        with local.open("rb") as f:
-            shutil.copyfileobj(f, out)
+        async for chunk in read():
+            out.write(chunk)
         out.flush()
         return
-    await deliver(local, dest, on_retry=say)
+    await deliver(read, size, dest, on_retry=say)
 
 
 __all__ = ["WORKER_MIN_REQUESTS", "RunOptions", "is_url", "run_batch_file"]

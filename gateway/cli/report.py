@@ -25,11 +25,9 @@ def summarise(batch: BatchRecord, seconds: float, engine_seconds: float | None) 
     out = terminal()
     summary = batch.routes.get("summary") or {}
     total = batch.counts.total
-    rate = total / seconds if seconds > 0 else 0.0
-    say(
-        f"{total} requests in {seconds:.1f}s ({rate:.0f} req/s): "
-        f"{summary.get('succeeded', 0)} succeeded, {summary.get('failed', 0)} failed"
-    )
+    usage = summary.get("usage", {})
+    say(f"{total} requests in {seconds:.1f}s: {summary.get('succeeded', 0)} succeeded, "
+        f"{summary.get('failed', 0)} failed")
     by_model: dict[str, dict[str, int]] = summary.get("by_model", {})
     statuses = sorted({s for counts in by_model.values() for s in counts})
     if by_model:
@@ -41,14 +39,31 @@ def summarise(batch: BatchRecord, seconds: float, engine_seconds: float | None) 
             cells = "".join(str(counts.get(s, "")).rjust(w) for s, w in zip(statuses, widths, strict=True))
             print("  " + model.ljust(width) + cells, file=out)
     _routes(batch.routes, out)
-    if engine_seconds is not None:
-        print(f"  local engines ready in {engine_seconds:.1f}s", file=out)
-    usage = summary.get("usage", {})
+    print("  " + throughput(total, usage.get("output_tokens", 0), seconds, engine_seconds), file=out)
     print(f"  tokens: input {usage.get('input_tokens', 0)}, output {usage.get('output_tokens', 0)}, "
           f"total {usage.get('total_tokens', 0)}", file=out)
     where = log_path()
     if where is not None:
         print(f"  log: {where}", file=out)
+
+
+def _rate(count: float, seconds: float) -> str:
+    rate = count / seconds
+    # Three significant figures or so: 0.333 req/s for a 10-line demo, not "0 req/s".
+    return f"{rate:.0f}" if rate >= 100 else f"{rate:.1f}" if rate >= 10 else f"{rate:.2f}" if rate >= 0.01 \
+        else f"{rate:.2g}"
+
+
+def throughput(requests: int, output_tokens: int, seconds: float, engine_seconds: float | None) -> str:
+    """Rates over the time requests were running: a local engine's start-up is reported apart, not averaged in."""
+    running = seconds - (engine_seconds or 0.0)
+    start = f"; local engines ready in {engine_seconds:.1f}s before that" if engine_seconds is not None else ""
+    if running <= 0 or requests == 0:
+        return f"throughput: nothing ran{start}"
+    rates = f"{_rate(requests, running)} req/s"
+    if output_tokens:
+        rates += f", {_rate(output_tokens, running)} output tokens/s"
+    return f"throughput: {rates} over {running:.1f}s of running{start}"
 
 
 def _routes(routes: dict[str, Any], out: Any) -> None:
@@ -68,4 +83,4 @@ def _routes(routes: dict[str, Any], out: Any) -> None:
                   + (f", cost ${native_cost:.6f} at batch rates" if native_cost is not None else ""), file=out)
 
 
-__all__ = ["MAX_ERRORS_SHOWN", "report_invalid", "summarise"]
+__all__ = ["MAX_ERRORS_SHOWN", "report_invalid", "summarise", "throughput"]

@@ -2,17 +2,17 @@
 
 Embedded (the default): the runtime over `data_dir` (SQLite records, queue and
 leases, a local blob directory). The API process serves HTTP, validates and
-sweeps; `workers` worker processes (default: one per core) run the shards.
+sweeps; `workers` worker processes (default: one per free core, `gateway.supervisor.default_workers`) run the shards.
 With `workers=0` the API process runs them itself. Everything is started by the
 app's lifespan and closed when uvicorn shuts down on SIGTERM or SIGINT. A
 restart over the same `data_dir` resumes unfinished batches.
 
-    python -m gateway.cli.serve --config CONFIG [--host H] [--port P] [--data-dir DIR] [--workers N]
+The command line is `batchyard serve` (`gateway.cli.main`: its flags, their defaults, and the
+refusal of a flag the chosen mode would not use); this module has no parser of its own.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -24,7 +24,6 @@ import uvicorn
 
 from gateway.cli.loop import loop_factory
 from gateway.config.schema import Config, load_config
-from gateway.errors import ConfigError
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -34,40 +33,36 @@ log = logging.getLogger("gateway.cli.serve")  # not "__main__" under python -m
 # Builds the runtime instead of the embedded one (the shared mode's `serve_shared`).
 RuntimeFactory = Callable[[Config], Awaitable["Runtime"]]
 
-DEFAULT_HOST, DEFAULT_PORT, DEFAULT_DATA_DIR = "127.0.0.1", 4000, ".batchyard"
-
-
 async def _serve(
     config_path: str | Path,
     host: str,
     port: int,
-    data_dir: Path,
+    data_dir: Path | None,
     log_level: str,
     runtime_factory: RuntimeFactory | None = None,
     workers: int | None = None,
 ) -> None:
     from gateway.api.app import create_app
     from gateway.runtime import open_embedded  # the runtime imports the backends: only when serving
-    from gateway.supervisor import WorkerPool
+    from gateway.supervisor import WorkerPool, default_workers
 
     config = load_config(config_path)
     pool: WorkerPool | None = None
     if runtime_factory is not None:
         runtime, where = await runtime_factory(config), "shared store"
     else:
-        count = default_workers() if workers is None else workers
+        if data_dir is None:
+            raise ValueError("embedded serve needs a data directory")
+        count = default_workers(config, serving=True) if workers is None else workers
         runtime = await open_embedded(config, data_dir, routes=() if count else None)
         where = f"data in {data_dir}, " + (f"{count} worker process(es)" if count else "shards run in this process")
         if count:
             from gateway.metrics import MULTIPROC_ENV
-            from gateway.store.sqlite_queue import SQLiteQueue
 
             # One metrics directory for this process and its workers (they inherit it), so the API's
             # /metrics counts what they did. Set before any metric exists in this process.
             os.environ.setdefault(MULTIPROC_ENV, str(data_dir / "metrics"))
-            assert isinstance(runtime.queue, SQLiteQueue)
-            pool = WorkerPool(count, data_dir, runtime.queue, config_path=str(config_path),
-                              verbose=log_level == "debug")
+            pool = runtime.worker_pool(count, config_path=str(config_path), verbose=log_level == "debug")
     app = create_app(runtime, manage_runtime=True, workers=pool)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -82,12 +77,8 @@ async def _serve(
         )
     )
     log.info("batchyard serving on http://%s:%d (%s)", host, port, where)
+    log.debug("routes: %s", ", ".join(f"{name} ({route.kind.value})" for name, route in sorted(config.routes.items())))
     await server.serve()
-
-
-def default_workers() -> int:
-    """One worker process per core."""
-    return os.cpu_count() or 1
 
 
 def _quiet_libraries(log_level: str) -> None:
@@ -99,19 +90,25 @@ def _quiet_libraries(log_level: str) -> None:
 
 def serve(
     config_path: str | Path,
-    host: str = DEFAULT_HOST,
-    port: int = DEFAULT_PORT,
-    data_dir: str | Path = DEFAULT_DATA_DIR,
+    host: str,
+    port: int,
+    data_dir: str | Path | None = None,
     *,
     log_level: str = "info",
     runtime_factory: RuntimeFactory | None = None,
     workers: int | None = None,
 ) -> None:
-    """Run the gateway until SIGTERM/SIGINT; raises `ConfigError` for a bad config."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Run the gateway until SIGTERM/SIGINT; raises `ConfigError` for a bad config.
+
+    `data_dir`: the embedded store's directory; None only with a `runtime_factory` (shared mode).
+    """
+    # force: the level asked for wins over any logging set up before (a caller's, or a library's import)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        force=True)
     _quiet_libraries(log_level)
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        runner.run(_serve(config_path, host, port, Path(data_dir), log_level, runtime_factory, workers))
+        where = Path(data_dir) if data_dir is not None else None
+        runner.run(_serve(config_path, host, port, where, log_level, runtime_factory, workers))
 
 
 def serve_shared(
@@ -127,26 +124,3 @@ def serve_shared(
                                  claim_idle=claim_idle)
 
     serve(config_path, host, port, log_level=log_level, runtime_factory=factory)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway.cli.serve", description="Serve the batchyard API.")
-    parser.add_argument("--config", required=True, help="LiteLLM-style YAML config")
-    parser.add_argument("--host", default=DEFAULT_HOST)
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
-    parser.add_argument("--data-dir", default=os.environ.get("BATCHYARD_DATA_DIR", DEFAULT_DATA_DIR))
-    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    parser.add_argument("--workers", type=int, default=None,
-                        help="worker processes that run shards (default: one per core; 0: in the API process)")
-    args = parser.parse_args(argv)
-    try:
-        serve(args.config, args.host, args.port, args.data_dir, log_level=args.log_level, workers=args.workers)
-    except ConfigError as exc:
-        parser.exit(2, f"error: {exc}\n")
-    except KeyboardInterrupt:
-        return 130
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

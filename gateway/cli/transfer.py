@@ -56,39 +56,35 @@ def _redact(url: str) -> str:
     return url.split("?", 1)[0] + ("?…" if "?" in url else "")
 
 
-async def deliver(local: Path, dest: str, *, on_retry: Callable[[str], None] | None = None) -> None:
-    """Copy the finished file at `local` to `dest`."""
+# Opens the finished file (again for each attempt at a PUT): its bytes, streamed.
+Reader = Callable[[], AsyncIterator[bytes]]
+
+
+async def deliver(read: Reader, size: int, dest: str, *, on_retry: Callable[[str], None] | None = None) -> None:
+    """Copy the finished file (`size` bytes from `read`) to `dest`."""
     if dest == "-":
-        with local.open("rb") as f:
-            while chunk := f.read(_CHUNK):
-                sys.stdout.buffer.write(chunk)
+        async for chunk in read():
+            sys.stdout.buffer.write(chunk)
         sys.stdout.buffer.flush()
         return
     if is_url(dest):
-        await _put(local, dest, on_retry)
+        await _put(read, size, dest, on_retry)
         return
     target = Path(dest)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.partial")
-    with local.open("rb") as src, tmp.open("wb") as out:
-        while chunk := src.read(1 << 20):
+    with tmp.open("wb") as out:
+        async for chunk in read():
             out.write(chunk)
     os.replace(tmp, target)
 
 
-async def _put(local: Path, url: str, on_retry: Callable[[str], None] | None) -> None:
-    size = local.stat().st_size
-
-    async def body() -> AsyncIterator[bytes]:
-        with local.open("rb") as f:
-            while chunk := f.read(_CHUNK):
-                yield chunk
-
+async def _put(read: Reader, size: int, url: str, on_retry: Callable[[str], None] | None) -> None:
     last = ""
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client:
         for attempt in range(1, _PUT_ATTEMPTS + 1):
             try:
-                reply = await client.put(url, content=body(), headers={"Content-Length": str(size)})
+                reply = await client.put(url, content=read(), headers={"Content-Length": str(size)})
                 if reply.status_code // 100 == 2:
                     return
                 last = f"HTTP {reply.status_code}"

@@ -1,2 +1,6 @@
-"""Configuration: the LiteLLM-style YAML (`schema`), model routes (`routes`), url forms (`urls`) and the
-`litellm_settings` batchyard applies."""
+"""Configuration: the LiteLLM-style YAML read into strict pydantic models.
+
+`schema` (load, `Config`), `entries` (a model_list entry: local, upstream, native), `sections`
+(batch_settings and its teams, general_settings, router_settings), `engine_fields` (vLLM's option
+names, for engine_args), `problems` (pydantic's errors as file + dotted key), `litellm_settings`,
+`routes` (where a model name goes) and `urls` (a line's url forms)."""

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from gateway.config.engine_fields import unknown_engine_args
-from gateway.config.routes import RouteKind
+from gateway.config.routes import RouteKind, native_refusal
 
 LOCAL_PREFIX = "vllm/"
 
@@ -95,7 +95,18 @@ class UpstreamEntry(_Entry):
 
 
 class NativeEntry(UpstreamEntry):
-    """`model_info.batch_mode: native`: shards go to the provider's own batch API."""
+    """`model_info.batch_mode: native`: shards go to the provider's own batch API, on a provider that has
+    one we run (`NATIVE_PROVIDERS`); on any other it is refused here, never quietly run in real time."""
+
+    @field_validator("model_info")
+    @classmethod
+    def _provider_runs_native(cls, info: ModelInfo, context: ValidationInfo) -> ModelInfo:
+        params = context.data.get("litellm_params")
+        refusal = native_refusal(params.model) if isinstance(params, LiteLLMParams) else None
+        if refusal is not None:
+            raise PydanticCustomError("native_provider", "batch_mode: native on {name}: {refusal}",
+                                      {"name": repr(context.data.get("model_name")), "refusal": refusal})
+        return info
 
 
 def entry_kind(raw: Any) -> str:

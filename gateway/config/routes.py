@@ -12,6 +12,23 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+# The providers whose batch jobs a native route can run (`providers.native` has one `UpstreamJobs` for each).
+# LiteLLM 1.106.2 also reaches Vertex AI (Google Cloud Storage) and Bedrock (S3 and CreateModelInvocationJob)
+# batches; nothing on loopback stands in for those, so they are not offered untested.
+NATIVE_PROVIDERS = ("openai", "azure", "anthropic", "mistral")
+
+
+def native_refusal(model: str) -> str | None:
+    """Why a deployment of `model` (`provider/name`) cannot be `batch_mode: native`; None when it can.
+
+    Checked at load: a native route on another provider would otherwise have every line fail, or be
+    quietly run in real time at twice the price."""
+    provider = model.partition("/")[0]
+    if provider in NATIVE_PROVIDERS:
+        return None
+    return (f"native batches run on {', '.join(NATIVE_PROVIDERS)} deployments, not {provider}/ "
+            "(use batch_mode: realtime)")
+
 
 class RouteKind(str, enum.Enum):
     LOCAL = "local"

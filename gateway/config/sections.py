@@ -8,9 +8,18 @@ comment saying what it does), plus its line in the README's config reference.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
 from gateway.config.entries import Strict
 from gateway.errors import ConfigError
@@ -19,12 +28,58 @@ NonEmpty = Annotated[str, Field(min_length=1)]
 DEFAULT_WINDOWS = {"24h": 86_400}  # OpenAI's only completion window
 
 
+WebhookEvent = Literal["batch.completed", "batch.failed", "batch.cancelled", "batch.expired"]
+WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = ("batch.completed", "batch.failed", "batch.cancelled", "batch.expired")
+
+
 class Team(Strict):
-    """`batch_settings.teams[]`: who may call, and which models they may use."""
+    """`batch_settings.teams[]`: who may call, which models they may use, where their webhooks go."""
 
     team_id: NonEmpty
     api_keys: list[NonEmpty] = Field(default_factory=list)
     models: list[str] | None = None  # None: every model of model_list
+    # The team's share of a route it competes on, against the other teams' weights (gateway.fairness).
+    weight: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
+    # Quotas, refused at create with 429 and a code naming the quota (gateway.store.quota); None: no limit.
+    max_enqueued_requests: PositiveInt | None = None  # requests in the team's unfinished batches
+    max_active_batches: PositiveInt | None = None  # the team's unfinished batches
+    # A budget, as LiteLLM names it: USD per `budget_duration` ("30d", "1h", "10m", "30s"; none: for ever). Over
+    # it, new batches are refused and running ones stop sending (gateway.pipeline.execute).
+    max_budget: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    budget_duration: Annotated[str, Field(pattern=r"^[1-9][0-9]*(s|m|h|d)$")] | None = None
+
+    @property
+    def budget_seconds(self) -> int | None:
+        """`budget_duration` in seconds (None: the budget never resets)."""
+        if self.budget_duration is None:
+            return None
+        unit = {"s": 1, "m": 60, "h": 3600, "d": 86_400}[self.budget_duration[-1]]
+        return int(self.budget_duration[:-1]) * unit
+
+    # OpenAI's batch webhooks: each of `webhook_events` is POSTed to `webhook_url`, signed the Standard
+    # Webhooks way with `webhook_secret` (write it `os.environ/NAME`; OpenAI's `whsec_…` form or any string).
+    webhook_url: Annotated[str, Field(pattern=r"^https?://[^\s/]+")] | None = None
+    webhook_secret: SecretStr | None = None
+    webhook_events: list[WebhookEvent] = Field(default_factory=lambda: list(WEBHOOK_EVENTS), min_length=1)
+
+    @model_validator(mode="after")
+    def _url_and_secret_together(self) -> Team:
+        if (self.webhook_url is None) != (self.webhook_secret is None):
+            raise ValueError("webhook_url and webhook_secret go together: events are always signed")
+        if self.webhook_secret is not None and not self.webhook_secret.get_secret_value():
+            raise ValueError("webhook_secret is empty")
+        return self
+
+
+class WebhookSettings(Strict):
+    """`batch_settings.webhooks`: how deliveries to the teams' `webhook_url`s are retried."""
+
+    # Seconds before each retry after a failed attempt (the last repeats): Standard Webhooks' advice
+    # of backing off over hours. Attempts stop `give_up_after_seconds` after the event.
+    retry_delays_seconds: list[PositiveFloat] = Field(default_factory=lambda: [5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0],
+                                                      min_length=1)
+    give_up_after_seconds: PositiveFloat = 86_400
+    timeout_seconds: PositiveFloat = 10  # one attempt's limit (connect + reply)
 
 
 class MetricsSettings(Strict):
@@ -60,6 +115,7 @@ class BatchSettings(Strict):
     completion_windows: dict[str, PositiveInt] = Field(default_factory=lambda: dict(DEFAULT_WINDOWS))
     file_expiry_seconds: PositiveInt | None = None  # uploads without expires_after expire after this
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
 
     @field_validator("completion_windows")
     @classmethod
@@ -105,5 +161,6 @@ def check_router_settings(section: dict[str, Any], path: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "ROUTER_SETTINGS", "BatchSettings", "GeneralSettings", "Limits", "MetricsSettings", "Team", "check_router_settings",
+    "ROUTER_SETTINGS", "WEBHOOK_EVENTS", "BatchSettings", "GeneralSettings", "Limits", "MetricsSettings", "Team",
+    "WebhookSettings", "check_router_settings",
 ]

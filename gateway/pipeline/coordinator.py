@@ -26,8 +26,10 @@ from collections.abc import Awaitable, Callable, Collection, Coroutine
 from typing import Any, Protocol
 
 from gateway.pipeline.finalizer import Finalizer
+from gateway.pipeline.lifecycle import Announce, announce_nothing, for_queue
 from gateway.records import BatchStatus
 from gateway.store.base import BatchRecord, Coordination, Queue, Store, now
+from gateway.store.quota import GRACE_SECONDS, QuotaLedger
 
 log = logging.getLogger("batchyard.coordinator")
 
@@ -48,15 +50,18 @@ class Coordinator:
     def __init__(
         self, store: Store, queue: Queue, coordination: Coordination, service: Intake, finalizer: Finalizer,
         *, name: str, routes: Collection[str], spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
-        heartbeat: float, sweep_every: float,
+        heartbeat: float, sweep_every: float, announce: Announce = announce_nothing,
+        quotas: QuotaLedger | None = None,
     ) -> None:
         self.store, self.queue, self.coordination = store, queue, coordination
         self.service, self.finalizer = service, finalizer
         self.name, self.routes = name, sorted(routes)
         self._spawn = spawn
+        self._announce = announce
         self._heartbeat, self._sweep_every = heartbeat, sweep_every
         self._started_at = now()
         self._files_swept_at = 0.0
+        self._quotas = quotas
 
     # -- the loops -----------------------------------------------------------------
 
@@ -92,8 +97,11 @@ class Coordinator:
             return
         try:
             queued = set(await self.queue.queued())  # read before the shards: see put_missing
-            for batch in await self.store.active_batches():
+            active = await self.store.batches.active()
+            for batch in active:
                 await self._sweep_batch(batch, queued, stale_after)
+            if self._quotas is not None:
+                await self._release_quotas({b.id for b in active})
             alive = {w["name"] for w in await self.coordination.live_workers()}
             await self.queue.tidy(alive)
             if time.monotonic() - self._files_swept_at > _FILE_SWEEP_SECONDS:
@@ -106,9 +114,10 @@ class Coordinator:
     async def _sweep_batch(self, batch: BatchRecord, queued: set[str], stale_after: float) -> None:
         t = now()
         if batch.expired_at is None and t >= batch.expires_at and batch.status is not BatchStatus.CANCELLING:
-            await self.store.update_batch(batch.id, {"expired_at": t})
+            await self.store.batches.update(batch.id, {"expired_at": t})
             if batch.status is BatchStatus.VALIDATING:
-                await self.store.update_batch(batch.id, {"status": BatchStatus.EXPIRED},
+                await self._announce(batch.owner, batch.id, BatchStatus.EXPIRED)
+                await self.store.batches.update(batch.id, {"status": BatchStatus.EXPIRED},
                                               if_status={BatchStatus.VALIDATING})
                 return
         if await self.coordination.held(f"validate:{batch.id}"):
@@ -120,7 +129,7 @@ class Coordinator:
                     log.warning("batch %s was left validating; validating it again", batch.id)
                 self._spawn(self.service.validate(batch.id), f"validate-{batch.id}")
             return
-        unfinished = await self.store.unfinished_shards(batch.id)
+        unfinished = await self.store.ledger.unfinished_shards(batch.id)
         if not unfinished:
             if not await self.coordination.held(f"finalize:{batch.id}"):
                 self._spawn(self.finalizer.finalize(batch.id), f"finalize-{batch.id}")
@@ -130,8 +139,22 @@ class Coordinator:
                 continue
             if not shard.route:  # the shard of lines answered at validation: sealed already
                 await self.finalizer.finish_shard(shard)
-            elif await self.queue.put_missing(shard):
+            elif await self.queue.put_missing(for_queue(shard, batch)):
                 log.warning("shard %s was in no queue; enqueued it again", shard.key)
+
+    async def _release_quotas(self, active: set[str]) -> None:
+        """Finished batches free their quota places, however they ended (and so do admissions whose batch
+        was never stored, once their creation cannot be under way any more)."""
+        assert self._quotas is not None
+        done = []
+        for batch_id, admitted_at in (await self._quotas.admitted()).items():
+            if batch_id in active:
+                continue
+            batch = await self.store.batches.get(batch_id)
+            if (batch.status.finished if batch is not None else time.time() - admitted_at > GRACE_SECONDS):
+                done.append(batch_id)
+        if done:
+            await self._quotas.release(done)
 
     # -- health ------------------------------------------------------------------------
 

@@ -1,6 +1,14 @@
 """The shard runner: claims shards from the `Queue`, runs them on a `Backend`,
 journals their results in the `Store`, and hands finished shards to the finalizer.
 
+Fair share (`gateway.fairness`): a process runs `max_shards_in_flight` shards;
+past that it still takes a shard of a batch it has none of (a sooner deadline
+must not wait for a later batch's shards to end), up to twice the limit, and
+past that a shard of a team it has none of (a newcomer never waits behind
+another team's long shards). The queue picks which shard by fair share, and
+the requests of every shard here go through the backend's `FairSlots` as their
+team's, so that a shard taken in overflow gets its share at once.
+
 A shard's attempts are counted in the store, by whichever process claims it,
 so a shard that kills every worker it reaches (or fails in every one) is given
 up after `MAX_ATTEMPTS`: its unfinished lines get `shard_failed` error results
@@ -13,14 +21,17 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Coroutine
 from typing import Any
 
 from gateway import metrics
 from gateway.backends.interface import Backends, ShardAwareBackend
 from gateway.config.schema import Config
+from gateway.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
 from gateway.json_codec import loads
-from gateway.pipeline.lifecycle import GIVEN_UP, LOST, MAX_ATTEMPTS, StopReason, stop_reason
+from gateway.pipeline.budget import Budgets
+from gateway.pipeline.lifecycle import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
 from gateway.pipeline.merge import seal_shard
 from gateway.records import BatchRequest, Result, Shard
 from gateway.store.base import Blobs, Delivery, Queue, Store, read_lines
@@ -30,6 +41,7 @@ log = logging.getLogger("batchyard.runner")
 _FLUSH_EVERY = 64  # results per journal write
 _FLUSH_SECONDS = 0.25
 _POLL_SECONDS = 0.5  # how often a running shard looks for cancel and expiry
+_FULL_POLL = 0.25  # a full process looks this often for a newcomer team's shard
 
 
 Prices = tuple[float, float]  # USD per input token, per output token
@@ -58,7 +70,7 @@ class ShardRunner:
     def __init__(
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, backends: Backends,
         *, finish_shard: Callable[[Shard], Awaitable[None]], routes: Collection[str] | None,
-        spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
+        spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]], budgets: Budgets | None = None,
     ) -> None:
         # `finish_shard`: the finalizer's, handed in (a later stage; the runner does not import it).
         self.config, self.store, self.blobs, self.queue = config, store, blobs, queue
@@ -67,24 +79,44 @@ class ShardRunner:
         self._spawn = spawn
         self._running: dict[str, asyncio.Task[Any]] = {}  # delivery token -> the task running it
         self._closing = False
+        self.weights = {t.team_id: t.weight for t in config.batch.teams}
+        self.budgets = budgets or Budgets(config, None)
         queue.on_lost = self._lost
 
     async def loop(self) -> None:
-        slots = asyncio.Semaphore(self.config.batch.max_shards_in_flight)
+        limit = self.config.batch.max_shards_in_flight
+        teams: Counter[str] = Counter()  # team -> shards this process runs
+        batches: Counter[str] = Counter()  # batch -> shards this process runs
+
+        def done(shard: Shard) -> None:
+            for count, key in ((teams, shard.team), (batches, shard.batch_id)):
+                count[key] -= 1
+                if count[key] <= 0:
+                    del count[key]
+
         while not self._closing:
-            await slots.acquire()
+            running = teams.total()
+            skip_teams: Collection[str] = ()
+            skip_batches: Collection[str] = ()
+            if running >= 2 * limit:
+                skip_teams = set(teams)  # only a team with no shard here: bounded by the number of teams
+            elif running >= limit:
+                skip_batches = set(batches)  # a batch with none here (a sooner deadline, EDF): up to 2x the limit
             try:
-                delivery = await self.queue.get(self.routes, timeout=1.0)
+                # Full: the short timeout, so that a slot freed meanwhile soon takes any shard again.
+                delivery = await self.queue.get(self.routes, timeout=_FULL_POLL if running >= limit else 1.0,
+                                                skip_teams=skip_teams, skip_batches=skip_batches)
             except Exception:
-                slots.release()
                 log.exception("queue read failed; retrying")
                 await asyncio.sleep(1.0)
                 continue
             if delivery is None:
-                slots.release()
                 continue
-            task = self._spawn(self._process(delivery), f"shard-{delivery.shard.key}")
-            task.add_done_callback(lambda _t: slots.release())
+            shard = delivery.shard
+            teams[shard.team] += 1
+            batches[shard.batch_id] += 1
+            task = self._spawn(self._process(delivery), f"shard-{shard.key}")
+            task.add_done_callback(lambda _t, shard=shard: done(shard))  # type: ignore[misc]
 
     def close(self) -> None:
         self._closing = True
@@ -95,7 +127,7 @@ class ShardRunner:
         assert task is not None
         self._running[delivery.token] = task
         try:
-            attempts = await self.store.begin_attempt(shard)
+            attempts = await self.store.ledger.begin_attempt(shard)
             if attempts > MAX_ATTEMPTS:
                 log.error("shard %s: giving up after %d attempts", shard.key, attempts - 1)
                 await seal_shard(self.store, self.blobs, shard, missing=GIVEN_UP)
@@ -125,25 +157,28 @@ class ShardRunner:
         if await self.blobs.size(shard.results_key) is not None:
             await self._finish_shard(shard)  # sealed before a crash; only the bookkeeping is left
             return
-        batch = await self.store.get_batch(shard.batch_id)
+        batch = await self.store.batches.get(shard.batch_id)
         if batch is None:
             return
-        reason = stop_reason(batch)
+        reason = stop_reason(batch) or (OVER_BUDGET if await self.budgets.over(batch.owner) else None)
+        requests: list[BatchRequest] | None = None
         if reason is None:
             requests = [
                 BatchRequest.from_json(loads(raw))
                 async for raw in read_lines(self.blobs, shard.requests_key)
                 if raw
             ]
-            recorded = await self.store.recorded_lines(shard)
+            recorded = await self.store.ledger.recorded_lines(shard)
             todo = [r for r in requests if r.line not in recorded]
             if todo:
-                reason = await self._execute(shard, batch.owner, todo)
-        if reason is None:
-            await seal_shard(self.store, self.blobs, shard, missing=None)
+                share = Share(batch.owner, batch.id, batch.expires_at, self.weights.get(batch.owner, DEFAULT_WEIGHT))
+                reason = await self._execute(shard, share, todo)
+        if reason is None or reason is OVER_BUDGET:  # over budget: the unrun lines get error lines now
+            await seal_shard(self.store, self.blobs, shard, missing=reason, requests=requests)
         await self._finish_shard(shard)
 
-    async def _execute(self, shard: Shard, owner: str, todo: list[BatchRequest]) -> StopReason | None:
+    async def _execute(self, shard: Shard, share: Share, todo: list[BatchRequest]) -> StopReason | None:
+        owner = share.team
         backend = await self.backends.get(shard.route)
         buffer: list[Result] = []
         flushed_at = time.monotonic()
@@ -152,7 +187,8 @@ class ShardRunner:
             nonlocal buffer, flushed_at
             if buffer:
                 done, buffer = buffer, []
-                await self.store.record_results(shard, done)
+                await self.store.ledger.record_results(shard, done)
+                await self.budgets.add(owner, done)
                 metrics.observe_results(owner, shard.route, done)
             flushed_at = time.monotonic()
 
@@ -170,18 +206,26 @@ class ShardRunner:
                 if len(buffer) >= _FLUSH_EVERY or time.monotonic() - flushed_at > _FLUSH_SECONDS:
                     await flush()
 
-        consumer = asyncio.create_task(consume(), name=f"shard-{shard.key}")
+        with running_for(share):  # the task copies the context: the backend's slots see whose requests these are
+            consumer = asyncio.create_task(consume(), name=f"shard-{shard.key}")
+        stopping: StopReason | None = None
         try:
             while True:
                 finished, _ = await asyncio.wait({consumer}, timeout=_POLL_SECONDS)
                 if finished:
                     consumer.result()  # a bug in a backend surfaces here
-                    return None
+                    return stopping
                 await flush()  # slow results still get recorded promptly
-                batch = await self.store.get_batch(shard.batch_id)
+                if stopping is not None:
+                    continue
+                batch = await self.store.batches.get(shard.batch_id)
                 reason = stop_reason(batch) if batch is not None else LOST
                 if reason is not None:
                     return reason
+                if await self.budgets.over(owner):
+                    # Over budget: nothing more starts; the requests in flight finish and are recorded.
+                    stopping = OVER_BUDGET
+                    stop_sending(shard.batch_id)
         finally:
             if not consumer.done():
                 consumer.cancel()

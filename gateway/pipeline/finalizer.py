@@ -13,7 +13,16 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.backends.interface import RouteReporter
-from gateway.pipeline.lifecycle import CANCELLED, EXPIRED, LOST, derived_id, expiry, stop_reason
+from gateway.pipeline.lifecycle import (
+    CANCELLED,
+    EXPIRED,
+    LOST,
+    Announce,
+    announce_nothing,
+    derived_id,
+    expiry,
+    stop_reason,
+)
 from gateway.pipeline.merge import merge_shards, seal_shard
 from gateway.records import BatchStatus, Shard
 from gateway.store.base import Blobs, Coordination, FileRecord, Store, now
@@ -23,15 +32,16 @@ log = logging.getLogger("batchyard.finalizer")
 class Finalizer:
     def __init__(
         self, store: Store, blobs: Blobs, coordination: Coordination,
-        reporter: Callable[[str], RouteReporter | None],
+        reporter: Callable[[str], RouteReporter | None], *, announce: Announce = announce_nothing,
     ) -> None:
         # `reporter(route)`: the route's backend when it summarises routes for finalize (native batches), else
         # None. Only that hook, not the backends: finalizing never starts an engine or builds a Router.
         self.store, self.blobs, self._coordination, self._reporter = store, blobs, coordination, reporter
+        self._announce = announce
 
     async def finish_shard(self, shard: Shard) -> None:
         """Mark a shard finished; finalize its batch if it was the last."""
-        if await self.store.finish_shard(shard) == 0:
+        if await self.store.ledger.finish_shard(shard) == 0:
             await self.finalize(shard.batch_id)
 
     async def finalize(self, batch_id: str) -> None:
@@ -40,14 +50,14 @@ class Finalizer:
                 await self._finalize(batch_id)
 
     async def _finalize(self, batch_id: str) -> None:
-        batch = await self.store.get_batch(batch_id)
+        batch = await self.store.batches.get(batch_id)
         if batch is None or batch.status.finished:
             return
         reason = stop_reason(batch)
         if batch.status is BatchStatus.IN_PROGRESS and reason is None:
-            await self.store.update_batch(batch_id, {"status": BatchStatus.FINALIZING, "finalizing_at": now()},
+            await self.store.batches.update(batch_id, {"status": BatchStatus.FINALIZING, "finalizing_at": now()},
                                           if_status={BatchStatus.IN_PROGRESS})
-        shards = await self.store.get_shards(batch_id)
+        shards = await self.store.ledger.get_shards(batch_id)
         for shard in shards:
             await seal_shard(self.store, self.blobs, shard, missing=reason or LOST)
         output_id = derived_id("file", batch_id, "output")
@@ -59,7 +69,7 @@ class Finalizer:
         created = now()
         expires_at = expiry(batch.output_expires_after, created, "output_expires_after")
         routes: dict[str, Any] = {**batch.routes, "summary": summary.to_json()}
-        for name, stats in (await self.store.route_stats(batch_id)).items():
+        for name, stats in (await self.store.ledger.route_stats(batch_id)).items():
             if name:
                 routes[name] = {**routes.get(name, {}), **stats.to_json()}
         reporters = self._reporters(shards)
@@ -74,7 +84,7 @@ class Finalizer:
                 await self.blobs.delete(key)
                 continue
             size = await self.blobs.size(key) or 0
-            await self.store.put_file(FileRecord(file_id, batch.owner, size, created, f"{batch_id}_{what}.jsonl",
+            await self.store.files.put(FileRecord(file_id, batch.owner, size, created, f"{batch_id}_{what}.jsonl",
                                                  "batch_output", expires_at, key))
             fields[f"{what}_file_id"] = file_id
         if reason is CANCELLED:
@@ -83,7 +93,8 @@ class Finalizer:
             fields.update(status=BatchStatus.EXPIRED, expired_at=batch.expired_at or now())
         else:
             fields.update(status=BatchStatus.COMPLETED, completed_at=now())
-        await self.store.update_batch(batch_id, fields)
+        await self._announce(batch.owner, batch_id, fields["status"])
+        await self.store.batches.update(batch_id, fields)
         await self.blobs.delete_prefix(f"batches/{batch_id}")
         for reporter in reporters.values():  # after the record holds the summary: a re-run still finds the state
             await reporter.forget_batch(batch_id)

@@ -4,6 +4,8 @@
   request then gets (`StopReason`: a code and a message).
 - When a file or batch expires (`expiry`, from OpenAI's `expires_after` objects).
 - The ids derived from a batch id (`derived_id`), so work done twice lands once.
+- `Announce`: the hook told a batch is about to end, before its final status is
+  set (webhooks record their event there: at least once, even across a crash).
 
 It depends on the records and the store's record types only: the runner, the
 finalizer, the coordinator and the native-batch backend all ask it, so it must
@@ -12,18 +14,29 @@ sit below all of them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from gateway.batch_params import ExpiresAfter, checked
-from gateway.records import BatchStatus
+from gateway.records import BatchStatus, Shard
 from gateway.store.base import BatchRecord, now
+
+# (owner, batch id, the final status about to be set): called before the status is written, so an
+# event recorded there survives a crash between the two (the finalizer runs again and records it again).
+Announce = Callable[[str, str, BatchStatus], Awaitable[None]]
+
+
+async def announce_nothing(owner: str, batch_id: str, status: BatchStatus) -> None:
+    """The `Announce` of a runtime without webhooks."""
+
 
 StopReason = tuple[str, str]  # (error code, message) for each request that will not run
 CANCELLED: StopReason = ("batch_cancelled", "The batch was cancelled before this request ran.")
 EXPIRED: StopReason = ("batch_expired", "The batch expired before this request ran.")
 LOST: StopReason = ("internal_error", "No result was recorded for this request.")
+OVER_BUDGET: StopReason = ("budget_exceeded", "The team's budget (max_budget) was spent before this request ran.")
 
 MAX_ATTEMPTS = 3  # a shard that failed (or killed its worker) this often is given up
 GIVEN_UP: StopReason = (
@@ -46,6 +59,11 @@ def stop_reason(batch: BatchRecord) -> StopReason | None:
     return None
 
 
+def for_queue(shard: Shard, batch: BatchRecord) -> Shard:
+    """The shard as the queue carries it: whose it is and its batch's deadline, for the fair pick."""
+    return dataclasses.replace(shard, team=batch.owner, deadline=batch.expires_at)
+
+
 def derived_id(prefix: str, batch_id: str, what: str) -> str:
     # Output file ids follow from the batch id (128 random bits), so finalizing
     # twice (a retry after a crash) writes the same files instead of new ones.
@@ -60,6 +78,6 @@ def expiry(expires_after: ExpiresAfter | Mapping[str, Any] | None, created_at: i
 
 
 __all__ = [
-    "CANCELLED", "EXPIRED", "GIVEN_UP", "LOST", "MAX_ATTEMPTS", "NO_EXPIRY", "StopReason", "derived_id", "expiry",
-    "stop_reason",
+    "CANCELLED", "EXPIRED", "GIVEN_UP", "LOST", "MAX_ATTEMPTS", "NO_EXPIRY", "OVER_BUDGET", "StopReason", "derived_id",
+    "expiry", "for_queue", "stop_reason",
 ]

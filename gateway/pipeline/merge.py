@@ -8,6 +8,7 @@ one line per shard).
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -20,34 +21,35 @@ from gateway.records import BatchRequest, Result, Shard, Usage
 from gateway.store.base import Blobs, Store, read_lines
 
 
-async def seal_shard(store: Store, blobs: Blobs, shard: Shard, missing: tuple[str, str] | None) -> None:
+async def seal_shard(
+    store: Store, blobs: Blobs, shard: Shard, missing: tuple[str, str] | None,
+    requests: Sequence[BatchRequest] | None = None,
+) -> None:
     """Write the shard's sorted results blob from its journal, then drop the journal.
 
     `missing`: the (code, message) given to requests without a result (a
-    cancelled or expired batch); None asserts there are none.
+    cancelled or expired batch); None asserts there are none. `requests`: the
+    shard's requests in input order, when the caller has them parsed already
+    (the runner that just ran them); read from the shard's blob otherwise.
     """
     if await blobs.size(shard.results_key) is not None:
         return  # sealed already (or a shard of answered lines)
-    requests = [BatchRequest.from_json(loads(raw)) async for raw in read_lines(blobs, shard.requests_key) if raw]
-    done = {r.line: r for r in await store.journal(shard)}
+    if requests is None:
+        requests = [BatchRequest.from_json(loads(raw)) async for raw in read_lines(blobs, shard.requests_key) if raw]
+    done = {r.line: r for r in await store.ledger.journal(shard)}
     unrun = [r for r in requests if r.line not in done]
     if unrun:
         if missing is None:
             raise RuntimeError(f"shard {shard.key} has no result for line {unrun[0].line}")
         # Recorded like any result, so the batch's request_counts count them as failed.
         failures = [Result.failure(r.line, r.custom_id, missing[0], missing[1], model=r.model) for r in unrun]
-        await store.record_results(shard, failures)
+        await store.ledger.record_results(shard, failures)
         metrics.observe_results(await metrics.team_of(store, shard.batch_id), shard.route, failures)
         done.update((f.line, f) for f in failures)
-    writer = blobs.writer(shard.results_key)
-    try:
+    async with blobs.writing(shard.results_key) as writer:
         for req in requests:
             await writer.write(dumps(done[req.line].to_json()) + b"\n")
-    except BaseException:
-        await writer.abort()
-        raise
-    await writer.commit()
-    await store.drop_journal(shard)
+    await store.ledger.drop_journal(shard)
 
 
 @dataclass(slots=True)
@@ -98,10 +100,10 @@ async def merge_shards(
         if first is not None:
             heap.append((first.line, i, first))
     heapq.heapify(heap)
-    out = blobs.writer(output_key)
-    err = blobs.writer(error_key) if error_key else None
     n_out = n_err = 0
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        out = await stack.enter_async_context(blobs.writing(output_key))
+        err = await stack.enter_async_context(blobs.writing(error_key)) if error_key else None
         while heap:
             _, i, result = heapq.heappop(heap)
             summary.add(result)
@@ -115,12 +117,4 @@ async def merge_shards(
             following = await anext(streams[i], None)
             if following is not None:
                 heapq.heappush(heap, (following.line, i, following))
-    except BaseException:
-        await out.abort()
-        if err is not None:
-            await err.abort()
-        raise
-    await out.commit()
-    if err is not None:
-        await err.commit()
     return summary, n_out, n_err

@@ -8,7 +8,10 @@ holds one open shard writer per route and the set of custom_ids, never lines.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -16,7 +19,7 @@ from gateway.config.schema import Config
 from gateway.errors import LINE_HTTP_STATUS, LineCode, LineError
 from gateway.json_codec import dumps
 from gateway.pipeline.validate import FATAL_CODES, LineChecker, LineProblem
-from gateway.records import Endpoint, Result, Shard
+from gateway.records import BatchRequest, Endpoint, Result, Shard
 from gateway.store.base import Blobs, BlobWriter
 
 log = logging.getLogger(__name__)
@@ -26,6 +29,8 @@ log = logging.getLogger(__name__)
 class PlanOutcome:
     shards: list[Shard] = field(default_factory=list)
     answered: Shard | None = None  # the pre-finished shard of per-line errors, if any
+    # Its lines by HTTP status, counted as they are written: nobody reads the shard back to count them.
+    answered_statuses: Counter[str] = field(default_factory=Counter)
     errors: list[LineError] = field(default_factory=list)  # fatal (or, strict, all) problems, capped
     error_count: int = 0
     total: int = 0  # requests, including those answered in place
@@ -40,6 +45,28 @@ class PlanOutcome:
 class _OpenShard:
     shard: Shard
     writer: BlobWriter
+    written: contextlib.AsyncExitStack  # closing it commits the shard's blob (see `Planner._new_shard`)
+
+
+class _Discard(Exception):
+    """The plan failed: leave the writing block so that every open shard's blob is aborted."""
+
+
+Checked = BatchRequest | LineError | LineProblem
+_CHUNK_LINES, _CHUNK_BYTES = 2_000, 1 << 20  # lines checked per thread hop (whichever comes first)
+
+
+async def _chunks(lines: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+    chunk: list[bytes] = []
+    size = 0
+    async for raw in lines:
+        chunk.append(raw)
+        size += len(raw)
+        if len(chunk) >= _CHUNK_LINES or size >= _CHUNK_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
 
 
 class Planner:
@@ -58,13 +85,19 @@ class Planner:
         self._open: dict[str, _OpenShard] = {}
         self._answered: _OpenShard | None = None
         self._next_index = 0
+        self._writing = contextlib.AsyncExitStack()  # every shard blob still open: one plan per planner
         self.outcome = PlanOutcome()
 
-    def _new_shard(self, route: str) -> _OpenShard:
+    async def _new_shard(self, route: str) -> _OpenShard:
         shard = Shard(self._batch_id, self._next_index, route, 0)
         self._next_index += 1
         key = shard.results_key if route == "" else shard.requests_key
-        return _OpenShard(shard, self._blobs.writer(key))
+        # Each shard's blob has its own exit stack: a full shard is committed mid-file by closing it,
+        # and the plan's stack holds the rest, committed when the plan ends or aborted when it fails.
+        written = contextlib.AsyncExitStack()
+        writer = await written.enter_async_context(self._blobs.writing(key))
+        await self._writing.enter_async_context(written)
+        return _OpenShard(shard, writer, written)
 
     def _fail(self, error: LineError) -> None:
         self.outcome.error_count += 1
@@ -72,22 +105,36 @@ class Planner:
             self.outcome.errors.append(error)
 
     async def plan(self, lines: AsyncIterator[bytes]) -> PlanOutcome:
-        limits = self._config.batch.limits
         try:
-            number = 0
-            async for raw in lines:
-                number += 1
-                checked = self._checker.check(raw, number)
-                if checked is None:
-                    continue
+            async with self._writing:
+                await self._read(lines)
+                if self.outcome.failed:
+                    raise _Discard
+                # Leaving the block commits the shards still open.
+                self.outcome.shards.extend(open_.shard for open_ in self._open.values())
+                if self._answered is not None:
+                    self.outcome.answered = self._answered.shard
+        except _Discard:
+            pass
+        self._open.clear()
+        self._answered = None
+        self.outcome.shards.sort(key=lambda s: s.index)
+        return self.outcome
+
+    async def _read(self, lines: AsyncIterator[bytes]) -> None:
+        limits = self._config.batch.limits
+        number = 0
+        async for chunk in _chunks(lines):
+            # The CPU work (JSON, checks, the shard line's bytes) in a thread: one team's upload must not hold
+            # the API's event loop (another team's GET answers meanwhile). Lines keep their numbers.
+            checked_chunk = await asyncio.to_thread(self._check_chunk, chunk, number)
+            number += len(chunk)
+            for line, checked, data in checked_chunk:
                 self.outcome.total += 1
                 if self.outcome.total > limits.max_lines:
-                    self._fail(
-                        LineError(
-                            LineCode.TOO_MANY_TASKS, f"the file has more than {limits.max_lines} requests", number
-                        )
-                    )
-                    break
+                    self._fail(LineError(LineCode.TOO_MANY_TASKS,
+                                         f"the file has more than {limits.max_lines} requests", line))
+                    return self._finish_read()
                 if isinstance(checked, LineError):
                     self._fail(checked)
                 elif isinstance(checked, LineProblem):
@@ -97,34 +144,41 @@ class Planner:
                         await self._answer(checked)
                 else:
                     self.outcome.models.add(checked.model)
-                    route = self._config.routes[checked.model].model_name
-                    await self._append(route, dumps(checked.to_json()))
-            if self.outcome.total == 0 and not self.outcome.failed:
-                # Kept in run_batch mode too: `batchyard run --model` answers an empty file before planning.
-                self._fail(LineError(LineCode.EMPTY_FILE, "the file contains no requests"))
-            if self._checker.repeats and not self.outcome.failed:
-                cid, line = self._checker.first_repeat or ("", 0)
-                log.warning(
-                    "%d line(s) repeat a custom_id seen before (first: %r on line %d); each is answered in its "
-                    "own input position, as vLLM's run_batch does", self._checker.repeats, cid, line,
-                )
-            await self._close(commit=not self.outcome.failed)
-        except BaseException:
-            await self._close(commit=False)
-            raise
-        return self.outcome
+                    await self._append(self._config.routes[checked.model].model_name, data)
+        return self._finish_read()
+
+    def _finish_read(self) -> None:
+        if self.outcome.total == 0 and not self.outcome.failed:
+            # Kept in run_batch mode too: `batchyard run --model` answers an empty file before planning.
+            self._fail(LineError(LineCode.EMPTY_FILE, "the file contains no requests"))
+        if self._checker.repeats and not self.outcome.failed:
+            cid, line = self._checker.first_repeat or ("", 0)
+            log.warning(
+                "%d line(s) repeat a custom_id seen before (first: %r on line %d); each is answered in its "
+                "own input position, as vLLM's run_batch does", self._checker.repeats, cid, line,
+            )
+
+    def _check_chunk(self, chunk: list[bytes], before: int) -> list[tuple[int, Checked, bytes]]:
+        """Check lines `before + 1`… (blank ones are left out); a good line comes with its shard bytes."""
+        out: list[tuple[int, Checked, bytes]] = []
+        for offset, raw in enumerate(chunk, start=1):
+            checked = self._checker.check(raw, before + offset)
+            if checked is not None:
+                data = dumps(checked.to_json()) if isinstance(checked, BatchRequest) else b""
+                out.append((before + offset, checked, data))
+        return out
 
     async def _append(self, route: str, data: bytes) -> None:
         if self.outcome.failed:
             return  # keep validating, but stop writing shards nobody will run
         open_ = self._open.get(route)
         if open_ is None:
-            open_ = self._open[route] = self._new_shard(route)
+            open_ = self._open[route] = await self._new_shard(route)
         await open_.writer.write(data + b"\n")
         open_.shard.size += 1
         if open_.shard.size >= self._config.batch.shard_size:
             del self._open[route]
-            await open_.writer.commit()
+            await open_.written.aclose()
             self.outcome.shards.append(open_.shard)
 
     async def _answer(self, problem: LineProblem) -> None:
@@ -136,24 +190,7 @@ class Planner:
             code=problem.error.code.value, model=problem.model,
         )
         if self._answered is None:
-            self._answered = self._new_shard("")
+            self._answered = await self._new_shard("")
         await self._answered.writer.write(dumps(result.to_json()) + b"\n")
         self._answered.shard.size += 1
-
-    async def _close(self, *, commit: bool) -> None:
-        pending = list(self._open.values())
-        self._open.clear()
-        for open_ in pending:
-            if commit:
-                await open_.writer.commit()
-                self.outcome.shards.append(open_.shard)
-            else:
-                await open_.writer.abort()
-        if self._answered is not None:
-            if commit:
-                await self._answered.writer.commit()
-                self.outcome.answered = self._answered.shard
-            else:
-                await self._answered.writer.abort()
-            self._answered = None
-        self.outcome.shards.sort(key=lambda s: s.index)
+        self.outcome.answered_statuses[str(status)] += 1

@@ -15,6 +15,7 @@ from typing import Any
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_url
 from gateway.errors import LineCode, LineError
+from gateway.pipeline.body_fields import check_body
 from gateway.records import BatchRequest, Endpoint
 
 # Problems that make the whole file unusable in every mode (vLLM's run_batch
@@ -25,6 +26,7 @@ FATAL_CODES = frozenset(
         LineCode.INVALID_JSON_LINE,
         LineCode.MISSING_REQUIRED_PARAMETER,
         LineCode.INVALID_REQUEST,
+        LineCode.INVALID_TYPE,
         LineCode.DUPLICATE_CUSTOM_ID,
         LineCode.EMPTY_FILE,
         LineCode.TOO_MANY_TASKS,
@@ -71,16 +73,18 @@ class LineChecker:
         try:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
-            return LineError(LineCode.INVALID_JSON_LINE, f"line is not valid JSON: {exc}", line)
+            # OpenAI's wording, then where the parser stopped
+            return LineError(LineCode.INVALID_JSON_LINE, f"This line is not parseable as valid JSON. ({exc})", line)
         if not isinstance(data, dict):
-            return LineError(LineCode.INVALID_JSON_LINE, "line must be a JSON object", line)
+            return LineError(LineCode.INVALID_JSON_LINE, "This line is not parseable as valid JSON (a JSON object).",
+                             line)
         return self._check_fields(data, line)
 
     def _check_fields(self, data: dict[str, Any], line: int) -> BatchRequest | LineError | LineProblem:
         for name in ("custom_id", "method", "url", "body"):
             if data.get(name) is None:
                 return LineError(
-                    LineCode.MISSING_REQUIRED_PARAMETER, f"missing required parameter '{name}'", line, param=name
+                    LineCode.MISSING_REQUIRED_PARAMETER, f"Missing required parameter: '{name}'.", line, param=name
                 )
         custom_id, method, url, body = data["custom_id"], data["method"], data["url"], data["body"]
         if not isinstance(custom_id, str) or not custom_id:
@@ -112,22 +116,29 @@ class LineChecker:
             return LineProblem(LineError(code, message, line, param), custom_id, model_str)
 
         if normal is None:
-            return problem(LineCode.INVALID_URL, f"url {url!r} is not a supported endpoint", "url")
+            return problem(LineCode.INVALID_URL, f"The provided url '{url}' is not supported by the Batch API.", "url")
         if self._endpoint is not None and normal.endpoint is not self._endpoint:
             return problem(
                 LineCode.INVALID_URL,
-                f"url {url!r} does not match the batch's endpoint {self._endpoint.value}",
+                f"The URL provided for this request does not match the batch endpoint ({self._endpoint.value}).",
                 "url",
             )
         if model is None:
             return LineError(
-                LineCode.MISSING_REQUIRED_PARAMETER, "missing required parameter 'body.model'", line, "body.model"
+                LineCode.MISSING_REQUIRED_PARAMETER, "Missing required parameter: 'body.model'.", line, "body.model"
             )
         if not isinstance(model, str) or not model:
             return LineError(LineCode.INVALID_REQUEST, "body.model must be a non-empty string", line, "body.model")
+        wrong = check_body(normal.endpoint, body, line)
+        if wrong is not None:
+            return wrong
         if body.get("stream") is True:
-            return problem(LineCode.STREAMING_UNSUPPORTED, "stream=true is not supported in a batch", "body.stream")
+            return problem(LineCode.STREAMING_UNSUPPORTED, "Streaming is not supported by the Batch API.",
+                           "body.stream")
         route = self._config.route(model)
         if route is None or (self._allowed is not None and route.model_name not in self._allowed):
-            return problem(LineCode.MODEL_NOT_FOUND, f"The model `{model}` does not exist.", "body.model")
+            # OpenAI's "is not supported by the Batch API", with vLLM's "does not exist" (run_batch's wording)
+            return problem(LineCode.MODEL_NOT_FOUND,
+                           f"The provided model '{model}' does not exist or is not supported by the Batch API.",
+                           "body.model")
         return BatchRequest(line=line, custom_id=custom_id, url=normal.endpoint, body=body)

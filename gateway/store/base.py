@@ -1,7 +1,9 @@
 """The storage interfaces and the records they hold.
 
-- `Store`: file and batch records, shard bookkeeping, counters, and the result
-  journal (results recorded per request, so a retried shard skips finished ones).
+- `Store`: the records, in four parts by concept: `files` (`FileStore`),
+  `batches` (`BatchStore`), the shard `ledger` (`ShardLedger`: shards,
+  attempts, the result journal - results recorded per request, so a retried
+  shard skips finished ones - and route stats) and `backend_state`.
 - `Blobs`: file bytes by key (uploads, shard files, outputs).
 - `Queue`: shards waiting for a worker, and the ones workers hold.
 - `Coordination`: leases and worker heartbeats, for the steps two processes
@@ -16,11 +18,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Collection, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from gateway.records import BatchStatus, Result, RouteStats, Shard, Usage
+from gateway.store.webhook_deliveries import WebhookDeliveries
 
 
 def now() -> int:
@@ -175,53 +178,88 @@ class Page:
     has_more: bool
 
 
-class Store(Protocol):
-    # files
-    async def put_file(self, rec: FileRecord) -> None: ...
-    async def get_file(self, file_id: str, owner: str | None = None) -> FileRecord | None:
+class FileStore(Protocol):
+    """File records (the bytes are in `Blobs`)."""
+
+    async def put(self, rec: FileRecord) -> None: ...
+    async def get(self, file_id: str, owner: str | None = None) -> FileRecord | None:
         """None when missing or, with `owner` given, owned by someone else."""
-    async def list_files(
-        self, owner: str, *, purpose: str | None, limit: int, order: str, after: str | None
-    ) -> Page: ...
-    async def delete_file(self, file_id: str, owner: str | None = None) -> bool: ...
-    async def expired_files(self, at: int, limit: int = 100) -> list[FileRecord]:
+    async def page(self, owner: str, *, purpose: str | None, limit: int, order: str, after: str | None) -> Page:
+        """By (created_at, id), `order` "asc" or "desc", after the file `after` (ignored when not the owner's)."""
+    async def delete(self, file_id: str, owner: str | None = None) -> bool: ...
+    async def expired(self, at: int, limit: int = 100) -> list[FileRecord]:
         """Files whose `expires_at` is before `at` (oldest first)."""
 
-    # batches
-    async def put_batch(self, rec: BatchRecord) -> None: ...
-    async def get_batch(self, batch_id: str, owner: str | None = None) -> BatchRecord | None: ...
-    async def list_batches(self, owner: str, *, limit: int, after: str | None) -> Page:
-        """Newest first, as OpenAI lists them."""
-    async def update_batch(
+
+class BatchStore(Protocol):
+    """Batch records. Their `request_counts` and `usage` are the ledger's counters (see `ShardLedger`)."""
+
+    async def put(self, rec: BatchRecord) -> None: ...
+    async def get(self, batch_id: str, owner: str | None = None) -> BatchRecord | None: ...
+    async def page(self, owner: str, *, limit: int, after: str | None) -> Page:
+        """Newest first (by creation, not `created_at`), as OpenAI lists them."""
+    async def update(
         self, batch_id: str, fields: dict[str, Any], *, if_status: Collection[BatchStatus] | None = None
     ) -> bool:
         """Set record fields; with `if_status`, only when the status is one of those (atomic). True if applied."""
-    async def active_batches(self) -> list[BatchRecord]:
+    async def active(self) -> list[BatchRecord]:
         """Batches not yet finished (for recovery and expiry)."""
 
-    # shards
-    async def put_shards(self, batch_id: str, shards: Sequence[Shard]) -> None: ...
+
+class ShardLedger(Protocol):
+    """What happened to each shard of a batch: the shard table, attempts, the result journal, route stats.
+
+    `record_results` moves the batch's counters (`request_counts`, `usage`) and its route stats in the same
+    atomic step as the journal, so a line counts once however often it is recorded: that is why the
+    ledger shares its connection with the `BatchStore`.
+    """
+
+    async def put_shards(self, batch_id: str, shards: Sequence[Shard]) -> None:
+        """Add shards; one already there is kept as it is."""
     async def get_shards(self, batch_id: str) -> list[Shard]: ...
+    async def unfinished_shards(self, batch_id: str) -> list[Shard]: ...
     async def finish_shard(self, shard: Shard) -> int:
         """Mark a shard finished (idempotent); returns how many shards of its batch are still unfinished."""
-    async def unfinished_shards(self, batch_id: str) -> list[Shard]: ...
     async def begin_attempt(self, shard: Shard) -> int:
         """Count one more attempt at running the shard (by any process); returns the count so far."""
-
-    # the result journal and counters: recorded together, atomically
     async def record_results(self, shard: Shard, results: Sequence[Result]) -> None:
         """Record results and count them; a result for a line already recorded is ignored."""
+    async def record_answered(self, shard: Shard, count: int) -> None:
+        """Count `count` lines answered at validation as failed requests, and seal the shard. They are
+        not journaled: the planner wrote their results straight into the shard's results blob and
+        counted them as it went. Once per shard: a second call counts nothing."""
     async def journal(self, shard: Shard) -> list[Result]: ...
     async def recorded_lines(self, shard: Shard) -> set[int]: ...
-    async def drop_journal(self, shard: Shard) -> None: ...
+    async def drop_journal(self, shard: Shard) -> None:
+        """The shard is sealed: its results are in a blob now."""
     async def route_stats(self, batch_id: str) -> dict[str, RouteStats]:
         """Per route (model_name; "" for lines answered at validation): counts, tokens and cost so far."""
 
-    # small durable state of backends (e.g. upstream batch ids of native shards)
-    async def put_meta(self, key: str, value: dict[str, Any]) -> None: ...
-    async def get_meta(self, key: str) -> dict[str, Any] | None: ...
-    async def delete_meta(self, key: str) -> None: ...
 
+class BackendState(Protocol):
+    """Small durable state of backends (e.g. the upstream batch ids of native shards), by key."""
+
+    async def put(self, key: str, value: dict[str, Any]) -> None: ...
+    async def get(self, key: str) -> dict[str, Any] | None: ...
+    async def delete(self, key: str) -> None: ...
+
+
+class Store(Protocol):
+    """The records, by concept. One object hands out the parts because they share one connection
+    (one SQLite file, one Redis client) and the ledger writes the batches' counters atomically with its
+    journal; a caller names the concept at each call (`store.ledger.record_results(...)`). `webhooks`:
+    the teams' webhook deliveries (`gateway.store.webhook_deliveries`)."""
+
+    @property
+    def files(self) -> FileStore: ...
+    @property
+    def batches(self) -> BatchStore: ...
+    @property
+    def ledger(self) -> ShardLedger: ...
+    @property
+    def backend_state(self) -> BackendState: ...
+    @property
+    def webhooks(self) -> WebhookDeliveries: ...
     async def aclose(self) -> None: ...
 
 
@@ -233,7 +271,10 @@ class BlobWriter(Protocol):
 
 
 class Blobs(Protocol):
-    def writer(self, key: str) -> BlobWriter: ...
+    def writer(self, key: str) -> BlobWriter:
+        """A writer the caller must commit or abort; `writing` does that for a block."""
+    def writing(self, key: str) -> AbstractAsyncContextManager[BlobWriter]:
+        """`async with blobs.writing(key) as w:` the blob appears when the block ends, not at all if it raises."""
     def read(self, key: str, chunk_size: int = 1 << 16) -> AsyncIterator[bytes]: ...
     async def size(self, key: str) -> int | None: ...
     async def delete(self, key: str) -> None: ...
@@ -255,8 +296,11 @@ class Queue(Protocol):
     async def put(self, shard: Shard) -> None: ...
     async def put_missing(self, shard: Shard) -> bool:
         """Enqueue the shard unless an entry already carries it; True if it was enqueued."""
-    async def get(self, routes: Collection[str] | None, timeout: float) -> Delivery | None:
-        """The next shard for one of `routes` (None: any), or None after `timeout` seconds.
+    async def get(self, routes: Collection[str] | None, timeout: float, skip_teams: Collection[str] = (),
+                  skip_batches: Collection[str] = ()) -> Delivery | None:
+        """The next shard for one of `routes` (None: any), of a team not in `skip_teams` and a batch not in
+        `skip_batches`, or None after `timeout` seconds. Which shard: the fair pick (`gateway.fairness`)
+        between teams and batches.
 
         A shard held by a worker that is no longer alive is delivered again."""
     async def ack(self, delivery: Delivery) -> None: ...
@@ -299,12 +343,23 @@ async def read_lines(blobs: Blobs, key: str) -> AsyncIterator[bytes]:
         yield rest
 
 
-async def write_lines(blobs: Blobs, key: str, lines: AsyncIterable[bytes]) -> int:
-    w = blobs.writer(key)
+@asynccontextmanager
+async def commit_or_abort(writer: BlobWriter) -> AsyncIterator[BlobWriter]:
+    """`Blobs.writing`, for every implementation: commit when the block ends, abort when it raises
+    (a half-written blob never appears, and a multipart upload is not left behind)."""
     try:
+        yield writer
+    except BaseException:
+        await writer.abort()
+        raise
+    await writer.commit()
+
+
+async def write_lines(blobs: Blobs, key: str, lines: AsyncIterable[bytes]) -> int:
+    """Write the lines (each given without its line end); returns the blob's size."""
+    size = 0
+    async with blobs.writing(key) as w:
         async for line in lines:
             await w.write(line + b"\n")
-    except BaseException:
-        await w.abort()
-        raise
-    return await w.commit()
+            size += len(line) + 1
+    return size

@@ -10,8 +10,11 @@ import os
 import secrets
 import shutil
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import BinaryIO
+
+from gateway.store.base import BlobWriter, commit_or_abort
 
 
 class LocalBlobWriter:
@@ -52,6 +55,9 @@ class LocalBlobs:
     def writer(self, key: str) -> LocalBlobWriter:
         return LocalBlobWriter(self._path(key))
 
+    def writing(self, key: str) -> AbstractAsyncContextManager[BlobWriter]:
+        return commit_or_abort(self.writer(key))
+
     async def read(self, key: str, chunk_size: int = 1 << 16) -> AsyncIterator[bytes]:
         with open(self._path(key), "rb") as f:
             while chunk := f.read(chunk_size):
@@ -70,10 +76,6 @@ class LocalBlobs:
         path = self._path(prefix)
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
-
-    def local_path(self, key: str) -> Path:
-        """Where a blob lies on disk (the CLI moves its output from here)."""
-        return self._path(key)
 
     async def aclose(self) -> None:
         return None

@@ -3,7 +3,7 @@
 All keys start with a prefix (default `batchyard:`) so one Redis can hold
 several deployments. The shapes:
 
-records (`RedisStore`)
+records (`RedisStore`: files, batches, ledger, backend state)
     file:{id}                 string  FileRecord JSON
     files:{owner}             zset    file ids, score created_at (ties: by id, Redis' own order)
     files:{owner}:{purpose}   zset    the same, for one purpose
@@ -19,10 +19,25 @@ records (`RedisStore`)
     route-stats:{batch}       hash    "{route}:{completed|failed|input_tokens|output_tokens|cost_usd}" -> number
     sealed:{batch}            set     shard indexes whose journal was dropped (sealed): late results are ignored
     meta:{key}                string  backend state JSON
+    webhook:{id}              string  WebhookDelivery JSON (expires 30 days after its last write)
+    webhooks:due              zset    pending delivery ids, score = when next tried
+    webhooks:{owner}          zset    one team's delivery ids, score = the add sequence (newest 1000 kept)
+    webhooks:all              zset    every team's, the same way (the admin's dashboard)
+    webhook-seq               string  the add sequence counter
 
-queue (`RedisStreamQueue`)
-    stream:{route}            stream  waiting and in-flight shards of one route
-    queued                    hash    shard key -> the stream entry that carries it
+queue (`RedisStreamQueue`; lengths make the keys unambiguous whatever a route or team is named)
+    stream:{n}:{route}:{m}:{team}:{batch}
+                              stream  waiting and in-flight shards of one batch on one route
+    ready:{n}:{route}:{team}  zset    a team's batch streams on a route, score = the batch's expires_at
+    teams:{route}             hash    team -> its `ready` key, for every team that queued on the route
+    streams:{route}           set     every batch stream of the route (reclaim, counts, upkeep)
+    queued                    hash    shard key -> `entry id@stream` of the entry that carries it
+
+quotas (`RedisQuotaLedger`)
+    quota:{team}              hash    batch id -> requests it enqueued, for each admitted batch still counted
+    quota-at                  zset    admitted batch ids, score = when (the sweep lets go of finished ones)
+    quota-team                hash    admitted batch id -> its team
+    spend:{team}              hash    budget period start (epoch seconds, 0: for ever) -> USD spent
 
 coordination (`RedisCoordination`, for `gateway.pipeline.coordinator`)
     worker:{name}             string  heartbeat JSON (routes, pid, host), with a TTL
@@ -89,20 +104,51 @@ class Keys:
     def meta(self, key: str) -> str:
         return f"{self.prefix}meta:{key}"
 
-    # -- queue -------------------------------------------------------------------
-    def stream(self, route: str) -> str:
-        return f"{self.prefix}stream:{route}"
+    def webhook(self, delivery_id: str) -> str:
+        return f"{self.prefix}webhook:{delivery_id}"
 
-    def route_of(self, stream: str) -> str:
-        return stream.removeprefix(f"{self.prefix}stream:")
+    def webhooks(self, owner: str | None) -> str:
+        return f"{self.prefix}webhooks:all" if owner is None else f"{self.prefix}webhooks:{owner}"
 
     @property
-    def stream_pattern(self) -> str:
-        return f"{self.prefix}stream:*"
+    def webhooks_due(self) -> str:
+        return f"{self.prefix}webhooks:due"
+
+    @property
+    def webhook_seq(self) -> str:
+        return f"{self.prefix}webhook-seq"
+
+    # -- queue -------------------------------------------------------------------
+    def stream(self, route: str, team: str, batch_id: str) -> str:
+        return f"{self.prefix}stream:{len(route)}:{route}:{len(team)}:{team}:{batch_id}"
+
+    def ready(self, route: str, team: str) -> str:
+        return f"{self.prefix}ready:{len(route)}:{route}:{team}"
+
+    def teams(self, route: str) -> str:
+        return f"{self.prefix}teams:{route}"
+
+    def streams(self, route: str) -> str:
+        return f"{self.prefix}streams:{route}"
 
     @property
     def queued(self) -> str:
         return f"{self.prefix}queued"
+
+    # -- quotas ------------------------------------------------------------------
+    def quota(self, team: str) -> str:
+        return f"{self.prefix}quota:{team}"
+
+    @property
+    def quota_admitted_at(self) -> str:
+        return f"{self.prefix}quota-at"
+
+    @property
+    def quota_team(self) -> str:
+        return f"{self.prefix}quota-team"
+
+    def spend(self, team: str) -> str:
+        return f"{self.prefix}spend:{team}"
 
     # -- upkeep ------------------------------------------------------------------
     def worker(self, name: str) -> str:

@@ -1,16 +1,22 @@
-"""The shared `Queue`: Redis Streams with one consumer group.
+"""The shared `Queue`: Redis Streams with one consumer group, a stream per batch and route.
 
-- One stream per route (`stream:{route}`), so a worker reads only the routes it
-  hosts: a GPU worker for `llama-3-8b` never sees another model's shards.
+- One stream per (route, team, batch), indexed per (route, team) by the batch's
+  deadline (`gateway.store.keys` has the layout, `gateway.store.stream_scripts`
+  the scripts). A worker reads only the routes it hosts. Why this shape: a
+  claim is the fair pick (`gateway.fairness`) between teams, and EDF within a
+  team, in one script whose cost is O(teams x k) (k: a team's earliest
+  batches looked at), never O(shards queued); Streams keep what they did
+  before: a pending list per consumer, idle times, XCLAIM for take-over.
 - Every worker is a consumer of the group `workers` under its own name; a
-  shard read with XREADGROUP stays in the group's pending list until the
-  worker acks it (XACK, then XDEL: a stream holds only unacked shards).
+  shard read stays in the group's pending list until the worker acks it
+  (XACK, then XDEL: a stream holds only unacked shards; an empty stream is
+  removed with its index entries, and `put` makes it again with its group).
 - A dead worker's pending shards are taken over once they have been idle for
   `claim_idle` seconds (default 30) and their consumer has no heartbeat key
   (`worker:{name}`, which `gateway.pipeline.coordinator` keeps with a TTL of
-  `claim_idle`): XAUTOCLAIM's rule plus a liveness check, in one script
-  (XPENDING IDLE, EXISTS, XCLAIM), so a Redis restart that leaves every entry
-  idle for a moment does not hand live workers' shards around.
+  `claim_idle`): XAUTOCLAIM's rule plus a liveness check, in one script, so a
+  Redis restart that leaves every entry idle for a moment does not hand live
+  workers' shards around.
 - A live worker never loses a long shard: every `claim_idle / 3` seconds it
   refreshes each shard it holds with `XCLAIM … JUSTID` (which resets the idle
   time), inside a script that first checks the shard is still its own. Only a
@@ -19,6 +25,8 @@
 - On close, the shards a worker still holds are handed back at once: moved to
   the consumer `handed-back` (never alive) with a huge idle time, so the next
   reclaim anywhere takes them without waiting.
+- Nothing pushes a waiting worker: an idle `get` claims again every 20 ms at
+  first, backing off to 200 ms (as the embedded queue does).
 - `queued` maps each shard to the stream entry carrying it (set by `put`,
   cleared by the `ack` of that entry). The distributed sweeper uses it to find
   unfinished shards no entry carries (an API replica died while enqueueing, or
@@ -35,14 +43,14 @@ import os
 import secrets
 import socket
 import time
-from collections import deque
-from collections.abc import Callable, Collection, Iterable
-from typing import cast
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from gateway.records import Shard
+from gateway.store import stream_scripts as scripts
 from gateway.store.base import Delivery
 from gateway.store.keys import GROUP, STREAM_FIELD, Keys
 
@@ -51,63 +59,8 @@ log = logging.getLogger("batchyard.queue")
 DEFAULT_CLAIM_IDLE = 30.0
 _HANDED_BACK_IDLE_MS = 10**10  # an idle time no claim threshold is above
 
-_PUT = """
-local id = redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[2])
-redis.call('HSET', KEYS[2], ARGV[3], id)
-return id
-"""
-
-# Enqueue only when no entry carries the shard (the sweeper's re-enqueue).
-_PUT_MISSING = """
-if redis.call('HEXISTS', KEYS[2], ARGV[3]) == 1 then return false end
-local id = redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[2])
-redis.call('HSET', KEYS[2], ARGV[3], id)
-return id
-"""
-
-_ACK = """
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-redis.call('XDEL', KEYS[1], ARGV[2])
-if redis.call('HGET', KEYS[2], ARGV[3]) == ARGV[2] then redis.call('HDEL', KEYS[2], ARGV[3]) end
-return 1
-"""
-
-# Keep held entries ours (idle back to zero), or hand them to another consumer.
-# ARGV: group, me, target consumer, idle ms ('' for zero), ids…; returns the ids that were no longer ours.
-_REFRESH = """
-local lost = {}
-for i = 5, #ARGV do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
-  if p[1] ~= nil and p[1][2] == ARGV[2] then
-    if ARGV[4] == '' then
-      redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[3], 0, ARGV[i], 'JUSTID')
-    else
-      redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[3], 0, ARGV[i], 'IDLE', ARGV[4], 'JUSTID')
-    end
-  else
-    lost[#lost + 1] = ARGV[i]
-  end
-end
-return lost
-"""
-
-# XAUTOCLAIM with a liveness check: the first entry idle for ARGV[3] ms whose consumer has no
-# heartbeat key (ARGV[5] .. consumer), or is us but not held any more (ids held: ARGV[6…]), becomes ours.
-# ARGV: group, me, min idle ms, scan count, heartbeat key prefix, held ids…
-_RECLAIM = """
-local held = {}
-for i = 6, #ARGV do held[ARGV[i]] = true end
-local pending = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], '-', '+', ARGV[4])
-for _, p in ipairs(pending) do
-  local dead
-  if p[2] == ARGV[2] then dead = not held[p[1]] else dead = redis.call('EXISTS', ARGV[5] .. p[2]) == 0 end
-  if dead then
-    local got = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], p[1])
-    if got[1] then return got[1] end
-  end
-end
-return false
-"""
+_EARLIEST = 32  # a team's batches (earliest deadlines first) the claim looks at, per route
+_POLL_FIRST, _POLL_MAX = 0.02, 0.2
 
 
 HANDED_BACK = "handed-back"  # the consumer that holds shards handed back by a closing worker: never alive
@@ -122,21 +75,21 @@ class RedisStreamQueue:
     def __init__(
         self, client: aioredis.Redis, routes: Collection[str], *, keys: Keys | None = None,
         consumer: str | None = None, claim_idle: float = DEFAULT_CLAIM_IDLE, owns_client: bool = False,
+        weights: Mapping[str, float] | None = None,
     ) -> None:
         self._r = client
         self._k = keys or Keys()
         self._routes = [r for r in routes if r]  # what `get(None)` reads: every route of the config
         self.consumer = consumer or consumer_name()
         self.claim_idle = claim_idle
+        self.weights = dict(weights or {})  # team -> weight (default 1)
         self._owns_client = owns_client
-        self._put = client.register_script(_PUT)
-        self._put_missing = client.register_script(_PUT_MISSING)
-        self._ack = client.register_script(_ACK)
-        self._refresh = client.register_script(_REFRESH)
-        self._reclaim_script = client.register_script(_RECLAIM)
-        self._groups: set[str] = set()
+        self._put = client.register_script(scripts.PUT)
+        self._ack = client.register_script(scripts.ACK)
+        self._claim = client.register_script(scripts.CLAIM)
+        self._refresh = client.register_script(scripts.REFRESH)
+        self._reclaim_script = client.register_script(scripts.RECLAIM)
         self._held: dict[str, tuple[str, str]] = {}  # token -> (stream, entry id), read and not acked
-        self._buffer: deque[Delivery] = deque()
         self._claimed_at = 0.0
         self._refresher: asyncio.Task[None] | None = None
         # Told the token of a held shard another worker took over (this one stalled): stop running it.
@@ -144,97 +97,81 @@ class RedisStreamQueue:
 
     # -- producing ---------------------------------------------------------------
 
-    async def _ensure_group(self, stream: str) -> None:
-        if stream in self._groups:
-            return
-        try:
-            await self._r.xgroup_create(stream, GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-        self._groups.add(stream)
-
-    def _args(self, shard: Shard) -> tuple[list[str], list[str]]:
-        keys = [self._k.stream(shard.route), self._k.queued]
-        return keys, [STREAM_FIELD, json.dumps(shard.to_json()), shard.key]
+    async def _enqueue(self, shard: Shard, only_missing: bool) -> bool:
+        k = self._k
+        keys = [k.stream(shard.route, shard.team, shard.batch_id), k.queued, k.ready(shard.route, shard.team),
+                k.teams(shard.route), k.streams(shard.route)]
+        args: list[str | int] = [STREAM_FIELD, json.dumps(shard.to_json()), shard.key, GROUP, shard.deadline,
+                                 shard.team, "1" if only_missing else "0"]
+        return await self._put(keys=keys, args=args) is not None
 
     async def put(self, shard: Shard) -> None:
-        await self._ensure_group(self._k.stream(shard.route))
-        keys, args = self._args(shard)
-        await self._put(keys=keys, args=args)
+        await self._enqueue(shard, only_missing=False)
 
     async def put_missing(self, shard: Shard) -> bool:
         """Enqueue `shard` unless an entry already carries it; True if it was enqueued."""
-        await self._ensure_group(self._k.stream(shard.route))
-        keys, args = self._args(shard)
-        return await self._put_missing(keys=keys, args=args) is not None
+        return await self._enqueue(shard, only_missing=True)
 
     async def queued(self) -> dict[str, str]:
-        """Shard key -> the stream entry carrying it."""
+        """Shard key -> `entry id@stream` of the entry carrying it."""
         return cast(dict[str, str], await self._r.hgetall(self._k.queued))
 
     # -- consuming ---------------------------------------------------------------
 
-    def _deliver(self, stream: str, entry_id: str, fields: dict[str, str]) -> Delivery:
+    def _deliver(self, stream: str, entry_id: str, flat: list[str]) -> Delivery:
+        fields = dict(zip(flat[::2], flat[1::2], strict=True))
         shard = Shard.from_json(json.loads(fields[STREAM_FIELD]))
         token = f"{entry_id}@{stream}"
         self._held[token] = (stream, entry_id)
         return Delivery(shard=shard, token=token)
 
-    async def get(self, routes: Collection[str] | None, timeout: float) -> Delivery | None:
-        streams = [self._k.stream(r) for r in (self._routes if routes is None else routes) if r]
-        if not streams:
+    async def get(self, routes: Collection[str] | None, timeout: float, skip_teams: Collection[str] = (),
+                  skip_batches: Collection[str] = ()) -> Delivery | None:
+        wanted = [r for r in (self._routes if routes is None else routes) if r]
+        if not wanted:
             await asyncio.sleep(timeout)
             return None
         if self._refresher is None:
             self._refresher = asyncio.create_task(self._refresh_loop(), name=f"queue-refresh-{self.consumer}")
-        wanted = set(streams)
-        for i, delivery in enumerate(self._buffer):
-            if delivery.token.partition("@")[2] in wanted:
-                del self._buffer[i]
-                return delivery
-        for stream in streams:
-            await self._ensure_group(stream)
         if time.monotonic() - self._claimed_at >= self.claim_idle / 4:
             self._claimed_at = time.monotonic()
-            if (claimed := await self._reclaim(streams)) is not None:
+            # A stranded shard is taken whatever its team (a full worker asked for a newcomer's only:
+            # taking a stranded one instead overflows by one shard, once).
+            if (claimed := await self._reclaim(wanted)) is not None:
                 return claimed
-        try:
-            reply = await self._r.xreadgroup(
-                GROUP, self.consumer, dict.fromkeys(streams, ">"), count=1, block=max(1, int(timeout * 1000))
-            )
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc) and "UNBLOCKED" not in str(exc):
-                raise
-            self._groups.clear()  # Redis lost its data (or the stream went): the groups come back next call
-            return None
-        streams_read = cast(list[tuple[str, list[tuple[str, dict[str, str]]]]], reply or [])
-        deliveries = [self._deliver(stream, entry_id, fields) for stream, entries in streams_read
-                      for entry_id, fields in entries if fields]
-        if not deliveries:
-            return None
-        self._buffer.extend(deliveries[1:])
-        return deliveries[0]
+        deadline = time.monotonic() + timeout
+        pause = _POLL_FIRST
+        opts = json.dumps({"skip": sorted(skip_teams), "skip_batches": sorted(skip_batches), "weights": self.weights})
+        teams = [self._k.teams(r) for r in wanted]
+        while True:
+            got = await self._claim(keys=teams, args=[GROUP, self.consumer, _EARLIEST, opts])
+            if got:
+                return self._deliver(got[0], got[1], got[2])
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, _POLL_MAX)
 
-    async def _reclaim(self, streams: Iterable[str]) -> Delivery | None:
+    async def _reclaim(self, routes: Collection[str]) -> Delivery | None:
         """One shard idle for `claim_idle` seconds whose worker is dead (no heartbeat), now ours."""
         idle_ms = str(int(self.claim_idle * 1000))
-        heartbeat = self._k.worker("")
-        for stream in streams:
-            held = [entry_id for s, entry_id in self._held.values() if s == stream]
-            args: list[str | int] = [GROUP, self.consumer, idle_ms, 32, heartbeat, *held]
-            got = await self._reclaim_script(keys=[stream], args=args)
-            if got:
-                entry_id, flat = got[0], got[1] or []
-                log.warning("took over shard entry %s on %s from a dead worker", entry_id, stream)
-                return self._deliver(stream, entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
-        return None
+        held = list(self._held)
+        args: list[str | int] = [GROUP, self.consumer, idle_ms, 32, self._k.worker(""), *held]
+        got = await self._reclaim_script(keys=[self._k.streams(r) for r in routes], args=args)
+        if not got:
+            return None
+        stream, entry_id, flat = got[0], got[1], got[2] or []
+        log.warning("took over shard entry %s on %s from a dead worker", entry_id, stream)
+        return self._deliver(stream, entry_id, flat)
 
     async def ack(self, delivery: Delivery) -> None:
         stream, entry_id = self._held.pop(delivery.token, (None, None))
         if stream is None or entry_id is None:
             entry_id, _, stream = delivery.token.partition("@")
-        await self._ack(keys=[stream, self._k.queued], args=[GROUP, entry_id, delivery.shard.key])
+        shard = delivery.shard
+        keys = [stream, self._k.queued, self._k.ready(shard.route, shard.team), self._k.streams(shard.route)]
+        await self._ack(keys=keys, args=[GROUP, entry_id, shard.key])
 
     # -- holding on to shards --------------------------------------------------------
 
@@ -270,6 +207,14 @@ class RedisStreamQueue:
 
     # -- state ---------------------------------------------------------------------
 
+    async def _streams(self) -> dict[str, list[str]]:
+        """route -> its batch streams."""
+        async with self._r.pipeline(transaction=False) as p:
+            for route in self._routes:
+                p.smembers(self._k.streams(route))
+            replies = await p.execute()
+        return {route: sorted(members) for route, members in zip(self._routes, replies, strict=True)}
+
     async def depth(self) -> dict[str, int]:
         """Shards waiting (not yet read by any worker), per route."""
         waiting, _ = await self.counts()
@@ -277,39 +222,39 @@ class RedisStreamQueue:
 
     async def counts(self) -> tuple[dict[str, int], dict[str, int]]:
         """(waiting, in flight) per route; routes with none are left out."""
-        streams = [self._k.stream(r) for r in self._routes]
+        by_route = await self._streams()
+        pairs = [(route, stream) for route, streams in by_route.items() for stream in streams]
         async with self._r.pipeline(transaction=False) as p:
-            for stream in streams:
+            for _, stream in pairs:
                 p.xlen(stream)
                 p.xpending(stream, GROUP)
             replies = await p.execute(raise_on_error=False)
         waiting: dict[str, int] = {}
         in_flight: dict[str, int] = {}
-        for i, stream in enumerate(streams):
+        for i, (route, _) in enumerate(pairs):
             length, pending = replies[2 * i], replies[2 * i + 1]
             held = int(pending["pending"]) if isinstance(pending, dict) else 0
             length = int(length) if isinstance(length, int) else 0
-            route = self._k.route_of(stream)
             if length - held > 0:
-                waiting[route] = length - held
+                waiting[route] = waiting.get(route, 0) + length - held
             if held:
-                in_flight[route] = held
+                in_flight[route] = in_flight.get(route, 0) + held
         return waiting, in_flight
 
     async def forget_dead_consumers(self, is_alive: Callable[[str], bool], idle: float = 600.0) -> int:
         """Remove consumers that hold nothing, are not alive and have been idle for `idle` seconds (one
         per worker start would pile up otherwise); returns how many went."""
         removed = 0
-        for route in self._routes:
-            stream = self._k.stream(route)
-            try:
-                consumers = await self._r.xinfo_consumers(stream, GROUP)
-            except ResponseError:
-                continue  # no stream or no group yet
-            for c in consumers:
-                name = str(c["name"])
-                if int(c["pending"]) == 0 and int(c["idle"]) >= idle * 1000 and not is_alive(name):
-                    removed += int(await self._r.xgroup_delconsumer(stream, GROUP, name) == 0)
+        for streams in (await self._streams()).values():
+            for stream in streams:
+                try:
+                    consumers: list[dict[str, Any]] = await self._r.xinfo_consumers(stream, GROUP)
+                except ResponseError:
+                    continue  # the stream went meanwhile
+                for c in consumers:
+                    name = str(c["name"])
+                    if int(c["pending"]) == 0 and int(c["idle"]) >= idle * 1000 and not is_alive(name):
+                        removed += int(await self._r.xgroup_delconsumer(stream, GROUP, name) == 0)
         return removed
 
     async def tidy(self, alive: Collection[str]) -> None:

@@ -17,12 +17,15 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 from urllib.parse import urlparse
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import ClientError
+
+from gateway.store.base import BlobWriter, commit_or_abort
 
 MIN_PART_SIZE = 5 * 1024 * 1024
 _MISSING = {"404", "NoSuchKey", "NotFound"}
@@ -141,6 +144,9 @@ class S3Blobs:
 
     def writer(self, key: str) -> S3BlobWriter:
         return S3BlobWriter(self, self._key(key))
+
+    def writing(self, key: str) -> AbstractAsyncContextManager[BlobWriter]:
+        return commit_or_abort(self.writer(key))
 
     async def read(self, key: str, chunk_size: int = 1 << 16) -> AsyncIterator[bytes]:
         client = await self.client()

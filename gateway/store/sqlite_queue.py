@@ -4,10 +4,13 @@ They let the processes of one machine (the API process and its worker
 processes, or `batchyard run` and its helpers) share shards, leases and
 heartbeats through the same file as the `SQLiteStore`, with no server.
 
-- `queue`: one row per shard carried. `get` claims the oldest row of the routes
-  asked for that nobody holds, or that a worker holds whose heartbeat is gone,
-  in one `BEGIN IMMEDIATE` transaction, so two processes never take one row
-  (an idle poll only reads: it takes the write lock when there is a row to take).
+- `queue`: one row per shard carried, with its team, batch and deadline. `get`
+  claims a row of the routes asked for that nobody holds, or that a worker holds
+  whose heartbeat is gone, in one `BEGIN IMMEDIATE` transaction, so two
+  processes never take one row (an idle poll only reads: it takes the write
+  lock when there is a row to take). Which row: the fair pick
+  (`gateway.fairness`) between the first waiting shard of each batch, by the
+  shards each (route, team) and each batch holds; within a batch, input order.
   `ack` deletes it. Nothing pushes: an idle `get` polls (every 20 ms at first,
   backing off to 200 ms), and a `put` in the same process wakes it at once.
 - `leases`: a row per lease with its holder and expiry, renewed while held.
@@ -20,10 +23,12 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable, Collection
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from gateway.fairness import Candidate, pick
 from gateway.records import Shard
 from gateway.store.base import Delivery
 from gateway.store.leases import hold
@@ -32,7 +37,8 @@ from gateway.store.sqlite_store import connect
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS queue (
     key TEXT PRIMARY KEY, seq INTEGER NOT NULL, route TEXT NOT NULL, shard TEXT NOT NULL,
-    consumer TEXT, claimed_at REAL
+    consumer TEXT, claimed_at REAL, team TEXT NOT NULL DEFAULT '', batch TEXT NOT NULL DEFAULT '',
+    deadline INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS queue_route ON queue(route, seq);
 CREATE TABLE IF NOT EXISTS leases (what TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL);
@@ -43,49 +49,65 @@ LEASE_SECONDS = 30.0
 _POLL_FIRST, _POLL_MAX = 0.02, 0.2
 
 
+# Columns a queue table made before fair share lacks (a data dir from an older release).
+_ADDED = {"team": "TEXT NOT NULL DEFAULT ''", "batch": "TEXT NOT NULL DEFAULT ''",
+          "deadline": "INTEGER NOT NULL DEFAULT 0"}
+
+
 def _ensure_schema(path: Path) -> Any:
     db = connect(path)
     db.executescript(_SCHEMA)
+    have = {row[1] for row in db.execute("PRAGMA table_info(queue)").fetchall()}
+    for name, kind in _ADDED.items():
+        if name not in have:
+            db.execute(f"ALTER TABLE queue ADD COLUMN {name} {kind}")
     return db
 
 
+_INSERT = ("INTO queue (key, seq, route, shard, consumer, claimed_at, team, batch, deadline) "
+           "VALUES (?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM queue), ?, ?, NULL, NULL, ?, ?, ?)")
+
+
 class SQLiteQueue:
-    def __init__(self, path: Path, consumer: str) -> None:
+    def __init__(self, path: Path, consumer: str, weights: Mapping[str, float] | None = None) -> None:
         self._db = _ensure_schema(path)
         self.consumer = consumer
+        self.weights = dict(weights or {})  # team -> weight (default 1)
         self._put_here = asyncio.Event()
         self.on_lost: Callable[[str], None] | None = None
 
+    def _row(self, shard: Shard) -> tuple[Any, ...]:
+        return (shard.key, shard.route, json.dumps(shard.to_json()), shard.team, shard.batch_id, shard.deadline)
+
     async def put(self, shard: Shard) -> None:
-        self._db.execute(
-            "INSERT OR REPLACE INTO queue (key, seq, route, shard, consumer, claimed_at) "
-            "VALUES (?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM queue), ?, ?, NULL, NULL)",
-            (shard.key, shard.route, json.dumps(shard.to_json())),
-        )
+        self._db.execute(f"INSERT OR REPLACE {_INSERT}", self._row(shard))
         self._put_here.set()
 
     async def put_missing(self, shard: Shard) -> bool:
-        cur = self._db.execute(
-            "INSERT OR IGNORE INTO queue (key, seq, route, shard, consumer, claimed_at) "
-            "VALUES (?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM queue), ?, ?, NULL, NULL)",
-            (shard.key, shard.route, json.dumps(shard.to_json())),
-        )
+        cur = self._db.execute(f"INSERT OR IGNORE {_INSERT}", self._row(shard))
         self._put_here.set()
         return cur.rowcount == 1
 
-    def _claim(self, routes: Collection[str] | None) -> Delivery | None:
+    def _claim(self, routes: Collection[str] | None, skip_teams: Collection[str],
+               skip_batches: Collection[str]) -> Delivery | None:
         at = time.time()
         where, args = "", []
         if routes is not None:
             where = f" AND route IN ({','.join('?' * len(routes))})"
             args = list(routes)
-        sql = ("SELECT key, shard FROM queue WHERE (consumer IS NULL OR (consumer != ? AND consumer NOT IN "
-               f"(SELECT name FROM workers WHERE expires_at > ?))){where} ORDER BY seq LIMIT 1")
-        if self._db.execute(sql, (self.consumer, at, *args)).fetchone() is None:
+        if skip_teams:
+            where += f" AND team NOT IN ({','.join('?' * len(skip_teams))})"
+            args += list(skip_teams)
+        if skip_batches:
+            where += f" AND batch NOT IN ({','.join('?' * len(skip_batches))})"
+            args += list(skip_batches)
+        free = ("(consumer IS NULL OR (consumer != ? AND consumer NOT IN "
+                f"(SELECT name FROM workers WHERE expires_at > ?))){where}")
+        if self._db.execute(f"SELECT 1 FROM queue WHERE {free} LIMIT 1", (self.consumer, at, *args)).fetchone() is None:
             return None  # nothing to take: an idle poll reads, and never holds the write lock
         self._db.execute("BEGIN IMMEDIATE")
         try:
-            row = self._db.execute(sql, (self.consumer, at, *args)).fetchone()  # again, under the lock
+            row = self._pick(free, (self.consumer, at, *args))  # again, under the lock
             if row is not None:
                 self._db.execute("UPDATE queue SET consumer = ?, claimed_at = ? WHERE key = ?",
                                  (self.consumer, at, row[0]))
@@ -95,7 +117,27 @@ class SQLiteQueue:
             raise
         return None if row is None else Delivery(shard=Shard.from_json(json.loads(row[1])), token=row[0])
 
-    async def get(self, routes: Collection[str] | None, timeout: float) -> Delivery | None:
+    def _pick(self, free: str, args: tuple[Any, ...]) -> tuple[str, str] | None:
+        """(key, shard JSON) of the row the fair pick gives: one candidate per waiting batch and route (its
+        first shard in input order), weighed by the shards held per (route, team) and per batch."""
+        # SQLite gives a bare column the values of the row MIN() chose: the batch's first waiting shard.
+        rows = self._db.execute(
+            f"SELECT key, shard, route, team, batch, deadline, MIN(seq) FROM queue WHERE {free} "
+            "GROUP BY route, batch ORDER BY MIN(seq)", args).fetchall()
+        held = self._db.execute("SELECT route, team, batch, COUNT(*) FROM queue WHERE consumer IS NOT NULL "
+                                "GROUP BY route, team, batch").fetchall()
+        team_used: Counter[tuple[str, str]] = Counter()
+        batch_used: Counter[str] = Counter()
+        for route, team, batch, n in held:
+            team_used[route, team] += n
+            batch_used[batch] += n
+        candidates = [Candidate(team, batch, deadline, item=(key, shard), scope=route)
+                      for key, shard, route, team, batch, deadline, _ in rows]
+        chosen = pick(candidates, team_used, batch_used, self.weights)
+        return None if chosen is None else cast(tuple[str, str], chosen.item)
+
+    async def get(self, routes: Collection[str] | None, timeout: float, skip_teams: Collection[str] = (),
+                  skip_batches: Collection[str] = ()) -> Delivery | None:
         if routes is not None and not routes:
             await asyncio.sleep(timeout)
             return None
@@ -103,7 +145,7 @@ class SQLiteQueue:
         pause = _POLL_FIRST
         while True:
             self._put_here.clear()
-            delivery = self._claim(routes)
+            delivery = self._claim(routes, skip_teams, skip_batches)
             if delivery is not None:
                 return delivery
             left = deadline - time.monotonic()

@@ -10,9 +10,10 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from gateway.api.dashboard.pages import PREFIX, STATIC_DIR, router
+from gateway.api.dashboard.pages import PREFIX, STATIC_DIR, router, webhooks_router
 
 
 def install(app: FastAPI) -> None:
     app.include_router(router)
+    app.include_router(webhooks_router)
     app.mount(f"{PREFIX}/static", StaticFiles(directory=STATIC_DIR), name="ui-static")

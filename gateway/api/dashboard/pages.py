@@ -24,8 +24,10 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from gateway.api import files
 from gateway.api.auth import Authenticator, Principal
 from gateway.api.dashboard.view import FILTERS, BatchView, batch_view
+from gateway.api.dashboard.webhooks import install_json, recent_deliveries
 from gateway.api.deps import bad_request, runtime_of
 from gateway.api.http_errors import ApiError
+from gateway.api.teams_view import team_states
 from gateway.store.base import BatchRecord, Page, Store
 
 PREFIX = "/ui"
@@ -145,15 +147,18 @@ async def batches_page(request: Request, limit: str = str(PAGE_SIZE), after: str
     size = _limit(limit)
     page, views = await _batches(request, viewer, size, after)
     query = {"limit": size, **({"after": after} if after else {})}
+    teams = [t for t in await team_states(runtime_of(request)) if viewer.admin or t.team == viewer.owner]
     return _page(
         request,
         "batches.html",
         viewer=viewer,
+        teams=teams,
         batches=views,
         has_more=page.has_more,
         older=f"?{urlencode({'limit': size, 'after': page.data[-1].id})}" if page.has_more and page.data else None,
         newest="?" + urlencode({"limit": size}) if after else None,
         poll_url=f"{PREFIX}/api/batches?{urlencode(query)}",
+        deliveries=await recent_deliveries(request, viewer),
     )
 
 
@@ -180,10 +185,10 @@ async def _batches(
     """One page of the viewer's batches (newest first), and views of those to render: all but the
     finished ones named in `skip`."""
     store = runtime_of(request).store
-    page = await store.list_batches(viewer.owner, limit=limit, after=after)
+    page = await store.batches.page(viewer.owner, limit=limit, after=after)
     records: list[BatchRecord] = page.data
     wanted = [r for r in records if not (r.status.finished and r.id in skip)]
-    stats = await asyncio.gather(*(store.route_stats(r.id) for r in wanted))
+    stats = await asyncio.gather(*(store.ledger.route_stats(r.id) for r in wanted))
     planned = await asyncio.gather(*(_planned(store, r) for r in wanted))
     now = time.time()
     return page, [batch_view(r, s, p, now) for r, s, p in zip(wanted, stats, planned, strict=True)]
@@ -194,7 +199,7 @@ async def _planned(store: Store, rec: BatchRecord) -> dict[str, int] | None:
     if rec.status.finished:
         return None
     planned: dict[str, int] = {}
-    for shard in await store.get_shards(rec.id):
+    for shard in await store.ledger.get_shards(rec.id):
         planned[shard.route] = planned.get(shard.route, 0) + shard.size
     return planned
 
@@ -203,6 +208,11 @@ def _limit(raw: str) -> int:
     if not raw.strip().isdigit() or not 1 <= int(raw) <= 100:
         raise bad_request(f"limit must be an integer between 1 and 100, got {raw!r}.", param="limit")
     return int(raw)
+
+
+# -- webhooks ----------------------------------------------------------------
+
+webhooks_router = install_json(PREFIX, _viewer, _HEADERS)
 
 
 # -- files -------------------------------------------------------------------

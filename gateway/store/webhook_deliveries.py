@@ -1,0 +1,60 @@
+"""Webhook deliveries: the store's record of each event owed to a team's webhook endpoint.
+
+A delivery is recorded before its batch reaches the status it announces and
+before anything is sent, so a crash loses none (at least once). The sender
+(`gateway.webhooks.sender`) picks the due ones, sends, and saves the outcome;
+`recent` feeds the dashboard. A part of the `Store` (`store.webhooks`), in both
+modes: `SQLiteWebhookDeliveries` (embedded) and `RedisWebhookDeliveries` (shared).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+PENDING, DELIVERED, FAILED, SUPERSEDED = "pending", "delivered", "failed", "superseded"
+STATES = (PENDING, DELIVERED, FAILED, SUPERSEDED)
+
+
+@dataclass(slots=True)
+class WebhookDelivery:
+    id: str  # `wh_…`: the `webhook-id` header, the same on every attempt (receivers dedupe on it)
+    event_id: str  # `evt_…`: the event's own id, in the payload
+    owner: str  # the team whose endpoint it goes to
+    batch_id: str
+    type: str  # batch.completed | batch.failed | batch.cancelled | batch.expired
+    created_at: int  # the event's time (payload `created_at`)
+    state: str = PENDING  # PENDING until DELIVERED, FAILED (gave up) or SUPERSEDED (the batch ended otherwise)
+    attempts: int = 0
+    next_at: float = 0.0  # when a PENDING delivery is next tried (epoch seconds)
+    last_status: int | None = None  # the receiver's last HTTP status; None: no reply (down, timeout)
+    last_error: str | None = None
+    finished_at: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WebhookDelivery:
+        return cls(**data)
+
+
+class WebhookDeliveries(Protocol):
+    async def add(self, delivery: WebhookDelivery) -> bool:
+        """Record a new delivery; False (and nothing changed) when one with its id exists."""
+        ...
+
+    async def due(self, now: float, limit: int) -> list[WebhookDelivery]:
+        """PENDING deliveries whose `next_at` has come, soonest first."""
+        ...
+
+    async def save(self, delivery: WebhookDelivery) -> None:
+        """Write back an attempt's outcome (state, attempts, next_at, last_*)."""
+        ...
+
+    async def recent(self, owner: str | None, limit: int) -> list[WebhookDelivery]:
+        """The newest deliveries of one team (None: every team), newest first."""
+        ...
+
+
+__all__ = ["DELIVERED", "FAILED", "PENDING", "STATES", "SUPERSEDED", "WebhookDeliveries", "WebhookDelivery"]

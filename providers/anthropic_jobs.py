@@ -1,0 +1,154 @@
+"""Anthropic's Message Batches (`UpstreamJobs`): chat lines translated by LiteLLM, results translated back.
+
+Anthropic takes no file: one `POST /v1/messages/batches` carries `requests: [{custom_id, params}]`, where
+`params` is a Messages API body. LiteLLM 1.106.2 polls (`aretrieve_batch`) but does not create or cancel,
+and reads results (`GET .../results`, Anthropic's JSONL) only whole, so those three go over HTTP with
+LiteLLM's own URL and header helpers, the results streamed. Each line is translated with LiteLLM's
+Anthropic chat transformation (the one its real-time calls use), and each result back into a
+`chat.completion` body with usage, so callers see OpenAI's shape.
+
+Limits (Anthropic's docs): 100,000 requests or 256 MB per batch; a batch ends within 24 hours, and the
+requests it did not reach come back `expired`. Per-request outcomes keep Anthropic's words as codes:
+`errored` lines carry the error's type (`invalid_request_error`, `overloaded_error`...), `canceled` and
+`expired` lines those words.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gateway.records import BatchRequest, Endpoint, Result
+from providers.openai_batches import Part, call_with_retries, detached, upstream_custom_id
+from providers.upstream_jobs import JobState, Save, http_json, http_lines
+
+# OpenAI chat fields that are the request itself, not parameters to map.
+_BODY_FIELDS = frozenset({"model", "messages"})
+
+
+def _origin(api_base: str | None) -> str | None:
+    """Anthropic's batch URLs hang off the origin; a real-time api_base may end in /v1 or /v1/messages."""
+    if not api_base:
+        return None
+    return api_base.rstrip("/").removesuffix("/v1/messages").removesuffix("/v1")
+
+
+class AnthropicJobs:
+    """`anthropic/` deployments: chat completions as Message Batches."""
+
+    endpoints = frozenset({Endpoint.CHAT})
+    max_lines = 100_000
+    max_bytes = 256_000_000
+
+    def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any]) -> None:
+        from litellm.llms.anthropic.batches.transformation import AnthropicBatchesConfig
+        from litellm.llms.anthropic.chat.transformation import AnthropicConfig
+
+        self.provider = provider
+        self._litellm = litellm
+        self._model = model
+        self._kwargs = {**kwargs, "api_base": _origin(kwargs.get("api_base"))}
+        self._chat = AnthropicConfig()
+        self._batches = AnthropicBatchesConfig()
+        self._supported = set(self._chat.get_supported_openai_params(model))
+
+    # -- lines --------------------------------------------------------------------------------------
+
+    def url(self, endpoint: Endpoint) -> str:
+        return endpoint.value
+
+    def _params(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The Messages API body of an OpenAI chat body (LiteLLM's translation; a default max_tokens)."""
+        asked = {k: v for k, v in body.items() if k not in _BODY_FIELDS and v is not None}
+        optional = self._chat.map_openai_params(non_default_params=asked, optional_params={}, model=self._model,
+                                                drop_params=False)
+        params: dict[str, Any] = self._chat.transform_request(
+            model=self._model, messages=list(body.get("messages") or []), optional_params=optional,
+            litellm_params={}, headers={})
+        return params
+
+    def line(self, req: BatchRequest) -> bytes:
+        entry = {"custom_id": upstream_custom_id(req.line), "params": self._params(req.body)}
+        return json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+    def reject(self, req: BatchRequest) -> Result | None:
+        """A parameter Anthropic has no counterpart for, or messages it cannot take: a 400 for that line."""
+        unknown = sorted(k for k in req.body if k not in _BODY_FIELDS and k not in self._supported)
+        param, message = (unknown[0], f"{unknown[0]} is not supported by {self._model} in Anthropic batches") \
+            if unknown else (None, "")
+        if not unknown:
+            try:
+                self._params(req.body)
+                return None
+            except Exception as exc:  # LiteLLM's translation refuses it: its own words
+                param, message = "messages", str(getattr(exc, "message", None) or exc)
+        body = {"error": {"message": message, "type": "invalid_request_error", "param": param,
+                          "code": "unsupported_parameter" if unknown else "invalid_value"}}
+        return Result(line=req.line, custom_id=req.custom_id, status_code=400, body=body, model=req.model)
+
+    # -- the job ------------------------------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        headers: dict[str, str] = self._batches.validate_environment(
+            headers={}, model=self._model, messages=[], optional_params={}, litellm_params={},
+            api_key=self._kwargs.get("api_key"), api_base=self._kwargs.get("api_base"))
+        return headers
+
+    def _url(self, suffix: str = "") -> str:
+        base = self._batches.get_complete_batch_url(
+            api_base=self._kwargs.get("api_base"), api_key=None, model=self._model, optional_params={},
+            litellm_params={}, data={"completion_window": "24h", "endpoint": "/v1/chat/completions",
+                                     "input_file_id": ""})
+        return base + suffix
+
+    async def create(self, part: Part, data: bytes, name: str, metadata: dict[str, str], save: Save) -> None:
+        # The lines as they were sized against the limit: one request each, joined into `requests`.
+        body = b'{"requests":[' + b",".join(line for line in data.splitlines() if line) + b"]}"
+        reply = await call_with_retries(lambda: http_json(
+            "POST", self._url(), self._headers(), self._kwargs.get("timeout"), content=body))
+        part.batch_id = str(reply["id"])
+
+    async def find(self, part: Part) -> bool:
+        return False  # no file is uploaded first: a part has an id only once its batch exists
+
+    async def retrieve(self, batch_id: str) -> JobState:
+        batch = await detached(self._litellm.aretrieve_batch(batch_id=batch_id, **self._kwargs))
+        # LiteLLM reads `ended` as completed; the results say, request by request, what ended how.
+        return JobState(status=str(batch.status), files=[batch_id])
+
+    async def results(self, state: JobState) -> AsyncIterator[dict[str, Any]]:
+        from litellm.llms.anthropic.common_utils import ANTHROPIC_ERROR_STATUS_CODE_MAP
+        from litellm.llms.anthropic.files.handler import AnthropicFilesHandler
+        from litellm.llms.anthropic.files.transformation import AnthropicFilesConfig
+
+        translate = AnthropicFilesHandler()._transform_anthropic_message_to_openai_format
+        for batch_id in state.files:
+            # LiteLLM's `afile_content` reads this URL whole; streamed, memory stays flat (100,000 results).
+            url, _ = AnthropicFilesConfig().transform_file_content_request(
+                {"file_id": batch_id}, {}, {"api_base": self._kwargs.get("api_base")})
+            async for raw in http_lines(url, self._headers(), self._kwargs.get("timeout")):
+                item = json.loads(raw)
+                custom_id, result = item.get("custom_id"), item.get("result") or {}
+                kind = result.get("type")
+                if kind == "succeeded":
+                    message = result.get("message") or {}
+                    body = dict(translate(anthropic_message=message, anthropic_config=self._chat))
+                    yield {"custom_id": custom_id, "response": {"status_code": 200, "request_id": message.get("id"),
+                                                                "body": body}}
+                elif kind == "errored":
+                    error = (result.get("error") or {}).get("error") or {}
+                    type_ = str(error.get("type") or "api_error")
+                    status = ANTHROPIC_ERROR_STATUS_CODE_MAP.get(type_, 500)
+                    body = {"error": {"message": str(error.get("message") or ""), "type": type_, "param": None,
+                                      "code": type_}}
+                    yield {"custom_id": custom_id, "response": {"status_code": status, "body": body}}
+                else:  # canceled, expired: never ran
+                    yield {"custom_id": custom_id, "error": {
+                        "code": str(kind), "message": f"The Anthropic message batch {batch_id} ended with this "
+                                                      f"request {kind}."}}
+
+    async def cancel(self, batch_id: str) -> None:
+        quoted = urllib.parse.quote(batch_id, safe="")
+        await http_json("POST", self._url(f"/{quoted}/cancel"), self._headers(), self._kwargs.get("timeout"))

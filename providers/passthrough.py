@@ -1,0 +1,277 @@
+"""OpenAI-wire routes at wire speed: the line's body goes out as bytes, the provider's reply comes back as sent.
+
+For a model group whose every deployment speaks OpenAI's wire format
+(`openai/`, `text-completion-openai/`, `azure/`, `hosted_vllm/`,
+`custom_openai/`, each with any `api_base`) there is nothing to translate, so
+LiteLLM's completion path (typed response, success handlers, per-call pricing
+and logging: most of its per-call CPU) is skipped:
+
+- LiteLLM's Router still chooses each attempt's deployment
+  (`async_get_available_deployment`: load balancing, cooldowns, rpm/tpm
+  routing), runs its rpm pre-call check, counts successes and failures and
+  puts failing deployments in cooldown (`deployment_callback_on_failure`).
+- The body goes out with `model` set to the deployment's, through one pooled
+  aiohttp session per deployment (measured: a fraction of httpx's CPU per call).
+- Retries follow the openai SDK's own rules (its `_should_retry` and
+  `_calculate_retry_timeout`: 408/409/429/5xx, `x-should-retry`,
+  `retry-after(-ms)`, exponential backoff), the Router's `num_retries` times,
+  each retry picked anew by the Router. Connection errors and timeouts are
+  retried as the SDK retries them.
+- The provider's status and body are the line's result as sent; only `usage`
+  is read (counts and cost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import httpx
+
+from gateway.json_codec import dumps, loads
+from gateway.records import BatchRequest, Endpoint, Result
+from providers.upstream_errors import UPSTREAM_TIMEOUT, UPSTREAM_UNREACHABLE, provider_error, reply_error
+
+# LiteLLM providers whose wire format is OpenAI's own
+PROVIDERS = frozenset({"openai", "text-completion-openai", "azure", "hosted_vllm", "custom_openai"})
+PATHS: dict[Endpoint, str] = {
+    Endpoint.CHAT: "/chat/completions",
+    Endpoint.COMPLETIONS: "/completions",
+    Endpoint.EMBEDDINGS: "/embeddings",
+    Endpoint.RESPONSES: "/responses",
+    Endpoint.MODERATIONS: "/moderations",
+    Endpoint.IMAGES: "/images/generations",
+}
+# The litellm_params a pass-through deployment may carry: those the Router reads or this module applies.
+# Anything else (Azure AD credentials, max_parallel_requests, custom headers, ...) keeps LiteLLM's
+# completion path, which applies it: no setting is accepted and then ignored.
+_PARAMS = frozenset({"model", "api_key", "api_base", "api_version", "timeout", "organization", "rpm", "tpm",
+                     "weight", "order", "tags", "input_cost_per_token", "output_cost_per_token", "num_retries"})
+_KEY_ENV = {"openai": "OPENAI_API_KEY", "text-completion-openai": "OPENAI_API_KEY", "azure": "AZURE_API_KEY",
+            "hosted_vllm": "HOSTED_VLLM_API_KEY", "custom_openai": "OPENAI_API_KEY"}
+
+
+def wire_provider(params: Mapping[str, Any]) -> str | None:
+    """The deployment's provider if it can take the pass-through, else None."""
+    model = params.get("model")
+    if not isinstance(model, str) or "/" not in model or not set(params) <= _PARAMS:
+        return None
+    provider = model.split("/", 1)[0]
+    if provider not in PROVIDERS or (provider != "openai" and not params.get("api_base")):
+        return None
+    return provider
+
+
+def _env_proxy(url: str) -> str | None:
+    """The proxy the environment (HTTPS_PROXY, HTTP_PROXY, NO_PROXY) names for `url`, as httpx would use it."""
+    import urllib.parse
+    import urllib.request
+
+    parts = urllib.parse.urlsplit(url)
+    if urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return urllib.request.getproxies().get(parts.scheme or "https")
+
+
+class _Failed(Exception):
+    """One attempt's error reply, in the shape the Router's failure callback reads (status, headers)."""
+
+    def __init__(self, status: int, headers: httpx.Headers) -> None:
+        super().__init__(f"upstream answered {status}")
+        self.status_code = status
+        self.litellm_response_headers = headers
+
+
+@dataclass(slots=True)
+class _Target:
+    """Where one deployment's requests go, and how."""
+
+    id: str
+    provider: str
+    model: str  # the wire model: the deployment's, without the provider prefix
+    base: str
+    headers: dict[str, str]
+    api_version: str | None
+    timeout: float
+    num_retries: int
+    has_limits: bool
+    proxy: str | None = None
+    session: aiohttp.ClientSession | None = None
+
+    def url(self, endpoint: Endpoint) -> str:
+        path = PATHS[endpoint]
+        if self.provider != "azure":
+            return self.base + path
+        from openai.lib.azure import _deployments_endpoints  # the SDK's rule for Azure's deployment urls
+
+        if self.api_version in ("v1", "latest", "preview") or self.base.endswith("/openai/v1"):
+            root = self.base if self.base.endswith("/openai/v1") else self.base + "/openai/v1"
+            return root + path + (f"?api-version={self.api_version}" if self.api_version == "preview" else "")
+        if path in _deployments_endpoints:
+            return f"{self.base}/openai/deployments/{self.model}{path}?api-version={self.api_version}"
+        return f"{self.base}/openai{path}?api-version={self.api_version}"
+
+
+class PassThrough:
+    """Sends lines of OpenAI-wire model groups; the Router (started by the backend) chooses."""
+
+    def __init__(self, router: Any, max_concurrency: int) -> None:
+        import litellm
+
+        self._router = router
+        self._limit = max_concurrency
+        self._targets: dict[str, _Target] = {}
+        self._ssl = getattr(litellm, "ssl_verify", True) is not False  # litellm_settings.ssl_verify
+        self._family = socket.AF_INET if getattr(litellm, "force_ipv4", False) else socket.AF_UNSPEC
+        self._timeout = float(getattr(router, "timeout", None) or litellm.request_timeout or 600)
+        self._rules: Any = None
+
+    def target(self, deployment: dict[str, Any]) -> _Target:
+        info = deployment.get("model_info") or {}
+        key = str(info.get("id"))
+        target = self._targets.get(key)
+        if target is None:
+            target = self._targets[key] = self._new_target(key, deployment)
+        return target
+
+    def _new_target(self, key: str, deployment: dict[str, Any]) -> _Target:
+        import litellm
+
+        params = deployment["litellm_params"]
+        provider, model = params["model"].split("/", 1)
+        api_key = params.get("api_key") or os.environ.get(_KEY_ENV[provider])
+        base = str(params.get("api_base") or os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
+                   or "https://api.openai.com/v1")
+        headers = {"Content-Type": "application/json"}
+        if provider == "azure":
+            if api_key:
+                headers["api-key"] = str(api_key)
+        elif api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        if params.get("organization"):
+            headers["OpenAI-Organization"] = str(params["organization"])
+        info = deployment.get("model_info") or {}
+        limits = (params.get("rpm"), params.get("tpm"), deployment.get("rpm"), deployment.get("tpm"),
+                  info.get("rpm"), info.get("tpm"))
+        retries = params.get("num_retries")
+        return _Target(
+            id=key, provider=provider, model=model, base=base.rstrip("/"), headers=headers,
+            # as LiteLLM: the deployment's, else AZURE_API_VERSION, else its default
+            api_version=params.get("api_version") or os.environ.get("AZURE_API_VERSION")
+            or getattr(litellm, "AZURE_DEFAULT_API_VERSION", None),
+            timeout=float(params.get("timeout") or self._timeout),
+            num_retries=int(retries if retries is not None else (self._router.num_retries or 0)),
+            has_limits=any(v is not None for v in limits),
+            proxy=_env_proxy(base),
+        )
+
+    def _session(self, target: _Target) -> aiohttp.ClientSession:
+        if target.session is None:
+            connector = aiohttp.TCPConnector(limit=self._limit, ssl=self._ssl, family=self._family)
+            # trust_env would look the proxy (and netrc) up in a thread on every request: _env_proxy does it once
+            target.session = aiohttp.ClientSession(connector=connector, trust_env=False)
+        return target.session
+
+    async def aclose(self) -> None:
+        sessions = [t.session for t in self._targets.values() if t.session is not None]
+        self._targets.clear()
+        for session in sessions:
+            await session.close()
+
+    async def call(self, req: BatchRequest, group: str) -> tuple[Result, _Target | None]:
+        """One line of model group `group`: the Router picks, we send; retried by the SDK's rules."""
+        router = self._router
+        attempt, target = 0, None
+        while True:
+            try:
+                deployment = await router.async_get_available_deployment(model=group, request_kwargs={})
+                await router.async_routing_strategy_pre_call_checks(deployment=deployment, parent_otel_span=None)
+            except Exception as exc:  # no deployment available (all cooling down, over their rpm)
+                err = provider_error(exc, req.model)
+                return Result(line=req.line, custom_id=req.custom_id, status_code=err.status, body=err.body,
+                              model=req.model), target
+            target = self.target(deployment)
+            body = dict(req.body)
+            body["model"] = target.model
+            try:
+                status, headers, data = await self._send(target, req.url, dumps(body))
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                code = UPSTREAM_TIMEOUT if isinstance(exc, TimeoutError) else UPSTREAM_UNREACHABLE
+                self._failed(deployment, group, 408 if code == UPSTREAM_TIMEOUT else 503, httpx.Headers())
+                if attempt < target.num_retries:
+                    attempt += 1
+                    await asyncio.sleep(self._delay(target, attempt, None))
+                    continue
+                what = "did not answer in time" if code == UPSTREAM_TIMEOUT else "could not be reached"
+                return Result.failure(req.line, req.custom_id, code, f"the upstream for model {req.model!r} {what}",
+                                      model=req.model), target
+            if 200 <= status < 300:
+                return await self._succeeded(req, deployment, group, target, status, data), target
+            self._failed(deployment, group, status, headers)
+            if attempt < target.num_retries and self._should_retry(status, headers):
+                attempt += 1
+                await asyncio.sleep(self._delay(target, attempt, headers))
+                continue
+            return Result(line=req.line, custom_id=req.custom_id, status_code=status,
+                          body=reply_error(status, data), model=req.model), target
+
+    async def _send(self, target: _Target, endpoint: Endpoint, data: bytes) -> tuple[int, httpx.Headers, bytes]:
+        session = self._session(target)
+        timeout = aiohttp.ClientTimeout(total=target.timeout)
+        async with session.post(target.url(endpoint), data=data, headers=target.headers, timeout=timeout,
+                                proxy=target.proxy) as reply:
+            raw = await reply.read()
+            if 200 <= reply.status < 300:
+                return reply.status, httpx.Headers(), raw
+            return reply.status, httpx.Headers(list(reply.headers.items())), raw
+
+    async def _succeeded(self, req: BatchRequest, deployment: dict[str, Any], group: str, target: _Target,
+                         status: int, data: bytes) -> Result:
+        from litellm.router_utils.router_callbacks.track_deployment_metrics import (
+            increment_deployment_successes_for_current_minute,
+        )
+
+        try:
+            body = loads(data)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return Result.failure(req.line, req.custom_id, "upstream_error",
+                                  f"the upstream for model {req.model!r} answered {status} without a JSON object",
+                                  model=req.model)
+        increment_deployment_successes_for_current_minute(self._router, target.id)  # the Router's cooldown math
+        if target.has_limits:  # the Router's tpm/rpm counters, only where a limit reads them
+            metadata = {"model_info": deployment.get("model_info") or {}, "deployment": deployment["litellm_params"]
+                        ["model"]}
+            await self._router.increment_deployment_usage_for_response(
+                response=body, request_kwargs={"model": group, "litellm_metadata": metadata})
+        return Result(line=req.line, custom_id=req.custom_id, status_code=status, body=body, model=req.model)
+
+    def _failed(self, deployment: dict[str, Any], group: str, status: int, headers: httpx.Headers) -> None:
+        """The Router's own failure bookkeeping: failures per minute, cooldown by its rules."""
+        kwargs = {"exception": _Failed(status, headers),
+                  "litellm_params": {"model_info": deployment.get("model_info") or {},
+                                     "metadata": {"model_group": group}}}
+        self._router.deployment_callback_on_failure(kwargs, None, None, None)
+
+    def _sdk(self) -> Any:
+        if self._rules is None:
+            import openai
+
+            self._rules = openai.AsyncOpenAI(api_key="unused", base_url="http://127.0.0.1/")  # never sends
+        return self._rules
+
+    def _should_retry(self, status: int, headers: httpx.Headers) -> bool:
+        return bool(self._sdk()._should_retry(httpx.Response(status, headers=headers)))
+
+    def _delay(self, target: _Target, attempt: int, headers: httpx.Headers | None) -> float:
+        from openai._models import FinalRequestOptions
+
+        options = FinalRequestOptions(method="post", url="/", max_retries=target.num_retries)
+        wait = float(self._sdk()._calculate_retry_timeout(target.num_retries - attempt + 1, options, headers))
+        return max(wait, float(getattr(self._router, "retry_after", 0) or 0))  # router_settings.retry_after: a floor

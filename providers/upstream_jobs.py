@@ -1,0 +1,134 @@
+"""What a provider's batch jobs look like to `providers.native`: one small interface per provider.
+
+`NativeBatchBackend` plans, records and reads back; an `UpstreamJobs` knows one provider's batch API:
+the request line it takes, how a part becomes a job (upload and create, or one create call), how a job
+is polled, cancelled and read back as OpenAI-shaped result lines. Each goes through LiteLLM's batch
+functions where LiteLLM 1.106.2 reaches the provider, and over plain HTTP (LiteLLM's own URL and header
+helpers) for the calls it lacks (Anthropic's create and cancel, Mistral's cancel and list).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from gateway.records import BatchRequest, Endpoint, Result
+from providers.openai_batches import Part
+
+Save = Callable[[], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class JobState:
+    """A polled upstream job, in OpenAI's status words (`TERMINAL` ones end the polling).
+
+    `files`: what `results` reads; `why`: the provider's reason for a failed job; `code`: the error code of
+    the lines a job ended without answering (None: the usual `batch_expired`, `batch_cancelled`...)."""
+
+    status: str
+    files: list[str] = field(default_factory=list)
+    why: str = ""
+    code: str | None = None
+
+
+class UpstreamJobs(Protocol):
+    """One provider's batch API, bound to one deployment (its model and credentials)."""
+
+    provider: str
+    endpoints: frozenset[Endpoint]
+    max_lines: int  # the provider's own limits on one job
+    max_bytes: int
+
+    def url(self, endpoint: Endpoint) -> str:
+        """The job endpoint a request goes to (requests of one part share it)."""
+
+    def line(self, req: BatchRequest) -> bytes:
+        """The request as one line of the provider's job input (its size counts against `max_bytes`)."""
+
+    def reject(self, req: BatchRequest) -> Result | None:
+        """The error result of a request the provider's job cannot take (before any job is made)."""
+
+    async def create(self, part: Part, data: bytes, name: str, metadata: dict[str, str], save: Save) -> None:
+        """Make the part's job from its lines (`data`), setting `part.file_id`/`part.batch_id` and calling
+        `save` as soon as each exists; raises on failure."""
+
+    async def find(self, part: Part) -> bool:
+        """A job created from `part.file_id` before a crash could record it: set `part.batch_id` if found."""
+
+    async def retrieve(self, batch_id: str) -> JobState: ...
+
+    def results(self, state: JobState) -> AsyncIterator[dict[str, Any]]:
+        """The finished job's result lines in OpenAI's batch output shape (`custom_id`, `response` or `error`)."""
+
+    async def cancel(self, batch_id: str) -> None: ...
+
+
+class UpstreamHTTPError(Exception):
+    """A provider's non-2xx reply to a call LiteLLM does not make for us (status and the provider's message)."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(f"{status_code} {message}")
+        self.status_code = status_code
+        self.message = message
+
+
+def error_message(reply: httpx.Response) -> str:
+    """The provider's own words from an error reply: Anthropic's `error.message`, Mistral's `message`/`detail`."""
+    try:
+        body = reply.json()
+    except ValueError:
+        return reply.text[:500] or reply.reason_phrase
+    if isinstance(body, dict):
+        inner = body.get("error")
+        if isinstance(inner, dict) and inner.get("message"):
+            return f"{inner.get('type', 'error')}: {inner['message']}"
+        for key in ("message", "detail"):
+            if body.get(key):
+                return str(body[key])
+    return reply.text[:500]
+
+
+async def http_json(method: str, url: str, headers: Mapping[str, str], timeout: float | None,
+                    content: bytes | None = None, params: Mapping[str, str] | None = None) -> Any:
+    """One call to a provider (`content`: a JSON body, sent as is); its JSON reply. A non-2xx reply raises
+    `UpstreamHTTPError` with its status."""
+    async with httpx.AsyncClient(timeout=timeout or 600.0) as client:
+        reply = await client.request(method, url, headers=dict(headers), content=content, params=params)
+    if reply.status_code >= 400:
+        raise UpstreamHTTPError(reply.status_code, error_message(reply))
+    return reply.json()
+
+
+async def http_lines(url: str, headers: Mapping[str, str], timeout: float | None) -> AsyncIterator[bytes]:
+    """A provider's JSONL download, line by line as it arrives (flat memory, whatever the file's size).
+
+    LiteLLM 1.106.2 streams file content for OpenAI-compatible providers only; for the others it holds the
+    whole file, which for a job of 100,000 or 1,000,000 results is hundreds of MB at once."""
+    async with httpx.AsyncClient(timeout=timeout or 600.0) as client, client.stream(
+            "GET", url, headers=dict(headers)) as reply:
+        if reply.status_code >= 400:
+            await reply.aread()
+            raise UpstreamHTTPError(reply.status_code, error_message(reply))
+        rest = b""
+        async for chunk in reply.aiter_bytes():
+            rest += chunk
+            *lines, rest = rest.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield line
+        if rest.strip():
+            yield rest
+
+
+def call_kwargs(params: Mapping[str, Any], provider: str, timeout: float | None) -> dict[str, Any]:
+    """The LiteLLM keyword arguments of a deployment's batch calls (credentials never logged)."""
+    kwargs: dict[str, Any] = {"custom_llm_provider": provider}
+    for name in ("api_base", "api_key", "api_version", "organization", "timeout"):
+        if params.get(name) is not None:
+            kwargs[name] = params[name]
+    if "timeout" not in kwargs and timeout is not None:
+        kwargs["timeout"] = timeout
+    return kwargs
