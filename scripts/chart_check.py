@@ -7,9 +7,8 @@ For each file of `helm template` output given:
 - the API pods are probed on /health; scrape annotations name a port the pod has;
 - every PodDisruptionBudget and ScaledObject targets a Deployment of the release;
 - a KEDA ScaledObject (kubernetes-validate has no schema for KEDA's CRD) has the fields KEDA's
-  redis-streams scaler reads, on exactly the streams of the routes its workers serve
-  (gateway.store.keys: `batchyard:stream:<route>`, consumer group `workers`), and its Deployment leaves
-  `replicas` to the autoscaler.
+  prometheus scaler reads, its query sums the queue depth batchyard exports (gateway.metrics) over
+  exactly the routes its workers serve, and its Deployment leaves `replicas` to the autoscaler.
 
     python scripts/chart_check.py rendered.yaml...
 """
@@ -17,15 +16,27 @@ For each file of `helm template` output given:
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Any, NoReturn
 
 import yaml
 
+from gateway import metrics
 from gateway.cli.main import build_parser
 from gateway.config.routes import RouteKind
 from gateway.config.schema import parse_config
-from gateway.store.keys import GROUP, Keys
+
+
+def _depth_metric() -> str:
+    """The name batchyard exports the queue depth under, read from what it renders."""
+    body, _ = metrics.render(metrics.SharedState(queue_depth={"route": 1}), None)
+    (name,) = {line.split("{")[0] for line in body.decode().splitlines() if 'route="route"' in line}
+    return name
+
+
+DEPTH_METRIC = _depth_metric()
+QUERY = re.compile(r"sum\(max by \(route\) \((\w+)\{route=~`([^`]+)`\}\)\)")
 
 
 def fail(where: str, message: str) -> NoReturn:
@@ -114,20 +125,22 @@ def check_file(path: str) -> int:
             fail(where, f"{target} sets replicas: the autoscaler and `helm upgrade` would fight")
         if not 0 <= int(spec["minReplicaCount"]) <= int(spec["maxReplicaCount"]):
             fail(where, f"replica counts {spec['minReplicaCount']}..{spec['maxReplicaCount']}")
-        streams = []
-        for trigger in spec["triggers"]:
-            meta = trigger["metadata"]
-            if trigger["type"] != "redis-streams" or not meta.get("address") or not meta.get("stream"):
-                fail(where, f"not a redis-streams trigger with an address and a stream: {trigger}")
-            if meta.get("consumerGroup") != GROUP:
-                fail(where, f"consumerGroup {meta.get('consumerGroup')!r}, the queue's is {GROUP!r}")
-            for key in ("lagCount", "activationLagCount", "databaseIndex"):
-                if not str(meta.get(key, "")).isdigit():
-                    fail(where, f"{key} {meta.get(key)!r} is not a count")
-            streams.append(meta["stream"])
-        want = sorted(Keys().stream(route) for route in serves[target])
-        if sorted(streams) != want:
-            fail(where, f"streams {sorted(streams)}, the routes of {target} are on {want}")
+        (trigger,) = spec["triggers"]
+        meta = trigger["metadata"]
+        if trigger["type"] != "prometheus" or not meta.get("serverAddress"):
+            fail(where, f"not a prometheus trigger with a serverAddress: {trigger}")
+        for key in ("threshold", "activationThreshold"):
+            if not str(meta.get(key, "")).isdigit():
+                fail(where, f"{key} {meta.get(key)!r} is not a count")
+        if meta.get("ignoreNullValues") != "false":
+            fail(where, "an empty answer (the API down) would read as an empty queue: ignoreNullValues must be false")
+        m = QUERY.fullmatch(meta["query"])
+        if not m or m.group(1) != DEPTH_METRIC:
+            fail(where, f"query {meta['query']!r} is not the pool's sum of {DEPTH_METRIC}")
+        # Prometheus anchors label regexes; RE2 and Python agree on what regexQuoteMeta writes.
+        matched = sorted(r for r in config.routes if re.fullmatch(m.group(2), r))
+        if matched != serves[target]:
+            fail(where, f"the query's routes {matched} are not those {target} serves {serves[target]}")
     print(f"chart_check.py: {path}: {len(deployments)} Deployments, {len(scaled)} ScaledObjects: ok")
     return 0
 

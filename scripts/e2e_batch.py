@@ -62,7 +62,7 @@ def holders(r: redis.Redis, workers: list[str], podman: str) -> dict[str, int]:
             hostnames[out.stdout.strip()] = name
     held: dict[str, int] = {}
     keys = Keys()
-    for stream in r.scan_iter(match=keys.stream_pattern):
+    for stream in (s for route in (UPSTREAM, LOCAL) for s in r.smembers(keys.streams(route))):
         for consumer in r.xinfo_consumers(stream, GROUP):
             # A worker's consumer name starts with its host name (gateway.runtime.worker_name: host:pid).
             for host, container in hostnames.items():

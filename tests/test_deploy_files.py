@@ -1,5 +1,5 @@
 """The deployment files speak batchyard's real language: docker/compose.yaml, docker/e2e/ and the Helm
-chart (charts/batchyard) use only flags the CLI has, configs it loads, and the queue's own Redis names.
+chart (charts/batchyard) use only flags the CLI has, configs it loads, and the metric batchyard exports.
 (scripts/chart_check.sh renders the chart and checks the rendered manifests; this needs no helm.)
 """
 
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway import metrics
 from gateway.cli.main import build_parser
 from gateway.config.routes import RouteKind
 from gateway.config.schema import parse_config
-from gateway.store.keys import GROUP, Keys
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "batchyard"
@@ -77,11 +77,13 @@ def test_every_flag_the_chart_passes_is_a_flag_of_serve_or_worker(capsys: pytest
     assert flags <= serve_and_worker, f"not batchyard flags: {flags - serve_and_worker}"
 
 
-def test_the_keda_trigger_watches_the_queues_streams_and_consumer_group():
+def test_the_keda_trigger_reads_the_queue_depth_batchyard_exports():
+    body, _ = metrics.render(metrics.SharedState(queue_depth={"some-route": 3}), None)
+    exported = {line.split("{")[0] for line in body.decode().splitlines() if 'route="some-route"' in line}
     workers = (CHART / "templates" / "workers.yaml").read_text()
-    stream = re.search(r'stream: \{\{ printf "([^"]+)" \$route', workers)
-    assert stream is not None and stream.group(1) == Keys().stream("%s")
-    assert f"consumerGroup: {GROUP}" in workers
+    query = re.search(r'printf "sum\(max by \(route\) \((\w+)\{route=~`%s`\}\)\)"', workers)
+    assert query is not None and {query.group(1)} == exported
+    assert 'ignoreNullValues: "false"' in workers  # no answer is not an empty queue
 
 
 def test_the_charts_default_config_is_one_batchyard_loads(monkeypatch: pytest.MonkeyPatch):
