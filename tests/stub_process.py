@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from starlette.applications import Starlette
 
@@ -29,13 +29,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
 
 
-class Stub:
-    """A running stand-in: its base URL, its counters, and stop()."""
+class LoopbackProcess:
+    """A test server running in its own process (a provider stand-in, or the loopback upstream in
+    tests/upstream.py): its counters, its log, and stop(). Subclasses give `url`, `process`, `log_path`."""
 
-    def __init__(self, process: subprocess.Popen[bytes], url: str, log_path: str) -> None:
-        self.process = process
-        self.url = url
-        self.log_path = log_path
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: str
 
     def _call(self, method: str, path: str) -> Any:
         request = urllib.request.Request(self.url + path, method=method, data=b"" if method == "POST" else None)
@@ -64,12 +64,21 @@ class Stub:
         with contextlib.suppress(OSError):
             os.unlink(self.log_path)
 
-    def __enter__(self) -> Stub:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+class Stub(LoopbackProcess):
+    """A running stand-in: its base URL, its counters, and stop()."""
+
+    def __init__(self, process: subprocess.Popen[bytes], url: str, log_path: str) -> None:
+        self.process = process
+        self.url = url
+        self.log_path = log_path
 
 
 def start_stub(module: str, args: Sequence[str] = (), timeout: float = 30.0) -> Stub:

@@ -57,13 +57,6 @@ pytestmark = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_RE
 MODEL = "gpt-mini"
 
 
-@pytest.fixture(scope="module")
-def s3() -> Iterator[MotoS3]:
-    server = MotoS3().start()
-    yield server
-    server.close()
-
-
 @pytest.fixture(autouse=True)
 def s3_env(s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in s3.env().items():

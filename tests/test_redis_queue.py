@@ -9,7 +9,6 @@ consumers that are not alive are forgotten.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -20,13 +19,6 @@ from gateway.store.redis_queue import RedisStreamQueue
 from tests.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)]
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.close()
 
 
 async def test_queue_routes_refresh_reclaim_and_hand_back(redis_server: RedisServer) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +28,6 @@ from gateway.store.sqlite_store import SQLiteStore
 from tests.services import HAVE_REDIS, NO_REDIS_REASON, MotoS3, RedisServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)]
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[MotoS3]:
-    server = MotoS3().start()
-    yield server
-    server.close()
 
 
 @pytest.fixture(autouse=True)

@@ -55,24 +55,19 @@ Stats shape: {"requests", "by_path", "by_model", "by_status", "by_custom",
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
-import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any
 
+from tests.stub_process import LoopbackProcess
 from tests.upstream_app import Options, build_app
 from tests.upstream_replies import EMBEDDING_DIM, ApiError, embedding_vector, error_body, relevance, request_text
-from tests.upstream_state import JSON
 
 __all__ = ["EMBEDDING_DIM", "ApiError", "Upstream", "embedding_vector", "error_body", "relevance", "request_text",
            "start_upstream"]
@@ -85,11 +80,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # --------------------------------------------------------------------------- the process and its handle
 
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
-
-
-class Upstream:
-    """A running upstream server process, as tests and benchmarks hold it."""
+class Upstream(LoopbackProcess):
+    """A running upstream server process, as tests and benchmarks hold it. `stats()` gives {"requests",
+    "by_path", "by_model", "by_status", "by_custom", "batch_lines", "files_created", "batches_created"};
+    `reset()` clears counters, directive attempts, files and batches."""
 
     def __init__(self, process: subprocess.Popen[bytes], host: str, port: int, api_key: str, log_path: str) -> None:
         self.process = process
@@ -108,48 +102,8 @@ class Upstream:
         """OpenAI `base_url` / LiteLLM `api_base` for openai/… deployments."""
         return f"{self.url}/v1"
 
-    def _call(self, method: str, path: str) -> Any:
-        request = urllib.request.Request(self.url + path, method=method, data=b"" if method == "POST" else None)
-        with _OPENER.open(request, timeout=10) as reply:
-            return json.loads(reply.read())
-
-    def stats(self) -> JSON:
-        """{"requests", "by_path", "by_model", "by_status", "by_custom", "batch_lines", "files_created",
-        "batches_created"}."""
-        return self._call("GET", "/_stats")
-
-    def reset(self) -> None:
-        """Clear counters, directive attempts, files and batches."""
-        self._call("POST", "/_reset")
-
     def alive(self) -> bool:
         return self.process.poll() is None
-
-    def log(self) -> str:
-        """What the server wrote to stderr so far."""
-        with contextlib.suppress(OSError):
-            return Path(self.log_path).read_text(errors="replace")
-        return ""
-
-    def stop(self) -> None:
-        """Terminate the process and wait for it."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-        with contextlib.suppress(OSError):
-            os.unlink(self.log_path)
-
-    def __enter__(self) -> Upstream:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"Upstream({self.url}, pid={self.process.pid})"

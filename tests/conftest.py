@@ -1,0 +1,25 @@
+"""Fixtures several test files share: each starts a real server, once per test module that asks for it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.services import MotoS3, RedisServer
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    """A redis-server of the module's own on a free loopback port (the files that use it skip without one)."""
+    server = RedisServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[MotoS3]:
+    """moto's S3 server on a free loopback port."""
+    server = MotoS3().start()
+    yield server
+    server.close()
