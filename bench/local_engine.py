@@ -81,14 +81,15 @@ def _measure(cmd: list[str]) -> tuple[float, int, str]:
     return wall, peak, out + err
 
 
-def _tools(model: str, tmp: Path) -> dict[str, Callable[[Path], list[str]]]:
+def _tools(model: str, tmp: Path, extra: list[str]) -> dict[str, Callable[[Path], list[str]]]:
+    flags = [*ENGINE_FLAGS, *extra]
     return {
         "batchyard": lambda src: [sys.executable, "-m", "gateway.cli", "run", "-i", str(src), "-o",
                                   str(tmp / "ours.jsonl"), "--model", model, "--served-model-name", "tiny",
-                                  *ENGINE_FLAGS, "--no-progress"],
+                                  *flags, "--no-progress"],
         "run_batch": lambda src: [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src),
                                   "-o", str(tmp / "theirs.jsonl"), "--model", model, "--served-model-name", "tiny",
-                                  *ENGINE_FLAGS],
+                                  *flags],
         "LLM.chat": lambda src: [sys.executable, str(tmp / "direct.py"), model, str(src)],
     }
 
@@ -104,6 +105,9 @@ def main() -> None:
                              "batchyard and run_batch are needed for the ratios)")
     parser.add_argument("--small", type=int, default=1, help="lines of the small file (fixed cost)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per tool and size; medians are printed (default 3)")
+    parser.add_argument("--engine-flags", default="",
+                        help="more engine flags for batchyard and run_batch, one string, e.g. "
+                             "'--scheduling-policy fcfs' (default none)")
     args = parser.parse_args()
     args.sizes = sorted(int(x) for part in args.sizes for x in part.split(",") if x)
     if len(args.sizes) != 2 or args.sizes[0] == args.sizes[1]:
@@ -122,7 +126,7 @@ def main() -> None:
         files = {n: tmp / f"chat-{n}.jsonl" for n in sizes}
         for n, path in files.items():
             _write(path, n)
-        tools = {name: cmd for name, cmd in _tools(model, tmp).items() if name in wanted}
+        tools = {name: cmd for name, cmd in _tools(model, tmp, args.engine_flags.split()).items() if name in wanted}
         if {"batchyard", "run_batch"} - set(tools):
             parser.error("--tools must include batchyard and run_batch")
         for i in range(args.repeat):

@@ -130,6 +130,10 @@ class FairSlots:
             self._wake()
         return flow
 
+    def in_use(self, team: str) -> int:
+        """The team's requests holding a slot now."""
+        return self.by_team.get(("", team), 0)
+
     def close(self, flow: Flow) -> None:
         """No more of the flow's requests start (it was closed early)."""
         flow.pending = 0

@@ -23,7 +23,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from gateway.backends.interface import run_bounded
-from gateway.fairness import FairSlots
+from gateway.engine_priority import with_priority
+from gateway.fairness import FairSlots, current_share
 from gateway.records import BatchRequest, Endpoint, Result
 from local_engine.ordering import group_by_prefix
 
@@ -33,6 +34,12 @@ if TYPE_CHECKING:
     from local_engine.serving import ServingLayer
 
 log = logging.getLogger(__name__)
+
+# vLLM's priority scheduling is our default: the fair-share rule then orders the engine's waiting queue too
+# (`gateway.engine_priority`). `scheduling_policy` in engine_args (or `--scheduling-policy`) still wins.
+DEFAULT_SCHEDULING_POLICY = "priority"
+# The endpoints whose vLLM request models have a `priority` field (the audio ones have none).
+_PRIORITISED = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.SCORE, Endpoint.RERANK})
 
 
 class EngineStartError(RuntimeError):
@@ -52,13 +59,14 @@ class LocalEngineBackend:
     at once, running and waiting, shared by every concurrent `execute` call
     (default: twice the engine's `max_num_seqs`, so the scheduler always has
     a full batch waiting and vLLM's waiting queue never holds more than one
-    batch more). A bounded window is what lets a newcomer's requests in soon:
-    a shard started later gets slots as soon as the ones before it free them,
-    instead of queueing behind a whole file inside vLLM. For a stronger rule,
-    run the engine with ``scheduling_policy: priority`` in `engine_args` and
-    give each line a vLLM `priority` in its body (lower runs first; vLLM's
-    scheduler orders its waiting queue by it): that is where a fair-share
-    policy plugs in. `endpoints` is known once `start()` has returned.
+    batch more). The window is divided between teams by fair share
+    (`FairSlots`), and inside the engine vLLM's priority scheduling (our
+    default `scheduling_policy`) orders the waiting queue by the same rule: each
+    request's `priority` comes from `gateway.engine_priority` (its team's share
+    in use, its batch's deadline, the line's own priority), so a newcomer's
+    requests run before those another team has waiting. With
+    ``scheduling_policy: fcfs`` in `engine_args` bodies go in unchanged.
+    `endpoints` is known once `start()` has returned.
 
     `group_prefixes` (default on) sends a shard's lines that share a system
     prompt one after another, for vLLM's prefix cache (`local_engine.ordering`).
@@ -76,6 +84,7 @@ class LocalEngineBackend:
         self._engine: AsyncLLM | None = None
         self._serving: ServingLayer | None = None
         self._slots: FairSlots | None = None
+        self._prioritise = False  # the engine schedules by priority: each request gets its fair-share number
         self._start_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -104,8 +113,11 @@ class LocalEngineBackend:
             _check_model_path(self.engine_args.get("model"))
             from local_engine import serving
 
+            engine_args = self.engine_args
+            if not any(k.replace("-", "_") == "scheduling_policy" for k in engine_args):
+                engine_args = {**engine_args, "scheduling_policy": DEFAULT_SCHEDULING_POLICY}
             try:
-                args = serving.build_args(self.engine_args)
+                args = serving.build_args(engine_args)
             except (ValueError, KeyError) as exc:
                 raise EngineStartError(f"bad engine_args: {exc}") from exc
             engine = await _build_engine_off_loop(args)
@@ -117,6 +129,7 @@ class LocalEngineBackend:
                 serving.shutdown_engine(engine)
                 raise
             self._engine, self._serving = engine, layer
+            self._prioritise = str(engine.vllm_config.scheduler_config.policy) == "priority"
             # vLLM keeps some import-time tracebacks that pin this frame: drop the engine from it so aclose() frees it.
             del engine, layer
             self.max_in_flight = self._max_in_flight_arg or max(1, 2 * self._serving.max_num_seqs)
@@ -165,10 +178,14 @@ class LocalEngineBackend:
         """
         if self._serving is None or self._slots is None:
             raise RuntimeError("LocalEngineBackend.start() has not been called (or it was closed)")
-        serving, slots = self._serving, self._slots
+        serving, slots, share = self._serving, self._slots, current_share()
+        prioritise = self._prioritise
 
         async def one(req: BatchRequest) -> Result:
-            return await _run_one(serving, req)
+            body = req.body
+            if prioritise and req.url in _PRIORITISED:
+                body = with_priority(body, share, slots.in_use(share.team))
+            return await _run_one(serving, req, body)
 
         # aclosing: closing this iterator must close the inner one now, not at garbage collection
         ordered = group_by_prefix(requests) if self.group_prefixes else requests
@@ -177,11 +194,11 @@ class LocalEngineBackend:
                 yield result
 
 
-async def _run_one(serving: ServingLayer, req: BatchRequest) -> Result:
+async def _run_one(serving: ServingLayer, req: BatchRequest, body: dict[str, Any]) -> Result:
     from vllm.utils import random_uuid
 
     try:
-        status, body = await serving.reply(req.url, req.body)
+        status, body = await serving.reply(req.url, body)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # reply() catches everything it can; this is a last guard
