@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/fairness.py [--big 20000] [--small 20] [--latency-ms 500] [--repeats 3]
                                        [--modes embedded,shared] [--engine-big 2000] [--workers 2]
+                                       [--engine-args '{"scheduling_policy": "fcfs"}']
 
 Two teams (A, B) share one upstream route that answers each request after
 `--latency-ms` (the loopback upstream), in each mode: `batchyard serve
@@ -126,7 +127,8 @@ def gateway(mode: str, config: dict[str, Any], tmp: Path, workers: int) -> Itera
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--big", type=int, default=20_000, help="team A's batch, upstream route (default 20000)")
+    parser.add_argument("--big", type=int, default=20_000,
+                        help="team A's batch, upstream route (default 20000; 0: skip the upstream route)")
     parser.add_argument("--small", type=int, default=20, help="team B's batch (default 20)")
     parser.add_argument("--latency-ms", type=float, default=500, help="the upstream's answer time (default 500)")
     parser.add_argument("--repeats", type=int, default=3, help="medians of this many runs (default 3)")
@@ -134,13 +136,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="worker processes per gateway (default 2)")
     parser.add_argument("--engine-big", type=int, default=2_000,
                         help="team A's batch on the local-engine route (default 2000; 0: skip the engine)")
+    parser.add_argument("--engine-args", type=json.loads, default={},
+                        help="more engine_args for the local-engine route, as JSON, e.g. "
+                             "'{\"scheduling_policy\": \"fcfs\"}' (default none)")
     args = parser.parse_args()
     env = process_env({})
     os.environ.update({k: v for k, v in env.items() if k not in os.environ})
     rows: list[str] = []
     with start_upstream(latency_ms=args.latency_ms) as upstream, tempfile.TemporaryDirectory() as tmp:
         config = gateway_config(upstream, models=("gpt-mini",), teams=TEAMS, max_lines=max(args.big, 50_000))
-        for mode in args.modes.split(","):
+        for mode in args.modes.split(",") if args.big else []:
             with gateway(mode, config, Path(tmp), args.workers) as gw:
                 fig = measure(gw, "gpt-mini", args.big, args.small, args.repeats, {})
                 rows.append(fig.line(f"{mode}, upstream ({args.latency_ms:g} ms)", 2))
@@ -152,7 +157,7 @@ def main() -> None:
             model = str(build_tiny_models(Path(models)).llama)
             engine = {"model_name": "tiny", "litellm_params": {"model": f"vllm/{model}"},
                       "engine_args": {"dtype": "float32", "max_model_len": 256, "enforce_eager": True,
-                                      "max_num_seqs": 16}}
+                                      "max_num_seqs": 16, **args.engine_args}}
             local = {**config, "model_list": [engine]}
             for mode in args.modes.split(","):
                 with gateway(mode, local, Path(tmp), 1) as gw:
