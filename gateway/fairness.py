@@ -92,6 +92,7 @@ class Flow:
     pending: int
     start: Callable[[], None]
     on_stop: Callable[[], None] | None = None  # told when `stop_sending` closes it
+    closed: bool = False
 
 
 _ALL: weakref.WeakSet[FairSlots] = weakref.WeakSet()  # every FairSlots of this process, for `stop_sending`
@@ -130,9 +131,20 @@ class FairSlots:
             self._wake()
         return flow
 
+    def add(self, flow: Flow, more: int) -> None:
+        """`more` requests of an open flow may start now (a paced flow is opened with none: its pacer adds
+        them as the team's rate allows, `gateway.backends.pacing`)."""
+        if more <= 0 or flow.closed:
+            return
+        flow.pending += more
+        if flow not in self._flows:
+            self._flows.append(flow)
+        self._wake()
+
     def close(self, flow: Flow) -> None:
         """No more of the flow's requests start (it was closed early)."""
         flow.pending = 0
+        flow.closed = True
         if flow in self._flows:
             self._flows.remove(flow)
 
