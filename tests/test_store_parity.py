@@ -222,6 +222,11 @@ async def _rates(store: Store) -> list[Any]:
     await rates.add_tokens("t", "x", 40)
     out.append([(await rates.take("t", "x", 2, 50, 100)).granted, await rates.used("t", "x"),
                 await rates.used("t", "m"), await rates.used("none", "m")])
+    # tpm with an estimate reserved per request: 3 fit 100 at 30; then one while under; a correction reopens
+    out.append([(await rates.take("t", "y", 5, None, 100, 30)).granted for _ in range(3)])
+    await rates.add_tokens("t", "y", -50)
+    out.append([(await rates.take("t", "y", 5, None, 100, 30)).granted, await rates.used("t", "y")])
+    assert out[-2:] == [[3, 1, 0], [1, (5, 100)]]
     assert 0 < (await rates.take("t", "m", 1, 8, None)).wait <= 3600
     return out
 

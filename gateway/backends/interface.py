@@ -153,7 +153,7 @@ async def run_bounded(
             granted += n
             slots.add(flow, n)
 
-        feeding = asyncio.create_task(pacer.feed(len(requests), grant, caught_up))
+        feeding = asyncio.create_task(pacer.feed(requests, grant, caught_up))
         feeding.add_done_callback(lambda t: None if t.cancelled() or t.exception() is None
                                   else done.put_nowait(t.exception()))
     try:

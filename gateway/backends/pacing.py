@@ -7,12 +7,13 @@ it takes a slot, so it holds back neither the team's other routes (each route ha
 teams (it holds no slot while it waits). Native routes (provider batch jobs) are not paced: their requests
 are not sent one by one.
 
-tpm counts what the results report (`usage.total_tokens`), added to the window as results come back; a
-request starts only while the window's tokens are under `tpm_limit`. No estimate is reserved before
-sending: most lines carry no `max_tokens`, so an honest estimate is the model's whole context and would pace
-far below the real rate. What this allows, as LiteLLM proxy's own limiter does, is an overshoot by the
-tokens of the requests already started when the window filled: at most one grant (`GRANT_MAX` requests) per
-shard in flight, and the next window starts with them counted.
+tpm counts what the results report (`usage.total_tokens`). Counting only after the fact would let every
+request of a window start before the first result is back (a burst of a whole shard), so each request
+reserves an estimate when it is granted, and its result corrects the window by the difference. The
+estimate is the mean `total_tokens` of this shard's results so far; before the first result, the first
+request's body size / 4 (its prompt, about: a high guess for short replies, corrected as soon as results
+come). A request starts while the window's tokens are under `tpm_limit` (at least one, however large the
+estimate), so the overshoot is at most the requests of one grant, and the error of their estimates.
 
 The runner says whose requests these are and under which limits with `pacing_with` (a context variable, like
 `gateway.fairness.running_for`, so the `Backend` interface keeps its shape).
@@ -23,12 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 
-from gateway.records import Result
+from gateway.json_codec import dumps
+from gateway.records import BatchRequest, Result
 from gateway.store.rates import RateWindows
 
-GRANT_MAX = 16  # requests asked of the window at once: one store call per this many, and the tpm overshoot bound
+GRANT_MAX = 16  # requests asked of the window at once (one store call per this many)
 _RECHECK_SECONDS = 0.25  # a paced shard asks again at least this often (tokens reported meanwhile are flushed)
 
 
@@ -38,12 +41,26 @@ class Pacer:
     def __init__(self, rates: RateWindows, team: str, route: str, rpm: int | None, tpm: int | None) -> None:
         self._rates = rates
         self.team, self.route, self.rpm, self.tpm = team, route, rpm, tpm
-        self._tokens = 0  # reported by results, not yet added to the store's window
+        self._tokens = 0  # reported by results minus what was reserved for them, not yet in the store's window
+        self._reserved: deque[int] = deque()  # the estimate reserved for each request granted and not back yet
+        self._seen = self._seen_tokens = 0  # results back, and their total tokens (the estimate's mean)
+
+    def estimate(self, first: BatchRequest | None) -> int:
+        """Tokens to reserve per request (0 without a tpm limit)."""
+        if self.tpm is None:
+            return 0
+        if self._seen:
+            return max(1, round(self._seen_tokens / self._seen))
+        return max(1, len(dumps(first.body)) // 4) if first is not None else 1
 
     def note(self, result: Result) -> None:
-        """A result came back: count its tokens (added to the window at the next `flush`)."""
-        if self.tpm is not None:
-            self._tokens += result.usage.total_tokens
+        """A result came back: its tokens, less what was reserved for it, go to the window at the next flush."""
+        if self.tpm is None:
+            return
+        tokens = result.usage.total_tokens
+        self._seen += 1
+        self._seen_tokens += tokens
+        self._tokens += tokens - (self._reserved.popleft() if self._reserved else 0)
 
     async def flush(self) -> None:
         tokens, self._tokens = self._tokens, 0
@@ -54,15 +71,19 @@ class Pacer:
                 self._tokens += tokens  # not counted: the next flush tries again
                 raise
 
-    async def feed(self, total: int, grant: Callable[[int], None], caught_up: asyncio.Event) -> None:
-        """Grant `total` requests, as the team's window allows: `grant(n)` lets n more start. The next ask
-        waits until the granted ones have started (`caught_up`), so a window's places are spent in it."""
-        left = total
+    async def feed(self, requests: Sequence[BatchRequest], grant: Callable[[int], None],
+                   caught_up: asyncio.Event) -> None:
+        """Grant the requests as the team's window allows: `grant(n)` lets n more start. The next ask waits
+        until the granted ones have started (`caught_up`), so a window's places are spent in it."""
+        left = len(requests)
         while left > 0:
             await self.flush()
-            got = await self._rates.take(self.team, self.route, min(left, GRANT_MAX), self.rpm, self.tpm)
+            estimate = self.estimate(requests[0] if requests else None)
+            got = await self._rates.take(self.team, self.route, min(left, GRANT_MAX), self.rpm, self.tpm, estimate)
             if got.granted:
                 left -= got.granted
+                if estimate:
+                    self._reserved.extend([estimate] * got.granted)
                 caught_up.clear()
                 grant(got.granted)
                 await caught_up.wait()

@@ -25,18 +25,20 @@ class SQLiteRates:
                                "window = ?", (team, route, window)).fetchone()
         return (int(row[0]), int(row[1])) if row else (0, 0)
 
-    async def take(self, team: str, route: str, want: int, rpm: int | None, tpm: int | None) -> Grant:
+    async def take(self, team: str, route: str, want: int, rpm: int | None, tpm: int | None,
+                   estimate: int = 0) -> Grant:
         window, left = window_of(self.window_seconds)
         self._db.execute("BEGIN IMMEDIATE")  # the check and the count under one lock, across processes
         try:
             self._db.execute("DELETE FROM rate_windows WHERE team = ? AND route = ? AND window < ?",
                              (team, route, window))
             requests, tokens = self._row(team, route, window)
-            granted = grantable(want, requests, tokens, rpm, tpm)
+            granted = grantable(want, requests, tokens, rpm, tpm, estimate)
             if granted:
-                self._db.execute("INSERT INTO rate_windows (team, route, window, requests) VALUES (?, ?, ?, ?) "
-                                 "ON CONFLICT (team, route, window) DO UPDATE SET requests = requests + "
-                                 "excluded.requests", (team, route, window, granted))
+                self._db.execute("INSERT INTO rate_windows (team, route, window, requests, tokens) VALUES "
+                                 "(?, ?, ?, ?, ?) ON CONFLICT (team, route, window) DO UPDATE SET requests = "
+                                 "requests + excluded.requests, tokens = tokens + excluded.tokens",
+                                 (team, route, window, granted, granted * estimate))
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
