@@ -67,12 +67,12 @@ def test_spend_is_the_cost_of_the_journaled_results_after_a_worker_is_killed(
         return
     redis = RedisServer().start()
     try:
-        with start_shared(_config(upstream), tmp_path / "data", redis.url) as gw:
+        with start_shared(_config(upstream), tmp_path / "data", redis.url, with_worker=False) as gw:
             config_path, storage = tmp_path / "shared.config.yaml", str(tmp_path / "data" / "blobs")
             first = start_worker(config_path, redis.url, storage).wait_ready()
             second = None
             try:
-                def kill_worker() -> None:  # a `batchyard worker` killed; another takes its shards over
+                def kill_worker() -> None:  # the one worker killed; another takes its shards over
                     nonlocal second
                     first.kill()
                     time.sleep(0.5)
