@@ -24,7 +24,7 @@ import pytest
 
 from tests.server_helpers import Gateway, gateway_config, read_jsonl, start_gateway, submit
 from tests.services import RedisServer, start_worker
-from tests.team_helpers import MODEL, MODES, finished, lines, start_shared, until
+from tests.team_helpers import MODEL, MODES, finished, lines, metric, start_shared, until
 from tests.upstream import Upstream, start_upstream
 
 OTHER = "gpt-azure"  # the paced team's other route
@@ -69,7 +69,7 @@ def gateway(request: pytest.FixtureRequest, upstream: Upstream,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     # One shard in flight per worker: both workers run the paced batch's shards at once.
     config = gateway_config(upstream, models=(MODEL, OTHER), teams=TEAMS, shard_size=5, max_shards_in_flight=1,
-                            rate_window_seconds=1)
+                            rate_window_seconds=1, master_key="sk-admin")
     with two_workers(request.param, config, tmp_path_factory.mktemp(request.param) / "data") as server:
         # Both routes warmed in both workers (LiteLLM's first call in a process takes seconds), so timings
         # below measure pacing, not start-up.
@@ -136,6 +136,8 @@ def test_model_max_enqueued_requests_is_refused_with_its_code(gateway: Gateway) 
     client = gateway.client("sk-models")
     # 4 of the limited model and 6 of another: only the 4 count against the model's quota.
     mixed = submit(client, lines(4, "four", sleep_ms=1500) + [_on(x, OTHER) for x in lines(6, "az", sleep_ms=0)])
+    assert metric(gateway, "batchyard_team_quota_headroom", team="models",
+                  quota=f"model_max_enqueued_requests:{MODEL}") == 1
     assert _refused(gateway, "sk-models", lines(2, "two"))["code"] == "model_max_enqueued_requests_exceeded"
     fits = submit(client, lines(1, "one", sleep_ms=0) + [_on(x, OTHER) for x in lines(9, "az2", sleep_ms=0)])
     assert [b.id for b in client.batches.list().data] == [fits.id, mixed.id]  # refused ones were never stored
