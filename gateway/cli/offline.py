@@ -18,7 +18,7 @@ import hashlib
 import os
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,9 @@ class RunOptions:
     config_path: str | None = None  # what worker processes load; None: no worker processes
     workers: int | None = None  # extra worker processes for upstream routes; None: one per free core
     verbose: bool = False
+    # Called once when start-up is over (engines ready, input stored), before any request runs: the command
+    # freezes the start-up heap there (`gateway.cli.heap`).
+    on_started: Callable[[], None] | None = None
 
 
 async def run_batch_file(config: Config, opts: RunOptions) -> int:
@@ -110,6 +113,8 @@ async def _run(runtime: Runtime, opts: RunOptions) -> int:
     finally:
         if engines is not None and not engines.done():
             engines.cancel()
+    if opts.on_started is not None:
+        opts.on_started()
     await runtime.start()
     pool = None
     try:
