@@ -289,7 +289,9 @@ async def _watch(runtime: Runtime, batch_id: str, progress: bool) -> BatchRecord
                 bar.update(batch.counts.completed + batch.counts.failed - bar.n)
             if batch.status.finished:
                 return batch
-            await asyncio.sleep(0.2)
+            answered = batch.counts.total and batch.counts.completed + batch.counts.failed >= batch.counts.total
+            # Every line answered: only the merge is left, so look often (it is part of the run's wall time).
+            await asyncio.sleep(0.02 if answered else 0.2)
     finally:
         if bar is not None:
             bar.close()
