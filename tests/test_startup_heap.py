@@ -27,39 +27,35 @@ model_list:
 @pytest.fixture
 def collector() -> Iterator[None]:
     """Whatever a test does to the collector is undone after it."""
-    was_enabled = gc.isenabled()
+    thresholds = gc.get_threshold()
     yield
     gc.unfreeze()
-    gc.enable() if was_enabled else gc.disable()
+    gc.set_threshold(*thresholds)
 
 
-def test_paused_while_starting_then_frozen_and_collecting_again(collector: None) -> None:
+def test_no_full_collection_while_starting_then_frozen_and_collecting_as_before(collector: None) -> None:
+    before = gc.get_threshold()
     heap = StartupHeap()
     heap.pause()
-    assert not gc.isenabled()
+    assert gc.get_threshold()[:2] == before[:2]  # the young generations are still collected
+    assert gc.get_threshold()[2] > 1_000_000  # the oldest waits
     started = [object() for _ in range(10)]  # what start-up builds and keeps
     heap.freeze()
-    assert gc.isenabled()
+    assert gc.get_threshold() == before
     assert gc.get_freeze_count() >= len(started)
     heap.freeze()  # once only: a second call changes nothing
     heap.resume()
-    assert gc.isenabled()
+    assert gc.get_threshold() == before
 
 
-def test_a_start_up_that_ends_early_collects_again(collector: None) -> None:
+def test_a_start_up_that_ends_early_collects_as_before(collector: None) -> None:
+    before = gc.get_threshold()
     heap = StartupHeap()
+    heap.pause()
     heap.pause()
     heap.resume()
-    assert gc.isenabled()
+    assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
-
-
-def test_pause_leaves_a_collector_someone_else_turned_off_alone(collector: None) -> None:
-    gc.disable()
-    heap = StartupHeap()
-    heap.pause()
-    heap.freeze()
-    assert not gc.isenabled()  # not ours to turn on
 
 
 def test_the_command_as_a_function_neither_pauses_nor_freezes(tmp_path: Path, collector: None) -> None:
@@ -67,8 +63,9 @@ def test_the_command_as_a_function_neither_pauses_nor_freezes(tmp_path: Path, co
     src.write_text("not json\n")
     config = tmp_path / "config.yaml"
     config.write_text(CONFIG)
+    before = gc.get_threshold()
     main(["run", "-i", str(src), "-o", str(tmp_path / "out.jsonl"), "--config", str(config), "--no-progress"])
-    assert gc.isenabled()
+    assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
 
 
@@ -80,12 +77,13 @@ def test_the_command_in_its_own_process_freezes_its_start_up_heap(tmp_path: Path
     seen = tmp_path / "seen.txt"
     probe = (
         "import gc, sys\n"
+        "before = gc.get_threshold()\n"
         "from gateway.cli import offline\n"
         "real = offline._run\n"
         "async def spy(runtime, opts):\n"
         "    code = await real(runtime, opts)\n"
         f"    with open({str(seen)!r}, 'w') as f:  # the terminal is the command's own: write to a file\n"
-        "        print('FROZEN', gc.get_freeze_count() > 0, 'ENABLED', gc.isenabled(), file=f)\n"
+        "        print('FROZEN', gc.get_freeze_count() > 0, 'AS_BEFORE', gc.get_threshold() == before, file=f)\n"
         "    return code\n"
         "offline._run = spy\n"
         "from gateway.cli.main import main\n"
@@ -99,4 +97,4 @@ def test_the_command_in_its_own_process_freezes_its_start_up_heap(tmp_path: Path
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert seen.read_text().split() == ["FROZEN", "True", "ENABLED", "True"]
+    assert seen.read_text().split() == ["FROZEN", "True", "AS_BEFORE", "True"]
