@@ -32,7 +32,6 @@ from gateway.pipeline.coordinator import Coordinator
 from gateway.pipeline.execute import ShardRunner
 from gateway.pipeline.finalizer import Finalizer
 from gateway.store.base import Blobs, Coordination, Queue, Store
-from gateway.store.quota import QuotaLedger
 from gateway.webhooks.sender import WebhookSender
 from gateway.webhooks.targets import retry_policy, webhook_targets
 
@@ -61,7 +60,6 @@ class Runtime:
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
         mode: str, name: str, routes: Collection[str] | None, heartbeat: float, sweep_every: float,
         sweeping: bool = True, recover_at_start: bool = False, embedded: tuple[Path, SQLiteQueue] | None = None,
-        quotas: QuotaLedger | None = None,
     ) -> None:
         """`routes`: the routes whose shards this process runs (None: every route; empty: none).
         `embedded`: the data directory and its queue, in the embedded mode (for `worker_pool`)."""
@@ -75,7 +73,7 @@ class Runtime:
                                       policy=retry_policy(config))
         announce = self.webhooks.announce
         self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter, announce=announce)
-        self.quotas = quotas
+        self.quotas = quotas = store.quota
         self.budgets = Budgets(config, quotas)
         self.service = BatchService(config, store, blobs, queue, coordination, spawn=self.spawn,
                                     finalize=self.finalizer.finalize, announce=announce, quotas=quotas,
@@ -148,8 +146,6 @@ class Runtime:
         await self.queue.aclose()
         await self.coordination.aclose()
         await self.blobs.aclose()
-        if self.quotas is not None:
-            await self.quotas.aclose()
         await self.store.aclose()
 
 
@@ -165,13 +161,12 @@ async def open_embedded(
     """
     from gateway.store.directory import LocalBlobs
     from gateway.store.sqlite_queue import SQLiteCoordination, SQLiteQueue
-    from gateway.store.sqlite_quota import SQLiteQuotaLedger
     from gateway.store.sqlite_store import SQLiteStore
 
     data_dir.mkdir(parents=True, exist_ok=True)
     db = data_dir / DB_NAME
     name = worker_name()
-    store = SQLiteStore(db)
+    store = SQLiteStore(db, rate_window_seconds=config.batch.rate_window_seconds)
     coordination = SQLiteCoordination(db, holder=name)
     if owner:
         await coordination.reset()
@@ -179,7 +174,7 @@ async def open_embedded(
     return Runtime(config, store, LocalBlobs(data_dir / "blobs"), queue, coordination,
                    mode="embedded", name=name, routes=routes, heartbeat=1.0, sweep_every=1.0,
                    sweeping=owner if sweeping is None else sweeping, recover_at_start=owner,
-                   embedded=(data_dir, queue), quotas=SQLiteQuotaLedger(db))
+                   embedded=(data_dir, queue))
 
 
 def open_blobs(storage: str | Path, *, endpoint_url: str | None = None) -> Blobs:
@@ -204,7 +199,6 @@ async def open_shared(
     from gateway.store.keys import Keys
     from gateway.store.redis_coordination import RedisCoordination, connect_redis
     from gateway.store.redis_queue import DEFAULT_CLAIM_IDLE, RedisStreamQueue
-    from gateway.store.redis_quota import RedisQuotaLedger
     from gateway.store.redis_store import RedisStore
 
     idle = claim_idle or DEFAULT_CLAIM_IDLE
@@ -214,12 +208,12 @@ async def open_shared(
     name = name or worker_name()
     every = sorted({route.model_name for route in config.routes.values()})
     queue = RedisStreamQueue(client, every, keys=keys, consumer=name, claim_idle=idle, weights=weights_of(config))
-    store = RedisStore(client, keys, owns_client=True)
+    store = RedisStore(client, keys, owns_client=True, rate_window_seconds=config.batch.rate_window_seconds)
     # A worker's heartbeat lives as long as its shards may stay idle: a shard is taken over only
     # when both have run out.
     return Runtime(config, store, open_blobs(storage, endpoint_url=s3_endpoint_url), queue,
                    RedisCoordination(client, keys, name), mode="shared", name=name, routes=routes,
-                   heartbeat=idle / 3, sweep_every=5.0, quotas=RedisQuotaLedger(client, keys))
+                   heartbeat=idle / 3, sweep_every=5.0)
 
 
 __all__ = ["S3_ENDPOINT_ENV", "Runtime", "open_blobs", "open_embedded", "open_shared", "worker_name"]
