@@ -5,8 +5,8 @@
 
 Two teams (A, B) share one upstream route that answers each request after
 `--latency-ms` (the loopback upstream), in each mode: `batchyard serve
---workers N` (embedded) and `batchyard serve --redis-url … --with-worker`
-beside a `batchyard worker` (shared, over a redis-server of its own). Per
+--workers N` (embedded) and `batchyard serve --redis-url …` beside N
+`batchyard worker`s (shared, over a redis-server of its own). Per
 repeat it measures B's `--small`-line batch alone, A's `--big`-line batch
 alone, and then both: A first, B once A is running. It prints the medians of
 `--repeats`:
@@ -116,9 +116,11 @@ def gateway(mode: str, config: dict[str, Any], tmp: Path, workers: int) -> Itera
     with contextlib.ExitStack() as stack:
         redis = RedisServer().start()
         stack.callback(redis.close)
-        gw = stack.enter_context(start_shared(config, data, redis.url))
+        # As the chart deploys it: an API replica that runs no shards, and `workers` worker processes (as
+        # embedded mode's `serve --workers N` runs N worker processes beside its API).
+        gw = stack.enter_context(start_shared(config, data, redis.url, with_worker=False))
         config_path = data.parent / "shared.config.yaml"
-        for _ in range(max(0, workers - 1)):  # the API replica runs one worker; the others are processes
+        for _ in range(workers):
             worker = start_worker(config_path, redis.url, str(data / "blobs")).wait_ready(120)
             stack.callback(worker.close)
         yield gw

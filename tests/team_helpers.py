@@ -29,14 +29,15 @@ MODES = ["embedded", pytest.param("shared", marks=[pytest.mark.redis, pytest.mar
     not HAVE_REDIS, reason="redis-server is not on PATH")])]
 
 
-def start_shared(config: dict[str, Any], data_dir: Path, redis_url: str) -> Gateway:
+def start_shared(config: dict[str, Any], data_dir: Path, redis_url: str, *, with_worker: bool = True) -> Gateway:
+    """`batchyard serve` over `redis_url`; `with_worker=False`: an API replica only (workers run apart)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     config_path = data_dir.parent / "shared.config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     port = free_port()
     fd, log = tempfile.mkstemp(prefix="serve-", suffix=".log")
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path), "--port", str(port),
-           "--redis-url", redis_url, "--storage", str(data_dir / "blobs"), "--with-worker"]
+           "--redis-url", redis_url, "--storage", str(data_dir / "blobs"), *(["--with-worker"] if with_worker else [])]
     process = subprocess.Popen(cmd, cwd=REPO_ROOT, env=process_env({}), stdin=subprocess.DEVNULL, stdout=fd,
                                stderr=fd)
     gateway = Gateway(process, "127.0.0.1", port, data_dir, Path(log))
