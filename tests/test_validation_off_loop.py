@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -115,12 +116,13 @@ def _validate_while_probing(gw: Gateway) -> tuple[Batch, float, list[float]]:
 
 
 def _assert_prompt(validating: float, answered: list[float]) -> None:
-    # Another team's GETs came back while the file was still validating, each in a small part of the time
-    # it took. On the loop a GET waited out the whole validation (5 s for 500k lines); in a thread it waited
-    # for the GIL. The bound is loose for a loaded 2-core CI machine: bench/server_load.py --validate-lines
-    # measures the figure (p99 <= 50 ms is the aim).
+    # Another team's GETs came back while the file was still validating, in a small part of the time it took.
+    # On the loop a GET waited out the whole validation (5 s for 500k lines); in a thread it waited for the
+    # GIL. The bounds are loose for a loaded 2-core CI machine (the median, and no GET near the whole
+    # validation): bench/server_load.py --validation-only measures the figure (p99 <= 50 ms is the aim).
     assert len(answered) >= 5, (len(answered), validating)
-    assert max(answered) < min(1.0, validating / 4), (max(answered), validating)
+    assert statistics.median(answered) < min(0.25, validating / 8), (statistics.median(answered), validating)
+    assert max(answered) < validating / 2, (max(answered), validating)
 
 
 def test_another_teams_get_is_answered_promptly_while_a_large_file_validates(
