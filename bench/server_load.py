@@ -40,6 +40,8 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from gateway.config.schema import parse_config  # noqa: E402
+from gateway.supervisor import default_workers  # noqa: E402
 from tests.server_helpers import Gateway, gateway_config, start_gateway  # noqa: E402
 from tests.upstream import start_upstream  # noqa: E402
 
@@ -121,9 +123,8 @@ def _chunks(total: int) -> Iterator[bytes]:
         sent += len(block)
 
 
-def _wait_workers(gw: Gateway, workers: int | None) -> None:
+def _wait_workers(gw: Gateway, want: int) -> None:
     """Until the worker processes are up (their start, importing LiteLLM, is not load)."""
-    want = (os.cpu_count() or 1) if workers is None else workers
     deadline = time.monotonic() + 120
     while len(httpx.get(gw.url + "/health", timeout=10).json().get("workers", [])) < want:
         assert time.monotonic() < deadline, "the workers did not start"
@@ -161,8 +162,10 @@ def main() -> None:
         config = gateway_config(upstream, models=("gpt-mini",), teams=TEAMS,
                                 max_lines=max(1_000_000, args.validate_lines),
                                 max_file_bytes=(max(args.upload_mb, args.validate_lines * 400 // mib) + 10) * mib)
-        with start_gateway(config, Path(tmp) / "data", workers=args.workers) as gw:
-            _wait_workers(gw, args.workers)
+        # The product's rule, worked out here and passed on, so that the bench knows how many to wait for.
+        workers = default_workers(parse_config(config), serving=True) if args.workers is None else args.workers
+        with start_gateway(config, Path(tmp) / "data", workers=workers) as gw:
+            _wait_workers(gw, workers)
             if args.validation_only:
                 validation = _validation_probe(gw, args.validate_lines)
                 gw.stop()
