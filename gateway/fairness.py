@@ -92,6 +92,7 @@ class Flow:
     pending: int
     start: Callable[[], None]
     on_stop: Callable[[], None] | None = None  # told when `stop_sending` closes it
+    closed: bool = False
 
 
 _ALL: weakref.WeakSet[FairSlots] = weakref.WeakSet()  # every FairSlots of this process, for `stop_sending`
@@ -118,26 +119,40 @@ class FairSlots:
         self.by_team: Counter[tuple[str, str]] = Counter()  # ("", team) -> slots in use
         self._by_batch: Counter[str] = Counter()
         self._weights: dict[str, float] = {}
-        self._flows: list[Flow] = []
+        self._flows: list[Flow] = []  # the flows with requests waiting for a slot
+        self._open: set[Flow] = set()  # every flow not closed (a paced one may have none waiting now)
         _ALL.add(self)
 
     def open(self, share: Share, pending: int, start: Callable[[], None],
              on_stop: Callable[[], None] | None = None) -> Flow:
         flow = Flow(share, pending, start, on_stop)
         self._weights[share.team] = share.weight
+        self._open.add(flow)
         if pending > 0:
             self._flows.append(flow)
             self._wake()
         return flow
 
+    def add(self, flow: Flow, more: int) -> None:
+        """`more` requests of an open flow may start now (a paced flow is opened with none: its pacer adds
+        them as the team's rate allows, `gateway.backends.pacing`)."""
+        if more <= 0 or flow.closed:
+            return
+        flow.pending += more
+        if flow not in self._flows:
+            self._flows.append(flow)
+        self._wake()
+
     def close(self, flow: Flow) -> None:
         """No more of the flow's requests start (it was closed early)."""
         flow.pending = 0
+        flow.closed = True
+        self._open.discard(flow)
         if flow in self._flows:
             self._flows.remove(flow)
 
     def stop(self, batch_id: str) -> None:
-        for flow in [f for f in self._flows if f.share.batch_id == batch_id]:
+        for flow in [f for f in self._open if f.share.batch_id == batch_id]:
             self.close(flow)
             if flow.on_stop is not None:
                 flow.on_stop()

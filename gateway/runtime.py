@@ -39,7 +39,6 @@ from gateway.pipeline.execute import ShardRunner
 from gateway.pipeline.finalizer import Finalizer
 from gateway.store.base import Blobs, Coordination, Queue, Store
 from gateway.store.blob_place import S3_ENDPOINT_ENV, BlobPlace
-from gateway.store.quota import QuotaLedger
 from gateway.validation_processes import ValidationProcesses
 from gateway.webhooks.sender import WebhookSender
 from gateway.webhooks.targets import retry_policy, webhook_targets
@@ -68,7 +67,7 @@ class Runtime:
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
         mode: str, name: str, routes: Collection[str] | None, heartbeat: float, sweep_every: float,
         sweeping: bool = True, recover_at_start: bool = False, embedded: tuple[Path, SQLiteQueue] | None = None,
-        quotas: QuotaLedger | None = None, validation: ValidationProcesses | None = None,
+        validation: ValidationProcesses | None = None,
     ) -> None:
         """`routes`: the routes whose shards this process runs (None: every route; empty: none).
         `embedded`: the data directory and its queue, in the embedded mode (for `worker_pool`).
@@ -84,7 +83,7 @@ class Runtime:
                                       policy=retry_policy(config))
         announce = self.webhooks.announce
         self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter, announce=announce)
-        self.quotas = quotas
+        self.quotas = quotas = store.quota
         self.budgets = Budgets(config, quotas)
         self.service = BatchService(config, store, blobs, queue, coordination, spawn=self.spawn,
                                     finalize=self.finalizer.finalize, announce=announce, quotas=quotas,
@@ -161,8 +160,6 @@ class Runtime:
         await self.queue.aclose()
         await self.coordination.aclose()
         await self.blobs.aclose()
-        if self.quotas is not None:
-            await self.quotas.aclose()
         await self.store.aclose()
 
 
@@ -178,13 +175,12 @@ async def open_embedded(
     of their own (0: in this one).
     """
     from gateway.store.sqlite_queue import SQLiteCoordination, SQLiteQueue
-    from gateway.store.sqlite_quota import SQLiteQuotaLedger
     from gateway.store.sqlite_store import SQLiteStore
 
     data_dir.mkdir(parents=True, exist_ok=True)
     db = data_dir / DB_NAME
     name = worker_name()
-    store = SQLiteStore(db)
+    store = SQLiteStore(db, rate_window_seconds=config.batch.rate_window_seconds)
     coordination = SQLiteCoordination(db, holder=name)
     if owner:
         await coordination.reset()
@@ -193,7 +189,7 @@ async def open_embedded(
     return Runtime(config, store, place.open(), queue, coordination,
                    mode="embedded", name=name, routes=routes, heartbeat=1.0, sweep_every=1.0,
                    sweeping=owner if sweeping is None else sweeping, recover_at_start=owner,
-                   embedded=(data_dir, queue), quotas=SQLiteQuotaLedger(db),
+                   embedded=(data_dir, queue),
                    validation=ValidationProcesses(config, place, validation_processes) if validation_processes
                    else None)
 
@@ -213,7 +209,6 @@ async def open_shared(
     from gateway.store.keys import Keys
     from gateway.store.redis_coordination import RedisCoordination, connect_redis
     from gateway.store.redis_queue import DEFAULT_CLAIM_IDLE, RedisStreamQueue
-    from gateway.store.redis_quota import RedisQuotaLedger
     from gateway.store.redis_store import RedisStore
 
     idle = claim_idle or DEFAULT_CLAIM_IDLE
@@ -223,13 +218,13 @@ async def open_shared(
     name = name or worker_name()
     every = sorted({route.model_name for route in config.routes.values()})
     queue = RedisStreamQueue(client, every, keys=keys, consumer=name, claim_idle=idle, weights=weights_of(config))
-    store = RedisStore(client, keys, owns_client=True)
+    store = RedisStore(client, keys, owns_client=True, rate_window_seconds=config.batch.rate_window_seconds)
     place = BlobPlace.of(storage, endpoint_url=s3_endpoint_url)
     # A worker's heartbeat lives as long as its shards may stay idle: a shard is taken over only
     # when both have run out.
     return Runtime(config, store, place.open(), queue,
                    RedisCoordination(client, keys, name), mode="shared", name=name, routes=routes,
-                   heartbeat=idle / 3, sweep_every=5.0, quotas=RedisQuotaLedger(client, keys),
+                   heartbeat=idle / 3, sweep_every=5.0,
                    validation=ValidationProcesses(config, place, validation_processes) if validation_processes
                    else None)
 

@@ -1,7 +1,8 @@
 """The shared store answers as the embedded one does, concept by concept, against a real redis-server.
 
-- Each part of the `Store` (files, batches, the shard ledger, backend state) runs one scenario on
-  `SQLiteStore` and on `RedisStore`: the transcripts of what came back are equal, step by step.
+- Each part of the `Store` (files, batches, the shard ledger, backend state, the teams' quota and rate
+  windows) runs one scenario on `SQLiteStore` and on `RedisStore`: the transcripts of what came back are
+  equal, step by step. The team's spend moves with the journal (`record_results`), each line's cost once.
 - `RedisStore` counts each result once when writers race, and `if_status` transitions are atomic.
 - `Blobs`: `LocalBlobs` and `S3Blobs` (moto) answer alike, `writing` included (a block that raises
   leaves no blob behind); `S3Blobs` alone: single PUT, multipart, abort, streamed read, prefix delete.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ import pytest
 from gateway.records import BatchStatus, Result, Shard
 from gateway.store.base import BatchOptions, BatchRecord, Blobs, FileRecord, Store
 from gateway.store.directory import LocalBlobs
+from gateway.store.quota import SpendTo, TeamLimits
 from gateway.store.redis_coordination import connect_redis
 from gateway.store.redis_store import RedisStore
 from gateway.store.s3 import S3Blobs
@@ -41,7 +44,9 @@ async def _stores(redis_server: RedisServer, tmp_path: Path) -> AsyncIterator[tu
     """A fresh `SQLiteStore` and a `RedisStore` over an empty Redis (opened in the test's own event loop)."""
     with redis_server.client() as c:
         c.flushall()
-    sqlite, shared = SQLiteStore(tmp_path / "s.sqlite3"), RedisStore(connect_redis(redis_server.url))
+    # An hour's rate window: a scenario never straddles two (a minute's could, between the two stores' runs).
+    sqlite = SQLiteStore(tmp_path / "s.sqlite3", rate_window_seconds=3600)
+    shared = RedisStore(connect_redis(redis_server.url), rate_window_seconds=3600)
     try:
         yield sqlite, shared
     finally:
@@ -176,8 +181,59 @@ async def _backend_state(store: Store) -> list[Any]:
     return out
 
 
+async def _quota(store: Store) -> list[Any]:
+    """Every `QuotaLedger` call: admissions against each quota, per team; release; spend (moved by the ledger)."""
+    quota, out = store.quota, []
+    limits = TeamLimits(max_enqueued_requests=10, max_active_batches=3, model_max_enqueued_requests={"m": 4})
+    for team, batch, requests, by_model in [("t", "b1", 3, {"m": 3}), ("t", "b2", 2, {"m": 2}),  # m: 5 > 4
+                                            ("t", "b2", 2, {"n": 2}), ("t", "b3", 6, {"n": 6}),  # 11 > 10
+                                            ("t", "b3", 1, {}), ("t", "b4", 1, {}),  # a 4th active batch
+                                            ("u", "b5", 1, {"m": 4})]:  # another team counts apart
+        out.append(await quota.admit(team, batch, requests, limits, by_model))
+    usage = [await quota.usage(t) for t in ("t", "u", "none")]
+    out.append([(u.active_batches, u.enqueued_requests, dict(u.by_model)) for u in usage])
+    out.append(sorted(await quota.admitted()))
+    await quota.release(["b1", "b5", "nope"])
+    out.append([(u.active_batches, u.enqueued_requests, dict(u.by_model)) for u in
+                [await quota.usage(t) for t in ("t", "u")]])
+    out.append(await quota.admit("t", "b6", 1, limits, {"m": 4}))  # b1's place on m is free again
+    await store.batches.put(_batch("batch_s", "t", 1))
+    shard = Shard("batch_s", 0, "m", 3)
+    priced = [_result(line, 200, 1) for line in (1, 2, 3)]
+    for r, usd in zip(priced, (0.25, 0.5, 0.125), strict=True):
+        r.cost_usd = usd
+    await store.ledger.record_results(shard, priced[:2], SpendTo("t", 100))
+    await store.ledger.record_results(shard, priced[1:], SpendTo("t", 100))  # line 2 is journaled already
+    await store.ledger.record_results(Shard("batch_s", 1, "m", 1), [priced[0]])  # no SpendTo: no spend
+    journaled = sum(r.cost_usd or 0 for r in await store.ledger.journal(shard))
+    out.append([await quota.spend("t", 100), await quota.spend("t", 0), await quota.spend("u", 100), journaled])
+    assert await quota.spend("t", 100) == journaled == 0.875  # the spend is the cost of what is journaled
+    return out
+
+
+async def _rates(store: Store) -> list[Any]:
+    """Every `RateWindows` call: rpm grants up to the limit, tpm closes the window, each (team, route) apart."""
+    rates, out = store.rates, []
+    for team, route, want, rpm, tpm in [("t", "m", 5, 8, None), ("t", "m", 5, 8, None), ("t", "m", 1, 8, None),
+                                        ("t", "n", 5, 8, None), ("u", "m", 5, 8, None), ("t", "x", 2, None, 100)]:
+        out.append((await rates.take(team, route, want, rpm, tpm)).granted)
+    await rates.add_tokens("t", "x", 60)
+    out.append((await rates.take("t", "x", 2, None, 100)).granted)  # 60 < 100: still open
+    await rates.add_tokens("t", "x", 40)
+    out.append([(await rates.take("t", "x", 2, 50, 100)).granted, await rates.used("t", "x"),
+                await rates.used("t", "m"), await rates.used("none", "m")])
+    # tpm with an estimate reserved per request: 3 fit 100 at 30; then one while under; a correction reopens
+    out.append([(await rates.take("t", "y", 5, None, 100, 30)).granted for _ in range(3)])
+    await rates.add_tokens("t", "y", -50)
+    out.append([(await rates.take("t", "y", 5, None, 100, 30)).granted, await rates.used("t", "y")])
+    assert out[-2:] == [[3, 1, 0], [1, (5, 100)]]
+    assert 0 < (await rates.take("t", "m", 1, 8, None)).wait <= 3600
+    return out
+
+
 SCENARIOS: dict[str, Callable[[Store], Awaitable[list[Any]]]] = {
-    "files": _files, "batches": _batches, "ledger": _ledger, "backend_state": _backend_state,
+    "files": _files, "batches": _batches, "ledger": _ledger, "backend_state": _backend_state, "quota": _quota,
+    "rates": _rates,
 }
 
 
@@ -207,6 +263,30 @@ async def test_store_counts_each_result_once_under_concurrency(redis_server: Red
         applied = await asyncio.gather(*(store.batches.update("batch_c", {"status": BatchStatus.IN_PROGRESS},
                                                               if_status={BatchStatus.VALIDATING}) for _ in range(20)))
         assert sum(applied) == 1
+
+
+async def test_rate_windows_grant_rpm_once_under_concurrency_and_reopen(redis_server: RedisServer,
+                                                                      tmp_path: Path) -> None:
+    with redis_server.client() as c:
+        c.flushall()
+    stores = [SQLiteStore(tmp_path / "r.sqlite3", rate_window_seconds=1),
+              RedisStore(connect_redis(redis_server.url), rate_window_seconds=1)]
+    try:
+        for store in stores:
+            await asyncio.sleep(_rates_left(store))  # at a window's start: the takes below fall in one window
+            grants = await asyncio.gather(*(store.rates.take("t", "m", 2, 7, None) for _ in range(10)))
+            assert sum(g.granted for g in grants) == 7  # never more than rpm, however many ask at once
+            closed = await store.rates.take("t", "m", 1, 7, None)
+            assert closed.granted == 0 and 0 < closed.wait <= 1
+            await asyncio.sleep(closed.wait + 0.01)
+            assert (await store.rates.take("t", "m", 3, 7, None)).granted == 3  # the next window is open
+    finally:
+        for store in stores:
+            await store.aclose()
+
+
+def _rates_left(store: Store) -> float:
+    return 1 - time.time() % store.rates.window_seconds + 0.01
 
 
 # -- Blobs ----------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
+import orjson
+
 from gateway import metrics
 from gateway.batch_params import ExpiresAfter, checked, checked_metadata
 from gateway.config.schema import Config
@@ -33,7 +35,7 @@ from gateway.store.base import (
     Store,
     now,
 )
-from gateway.store.quota import QuotaLedger, TeamLimits
+from gateway.store.quota import MAX_ACTIVE_BATCHES, MODEL_MAX_ENQUEUED_REQUESTS, QuotaLedger, TeamLimits, over_model
 
 log = logging.getLogger("batchyard.service")
 
@@ -43,6 +45,17 @@ Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
 # Validates and plans a batch's input file into shard blobs: in place by default, in processes of their own
 # where the runtime serves the API (`gateway.validation_processes`).
 Plan = Callable[[PlanJob], Awaitable[PlanOutcome]]
+_YIELD_EVERY = 2_000  # lines parsed for their model between two yields to the loop (at create)
+
+
+def _count_model(line: bytes, by_model: dict[str, int]) -> None:
+    """Count a line for the model its body names, if it names one."""
+    try:
+        model = orjson.loads(line).get("body", {}).get("model")
+    except (orjson.JSONDecodeError, AttributeError):
+        return
+    if isinstance(model, str):
+        by_model[model] = by_model.get(model, 0) + 1
 
 
 class BatchService:
@@ -59,8 +72,8 @@ class BatchService:
         self._plan: Plan = plan or functools.partial(plan_batch, config, blobs)
         self.quotas = quotas
         self.budgets = budgets or Budgets(config, quotas)
-        self._limits = {t.team_id: TeamLimits(t.max_enqueued_requests, t.max_active_batches)
-                        for t in config.batch.teams}
+        self._limits = {t.team_id: TeamLimits(t.max_enqueued_requests, t.max_active_batches,
+                                              t.model_max_enqueued_requests) for t in config.batch.teams}
 
     # -- files -----------------------------------------------------------------
 
@@ -159,27 +172,49 @@ class BatchService:
         limits = self._limits.get(batch.owner)
         if limits is None or self.quotas is None or limits == TeamLimits():
             return
-        requests = await self._count_lines(source) if limits.max_enqueued_requests is not None else 0
-        refused = await self.quotas.admit(batch.owner, batch.id, requests, limits)
+        per_model = bool(limits.model_max_enqueued_requests)
+        requests, by_model = (await self._count_lines(source, per_model)
+                              if limits.max_enqueued_requests is not None or per_model else (0, {}))
+        refused = await self.quotas.admit(batch.owner, batch.id, requests, limits, by_model)
         if refused is None:
             return
         usage = await self.quotas.usage(batch.owner)
-        if refused == "max_active_batches":
+        if refused == MAX_ACTIVE_BATCHES:
             raise OverQuota(f"Active batch limit reached for team {batch.owner!r}. Limit: {limits.max_active_batches} "
                             f"active batches ({usage.active_batches} now). Try again once a batch has finished.",
                             code="max_active_batches_exceeded")
+        if refused == MODEL_MAX_ENQUEUED_REQUESTS:
+            model = over_model(usage, by_model, limits) or "?"  # the usage read again: it may have moved since
+            raise OverQuota(f"Enqueued request limit reached for {model} for team {batch.owner!r}. Limit: "
+                            f"{limits.model_max_enqueued_requests.get(model)} enqueued requests "
+                            f"({usage.by_model.get(model, 0)} enqueued, this batch has {by_model.get(model, 0)}). "
+                            "Try again once some in_progress batches have completed.",
+                            code="model_max_enqueued_requests_exceeded")
         raise OverQuota(f"Enqueued request limit reached for team {batch.owner!r}. Limit: "
                         f"{limits.max_enqueued_requests} enqueued requests ({usage.enqueued_requests} enqueued, this "
                         f"batch has {requests}). Try again once some in_progress batches have completed.",
                         code="max_enqueued_requests_exceeded")
 
-    async def _count_lines(self, source: FileRecord) -> int:
-        """The file's lines, counted in C over its chunks (none is parsed; a blank line counts too)."""
+    async def _count_lines(self, source: FileRecord, per_model: bool) -> tuple[int, dict[str, int]]:
+        """The file's lines (a blank line counts too), and with `per_model` its lines per `body.model`,
+        streamed chunk by chunk. Without `per_model` the lines are counted in C and none is parsed; with it
+        each is parsed for its model only (a line that does not parse, or names no model, counts for no
+        model: validation refuses it later), yielding to the loop every `_YIELD_EVERY` lines."""
         count, last = 0, b"\n"
+        by_model: dict[str, int] = {}
+        rest = b""
         async for chunk in self.blobs.read(source.blob_key):
             count += chunk.count(b"\n")
             last = chunk[-1:] or last
-        return count + (last != b"\n")
+            if per_model:
+                *lines, rest = (rest + chunk).split(b"\n")
+                for i, line in enumerate(lines, 1):
+                    _count_model(line, by_model)
+                    if i % _YIELD_EVERY == 0:
+                        await asyncio.sleep(0)
+        if per_model and rest:
+            _count_model(rest, by_model)
+        return count + (last != b"\n"), by_model
 
     async def cancel_batch(self, batch_id: str, owner: str) -> BatchRecord:
         batch = await self.store.batches.get(batch_id, owner)

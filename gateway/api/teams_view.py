@@ -22,12 +22,15 @@ async def team_states(runtime: Runtime) -> list[TeamState]:
     for team in runtime.config.batch.teams:
         name = team.team_id
         headroom: dict[str, float] = {}
-        if runtime.quotas is not None and (team.max_active_batches or team.max_enqueued_requests):
+        if runtime.quotas is not None and (team.max_active_batches or team.max_enqueued_requests
+                                           or team.model_max_enqueued_requests):
             usage = await runtime.quotas.usage(name)
             if team.max_active_batches is not None:
                 headroom["max_active_batches"] = team.max_active_batches - usage.active_batches
             if team.max_enqueued_requests is not None:
                 headroom["max_enqueued_requests"] = team.max_enqueued_requests - usage.enqueued_requests
+            for model, limit in team.model_max_enqueued_requests.items():  # one quota per model it names
+                headroom[f"model_max_enqueued_requests:{model}"] = limit - usage.by_model.get(model, 0)
         spend = await runtime.budgets.spent(name)
         if team.max_budget is not None:
             headroom["max_budget"] = team.max_budget - spend

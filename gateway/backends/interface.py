@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, Protocol, cast, runtime_checkable
 
+from gateway.backends.pacing import current_pacer
 from gateway.fairness import FairSlots, current_share
 from gateway.metrics import observe_latency, track_in_flight
 from gateway.records import BatchRequest, Endpoint, Result, Shard
@@ -84,11 +85,14 @@ async def run_bounded(
     backend, whose free slots go to the teams by fair share (`gateway.fairness`):
     the requests are the share's the caller runs for (`running_for`). Closing
     the iterator early (or cancelling its consumer) cancels the calls still
-    running. `call` turns a request's failure into its `Result`; a call that
+    running. Under a team's rate limits (`pacing_with`, `gateway.backends.pacing`)
+    the requests reach the slots only as the store's rate window grants them:
+    one waiting for the next window holds no slot. `call` turns a request's failure into its `Result`; a call that
     raises or is cancelled from outside (the backend closing: its tasks are in
     `tracked`) ends the iteration with an error.
     """
     share = current_share()
+    pacer = current_pacer()
     done: asyncio.Queue[Result | BaseException | object] = asyncio.Queue()
     mine: set[asyncio.Task[Any]] = set()
 
@@ -104,6 +108,8 @@ async def run_bounded(
         elif (exc := task.exception()) is not None:
             done.put_nowait(exc)
         else:
+            if pacer is not None:
+                pacer.note(task.result())
             done.put_nowait(task.result())
         slots.release(share)  # in a callback: it runs even for a task cancelled before it started
 
@@ -116,8 +122,9 @@ async def run_bounded(
         return result
 
     queue = iter(requests)
-    started = 0
+    started = granted = 0
     stopped = False
+    caught_up = asyncio.Event()  # every request granted so far has started (the pacer may ask for more)
 
     def start() -> None:  # the slots call it when this flow's next request may start
         nonlocal started
@@ -127,13 +134,28 @@ async def run_bounded(
         if tracked is not None:
             tracked.add(task)
         task.add_done_callback(finished)
+        if started >= granted:
+            caught_up.set()
 
     def stop() -> None:  # `stop_sending` (a budget spent): what is in flight finishes, nothing more starts
         nonlocal stopped
         stopped = True
         done.put_nowait(_WAKE)
 
-    flow = slots.open(share, len(requests), start, stop)
+    feeding: asyncio.Task[None] | None = None
+    if pacer is None:
+        flow = slots.open(share, len(requests), start, stop)
+    else:
+        flow = slots.open(share, 0, start, stop)
+
+        def grant(n: int) -> None:
+            nonlocal granted
+            granted += n
+            slots.add(flow, n)
+
+        feeding = asyncio.create_task(pacer.feed(requests, grant, caught_up))
+        feeding.add_done_callback(lambda t: None if t.cancelled() or t.exception() is None
+                                  else done.put_nowait(t.exception()))
     try:
         received = 0
         while received < len(requests) and not (stopped and received >= started):
@@ -147,6 +169,9 @@ async def run_bounded(
     finally:
         slots.close(flow)  # first: no call starts after the ones cancelled here
         pending = list(mine)
+        if feeding is not None:
+            feeding.cancel()
+            pending.append(feeding)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)

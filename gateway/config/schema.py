@@ -119,6 +119,11 @@ def _check_teams(teams: list[Team], routes: dict[str, Route], path: str) -> None
             if model not in routes:
                 raise ConfigError(path, f"batch_settings.teams[{i}].models",
                                   f"{model!r} is not a model_name in model_list")
+        for key in ("model_rpm_limit", "model_tpm_limit", "model_max_enqueued_requests"):
+            for model in getattr(team, key):  # a limit on a model no line can name would never apply
+                if model not in routes:
+                    raise ConfigError(path, f"batch_settings.teams[{i}].{key}.{model}",
+                                      f"{model!r} is not a model_name in model_list")
 
 
 def parse_config(raw: Any, path: str = "<config>") -> Config:

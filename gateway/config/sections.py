@@ -43,10 +43,25 @@ class Team(Strict):
     # Quotas, refused at create with 429 and a code naming the quota (gateway.store.quota); None: no limit.
     max_enqueued_requests: PositiveInt | None = None  # requests in the team's unfinished batches
     max_active_batches: PositiveInt | None = None  # the team's unfinished batches
+    # model_name -> requests of that model in the team's unfinished batches (only the models listed are limited;
+    # refused with `model_max_enqueued_requests_exceeded`)
+    model_max_enqueued_requests: dict[str, PositiveInt] = Field(default_factory=dict)
+    # Rate limits, LiteLLM proxy's names: requests started / tokens reported (usage.total_tokens) per minute
+    # (per `rate_window_seconds`) on each route the team uses, each route counted apart; `model_…` overrides
+    # them per model_name. On top of the deployments' own rpm/tpm (LiteLLM's Router keeps those). Over them a
+    # batch's requests wait for the next window (paced, not refused): gateway.backends.pacing. None: no limit.
+    rpm_limit: PositiveInt | None = None
+    tpm_limit: PositiveInt | None = None
+    model_rpm_limit: dict[str, PositiveInt] = Field(default_factory=dict)
+    model_tpm_limit: dict[str, PositiveInt] = Field(default_factory=dict)
     # A budget, as LiteLLM names it: USD per `budget_duration` ("30d", "1h", "10m", "30s"; none: for ever). Over
     # it, new batches are refused and running ones stop sending (gateway.pipeline.execute).
     max_budget: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     budget_duration: Annotated[str, Field(pattern=r"^[1-9][0-9]*(s|m|h|d)$")] | None = None
+
+    def rate_limits(self, route: str) -> tuple[int | None, int | None]:
+        """(rpm, tpm) of the team on `route` (a model_name): the per-model value, else the team's."""
+        return self.model_rpm_limit.get(route, self.rpm_limit), self.model_tpm_limit.get(route, self.tpm_limit)
 
     @property
     def budget_seconds(self) -> int | None:
@@ -114,6 +129,9 @@ class BatchSettings(Strict):
     # tests add short ones to exercise expiry).
     completion_windows: dict[str, PositiveInt] = Field(default_factory=lambda: dict(DEFAULT_WINDOWS))
     file_expiry_seconds: PositiveInt | None = None  # uploads without expires_after expire after this
+    # The length of the windows the teams' rpm_limit/tpm_limit are counted in (gateway.store.rates): the limits
+    # are per window, so 60 makes them per minute as their names say; tests shorten it.
+    rate_window_seconds: PositiveInt = 60
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
 

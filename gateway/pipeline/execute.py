@@ -27,6 +27,7 @@ from typing import Any
 
 from gateway import metrics
 from gateway.backends.interface import Backends, ShardAwareBackend
+from gateway.backends.pacing import Pacer, pacing_with
 from gateway.config.schema import Config
 from gateway.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
 from gateway.json_codec import loads
@@ -80,6 +81,7 @@ class ShardRunner:
         self._running: dict[str, asyncio.Task[Any]] = {}  # delivery token -> the task running it
         self._closing = False
         self.weights = {t.team_id: t.weight for t in config.batch.teams}
+        self._teams = {t.team_id: t for t in config.batch.teams}
         self.budgets = budgets or Budgets(config, None)
         queue.on_lost = self._lost
 
@@ -177,19 +179,28 @@ class ShardRunner:
             await seal_shard(self.store, self.blobs, shard, missing=reason, requests=requests)
         await self._finish_shard(shard)
 
+    def _pacer(self, team: str, route: str) -> Pacer | None:
+        """The team's rate limits on the route, counted in the store (None: the team has none there)."""
+        settings = self._teams.get(team)
+        rpm, tpm = settings.rate_limits(route) if settings is not None else (None, None)
+        return None if rpm is None and tpm is None else Pacer(self.store.rates, team, route, rpm, tpm)
+
     async def _execute(self, shard: Shard, share: Share, todo: list[BatchRequest]) -> StopReason | None:
         owner = share.team
         backend = await self.backends.get(shard.route)
         buffer: list[Result] = []
         flushed_at = time.monotonic()
+        pacer = self._pacer(owner, shard.route)
 
         async def flush() -> None:
             nonlocal buffer, flushed_at
             if buffer:
                 done, buffer = buffer, []
-                await self.store.ledger.record_results(shard, done)
-                await self.budgets.add(owner, done)
+                # The spend moves with the journal, in one step of the store (see SpendTo).
+                await self.store.ledger.record_results(shard, done, self.budgets.spend_to(owner))
                 metrics.observe_results(owner, shard.route, done)
+            if pacer is not None:
+                await pacer.flush()  # the tokens results reported, into the team's rate window
             flushed_at = time.monotonic()
 
         if isinstance(backend, ShardAwareBackend):
@@ -206,7 +217,8 @@ class ShardRunner:
                 if len(buffer) >= _FLUSH_EVERY or time.monotonic() - flushed_at > _FLUSH_SECONDS:
                     await flush()
 
-        with running_for(share):  # the task copies the context: the backend's slots see whose requests these are
+        # The task copies the context: the backend's slots see whose requests these are, and under which rates.
+        with running_for(share), pacing_with(pacer):
             consumer = asyncio.create_task(consume(), name=f"shard-{shard.key}")
         stopping: StopReason | None = None
         try:

@@ -1,9 +1,10 @@
 """The storage interfaces and the records they hold.
 
-- `Store`: the records, in four parts by concept: `files` (`FileStore`),
+- `Store`: the records, in parts by concept: `files` (`FileStore`),
   `batches` (`BatchStore`), the shard `ledger` (`ShardLedger`: shards,
   attempts, the result journal - results recorded per request, so a retried
-  shard skips finished ones - and route stats) and `backend_state`.
+  shard skips finished ones - and route stats), `backend_state`, `webhooks`,
+  the teams' `quota` (`gateway.store.quota`) and `rates` (`gateway.store.rates`).
 - `Blobs`: file bytes by key (uploads, shard files, outputs).
 - `Queue`: shards waiting for a worker, and the ones workers hold.
 - `Coordination`: leases and worker heartbeats, for the steps two processes
@@ -23,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from gateway.records import BatchStatus, Result, RouteStats, Shard, Usage
+from gateway.store.quota import QuotaLedger, SpendTo
+from gateway.store.rates import RateWindows
 from gateway.store.webhook_deliveries import WebhookDeliveries
 
 
@@ -209,9 +212,9 @@ class BatchStore(Protocol):
 class ShardLedger(Protocol):
     """What happened to each shard of a batch: the shard table, attempts, the result journal, route stats.
 
-    `record_results` moves the batch's counters (`request_counts`, `usage`) and its route stats in the same
-    atomic step as the journal, so a line counts once however often it is recorded: that is why the
-    ledger shares its connection with the `BatchStore`.
+    `record_results` moves the batch's counters (`request_counts`, `usage`), its route stats and its team's
+    spend in the same atomic step as the journal, so a line counts once however often it is recorded: that
+    is why the ledger shares its connection with the `BatchStore` and the `QuotaLedger`.
     """
 
     async def put_shards(self, batch_id: str, shards: Sequence[Shard]) -> None:
@@ -222,8 +225,9 @@ class ShardLedger(Protocol):
         """Mark a shard finished (idempotent); returns how many shards of its batch are still unfinished."""
     async def begin_attempt(self, shard: Shard) -> int:
         """Count one more attempt at running the shard (by any process); returns the count so far."""
-    async def record_results(self, shard: Shard, results: Sequence[Result]) -> None:
-        """Record results and count them; a result for a line already recorded is ignored."""
+    async def record_results(self, shard: Shard, results: Sequence[Result], spend: SpendTo | None = None) -> None:
+        """Record results and count them; a result for a line already recorded is ignored. `spend`: add the
+        cost of the newly recorded ones to that team's spend, in the same step."""
     async def record_answered(self, shard: Shard, count: int) -> None:
         """Count `count` lines answered at validation as failed requests, and seal the shard. They are
         not journaled: the planner wrote their results straight into the shard's results blob and
@@ -248,7 +252,8 @@ class Store(Protocol):
     """The records, by concept. One object hands out the parts because they share one connection
     (one SQLite file, one Redis client) and the ledger writes the batches' counters atomically with its
     journal; a caller names the concept at each call (`store.ledger.record_results(...)`). `webhooks`:
-    the teams' webhook deliveries (`gateway.store.webhook_deliveries`)."""
+    the teams' webhook deliveries (`gateway.store.webhook_deliveries`); `quota`: the teams' admitted
+    batches and spend (`gateway.store.quota`); `rates`: their rpm/tpm windows (`gateway.store.rates`)."""
 
     @property
     def files(self) -> FileStore: ...
@@ -260,6 +265,10 @@ class Store(Protocol):
     def backend_state(self) -> BackendState: ...
     @property
     def webhooks(self) -> WebhookDeliveries: ...
+    @property
+    def quota(self) -> QuotaLedger: ...
+    @property
+    def rates(self) -> RateWindows: ...
     async def aclose(self) -> None: ...
 
 

@@ -33,11 +33,16 @@ queue (`RedisStreamQueue`; lengths make the keys unambiguous whatever a route or
     streams:{route}           set     every batch stream of the route (reclaim, counts, upkeep)
     queued                    hash    shard key -> `entry id@stream` of the entry that carries it
 
-quotas (`RedisQuotaLedger`)
+quotas (`RedisQuotaLedger`, `RedisRates`)
     quota:{team}              hash    batch id -> requests it enqueued, for each admitted batch still counted
     quota-at                  zset    admitted batch ids, score = when (the sweep lets go of finished ones)
     quota-team                hash    admitted batch id -> its team
+    quota-models:{team}       hash    batch id -> {model_name: requests} JSON (teams with per-model limits)
     spend:{team}              hash    budget period start (epoch seconds, 0: for ever) -> USD spent
+                                      (moved by the ledger's record_results, with the journal)
+    rate:{n}:{team}:{route}:{window}
+                              hash    `requests`, `tokens` started/reported in one rate window (RedisRates;
+                                      expires two windows after it starts)
 
 coordination (`RedisCoordination`, for `gateway.pipeline.coordinator`)
     worker:{name}             string  heartbeat JSON (routes, pid, host), with a TTL
@@ -147,8 +152,14 @@ class Keys:
     def quota_team(self) -> str:
         return f"{self.prefix}quota-team"
 
+    def quota_models(self, team: str) -> str:
+        return f"{self.prefix}quota-models:{team}"
+
     def spend(self, team: str) -> str:
         return f"{self.prefix}spend:{team}"
+
+    def rate(self, team: str, route: str, window: int) -> str:
+        return f"{self.prefix}rate:{len(team)}:{team}:{route}:{window}"
 
     # -- upkeep ------------------------------------------------------------------
     def worker(self, name: str) -> str:

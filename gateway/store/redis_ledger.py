@@ -3,7 +3,8 @@
 
 - `record_results` is a Lua script: HSETNX per line into the shard's journal
   hash, and the batch's counters (in its hash, see `gateway.store.redis_batches`)
-  and route stats move only for lines not yet recorded, in the same step.
+  and route stats (and the team's spend, `spend:{team}`) move only for lines
+  not yet recorded, in the same step.
   One deliberate difference from SQLite: after `drop_journal` (the shard is
   sealed) results for that shard are ignored, so a shard run twice (a worker
   taken for dead that was not) never counts a line twice.
@@ -22,19 +23,20 @@ import redis.asyncio as aioredis
 from gateway.json_codec import dumps, loads
 from gateway.records import Result, RouteStats, Shard
 from gateway.store.keys import Keys
+from gateway.store.quota import SpendTo
 
 _FINISH_SHARD = """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('SADD', KEYS[2], ARGV[1]) end
 return redis.call('HLEN', KEYS[1]) - redis.call('SCARD', KEYS[2])
 """
 
-# KEYS: journal, batch, sealed set, route stats. ARGV: shard index, route, then 8 values per result:
-# line, json, ok (0/1), input, output, cached, reasoning tokens, cost (USD)
+# KEYS: journal, batch, sealed set, route stats, the team's spend. ARGV: shard index, route, spend period ('':
+# none), then 8 values per result: line, json, ok (0/1), input, output, cached, reasoning tokens, cost (USD)
 _RECORD_RESULTS = """
 if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return 0 end
 local c = {0, 0, 0, 0, 0, 0}
 local cost = 0
-for i = 3, #ARGV, 8 do
+for i = 4, #ARGV, 8 do
   if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
     if ARGV[i + 2] == '1' then
       c[1] = c[1] + 1
@@ -58,6 +60,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
     if cost ~= 0 then redis.call('HINCRBYFLOAT', KEYS[4], r .. 'cost_usd', cost) end
   end
 end
+if ARGV[3] ~= '' and cost ~= 0 then redis.call('HINCRBYFLOAT', KEYS[5], ARGV[3], cost) end
 return c[1] + c[2]
 """
 
@@ -121,16 +124,17 @@ class RedisLedger:
 
     # -- journal -------------------------------------------------------------
 
-    async def record_results(self, shard: Shard, results: Sequence[Result]) -> None:
+    async def record_results(self, shard: Shard, results: Sequence[Result], spend: SpendTo | None = None) -> None:
         if not results:
             return
-        args: list[str | int | float] = [shard.index, shard.route]
+        args: list[str | int | float] = [shard.index, shard.route, "" if spend is None else spend.period]
         for r in results:
             u = r.usage
             args += [r.line, dumps(r.to_json()).decode(), 1 if r.ok else 0,
                      u.input_tokens, u.output_tokens, u.cached_tokens, u.reasoning_tokens, r.cost_usd or 0]
         keys = [self._k.journal(shard.batch_id, shard.index), self._k.batch(shard.batch_id),
-                self._k.sealed(shard.batch_id), self._k.route_stats(shard.batch_id)]
+                self._k.sealed(shard.batch_id), self._k.route_stats(shard.batch_id),
+                self._k.spend(spend.team if spend is not None else "")]
         await self._record_results(keys=keys, args=args)
 
     async def record_answered(self, shard: Shard, count: int) -> None:

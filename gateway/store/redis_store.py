@@ -11,7 +11,10 @@ the parts share one client:
   journal and route stats; `record_results` counts each line once;
 - `RedisBackendState` (`gateway.store.redis_backend_state`);
 - `RedisWebhookDeliveries` (`gateway.store.redis_webhooks`): a string per
-  delivery, a due set, per-team recent lists.
+  delivery, a due set, per-team recent lists;
+- `RedisQuotaLedger` (`gateway.store.redis_quota`): the teams' admitted batches
+  and spend;
+- `RedisRates` (`gateway.store.redis_rates`): the teams' rpm/tpm windows.
 
 Key names live in `gateway.store.keys`. Not for Redis Cluster: scripts touch a
 batch's keys and the global indexes together.
@@ -22,15 +25,19 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from gateway.store.keys import Keys
+from gateway.store.rates import DEFAULT_WINDOW_SECONDS
 from gateway.store.redis_backend_state import RedisBackendState
 from gateway.store.redis_batches import RedisBatches
 from gateway.store.redis_files import RedisFiles
 from gateway.store.redis_ledger import RedisLedger
+from gateway.store.redis_quota import RedisQuotaLedger
+from gateway.store.redis_rates import RedisRates
 from gateway.store.redis_webhooks import RedisWebhookDeliveries
 
 
 class RedisStore:
-    def __init__(self, client: aioredis.Redis, keys: Keys | None = None, *, owns_client: bool = True) -> None:
+    def __init__(self, client: aioredis.Redis, keys: Keys | None = None, *, owns_client: bool = True,
+                 rate_window_seconds: float = DEFAULT_WINDOW_SECONDS) -> None:
         self._r = client
         self._owns_client = owns_client
         keys = keys or Keys()
@@ -39,6 +46,8 @@ class RedisStore:
         self.ledger = RedisLedger(client, keys)
         self.backend_state = RedisBackendState(client, keys)
         self.webhooks = RedisWebhookDeliveries(client, keys)
+        self.quota = RedisQuotaLedger(client, keys)
+        self.rates = RedisRates(client, keys, rate_window_seconds)
 
     async def aclose(self) -> None:
         if self._owns_client:

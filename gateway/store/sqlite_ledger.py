@@ -2,8 +2,9 @@
 (see `gateway.store.sqlite_store`).
 
 `record_results` is one transaction over the journal, the batch's counter
-columns (in `batches`, see `gateway.store.sqlite_batches`) and the route stats:
-a line's result is counted only when its journal row is new.
+columns (in `batches`, see `gateway.store.sqlite_batches`), the route stats and
+the team's spend (`team_spend`, see `gateway.store.sqlite_quota`): a line's
+result is counted only when its journal row is new.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 
 from gateway.json_codec import dumps, loads
 from gateway.records import Result, RouteStats, Shard, Usage
+from gateway.store.quota import SpendTo
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS shards (
@@ -73,7 +75,7 @@ class SQLiteLedger:
 
     # -- journal -------------------------------------------------------------
 
-    async def record_results(self, shard: Shard, results: Sequence[Result]) -> None:
+    async def record_results(self, shard: Shard, results: Sequence[Result], spend: SpendTo | None = None) -> None:
         completed = failed = 0
         usage = Usage()
         route = RouteStats()
@@ -111,6 +113,9 @@ class SQLiteLedger:
                     (shard.batch_id, shard.route, route.completed, route.failed, route.input_tokens,
                      route.output_tokens, route.cost_usd),
                 )
+            if spend is not None and route.cost_usd:  # the cost of the lines journaled now, with them
+                self._db.execute("INSERT INTO team_spend VALUES (?, ?, ?) ON CONFLICT (team, period) DO UPDATE SET "
+                                 "usd = usd + excluded.usd", (spend.team, spend.period, route.cost_usd))
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")

@@ -2,7 +2,7 @@
 
 One connection per process, used from the event loop's thread and shared by
 the parts (`SQLiteFiles`, `SQLiteBatches`, `SQLiteLedger`, `SQLiteWebhookDeliveries`,
-`SQLiteBackendState`): each call is a short transaction, so a call is atomic
+`SQLiteBackendState`, `SQLiteQuotaLedger`, `SQLiteRates`): each call is a short transaction, so a call is atomic
 with respect to every other, in this process and in the others on the same
 file (the API process and its worker processes). WAL mode lets readers
 (status polls) go on while a worker writes; a writer waits for another's short
@@ -16,11 +16,22 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from gateway.store import sqlite_backend_state, sqlite_batches, sqlite_files, sqlite_ledger, sqlite_webhooks
+from gateway.store import (
+    sqlite_backend_state,
+    sqlite_batches,
+    sqlite_files,
+    sqlite_ledger,
+    sqlite_quota,
+    sqlite_rates,
+    sqlite_webhooks,
+)
+from gateway.store.rates import DEFAULT_WINDOW_SECONDS
 from gateway.store.sqlite_backend_state import SQLiteBackendState
 from gateway.store.sqlite_batches import SQLiteBatches
 from gateway.store.sqlite_files import SQLiteFiles
 from gateway.store.sqlite_ledger import SQLiteLedger
+from gateway.store.sqlite_quota import SQLiteQuotaLedger
+from gateway.store.sqlite_rates import SQLiteRates
 from gateway.store.sqlite_webhooks import SQLiteWebhookDeliveries
 
 BUSY_TIMEOUT_MS = 30_000
@@ -37,15 +48,18 @@ def connect(path: Path) -> sqlite3.Connection:
 
 
 class SQLiteStore:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, rate_window_seconds: float = DEFAULT_WINDOW_SECONDS) -> None:
         self._db = connect(path)
-        for part in (sqlite_files, sqlite_batches, sqlite_ledger, sqlite_backend_state, sqlite_webhooks):
+        for part in (sqlite_files, sqlite_batches, sqlite_ledger, sqlite_backend_state, sqlite_webhooks,
+                     sqlite_quota, sqlite_rates):
             self._db.executescript(part.SCHEMA)
         self.files = SQLiteFiles(self._db)
         self.batches = SQLiteBatches(self._db)
         self.ledger = SQLiteLedger(self._db)
         self.backend_state = SQLiteBackendState(self._db)
         self.webhooks = SQLiteWebhookDeliveries(self._db)
+        self.quota = SQLiteQuotaLedger(self._db)
+        self.rates = SQLiteRates(self._db, rate_window_seconds)
 
     async def aclose(self) -> None:
         self._db.close()
