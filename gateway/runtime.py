@@ -11,6 +11,12 @@
 `open_embedded` hands the parts SQLite, a local directory and the SQLite queue
 (one machine, any number of processes); `open_shared` hands them Redis, S3 and
 Redis Streams (many machines). Nothing else differs between the modes.
+
+With `validation_processes` (what `batchyard serve` asks for) the service plans
+new batches in that many processes of their own (`ValidationProcesses`), which
+open the same blobs from their `BlobPlace`: a large upload's validation never
+stalls the API's event loop. Without (`batchyard run`, the workers) it plans in
+place, in a thread.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from gateway.pipeline.coordinator import Coordinator
 from gateway.pipeline.execute import ShardRunner
 from gateway.pipeline.finalizer import Finalizer
 from gateway.store.base import Blobs, Coordination, Queue, Store
+from gateway.store.blob_place import S3_ENDPOINT_ENV, BlobPlace
+from gateway.validation_processes import ValidationProcesses
 from gateway.webhooks.sender import WebhookSender
 from gateway.webhooks.targets import retry_policy, webhook_targets
 
@@ -41,7 +49,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("batchyard.runtime")
 
-S3_ENDPOINT_ENV = "BATCHYARD_S3_ENDPOINT_URL"
 DB_NAME = "batchyard.sqlite3"
 
 
@@ -60,13 +67,16 @@ class Runtime:
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
         mode: str, name: str, routes: Collection[str] | None, heartbeat: float, sweep_every: float,
         sweeping: bool = True, recover_at_start: bool = False, embedded: tuple[Path, SQLiteQueue] | None = None,
+        validation: ValidationProcesses | None = None,
     ) -> None:
         """`routes`: the routes whose shards this process runs (None: every route; empty: none).
-        `embedded`: the data directory and its queue, in the embedded mode (for `worker_pool`)."""
+        `embedded`: the data directory and its queue, in the embedded mode (for `worker_pool`).
+        `validation`: the processes that plan new batches (None: this process plans them)."""
         self.config, self.store, self.blobs, self.queue, self.coordination = config, store, blobs, queue, coordination
         self._embedded = embedded
         self.mode, self.name = mode, name
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.validation = validation
         self.backends = BackendPool(config, store)
         self.webhooks = WebhookSender(store.webhooks, store.batches, coordination, webhook_targets(config),
                                       spawn=self.spawn,
@@ -77,7 +87,7 @@ class Runtime:
         self.budgets = Budgets(config, quotas)
         self.service = BatchService(config, store, blobs, queue, coordination, spawn=self.spawn,
                                     finalize=self.finalizer.finalize, announce=announce, quotas=quotas,
-                                    budgets=self.budgets)
+                                    budgets=self.budgets, plan=validation.plan if validation else None)
         every = sorted({r.model_name for r in config.routes.values()})
         hosted = every if routes is None else sorted(r for r in routes if r)
         self.runner = (ShardRunner(config, store, blobs, queue, self.backends,
@@ -103,6 +113,8 @@ class Runtime:
     async def start(self) -> None:
         """Start the backends this process hosts (engines load, LiteLLM is imported) before taking a shard,
         then the loops. A slow engine start must not hold a claimed shard."""
+        if self.validation is not None:
+            self.validation.start()
         if self.runner is not None:
             await self.backends.warm_up(self.hosted)
             for route in self.hosted:
@@ -140,6 +152,8 @@ class Runtime:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.validation is not None:
+            await self.validation.aclose()
         await self.coordinator.stop(hosting=self.runner is not None)
         await self.backends.aclose()
         await self.webhooks.aclose()
@@ -151,15 +165,15 @@ class Runtime:
 
 async def open_embedded(
     config: Config, data_dir: Path, *, routes: Collection[str] | None = None, owner: bool = True,
-    sweeping: bool | None = None,
+    sweeping: bool | None = None, validation_processes: int = 0,
 ) -> Runtime:
     """The embedded mode: SQLite records, queue and leases, a local blob directory, in `data_dir`.
 
     `owner`: this process owns the directory (the API process or `batchyard run`): at start it forgets
     the leases and heartbeats a killed predecessor left, and recovers its batches at once. Worker
-    processes it starts are not owners.
+    processes it starts are not owners. `validation_processes`: plan new batches in that many processes
+    of their own (0: in this one).
     """
-    from gateway.store.directory import LocalBlobs
     from gateway.store.sqlite_queue import SQLiteCoordination, SQLiteQueue
     from gateway.store.sqlite_store import SQLiteStore
 
@@ -171,31 +185,27 @@ async def open_embedded(
     if owner:
         await coordination.reset()
     queue = SQLiteQueue(db, consumer=name, weights=weights_of(config))
-    return Runtime(config, store, LocalBlobs(data_dir / "blobs"), queue, coordination,
+    place = BlobPlace.of(data_dir / "blobs")
+    return Runtime(config, store, place.open(), queue, coordination,
                    mode="embedded", name=name, routes=routes, heartbeat=1.0, sweep_every=1.0,
                    sweeping=owner if sweeping is None else sweeping, recover_at_start=owner,
-                   embedded=(data_dir, queue))
+                   embedded=(data_dir, queue),
+                   validation=ValidationProcesses(config, place, validation_processes) if validation_processes
+                   else None)
 
 
 def open_blobs(storage: str | Path, *, endpoint_url: str | None = None) -> Blobs:
     """`s3://bucket/prefix` (S3, MinIO, moto) or a directory every process can reach."""
-    text = str(storage)
-    if text.startswith("s3://"):
-        from gateway.store.s3 import S3Blobs
-
-        return S3Blobs.from_url(text, endpoint_url=endpoint_url or os.environ.get(S3_ENDPOINT_ENV) or None)
-    from gateway.store.directory import LocalBlobs
-
-    return LocalBlobs(Path(text))
+    return BlobPlace.of(storage, endpoint_url=endpoint_url).open()
 
 
 async def open_shared(
     config: Config, redis_url: str, storage: str | Path, *, routes: Collection[str] | None = (),
     claim_idle: float | None = None, name: str | None = None, prefix: str | None = None,
-    s3_endpoint_url: str | None = None,
+    s3_endpoint_url: str | None = None, validation_processes: int = 0,
 ) -> Runtime:
     """The shared mode. `routes`: the routes this process runs shards for (`()`: none, an API replica;
-    `None`: every route of the config)."""
+    `None`: every route of the config). `validation_processes`: as `open_embedded`'s."""
     from gateway.store.keys import Keys
     from gateway.store.redis_coordination import RedisCoordination, connect_redis
     from gateway.store.redis_queue import DEFAULT_CLAIM_IDLE, RedisStreamQueue
@@ -209,11 +219,14 @@ async def open_shared(
     every = sorted({route.model_name for route in config.routes.values()})
     queue = RedisStreamQueue(client, every, keys=keys, consumer=name, claim_idle=idle, weights=weights_of(config))
     store = RedisStore(client, keys, owns_client=True, rate_window_seconds=config.batch.rate_window_seconds)
+    place = BlobPlace.of(storage, endpoint_url=s3_endpoint_url)
     # A worker's heartbeat lives as long as its shards may stay idle: a shard is taken over only
     # when both have run out.
-    return Runtime(config, store, open_blobs(storage, endpoint_url=s3_endpoint_url), queue,
+    return Runtime(config, store, place.open(), queue,
                    RedisCoordination(client, keys, name), mode="shared", name=name, routes=routes,
-                   heartbeat=idle / 3, sweep_every=5.0)
+                   heartbeat=idle / 3, sweep_every=5.0,
+                   validation=ValidationProcesses(config, place, validation_processes) if validation_processes
+                   else None)
 
 
 __all__ = ["S3_ENDPOINT_ENV", "Runtime", "open_blobs", "open_embedded", "open_shared", "worker_name"]

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gateway.backends.interface", "gateway.backends", "gateway.pipeline.lifecycle", "gateway.webhooks"),
     ("gateway.pipeline", "providers", "local_engine"),
     ("gateway.api.service",),
-    ("gateway.backends.pool", "gateway.runtime", "gateway.supervisor"),
+    ("gateway.backends.pool", "gateway.runtime", "gateway.supervisor", "gateway.validation_processes"),
     ("gateway.api",),
     ("gateway.cli",),
 ]

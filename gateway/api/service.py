@@ -9,6 +9,7 @@ shards and put them on the queue. Refusals are domain errors
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any
@@ -22,7 +23,7 @@ from gateway.config.urls import normalise_endpoint
 from gateway.errors import Conflict, InvalidRequest, OverQuota, TooLarge, invalid_value, not_found
 from gateway.pipeline.budget import Budgets
 from gateway.pipeline.lifecycle import NO_EXPIRY, Announce, announce_nothing, expiry, for_queue
-from gateway.pipeline.plan import Planner
+from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
 from gateway.records import BatchStatus, Endpoint, new_id
 from gateway.store.base import (
     BatchOptions,
@@ -33,7 +34,6 @@ from gateway.store.base import (
     Queue,
     Store,
     now,
-    read_lines,
 )
 from gateway.store.quota import MAX_ACTIVE_BATCHES, MODEL_MAX_ENQUEUED_REQUESTS, QuotaLedger, TeamLimits, over_model
 
@@ -42,6 +42,9 @@ log = logging.getLogger("batchyard.service")
 FILE_PURPOSES = frozenset({"batch", "batch_output", "fine-tune", "assistants", "vision", "user_data", "evals"})
 
 Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
+# Validates and plans a batch's input file into shard blobs: in place by default, in processes of their own
+# where the runtime serves the API (`gateway.validation_processes`).
+Plan = Callable[[PlanJob], Awaitable[PlanOutcome]]
 _YIELD_EVERY = 2_000  # lines parsed for their model between two yields to the loop (at create)
 
 
@@ -59,13 +62,14 @@ class BatchService:
     def __init__(
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
         spawn: Spawn, finalize: Callable[[str], Awaitable[None]], announce: Announce = announce_nothing,
-        quotas: QuotaLedger | None = None, budgets: Budgets | None = None,
+        quotas: QuotaLedger | None = None, budgets: Budgets | None = None, plan: Plan | None = None,
     ) -> None:
         self.config, self.store, self.blobs, self.queue = config, store, blobs, queue
         self._coordination = coordination
         self._spawn = spawn
         self._finalize = finalize
         self._announce = announce
+        self._plan: Plan = plan or functools.partial(plan_batch, config, blobs)
         self.quotas = quotas
         self.budgets = budgets or Budgets(config, quotas)
         self._limits = {t.team_id: TeamLimits(t.max_enqueued_requests, t.max_active_batches,
@@ -269,12 +273,11 @@ class BatchService:
             await self._fail(batch, [{"code": "invalid_file", "message": "the input file was deleted",
                                          "param": "input_file_id", "line": None}])
             return
-        planner = Planner(
-            self.config, self.blobs, batch_id,
+        outcome = await self._plan(PlanJob(
+            batch_id, source.blob_key,
             endpoint=normalise_endpoint(batch.endpoint) if batch.endpoint != "*" else None,
             strict=batch.options.strict, allowed_models=batch.options.allowed_models,
-        )
-        outcome = await planner.plan(read_lines(self.blobs, source.blob_key))
+        ))
         if outcome.failed:
             await self._fail(batch, [e.to_openai() for e in outcome.errors])
             await self.blobs.delete_prefix(f"batches/{batch_id}")
@@ -307,4 +310,4 @@ class BatchService:
         )
 
 
-__all__ = ["FILE_PURPOSES", "BatchService"]
+__all__ = ["FILE_PURPOSES", "BatchService", "Plan"]

@@ -15,7 +15,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 from gateway.backends.pacing import current_pacer
 from gateway.fairness import FairSlots, current_share
-from gateway.metrics import observe_latency, track_in_flight
+from gateway.metrics import RequestMeter
 from gateway.records import BatchRequest, Endpoint, Result, Shard
 
 
@@ -113,12 +113,17 @@ async def run_bounded(
             done.put_nowait(task.result())
         slots.release(share)  # in a callback: it runs even for a task cancelled before it started
 
+    meters: dict[str, RequestMeter] = {}  # by route (the line's model): one or a few per call
+
     async def measured(req: BatchRequest) -> Result:
-        # Every backend's per-request call passes here: in-flight and latency per route (the line's model).
+        # Every backend's per-request call passes here: in-flight and latency per route.
+        meter = meters.get(req.model)
+        if meter is None:
+            meter = meters[req.model] = RequestMeter(req.model, share.team)
         started = time.monotonic()
-        with track_in_flight(req.model, share.team):
+        with meter.in_flight():
             result = await call(req)
-        observe_latency(req.model, time.monotonic() - started)
+        meter.observe_latency(time.monotonic() - started)
         return result
 
     queue = iter(requests)

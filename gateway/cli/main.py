@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli import console
+from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
 from gateway.config.schema import Config, load_config, local_model_config
 from gateway.errors import ConfigError, GatewayError
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries(args.verbose)
     try:
         if args.command == "run":
-            return _run_command(args, extra)
+            return _run_command(args, extra, own_process=own_process)
         if args.command == "worker":
             from gateway.cli.worker import run_worker_command
 
@@ -321,7 +322,17 @@ def _serve_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _run_command(args: argparse.Namespace, extra: list[str]) -> int:
+def _run_command(args: argparse.Namespace, extra: list[str], *, own_process: bool = False) -> int:
+    heap = StartupHeap()
+    if own_process:  # a frozen heap is never collected: only where the process ends with the run
+        heap.pause()
+    try:
+        return _run_file(args, extra, heap if own_process else None)
+    finally:
+        heap.resume()
+
+
+def _run_file(args: argparse.Namespace, extra: list[str], heap: StartupHeap | None) -> int:
     config = _load(args, extra)
     from gateway.cli.offline import RunOptions, run_batch_file
 
@@ -332,6 +343,7 @@ def _run_command(args: argparse.Namespace, extra: list[str]) -> int:
         progress=not (args.no_progress or args.quiet), summary=not args.quiet,
         run_batch_errors=bool(args.model),  # the drop-in writes errors as run_batch does
         config_path=args.config, workers=args.workers, verbose=args.verbose,
+        on_started=heap.freeze if heap is not None else None,
     )
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:

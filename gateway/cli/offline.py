@@ -18,7 +18,7 @@ import hashlib
 import os
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,9 @@ class RunOptions:
     config_path: str | None = None  # what worker processes load; None: no worker processes
     workers: int | None = None  # extra worker processes for upstream routes; None: one per free core
     verbose: bool = False
+    # Called once when start-up is over (engines ready, input stored), before any request runs: the command
+    # freezes the start-up heap there (`gateway.cli.heap`).
+    on_started: Callable[[], None] | None = None
 
 
 async def run_batch_file(config: Config, opts: RunOptions) -> int:
@@ -110,6 +113,8 @@ async def _run(runtime: Runtime, opts: RunOptions) -> int:
     finally:
         if engines is not None and not engines.done():
             engines.cancel()
+    if opts.on_started is not None:
+        opts.on_started()
     await runtime.start()
     pool = None
     try:
@@ -284,7 +289,9 @@ async def _watch(runtime: Runtime, batch_id: str, progress: bool) -> BatchRecord
                 bar.update(batch.counts.completed + batch.counts.failed - bar.n)
             if batch.status.finished:
                 return batch
-            await asyncio.sleep(0.2)
+            answered = batch.counts.total and batch.counts.completed + batch.counts.failed >= batch.counts.total
+            # Every line answered: only the merge is left, so look often (it is part of the run's wall time).
+            await asyncio.sleep(0.02 if answered else 0.2)
     finally:
         if bar is not None:
             bar.close()

@@ -1,8 +1,10 @@
 """`serve`: the runtime behind uvicorn.
 
 Embedded (the default): the runtime over `data_dir` (SQLite records, queue and
-leases, a local blob directory). The API process serves HTTP, validates and
-sweeps; `workers` worker processes (default: one per free core, `gateway.supervisor.default_workers`) run the shards.
+leases, a local blob directory). The API process serves HTTP and sweeps; new
+batches are validated in processes of their own (`gateway.validation_processes`),
+so that a large upload never stalls another team's API calls; `workers` worker
+processes (default: one per free core, `gateway.supervisor.default_workers`) run the shards.
 With `workers=0` the API process runs them itself. Everything is started by the
 app's lifespan and closed when uvicorn shuts down on SIGTERM or SIGINT. A
 restart over the same `data_dir` resumes unfinished batches.
@@ -45,6 +47,7 @@ async def _serve(
     from gateway.api.app import create_app
     from gateway.runtime import open_embedded  # the runtime imports the backends: only when serving
     from gateway.supervisor import WorkerPool, default_workers
+    from gateway.validation_processes import VALIDATION_PROCESSES
 
     config = load_config(config_path)
     pool: WorkerPool | None = None
@@ -54,7 +57,8 @@ async def _serve(
         if data_dir is None:
             raise ValueError("embedded serve needs a data directory")
         count = default_workers(config, serving=True) if workers is None else workers
-        runtime = await open_embedded(config, data_dir, routes=() if count else None)
+        runtime = await open_embedded(config, data_dir, routes=() if count else None,
+                                      validation_processes=VALIDATION_PROCESSES)
         where = f"data in {data_dir}, " + (f"{count} worker process(es)" if count else "shards run in this process")
         if count:
             from gateway.metrics import MULTIPROC_ENV
@@ -119,8 +123,9 @@ def serve_shared(
 
     async def factory(config: Config) -> Runtime:
         from gateway.runtime import open_shared
+        from gateway.validation_processes import VALIDATION_PROCESSES
 
         return await open_shared(config, redis_url, storage, routes=None if with_worker else (),
-                                 claim_idle=claim_idle)
+                                 claim_idle=claim_idle, validation_processes=VALIDATION_PROCESSES)
 
     serve(config_path, host, port, log_level=log_level, runtime_factory=factory)

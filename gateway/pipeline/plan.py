@@ -4,6 +4,10 @@ Each good line is appended to the open shard of its route; a shard is sealed
 when it holds `shard_size` requests. Lines answered in place (the CLI's
 lenient mode) go, in input order, to a pre-finished shard of results. Memory
 holds one open shard writer per route and the set of custom_ids, never lines.
+
+`plan_batch` plans one `PlanJob`: plain data in and out (`PlanOutcome`), so the
+API's runtime runs it in a process of its own (`gateway.validation_processes`)
+and `batchyard run` runs it in place.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from gateway.errors import LINE_HTTP_STATUS, LineCode, LineError
 from gateway.json_codec import dumps
 from gateway.pipeline.validate import LineChecker, LineProblem
 from gateway.records import BatchRequest, Endpoint, Result, Shard
-from gateway.store.base import Blobs, BlobWriter
+from gateway.store.base import Blobs, BlobWriter, read_lines
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,24 @@ class PlanOutcome:
     @property
     def failed(self) -> bool:
         return self.error_count > 0
+
+
+@dataclass(frozen=True, slots=True)
+class PlanJob:
+    """What planning a batch needs besides the config and the blobs; picklable, for another process."""
+
+    batch_id: str
+    input_key: str  # the input file's blob
+    endpoint: Endpoint | None  # the batch's endpoint; None: any url (the CLI)
+    strict: bool
+    allowed_models: list[str] | None
+
+
+async def plan_batch(config: Config, blobs: Blobs, job: PlanJob) -> PlanOutcome:
+    """Validate the job's input file into shard blobs, streamed; the outcome says what was written."""
+    planner = Planner(config, blobs, job.batch_id, endpoint=job.endpoint, strict=job.strict,
+                      allowed_models=job.allowed_models)
+    return await planner.plan(read_lines(blobs, job.input_key))
 
 
 @dataclass(slots=True)
@@ -125,8 +147,9 @@ class Planner:
         limits = self._config.batch.limits
         number = 0
         async for chunk in _chunks(lines):
-            # The CPU work (JSON, checks, the shard line's bytes) in a thread: one team's upload must not hold
-            # the API's event loop (another team's GET answers meanwhile). Lines keep their numbers.
+            # The CPU work (JSON, checks, the shard line's bytes) in a thread, so that a process planning in
+            # place (`batchyard run`, a worker's sweep) keeps its event loop turning. The API's runtime plans in
+            # a process of its own: a thread still holds the GIL against the API's loop. Lines keep their numbers.
             checked_chunk = await asyncio.to_thread(self._check_chunk, chunk, number)
             number += len(chunk)
             for line, checked, data in checked_chunk:
