@@ -50,33 +50,37 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         yield server
 
 
-def _lines(n: int, tag: str) -> list[dict[str, Any]]:
+def _lines(n: int, tag: str, max_tokens: int = 8) -> list[dict[str, Any]]:
     return [{"custom_id": f"{tag}-{i}", "method": "POST", "url": "/v1/chat/completions",
-             "body": {"model": MODEL, "max_tokens": 8, "ignore_eos": True,
+             "body": {"model": MODEL, "max_tokens": max_tokens, "ignore_eos": True,
                       "messages": [{"role": "user", "content": f"{tag} {i}"}]}}
             for i in range(n)]
 
 
 def test_a_newcomers_small_batch_finishes_long_before_a_big_one_started_first(gateway: Gateway) -> None:
-    big = submit(gateway.client("sk-alpha"), _lines(160, "big"))
+    big = submit(gateway.client("sk-alpha"), _lines(400, "big", max_tokens=64))  # long: minutes on a loaded CPU
     until(gateway, "sk-alpha", big.id, lambda b: done(b) >= WINDOW, timeout=SLOW)  # alpha fills the engine
     small = submit(gateway.client("sk-beta"), _lines(4, "small"))
     small_done = until(gateway, "sk-beta", small.id, finished, timeout=SLOW)
     big_now = gateway.client("sk-alpha").batches.retrieve(big.id)
     assert small_done.status == "completed" and small_done.request_counts is not None
     assert small_done.request_counts.completed == 4
-    assert not finished(big_now) and done(big_now) < 160 / 2, big_now.request_counts
+    assert not finished(big_now) and done(big_now) < 400 / 2, big_now.request_counts
     gateway.client("sk-alpha").batches.cancel(big.id)
     until(gateway, "sk-alpha", big.id, finished, timeout=SLOW)
 
 
 def test_a_team_alone_gets_the_whole_engine(gateway: Gateway) -> None:
-    alone = submit(gateway.client("sk-beta"), _lines(24, "alone"))
-    seen = 0.0
+    # Long answers, so the window stays full for a while however fast or loaded the machine is.
+    alone = submit(gateway.client("sk-beta"), _lines(80, "alone", max_tokens=64))
+    seen, polls = 0.0, 0
     deadline = time.monotonic() + SLOW
-    while not finished(batch := gateway.client("sk-beta").batches.retrieve(alone.id)):
-        assert time.monotonic() < deadline, batch
+    while seen < WINDOW:
         seen = max(seen, metric(gateway, "batchyard_team_requests_in_flight", team="beta", route=MODEL) or 0.0)
-        time.sleep(0.02)
+        polls += 1
+        if polls % 10 == 0 and finished(gateway.client("sk-beta").batches.retrieve(alone.id)):
+            break
+        assert time.monotonic() < deadline
+    batch = until(gateway, "sk-beta", alone.id, finished, timeout=SLOW)
     assert batch.status == "completed"
     assert seen == WINDOW  # work-conserving: the whole window, nothing kept back for teams with no work
