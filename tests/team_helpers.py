@@ -29,16 +29,21 @@ MODES = ["embedded", pytest.param("shared", marks=[pytest.mark.redis, pytest.mar
     not HAVE_REDIS, reason="redis-server is not on PATH")])]
 
 
-def start_shared(config: dict[str, Any], data_dir: Path, redis_url: str, *, with_worker: bool = True) -> Gateway:
-    """`batchyard serve` over `redis_url`; `with_worker=False`: an API replica only (workers run apart)."""
+def start_shared(config: dict[str, Any], data_dir: Path, redis_url: str, *, with_worker: bool = True,
+                 storage: str | None = None, env: dict[str, str] | None = None) -> Gateway:
+    """`batchyard serve` over `redis_url`; `with_worker=False`: an API replica only (workers run apart).
+
+    `storage`: where the blobs go (default: `data_dir/blobs`; e.g. an `s3://` URL, with `env` naming its endpoint).
+    """
     data_dir.mkdir(parents=True, exist_ok=True)
     config_path = data_dir.parent / "shared.config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     port = free_port()
     fd, log = tempfile.mkstemp(prefix="serve-", suffix=".log")
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path), "--port", str(port),
-           "--redis-url", redis_url, "--storage", str(data_dir / "blobs"), *(["--with-worker"] if with_worker else [])]
-    process = subprocess.Popen(cmd, cwd=REPO_ROOT, env=process_env({}), stdin=subprocess.DEVNULL, stdout=fd,
+           "--redis-url", redis_url, "--storage", storage or str(data_dir / "blobs"),
+           *(["--with-worker"] if with_worker else [])]
+    process = subprocess.Popen(cmd, cwd=REPO_ROOT, env=process_env(env or {}), stdin=subprocess.DEVNULL, stdout=fd,
                                stderr=fd)
     gateway = Gateway(process, "127.0.0.1", port, data_dir, Path(log))
     _wait_healthy(gateway, 120)

@@ -10,9 +10,6 @@ from __future__ import annotations
 import json
 import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -21,13 +18,12 @@ from typing import Any
 
 import psutil
 import pytest
-import yaml
 from openai import OpenAI
 from openai.types import Batch
 
-from tests.server_helpers import REPO_ROOT, Gateway, _wait_healthy, gateway_config, start_gateway
-from tests.services import HAVE_REDIS, NO_REDIS_REASON, MotoS3, RedisServer, free_port, process_env
-from tests.team_helpers import MODEL, finished, until
+from tests.server_helpers import Gateway, gateway_config, start_gateway
+from tests.services import HAVE_REDIS, NO_REDIS_REASON, MotoS3, RedisServer
+from tests.team_helpers import MODEL, finished, start_shared, until
 from tests.upstream import Upstream, start_upstream
 
 LINES = 100_000
@@ -50,18 +46,7 @@ def _big_file(lines: int = LINES) -> bytes:
 
 def _start_shared_s3(config: dict[str, Any], data_dir: Path, redis_url: str, s3: MotoS3) -> Gateway:
     """`batchyard serve --redis-url … --storage s3://…` (an API replica with its worker) over moto's S3."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    config_path = data_dir.parent / "shared.config.yaml"
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    port = free_port()
-    fd, log = tempfile.mkstemp(prefix="serve-", suffix=".log")
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path), "--port", str(port),
-           "--redis-url", redis_url, "--storage", s3.storage(data_dir.parent.name), "--with-worker"]
-    process = subprocess.Popen(cmd, cwd=REPO_ROOT, env=process_env(s3.env()), stdin=subprocess.DEVNULL,
-                               stdout=fd, stderr=fd)
-    gateway = Gateway(process, "127.0.0.1", port, data_dir, Path(log))
-    _wait_healthy(gateway, 120)
-    return gateway
+    return start_shared(config, data_dir, redis_url, storage=s3.storage(data_dir.parent.name), env=s3.env())
 
 
 def _assert_failed_at_the_last_line(batch: Batch, lines: int = LINES) -> None:
