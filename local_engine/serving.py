@@ -32,7 +32,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from gateway.records import Endpoint
-from local_engine import vllm_compat
+from local_engine import cpu_threads, vllm_compat
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -111,14 +111,16 @@ def build_engine(args: Namespace) -> AsyncLLM:
         with _BUILD_LOCK if not in_process else contextlib.nullcontext():
             engine_args = AsyncEngineArgs.from_cli_args(args)
             vllm_compat.propagate_flash_late_interaction(args, engine_args)
-            vllm_config = engine_args.create_engine_config(usage_context=UsageContext(BATCH_DEFAULTS_CONTEXT))
-        return AsyncLLM.from_vllm_config(
-            vllm_config=vllm_config,
-            usage_context=UsageContext.OPENAI_BATCH_RUNNER,  # what vLLM's usage report says we are
-            enable_log_requests=engine_args.enable_log_requests,
-            aggregate_engine_logging=engine_args.aggregate_engine_logging,
-            disable_log_stats=engine_args.disable_log_stats,
-        )
+            with cpu_threads.uniproc_by_default(args):
+                vllm_config = engine_args.create_engine_config(usage_context=UsageContext(BATCH_DEFAULTS_CONTEXT))
+        with cpu_threads.engine_core_threads(vllm_config):
+            return AsyncLLM.from_vllm_config(
+                vllm_config=vllm_config,
+                usage_context=UsageContext.OPENAI_BATCH_RUNNER,  # what vLLM's usage report says we are
+                enable_log_requests=engine_args.enable_log_requests,
+                aggregate_engine_logging=engine_args.aggregate_engine_logging,
+                disable_log_stats=engine_args.disable_log_stats,
+            )
 
 
 def shutdown_engine(engine: AsyncLLM) -> None:
