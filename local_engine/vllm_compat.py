@@ -60,6 +60,7 @@ UNCHANGED: dict[str, tuple[str, ...]] = {
     "vllm.usage.usage_lib": ("UsageContext",),
     "vllm.utils.argparse_utils": ("FlexibleArgumentParser",),
     "vllm.utils": ("random_uuid",),
+    "vllm.utils.ompmultiprocessing": ("OMPProcessManager",),  # local_engine.cpu_threads
     "vllm.entrypoints.openai.chat_completion.protocol": ("ChatCompletionRequest",),
     "vllm.entrypoints.openai.completion.protocol": ("CompletionRequest",),
     "vllm.entrypoints.pooling.embed.protocol": ("EmbeddingRequest",),
