@@ -58,7 +58,9 @@ def _lines(n: int, tag: str, max_tokens: int = 8) -> list[dict[str, Any]]:
 
 
 def test_a_newcomers_small_batch_finishes_long_before_a_big_one_started_first(gateway: Gateway) -> None:
-    big = submit(gateway.client("sk-alpha"), _lines(400, "big", max_tokens=64))  # long: minutes on a loaded CPU
+    # Long answers (max_model_len is 256): the small batch's way through the API, validation and a worker's claim
+    # takes the same second or two however fast the engine is, and the big one must not get halfway meanwhile.
+    big = submit(gateway.client("sk-alpha"), _lines(400, "big", max_tokens=200))
     until(gateway, "sk-alpha", big.id, lambda b: done(b) >= WINDOW, timeout=SLOW)  # alpha fills the engine
     small = submit(gateway.client("sk-beta"), _lines(4, "small"))
     small_done = until(gateway, "sk-beta", small.id, finished, timeout=SLOW)
