@@ -160,10 +160,12 @@ def _counted(upstream: Upstream, tag: str) -> Counter[str]:
     return Counter({k: v for k, v in upstream.stats()["by_custom"].items() if f" {tag} " in k})
 
 
-async def _pid_with_shards(api: Runtime, redis_url: str, pids: set[int]) -> int:
+async def _pid_with_shards(api: Runtime, redis_url: str, pids: set[int], timeout: float = 30) -> int:
     """One of `pids` (live worker processes) that holds shards right now."""
     client = connect_redis(redis_url)
+    deadline = time.monotonic() + timeout
     while True:
+        assert time.monotonic() < deadline, "no live worker held a shard (did the batch finish first?)"
         busy = set()
         for stream in await client.smembers(Keys().streams(MODEL)):
             pending = await client.xpending(stream, GROUP)
@@ -174,8 +176,10 @@ async def _pid_with_shards(api: Runtime, redis_url: str, pids: set[int]) -> int:
         await asyncio.sleep(0.02)
 
 
-async def _until_completed(api: Runtime, batch_id: str, n: int) -> BatchRecord:
+async def _until_completed(api: Runtime, batch_id: str, n: int, timeout: float = 60) -> BatchRecord:
+    deadline = time.monotonic() + timeout
     while True:
+        assert time.monotonic() < deadline, f"fewer than {n} lines completed in {timeout} s"
         rec = await api.store.batches.get(batch_id)
         assert rec is not None
         if rec.counts.completed >= n or rec.status.finished:
@@ -286,7 +290,7 @@ async def test_sigkill_one_worker_mid_batch(cluster: Cluster, upstream: Upstream
     api = await open_shared(cluster.config, cluster.redis.url, cluster.storage)
     try:
         await api.start()
-        lines = _lines(240, 200, "kill")
+        lines = _lines(240, 500, "kill")  # slow answers: the batch must still be running when a worker dies
         arrived_before = upstream.stats()["requests"]  # the upstream counts a request when it arrives…
         batch_id = await _submit(api, lines)
         rec = await _until_completed(api, batch_id, 60)
