@@ -14,7 +14,7 @@ its own process (the uniproc executor): one process and one hop per step
 fewer than the worker process, and the same bound threads. Measured with
 `bench/local_engine.py` on a 2-core machine (tiny Llama, 7,000 lines): batch
 phase 356-385 req/s against 312-315 with vLLM's worker process, and engines
-ready 7-9 s sooner (see the README, "On CPU").
+ready 7-9 s sooner (README, "Where the time goes on CPU").
 
 - `uniproc_by_default`: while the engine's config is built, the uniproc
   executor is chosen where the user chose nothing (no

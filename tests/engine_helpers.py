@@ -5,8 +5,11 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from local_engine import TinyModels, build_tiny_models
 
 REPO = Path(__file__).resolve().parent.parent
 ENGINE_MARKS = [
@@ -29,4 +32,10 @@ def engine_env(*, without: tuple[str, ...] = (), **extra: str) -> dict[str, str]
     return env
 
 
-__all__ = ["ENGINE_FLAGS", "ENGINE_MARKS", "REPO", "engine_env"]
+def built_tiny_models(tmp_path_factory: pytest.TempPathFactory, **kinds: Any) -> TinyModels:
+    """The tiny models: `BATCHYARD_TINY_MODELS=DIR` reuses (or builds once into) DIR, else a fresh temp dir."""
+    dest = os.environ.get("BATCHYARD_TINY_MODELS")
+    return build_tiny_models(Path(dest) if dest else tmp_path_factory.mktemp("tiny-models"), **kinds)
+
+
+__all__ = ["ENGINE_FLAGS", "ENGINE_MARKS", "REPO", "built_tiny_models", "engine_env"]

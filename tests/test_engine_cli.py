@@ -7,7 +7,6 @@ test on the same file: same lines, same status codes, same response shapes.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine_helpers import ENGINE_FLAGS, ENGINE_MARKS, REPO, engine_env
+from tests.engine_helpers import ENGINE_FLAGS, ENGINE_MARKS, REPO, built_tiny_models, engine_env
 from tests.upstream import Upstream, start_upstream
 
 pytestmark = ENGINE_MARKS
@@ -25,10 +24,7 @@ ENV = engine_env(LITELLM_LOCAL_MODEL_COST_MAP="True")
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from local_engine import build_tiny_models
-
-    dest = os.environ.get("BATCHYARD_TINY_MODELS")
-    return build_tiny_models(Path(dest) if dest else tmp_path_factory.mktemp("tiny-models"))
+    return built_tiny_models(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

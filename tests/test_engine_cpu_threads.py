@@ -12,16 +12,15 @@ from __future__ import annotations
 import os
 from argparse import Namespace
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import psutil
 import pytest
 import pytest_asyncio
 
 from gateway.records import BatchRequest, Endpoint
-from local_engine import LocalEngineBackend, TinyModels, build_tiny_models
+from local_engine import LocalEngineBackend, TinyModels
 from local_engine.cpu_threads import MULTIPROCESSING_ENV, uniproc_by_default
-from tests.engine_helpers import ENGINE_MARKS
+from tests.engine_helpers import ENGINE_MARKS, built_tiny_models
 
 pytestmark = [*ENGINE_MARKS, pytest.mark.asyncio(loop_scope="module")]
 
@@ -31,8 +30,7 @@ OMP_NAMES = ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND", "KMP_AFFINITY", "
 
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
-    dest = os.environ.get("BATCHYARD_TINY_MODELS")
-    return build_tiny_models(Path(dest) if dest else tmp_path_factory.mktemp("tiny-models"))
+    return built_tiny_models(tmp_path_factory)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -12,13 +12,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from local_engine import build_tiny_models
-from tests.engine_helpers import ENGINE_MARKS
+from tests.engine_helpers import ENGINE_MARKS, built_tiny_models
 from tests.server_helpers import Gateway, start_gateway, submit
 from tests.team_helpers import done, finished, metric, until
 
@@ -35,8 +33,7 @@ TEAMS = [{"team_id": "alpha", "api_keys": ["sk-alpha"]}, {"team_id": "beta", "ap
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    dest = os.environ.get("BATCHYARD_TINY_MODELS")
-    models = build_tiny_models(Path(dest) if dest else tmp_path_factory.mktemp("tiny-models"))
+    models = built_tiny_models(tmp_path_factory)
     engine_args = {"dtype": "float32", "max_model_len": 256, "enforce_eager": True, "max_num_seqs": RUNNING}
     config: dict[str, Any] = {
         "model_list": [{"model_name": MODEL, "litellm_params": {"model": f"vllm/{models.llama}"},

@@ -13,7 +13,6 @@ import importlib.util
 import os
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +21,8 @@ import pytest_asyncio
 from gateway.engine_priority import engine_priority, with_priority
 from gateway.fairness import Share, running_for
 from gateway.records import BatchRequest, Endpoint, Result
-from local_engine import LocalEngineBackend, TinyModels, build_tiny_models
+from local_engine import LocalEngineBackend, TinyModels
+from tests.engine_helpers import built_tiny_models
 
 A = Share("alpha", "batch_a", deadline=1_900_000_000)
 B = Share("beta", "batch_b", deadline=1_900_086_400)  # submitted later: a later deadline than alpha's
@@ -91,8 +91,7 @@ WINDOW = 12  # what we hand it at once (the submission window): most of it waits
 
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
-    dest = os.environ.get("BATCHYARD_TINY_MODELS")
-    return build_tiny_models(Path(dest) if dest else tmp_path_factory.mktemp("tiny-models"))
+    return built_tiny_models(tmp_path_factory)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -22,6 +22,7 @@ import pytest_asyncio
 from gateway.backends.interface import Backend
 from gateway.records import BatchRequest, Endpoint, Result
 from local_engine import EngineStartError, LocalEngineBackend, TinyModels, build_tiny_models
+from tests.engine_helpers import built_tiny_models
 
 pytestmark = [
     pytest.mark.engine,
@@ -40,8 +41,7 @@ MESSAGES = [{"role": "user", "content": "Hello world!"}]
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
-    dest = os.environ.get("BATCHYARD_TINY_MODELS")
-    return build_tiny_models(Path(dest) if dest else tmp_path_factory.mktemp("tiny-models"))
+    return built_tiny_models(tmp_path_factory)
 
 
 async def _backend(path: Path, name: str, **kwargs: Any) -> LocalEngineBackend:

@@ -6,7 +6,6 @@ provider's batch rates in the run's summary."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine_helpers import ENGINE_MARKS, REPO, engine_env
+from tests.engine_helpers import ENGINE_MARKS, REPO, built_tiny_models, engine_env
 from tests.stub_process import Stub, start_stub
 from tests.upstream import Upstream, start_upstream
 
@@ -28,10 +27,7 @@ ROUTES = ["claude-cheap", "mistral-cheap", "gpt-cheap", "gpt-fast", "tiny-llama"
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from local_engine import build_tiny_models
-
-    dest = os.environ.get("BATCHYARD_TINY_MODELS")
-    return build_tiny_models(Path(dest) if dest else tmp_path_factory.mktemp("tiny-models"))
+    return built_tiny_models(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import base64
 import importlib.util
 import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine_helpers import ENGINE_FLAGS, ENGINE_MARKS, engine_env
+from tests.engine_helpers import ENGINE_FLAGS, ENGINE_MARKS, built_tiny_models, engine_env
 
 pytestmark = ENGINE_MARKS
 # Without LITELLM_LOCAL_MODEL_COST_MAP and HF_HUB_OFFLINE: batchyard must be offline and quiet on its own.
@@ -35,10 +34,7 @@ DOCS = ["The capital of Brazil is Brasilia.", "The capital of France is Paris."]
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from local_engine import build_tiny_models
-
-    dest = os.environ.get("BATCHYARD_TINY_MODELS")
-    return build_tiny_models(Path(dest) if dest else tmp_path_factory.mktemp("tiny-models"))
+    return built_tiny_models(tmp_path_factory)
 
 
 def chat_line(cid: str, model: str, system: str, url: str = "/v1/chat/completions", **extra: Any) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from local_engine import build_tiny_models
+from tests.engine_helpers import built_tiny_models
 
 REPO = Path(__file__).resolve().parent.parent
 MAX_MODEL_LEN = 512  # the tiny Llama's max_position_embeddings
@@ -40,8 +40,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    dest = os.environ.get("BATCHYARD_TINY_MODELS")
-    models = build_tiny_models(Path(dest) if dest else tmp_path_factory.mktemp("tiny-models"), reranker=False)
+    models = built_tiny_models(tmp_path_factory, reranker=False)
     port = _free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs its engine core as vLLM ships it
