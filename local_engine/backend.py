@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 from gateway.backends.interface import run_bounded
 from gateway.engine_priority import with_priority
 from gateway.fairness import FairSlots, current_share
+from gateway.pipeline.body_fields import unknown_field, unrecognized, unsupported
+from gateway.pipeline.media_urls import refused_media
 from gateway.records import BatchRequest, Endpoint, Result
 from local_engine.ordering import group_by_prefix
 
@@ -40,6 +42,15 @@ log = logging.getLogger(__name__)
 DEFAULT_SCHEDULING_POLICY = "priority"
 # The endpoints whose vLLM request models have a `priority` field (the audio ones have none).
 _PRIORITISED = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.SCORE, Endpoint.RERANK})
+
+
+# vLLM request fields that change what the operator set for the engine (its chat template, multimodal
+# processing, KV/EC transfer, custom logits processors' arguments, raw prompt embeddings, the engine's own
+# request id): a line may carry one only where `model_info.allowed_params` lists it.
+OPERATOR_FIELDS = frozenset({
+    "chat_template", "mm_processor_kwargs", "media_io_kwargs", "mm_payload", "kv_transfer_params",
+    "ec_transfer_params", "vllm_xargs", "logits_processors", "prompt_embeds", "request_id",
+})
 
 
 class EngineStartError(RuntimeError):
@@ -73,11 +84,14 @@ class LocalEngineBackend:
     """
 
     def __init__(
-        self, engine_args: Mapping[str, Any], *, max_in_flight: int | None = None, group_prefixes: bool = True
+        self, engine_args: Mapping[str, Any], *, max_in_flight: int | None = None, group_prefixes: bool = True,
+        allowed_params: frozenset[str] = frozenset(), allowed_media_domains: frozenset[str] = frozenset(),
     ) -> None:
         if max_in_flight is not None and max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self.engine_args: dict[str, Any] = dict(engine_args)
+        self.allowed_params = allowed_params  # the route's `model_info.allowed_params`
+        self.allowed_media_domains = allowed_media_domains
         self._max_in_flight_arg = max_in_flight
         self.group_prefixes = group_prefixes
         self.max_in_flight = max_in_flight or 0
@@ -182,6 +196,9 @@ class LocalEngineBackend:
         prioritise = self._prioritise
 
         async def one(req: BatchRequest) -> Result:
+            refused = await self._refusal(serving, req)
+            if refused is not None:
+                return refused
             body = req.body
             if prioritise and req.url in _PRIORITISED:
                 body = with_priority(body, share, slots.in_use(share.team))
@@ -192,6 +209,21 @@ class LocalEngineBackend:
         async with contextlib.aclosing(run_bounded(ordered, one, slots, self._tasks)) as results:
             async for result in results:
                 yield result
+
+
+    async def _refusal(self, serving: ServingLayer, req: BatchRequest) -> Result | None:
+        """A line's 400 for a field vLLM's request model does not have (vLLM would ignore it), for a field that
+        overrides the operator's settings without `allowed_params`, or for a media URL we may not fetch."""
+        known = serving.fields(req.url)
+        if known:  # an endpoint the engine does not serve is answered by the serving layer in its own words
+            name = unknown_field(req.body, known | self.allowed_params)
+            if name is not None:
+                return unrecognized(req, name)
+            name = next((f for f in req.body if f in OPERATOR_FIELDS and f not in self.allowed_params), None)
+            if name is not None:
+                return unsupported(req, name, "it overrides the operator's engine settings; the config can allow "
+                                   "it in model_info.allowed_params")
+        return await refused_media(req, req.body, self.allowed_media_domains)
 
 
 async def _run_one(serving: ServingLayer, req: BatchRequest, body: dict[str, Any]) -> Result:

@@ -138,6 +138,17 @@ def error_reply(message: str | Exception, **kwargs: Any) -> Reply:
 class _Route:
     parse: Callable[[dict[str, Any]], Any]
     handler: Callable[[Any], Any]
+    fields: frozenset[str] = frozenset()  # the request model's fields: vLLM ignores others, we refuse them
+
+
+def _fields_of(model: Any) -> frozenset[str]:
+    """The field names (and aliases) of a pydantic request model, or of every model in a union of them."""
+    import typing
+
+    fields = getattr(model, "model_fields", None)
+    if isinstance(fields, dict):
+        return frozenset(fields) | frozenset(f.alias for f in fields.values() if getattr(f, "alias", None))
+    return frozenset().union(*(_fields_of(arg) for arg in typing.get_args(model)))
 
 
 @dataclass(slots=True)
@@ -153,6 +164,11 @@ class ServingLayer:
     @property
     def endpoints(self) -> frozenset[Endpoint]:
         return frozenset(self.routes)
+
+    def fields(self, url: Endpoint) -> frozenset[str]:
+        """The body fields vLLM's request model for `url` takes (empty for an endpoint it does not serve)."""
+        route = self.routes.get(url)
+        return route.fields if route is not None else frozenset()
 
     @classmethod
     async def create(cls, engine: AsyncLLM, args: Namespace) -> ServingLayer:
@@ -171,17 +187,20 @@ class ServingLayer:
         routes: dict[Endpoint, _Route] = {}
         chat = getattr(state, "openai_serving_chat", None)
         if chat is not None:
-            routes[Endpoint.CHAT] = _Route(ChatCompletionRequest.model_validate, chat.create_chat_completion)
+            routes[Endpoint.CHAT] = _Route(ChatCompletionRequest.model_validate, chat.create_chat_completion,
+                                           _fields_of(ChatCompletionRequest))
         completion = getattr(state, "openai_serving_completion", None)
         if completion is not None:
-            routes[Endpoint.COMPLETIONS] = _Route(CompletionRequest.model_validate, completion.create_completion)
+            routes[Endpoint.COMPLETIONS] = _Route(CompletionRequest.model_validate, completion.create_completion,
+                                                  _fields_of(CompletionRequest))
         embedding = getattr(state, "serving_embedding", None)
         if embedding is not None:
-            routes[Endpoint.EMBEDDINGS] = _Route(TypeAdapter(EmbeddingRequest).validate_python, embedding)
+            routes[Endpoint.EMBEDDINGS] = _Route(TypeAdapter(EmbeddingRequest).validate_python, embedding,
+                                                 _fields_of(EmbeddingRequest))
         scores = getattr(state, "serving_scores", None)
         if scores is not None:
-            routes[Endpoint.SCORE] = _Route(TypeAdapter(ScoreRequest).validate_python, scores)
-            routes[Endpoint.RERANK] = _Route(RerankRequest.model_validate, scores)
+            routes[Endpoint.SCORE] = _Route(TypeAdapter(ScoreRequest).validate_python, scores, _fields_of(ScoreRequest))
+            routes[Endpoint.RERANK] = _Route(RerankRequest.model_validate, scores, _fields_of(RerankRequest))
 
         routes.update(_audio_routes(state, args))
         names = tuple(m.name for m in state.openai_serving_models.base_model_paths)
@@ -236,12 +255,14 @@ def _audio_routes(state: Any, args: Namespace) -> dict[Endpoint, _Route]:
     domains = getattr(args, "allowed_media_domains", None)
     if transcription is not None:
         wrap = make_transcription_wrapper(is_translation=False, allowed_media_domains=domains)
-        routes[Endpoint.TRANSCRIPTIONS] = _Route(vllm_compat.load("BatchTranscriptionRequest").model_validate,
-                                                 wrap(transcription.create_transcription))
+        model = vllm_compat.load("BatchTranscriptionRequest")
+        routes[Endpoint.TRANSCRIPTIONS] = _Route(model.model_validate, wrap(transcription.create_transcription),
+                                                 _fields_of(model))
     if translation is not None:
         wrap = make_transcription_wrapper(is_translation=True, allowed_media_domains=domains)
-        routes[Endpoint.TRANSLATIONS] = _Route(vllm_compat.load("BatchTranslationRequest").model_validate,
-                                               wrap(translation.create_translation))
+        model = vllm_compat.load("BatchTranslationRequest")
+        routes[Endpoint.TRANSLATIONS] = _Route(model.model_validate, wrap(translation.create_translation),
+                                               _fields_of(model))
     return routes
 
 

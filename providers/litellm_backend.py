@@ -23,6 +23,8 @@ from typing import Any
 from gateway.backends.interface import run_bounded
 from gateway.config.routes import Route
 from gateway.fairness import FairSlots
+from gateway.pipeline.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecognized, unsupported, upstream_fields
+from gateway.pipeline.media_urls import refused_media
 from gateway.records import BatchRequest, Endpoint, Result
 from providers import litellm_setup
 from providers.passthrough import PATHS, PassThrough, wire_provider
@@ -96,6 +98,9 @@ class LiteLLMBackend:
         self._max_concurrency = max_concurrency
         self._wire: PassThrough | None = None
         self._wire_groups: frozenset[str] = frozenset()
+        # What a line may carry beyond OpenAI's documented fields, and which media hosts may be fetched for it
+        self._allowed_params = {route.model_name: route.allowed_params for route in routes}
+        self._media_hosts = {route.model_name: route.allowed_media_domains for route in routes}
 
     async def start(self) -> None:
         if self._router is not None:
@@ -133,12 +138,16 @@ class LiteLLMBackend:
         if call is None:
             return Result.http_error(req.line, req.custom_id, 400, f"{req.url.value} is not supported for upstream "
                                      "models", type_="invalid_request_error", code="unsupported_endpoint", model=model)
+        wire = self._wire is not None and model in self._wire_groups and req.url in PATHS
+        refused = await self._refusal(req, model, body, wire)
+        if refused is not None:
+            return refused
         missing = next((name for name in _REQUIRED.get(req.url, ()) if name not in body), None)
         if missing is not None:
             error = {"message": f"Missing required parameter: '{missing}'.", "type": "invalid_request_error",
                      "param": missing, "code": "missing_required_parameter"}
             return Result(line=req.line, custom_id=req.custom_id, status_code=400, body={"error": error}, model=model)
-        if self._wire is not None and model in self._wire_groups and req.url in PATHS:
+        if wire:
             return await self._pass_through(req, model)
         try:
             reply = await call(model=model, **body)
@@ -155,6 +164,22 @@ class LiteLLMBackend:
         data = _to_body(reply, exclude_none=req.url in _SPARSE)
         cost = self._prices.cost(reply, data)
         return Result(line=req.line, custom_id=req.custom_id, status_code=200, body=data, model=model, cost_usd=cost)
+
+    async def _refusal(self, req: BatchRequest, model: str, body: dict[str, Any], wire: bool) -> Result | None:
+        """The line's 400 when its body holds more than data: a field outside the endpoint's documented ones
+        and the operator's extras for the model, LiteLLM's own `metadata`, or a media URL we may not fetch.
+
+        `body` is splatted into a LiteLLM call below, so this check is what keeps a line from setting a key,
+        a base URL, a mock, a fallback or a price (see gateway.pipeline.body_fields)."""
+        name = unknown_field(body, upstream_fields(req.url) | self._allowed_params.get(model, frozenset()))
+        if name is not None:
+            return unrecognized(req, name)
+        if wire:
+            return None  # the provider gets the bytes: nothing in them is LiteLLM's, and it fetches media itself
+        own = next((f for f in LITELLM_OWN_FIELDS if f in body), None)
+        if own is not None:
+            return unsupported(req, own, "LiteLLM reads it for itself on this provider's path")
+        return await refused_media(req, body, self._media_hosts.get(model, frozenset()))
 
     async def _pass_through(self, req: BatchRequest, group: str, tried: frozenset[str] = frozenset()) -> Result:
         assert self._wire is not None

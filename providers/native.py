@@ -23,7 +23,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from gateway.config.routes import NATIVE_PROVIDERS, Route
+from gateway.pipeline.body_fields import unknown_field, unrecognized, upstream_fields
 from gateway.pipeline.lifecycle import stop_reason
+from gateway.pipeline.media_urls import refused_media
 from gateway.records import BatchRequest, Endpoint, Result, Shard, Usage, new_id
 from gateway.store.base import Store
 from providers.openai_batches import (
@@ -44,6 +46,7 @@ from providers.openai_batches import (
     retryable,
     shard_meta_key,
 )
+from providers.passthrough import PROVIDERS as WIRE_PROVIDERS
 from providers.upstream_jobs import JobState, UpstreamJobs, call_kwargs
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -105,6 +108,16 @@ class NativeBatchBackend:
     async def aclose(self) -> None:
         return None
 
+    async def _refusal(self, req: BatchRequest, provider: str) -> Result | None:
+        """A line whose body holds more than the endpoint's documented fields and the route's extras gets its
+        400 here, as on real-time routes; so does a media URL that LiteLLM's translation would fetch."""
+        name = unknown_field(req.body, upstream_fields(req.url) | self.route.allowed_params)
+        if name is not None:
+            return unrecognized(req, name)
+        if provider in WIRE_PROVIDERS:
+            return None  # the job file goes to the provider as written: it fetches media itself
+        return await refused_media(req, req.body, self.route.allowed_media_domains)
+
     # -- the deployment -------------------------------------------------------------------------
 
     def _deployment(self, index: int) -> tuple[UpstreamJobs | None, str, tuple[float, float] | None]:
@@ -158,7 +171,7 @@ class NativeBatchBackend:
         for req in requests:
             if req.line in covered or req.url not in jobs.endpoints:
                 continue
-            rejected = jobs.reject(req)
+            rejected = await self._refusal(req, provider) or jobs.reject(req)
             if rejected is not None:
                 yield rejected
             else:

@@ -48,7 +48,8 @@ class BackendPool:
         if route.kind is RouteKind.LOCAL:
             from local_engine import LocalEngineBackend
 
-            return LocalEngineBackend(route.engine_args)
+            return LocalEngineBackend(route.engine_args, allowed_params=route.allowed_params,
+                                      allowed_media_domains=route.allowed_media_domains)
         from providers.native import NativeBatchBackend
 
         return NativeBatchBackend(route, self._config.router_settings, self._store)

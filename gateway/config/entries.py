@@ -47,10 +47,47 @@ class LiteLLMParams(BaseModel):
 
 
 class ModelInfo(BaseModel):
-    """LiteLLM's `model_info` (prices, ids, ...) plus batchyard's `batch_mode`."""
+    """LiteLLM's `model_info` (prices, ids, ...) plus batchyard's own keys.
+
+    - `batch_mode`: `realtime` (one call per line) or `native` (the provider's batch jobs).
+    - `allowed_params`: body fields a line may carry for this model beyond the endpoint's documented
+      request fields: a provider's extras (Anthropic's `top_k`), or on a local route the vLLM request
+      fields that change what the operator set (`chat_template`, `vllm_xargs`, ...). Default: none.
+      LiteLLM's own settings (keys, base URLs, mocks, prices, ...) can never be listed.
+    - `allowed_media_domains`: hosts whose http(s) media URLs (`image_url`, `audio_url`, `file_url`, ...)
+      the gateway may fetch for a line of this model (vLLM on a local route, LiteLLM's translation
+      upstream). Default: none, so no line makes the gateway fetch anything. Private, loopback and
+      link-local addresses are refused even for a listed host.
+    """
 
     model_config = ConfigDict(extra="allow", strict=True)
     batch_mode: Literal["realtime", "native"] = "realtime"
+    allowed_params: list[str] = Field(default_factory=list)
+    allowed_media_domains: list[str] = Field(default_factory=list)
+
+    @field_validator("allowed_params")
+    @classmethod
+    def _no_litellm_settings(cls, names: list[str]) -> list[str]:
+        from gateway.config.litellm_names import LITELLM_SETTINGS  # generated from the pinned LiteLLM
+
+        bad = sorted(n for n in names if n in LITELLM_SETTINGS)
+        if bad:
+            raise PydanticCustomError(
+                "litellm_setting_param", "{names}: LiteLLM settings (keys, URLs, routing, mocks, prices, "
+                "callbacks) that a batch line may never set", {"names": ", ".join(bad)},
+            )
+        return names
+
+    @field_validator("allowed_media_domains")
+    @classmethod
+    def _hosts(cls, hosts: list[str]) -> list[str]:
+        bad = [h for h in hosts if not h or "/" in h or ":" in h or h != h.strip().lower()]
+        if bad:
+            raise PydanticCustomError(
+                "media_domain", "{hosts}: write bare lower-case host names (no scheme, port or path)",
+                {"hosts": ", ".join(map(repr, bad))},
+            )
+        return hosts
 
 
 class LocalModelInfo(ModelInfo):
@@ -79,6 +116,12 @@ class LocalEntry(_Entry):
     @field_validator("engine_args")
     @classmethod
     def _known_to_vllm(cls, args: dict[str, Any]) -> dict[str, Any]:
+        if "allowed_media_domains" in args:
+            # One home for the rule: the gateway checks it (and refuses private addresses) before vLLM sees a line.
+            raise PydanticCustomError(
+                "media_domains_in_engine_args", "allowed_media_domains belongs in model_info (batchyard sets "
+                "vLLM's option from it)", {},
+            )
         unknown = unknown_engine_args(args)
         if unknown:
             raise PydanticCustomError(

@@ -49,9 +49,29 @@ class Route:
         """A local route's engine arguments, with the model path taken from `vllm/<path>`."""
         entry = self.deployments[0]
         model = entry["litellm_params"]["model"].removeprefix("vllm/")
-        # The engine answers to the name lines use (vLLM checks body.model against it).
-        return {"model": model, "served_model_name": [self.model_name], **(entry.get("engine_args") or {})}
+        # The engine answers to the name lines use (vLLM checks body.model against it). vLLM fetches media
+        # only from the hosts the gateway allows (an empty list is vLLM's "any host": the gateway refuses
+        # every fetched URL itself then, see gateway.pipeline.media_urls).
+        args = {"model": model, "served_model_name": [self.model_name], **(entry.get("engine_args") or {})}
+        if self.allowed_media_domains:
+            args["allowed_media_domains"] = sorted(self.allowed_media_domains)
+        return args
 
     @property
     def model_info(self) -> dict[str, Any]:
         return dict(self.deployments[0].get("model_info") or {})
+
+    def _allowed(self, key: str) -> frozenset[str]:
+        # What every deployment allows: the Router may send a line to any of them.
+        lists = [frozenset((d.get("model_info") or {}).get(key) or ()) for d in self.deployments]
+        return frozenset.intersection(*lists) if lists else frozenset()
+
+    @property
+    def allowed_params(self) -> frozenset[str]:
+        """Body fields a line may carry beyond the endpoint's documented ones (`model_info.allowed_params`)."""
+        return self._allowed("allowed_params")
+
+    @property
+    def allowed_media_domains(self) -> frozenset[str]:
+        """Hosts whose media URLs the gateway may fetch for a line (`model_info.allowed_media_domains`)."""
+        return self._allowed("allowed_media_domains")

@@ -1,0 +1,110 @@
+"""Media URLs in a line: the gateway fetches none unless the operator lists the host.
+
+vLLM (local routes) fetches the http(s) media a chat line names (`image_url`, `audio_url`, `video_url`, a
+transcription's `file_url`), and LiteLLM does the same when it translates a line for a provider that wants
+the bytes inline (Anthropic, Bedrock, Vertex, ...). Either way the fetch comes from the gateway's own
+network: a team could read an internal service or a cloud metadata address through it. So a fetched URL
+is allowed only for a host the model's `model_info.allowed_media_domains` lists (vLLM's
+`allowed_media_domains` is set from the same list, so the engine checks it too), and never when the host
+is or resolves to a private, loopback, link-local or otherwise non-public address. `data:` URLs carry
+their bytes inline and are always fine; `file:` is vLLM's own rule (`allowed_local_media_path`).
+
+The OpenAI-wire pass-through sends the body to the provider as bytes: the provider fetches, not us, so
+that path does not check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import time
+from collections.abc import Collection, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+from gateway.records import BatchRequest, Result
+
+# Keys whose string value is a URL that a server fetches (OpenAI's and vLLM's content parts, both shapes:
+# `{"image_url": {"url": ...}}` and the Responses API's `{"image_url": "..."}`).
+_URL_KEYS = frozenset({"url", "image_url", "audio_url", "video_url", "file_url"})
+_INLINE_SCHEMES = frozenset({"data", "file"})
+_MAX_DEPTH = 64  # message content is shallow; a deeper body is walked no further (validation bounds it anyway)
+_RESOLVED_FOR = 60.0  # seconds a host's addresses are trusted before they are looked up again
+
+_resolved: dict[str, tuple[float, bool]] = {}  # host -> (when, every address public)
+
+
+def fetched_urls(body: Any, path: str = "", depth: int = 0) -> Iterator[tuple[str, str]]:
+    """(param, url) for every URL in `body` that a server would fetch (any scheme but data: and file:)."""
+    if depth > _MAX_DEPTH:
+        return
+    if isinstance(body, dict):
+        for key, value in body.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key in _URL_KEYS and isinstance(value, str):
+                scheme = value.partition(":")[0].lower() if ":" in value else ""
+                if scheme and scheme not in _INLINE_SCHEMES:
+                    yield where, value
+            else:
+                yield from fetched_urls(value, where, depth + 1)
+    elif isinstance(body, list):
+        for index, item in enumerate(body):
+            yield from fetched_urls(item, f"{path}[{index}]", depth + 1)
+
+
+def _public(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+async def _host_is_public(host: str) -> bool:
+    try:
+        return _public(host)  # an address written as such
+    except ValueError:
+        pass
+    now = time.monotonic()
+    cached = _resolved.get(host)
+    if cached is not None and now - cached[0] < _RESOLVED_FOR:
+        return cached[1]
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        public = bool(infos) and all(_public(str(info[4][0])) for info in infos)
+    except OSError:
+        public = False  # a host that does not resolve would only fail later, inside the fetch
+    _resolved[host] = (now, public)
+    return public
+
+
+async def media_refusal(body: dict[str, Any], allowed_hosts: Collection[str]) -> tuple[str, str] | None:
+    """(param, why) for the first URL in `body` the gateway may not fetch; None when there is none."""
+    for param, url in fetched_urls(body):
+        try:
+            parts = urlsplit(url)
+            host = (parts.hostname or "").lower()
+        except ValueError:
+            return param, "the URL does not parse"
+        if parts.scheme.lower() not in ("http", "https"):
+            return param, f"{parts.scheme}: URLs are not fetched"
+        if host not in allowed_hosts:
+            return param, (f"fetching media from {host!r} is not allowed for this model (the operator lists its "
+                           "hosts in model_info.allowed_media_domains; data: URLs need no fetch)")
+        if not await _host_is_public(host):
+            return param, f"{host!r} is a private, loopback or link-local address"
+    return None
+
+
+async def refused_media(req: BatchRequest, body: dict[str, Any], allowed_hosts: Collection[str]) -> Result | None:
+    """The line's 400 for a media URL the gateway may not fetch; None when the body names none."""
+    found = await media_refusal(body, allowed_hosts)
+    if found is None:
+        return None
+    param, why = found
+    return Result.http_error(req.line, req.custom_id, 400, f"Invalid media URL at '{param}': {why}",
+                             type_="invalid_request_error", code="media_url_not_allowed", model=req.model,
+                             param=param)
+
+
+__all__ = ["fetched_urls", "media_refusal", "refused_media"]
