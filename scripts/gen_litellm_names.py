@@ -77,9 +77,9 @@ def render() -> str:
     )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     text = render()
-    if "--check" in sys.argv[1:]:
+    if "--check" in (sys.argv[1:] if argv is None else argv):
         if TARGET.read_text() != text:
             print(f"{TARGET.relative_to(ROOT)} differs from the installed LiteLLM; run scripts/gen_litellm_names.py")
             return 1

@@ -3,7 +3,8 @@
 The shape follows Anthropic's public API reference: headers `x-api-key` and `anthropic-version`;
 `POST /v1/messages/batches` with `{"requests": [{"custom_id", "params"}]}` (params: a Messages API body:
 `model`, `max_tokens`, `messages` required); `GET /v1/messages/batches[/{id}]`; `POST .../{id}/cancel`;
-`GET .../{id}/results` (JSONL, once the batch has `ended`). A Message Batch has `processing_status`
+`GET .../{id}/results` (JSONL, once the batch has `ended`); and the real-time `POST /v1/messages` (one
+Messages API body in, one `message` out, answered as a batch request is). A Message Batch has `processing_status`
 in_progress → (canceling →) ended, `request_counts` {processing, succeeded, errored, canceled, expired},
 RFC 3339 times and `results_url`. Errors: `{"type": "error", "error": {"type", "message"}}` with
 400 invalid_request_error, 401 authentication_error, 404 not_found_error, 413 request_too_large.
@@ -102,6 +103,25 @@ class AnthropicStub:
             return JSONResponse(self._batch(request).obj)
         except ApiError as exc:
             return _error(exc.status, exc.type, exc.message)
+
+    async def message(self, request: Request) -> Response:
+        """The real-time Messages API: the same answer a batch request gets, or its error."""
+        try:
+            self._check(request)
+            params = json.loads(await request.body())
+            _validate(0, {"custom_id": "realtime", "params": params}, set())
+        except ApiError as exc:
+            return _error(exc.status, exc.type, exc.message)
+        except ValueError:
+            return _error(400, "invalid_request_error", "the body is not JSON")
+        self.counters["messages"] += 1
+        self.by_model[params["model"]] += 1
+        self.params_seen.append(params)
+        answer = _answer(params)
+        if answer["type"] != "succeeded":
+            error = answer["error"]["error"]
+            return _error(529 if error["type"] == "overloaded_error" else 400, error["type"], error["message"])
+        return JSONResponse(answer["message"])
 
     async def create(self, request: Request) -> Response:
         raw = await request.body()
@@ -240,6 +260,7 @@ def build_app(stub: AnthropicStub) -> Starlette:
 
     return Starlette(routes=[
         Route("/_health", health), Route("/_stats", stats), Route("/_reset", reset, methods=["POST"]),
+        Route("/v1/messages", stub.message, methods=["POST"]),
         Route("/v1/messages/batches", stub.handle, methods=["GET", "POST"]),
         Route("/v1/messages/batches/{batch_id}", stub.handle, methods=["GET"]),
         Route("/v1/messages/batches/{batch_id}/cancel", stub.handle, methods=["POST"]),
