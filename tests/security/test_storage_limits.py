@@ -145,6 +145,21 @@ def test_an_upload_larger_than_the_room_is_refused_while_it_streams(gw: Gateway)
     _clear(gw, SMALL)
 
 
+def test_a_file_sent_before_its_purpose_is_checked_the_same_way(gw: Gateway) -> None:
+    """The `file` part before `purpose` (spooled until the fields are known): refused alike, nothing kept."""
+    boundary = "file-first-boundary"
+    body = (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="f.jsonl"\r\n\r\n'.encode()
+            + _content(QUOTA + 1)
+            + f'\r\n--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+              f"--{boundary}--\r\n".encode())
+    before = _blobs(gw)
+    reply = httpx.post(f"{gw.url}/v1/files", content=body, timeout=60,
+                       headers={"Authorization": f"Bearer {SMALL}",
+                                "Content-Type": f"multipart/form-data; boundary={boundary}"})
+    assert reply.status_code == 429 and reply.json()["error"]["code"] == "storage_quota_exceeded"
+    assert _blobs(gw) <= before and gw.client(SMALL).files.list().data == []
+
+
 def test_one_team_at_its_quota_does_not_take_another_teams_room(gw: Gateway) -> None:
     """The quota is per team: `small` full leaves `roomy` its own (the default, batch_settings')."""
     _upload(gw, SMALL, QUOTA)
