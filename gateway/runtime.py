@@ -82,7 +82,8 @@ class Runtime:
                                       spawn=self.spawn,
                                       policy=retry_policy(config))
         announce = self.webhooks.announce
-        self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter, announce=announce)
+        self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter, announce=announce,
+                                   file_expiry_seconds=config.batch.file_expiry_seconds)
         self.quotas = quotas = store.quota
         self.budgets = Budgets(config, quotas)
         self.service = BatchService(config, store, blobs, queue, coordination, spawn=self.spawn,

@@ -36,6 +36,7 @@ from gateway.store.base import (
     now,
 )
 from gateway.store.quota import MAX_ACTIVE_BATCHES, MODEL_MAX_ENQUEUED_REQUESTS, QuotaLedger, TeamLimits, over_model
+from gateway.store.storage import StorageMeter
 
 log = logging.getLogger("batchyard.service")
 
@@ -74,6 +75,8 @@ class BatchService:
         self.budgets = budgets or Budgets(config, quotas)
         self._limits = {t.team_id: TeamLimits(t.max_enqueued_requests, t.max_active_batches,
                                               t.model_max_enqueued_requests) for t in config.batch.teams}
+        self._storage_limits = {t.team_id: t.max_file_storage_bytes for t in config.batch.teams
+                                if t.max_file_storage_bytes is not None}
 
     # -- files -----------------------------------------------------------------
 
@@ -91,15 +94,22 @@ class BatchService:
         key = f"files/{file_id}"
         limit = self.config.batch.limits.max_file_bytes
         size = 0
-        async with self.blobs.writing(key) as writer:
-            async for chunk in chunks:
-                size += len(chunk)
-                if size > limit:
-                    raise TooLarge(f"the file is larger than the limit of {limit} bytes", param="file",
-                                   code="file_too_large")
-                await writer.write(chunk)
-        rec = FileRecord(file_id, owner, size, created, filename, purpose, expires_at, key)
-        await self.store.files.put(rec)
+        meter = StorageMeter(self.store.storage, owner, file_id,
+                             self._storage_limits.get(owner, self.config.batch.max_file_storage_bytes))
+        try:
+            async with self.blobs.writing(key) as writer:  # refused or failed: the blob is aborted, never kept
+                async for chunk in meter.metered(chunks):
+                    size += len(chunk)
+                    if size > limit:
+                        raise TooLarge(f"the file is larger than the limit of {limit} bytes", param="file",
+                                       code="file_too_large")
+                    await writer.write(chunk)
+            rec = FileRecord(file_id, owner, size, created, filename, purpose, expires_at, key)
+            await self.store.files.put(rec)
+        except BaseException:
+            await self.store.storage.release(owner, file_id)
+            raise
+        await self.store.storage.settle(owner, file_id, size)
         return rec
 
     def open_file(self, rec: FileRecord) -> AsyncIterator[bytes]:
@@ -107,9 +117,13 @@ class BatchService:
 
     async def delete_file(self, file_id: str, owner: str | None) -> bool:
         rec = await self.store.files.get(file_id, owner)
-        if rec is None or not await self.store.files.delete(file_id, owner):
+        if rec is None:
+            return False
+        await self.store.storage.hold(rec.owner, file_id)  # a crash from here on cannot leave its bytes counted
+        if not await self.store.files.delete(file_id, owner):
             return False
         await self.blobs.delete(rec.blob_key)
+        await self.store.storage.release(rec.owner, file_id)  # its bytes are free once they are gone
         return True
 
     async def delete_expired_files(self) -> int:

@@ -46,6 +46,10 @@ class Team(Strict):
     # model_name -> requests of that model in the team's unfinished batches (only the models listed are limited;
     # refused with `model_max_enqueued_requests_exceeded`)
     model_max_enqueued_requests: dict[str, PositiveInt] = Field(default_factory=dict)
+    # Bytes of the team's uploaded files (stored, or being uploaded) until deleted or expired; an upload that
+    # would pass it is refused with 429 `storage_quota_exceeded` (gateway.store.storage). None: the default,
+    # batch_settings.max_file_storage_bytes.
+    max_file_storage_bytes: PositiveInt | None = None
     # Rate limits, LiteLLM proxy's names: requests started / tokens reported (usage.total_tokens) per minute
     # (per `rate_window_seconds`) on each route the team uses, each route counted apart; `model_…` overrides
     # them per model_name. On top of the deployments' own rpm/tpm (LiteLLM's Router keeps those). Over them a
@@ -128,7 +132,12 @@ class BatchSettings(Strict):
     # Allowed completion windows, in seconds ("24h" is OpenAI's only value and always allowed;
     # tests add short ones to exercise expiry).
     completion_windows: dict[str, PositiveInt] = Field(default_factory=lambda: dict(DEFAULT_WINDOWS))
-    file_expiry_seconds: PositiveInt | None = None  # uploads without expires_after expire after this
+    # Files without their own expiry (uploads without `expires_after`, batch outputs without
+    # `output_expires_after`) expire this long after they are created, as OpenAI's do; null: never.
+    file_expiry_seconds: PositiveInt | None = 30 * 86_400
+    # The file storage limit of each team without its own `max_file_storage_bytes`, and of the uploads made
+    # with the master key or to an open gateway. None: no limit.
+    max_file_storage_bytes: PositiveInt | None = None
     # The length of the windows the teams' rpm_limit/tpm_limit are counted in (gateway.store.rates): the limits
     # are per window, so 60 makes them per minute as their names say; tests shorten it.
     rate_window_seconds: PositiveInt = 60

@@ -33,11 +33,13 @@ class Finalizer:
     def __init__(
         self, store: Store, blobs: Blobs, coordination: Coordination,
         reporter: Callable[[str], RouteReporter | None], *, announce: Announce = announce_nothing,
+        file_expiry_seconds: int | None = None,
     ) -> None:
         # `reporter(route)`: the route's backend when it summarises routes for finalize (native batches), else
         # None. Only that hook, not the backends: finalizing never starts an engine or builds a Router.
         self.store, self.blobs, self._coordination, self._reporter = store, blobs, coordination, reporter
         self._announce = announce
+        self._file_expiry = file_expiry_seconds  # outputs without output_expires_after expire after this
 
     async def finish_shard(self, shard: Shard) -> None:
         """Mark a shard finished; finalize its batch if it was the last."""
@@ -68,6 +70,8 @@ class Finalizer:
         )
         created = now()
         expires_at = expiry(batch.output_expires_after, created, "output_expires_after")
+        if expires_at is None and self._file_expiry is not None:
+            expires_at = created + self._file_expiry
         routes: dict[str, Any] = {**batch.routes, "summary": summary.to_json()}
         for name, stats in (await self.store.ledger.route_stats(batch_id)).items():
             if name:

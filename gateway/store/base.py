@@ -4,7 +4,8 @@
   `batches` (`BatchStore`), the shard `ledger` (`ShardLedger`: shards,
   attempts, the result journal - results recorded per request, so a retried
   shard skips finished ones - and route stats), `backend_state`, `webhooks`,
-  the teams' `quota` (`gateway.store.quota`) and `rates` (`gateway.store.rates`).
+  the teams' `quota` (`gateway.store.quota`), `rates` (`gateway.store.rates`) and `storage`
+  (`gateway.store.storage`).
 - `Blobs`: file bytes by key (uploads, shard files, outputs).
 - `Queue`: shards waiting for a worker, and the ones workers hold.
 - `Coordination`: leases and worker heartbeats, for the steps two processes
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 from gateway.records import BatchStatus, Result, RouteStats, Shard, Usage
 from gateway.store.quota import QuotaLedger, SpendTo
 from gateway.store.rates import RateWindows
+from gateway.store.storage import StorageLedger
 from gateway.store.webhook_deliveries import WebhookDeliveries
 
 
@@ -253,7 +255,8 @@ class Store(Protocol):
     (one SQLite file, one Redis client) and the ledger writes the batches' counters atomically with its
     journal; a caller names the concept at each call (`store.ledger.record_results(...)`). `webhooks`:
     the teams' webhook deliveries (`gateway.store.webhook_deliveries`); `quota`: the teams' admitted
-    batches and spend (`gateway.store.quota`); `rates`: their rpm/tpm windows (`gateway.store.rates`)."""
+    batches and spend (`gateway.store.quota`); `rates`: their rpm/tpm windows (`gateway.store.rates`); `storage`:
+    the bytes of their uploads (`gateway.store.storage`)."""
 
     @property
     def files(self) -> FileStore: ...
@@ -269,6 +272,8 @@ class Store(Protocol):
     def quota(self) -> QuotaLedger: ...
     @property
     def rates(self) -> RateWindows: ...
+    @property
+    def storage(self) -> StorageLedger: ...
     async def aclose(self) -> None: ...
 
 

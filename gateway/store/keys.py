@@ -33,13 +33,17 @@ queue (`RedisStreamQueue`; lengths make the keys unambiguous whatever a route or
     streams:{route}           set     every batch stream of the route (reclaim, counts, upkeep)
     queued                    hash    shard key -> `entry id@stream` of the entry that carries it
 
-quotas (`RedisQuotaLedger`, `RedisRates`)
+quotas (`RedisQuotaLedger`, `RedisRates`, `RedisStorageLedger`)
     quota:{team}              hash    batch id -> requests it enqueued, for each admitted batch still counted
     quota-at                  zset    admitted batch ids, score = when (the sweep lets go of finished ones)
     quota-team                hash    admitted batch id -> its team
     quota-models:{team}       hash    batch id -> {model_name: requests} JSON (teams with per-model limits)
     spend:{team}              hash    budget period start (epoch seconds, 0: for ever) -> USD spent
                                       (moved by the ledger's record_results, with the journal)
+    storage:{team}            hash    file id -> bytes, for each upload counted against the team's storage
+                                      (RedisStorageLedger, gateway.store.storage)
+    storage-pending:{team}    hash    file id -> when last checked, for the entries of running uploads and
+                                      of files being deleted
     rate:{n}:{team}:{route}:{window}
                               hash    `requests`, `tokens` started/reported in one rate window (RedisRates;
                                       expires two windows after it starts)
@@ -157,6 +161,12 @@ class Keys:
 
     def spend(self, team: str) -> str:
         return f"{self.prefix}spend:{team}"
+
+    def storage(self, team: str) -> str:
+        return f"{self.prefix}storage:{team}"
+
+    def storage_pending(self, team: str) -> str:
+        return f"{self.prefix}storage-pending:{team}"
 
     def rate(self, team: str, route: str, window: int) -> str:
         return f"{self.prefix}rate:{len(team)}:{team}:{route}:{window}"

@@ -14,7 +14,8 @@ the parts share one client:
   delivery, a due set, per-team recent lists;
 - `RedisQuotaLedger` (`gateway.store.redis_quota`): the teams' admitted batches
   and spend;
-- `RedisRates` (`gateway.store.redis_rates`): the teams' rpm/tpm windows.
+- `RedisRates` (`gateway.store.redis_rates`): the teams' rpm/tpm windows;
+- `RedisStorageLedger` (`gateway.store.redis_storage`): the bytes of the teams' uploads.
 
 Key names live in `gateway.store.keys`. Not for Redis Cluster: scripts touch a
 batch's keys and the global indexes together.
@@ -32,6 +33,7 @@ from gateway.store.redis_files import RedisFiles
 from gateway.store.redis_ledger import RedisLedger
 from gateway.store.redis_quota import RedisQuotaLedger
 from gateway.store.redis_rates import RedisRates
+from gateway.store.redis_storage import RedisStorageLedger
 from gateway.store.redis_webhooks import RedisWebhookDeliveries
 
 
@@ -48,6 +50,7 @@ class RedisStore:
         self.webhooks = RedisWebhookDeliveries(client, keys)
         self.quota = RedisQuotaLedger(client, keys)
         self.rates = RedisRates(client, keys, rate_window_seconds)
+        self.storage = RedisStorageLedger(client, keys)
 
     async def aclose(self) -> None:
         if self._owns_client:

@@ -2,8 +2,8 @@
 
 One connection per process, used from the event loop's thread and shared by
 the parts (`SQLiteFiles`, `SQLiteBatches`, `SQLiteLedger`, `SQLiteWebhookDeliveries`,
-`SQLiteBackendState`, `SQLiteQuotaLedger`, `SQLiteRates`): each call is a short transaction, so a call is atomic
-with respect to every other, in this process and in the others on the same
+`SQLiteBackendState`, `SQLiteQuotaLedger`, `SQLiteRates`, `SQLiteStorageLedger`): each call is a
+short transaction, so a call is atomic with respect to every other, in this process and in the others on the same
 file (the API process and its worker processes). WAL mode lets readers
 (status polls) go on while a worker writes; a writer waits for another's short
 transaction (`busy_timeout`). WAL with synchronous=NORMAL survives a killed
@@ -23,6 +23,7 @@ from gateway.store import (
     sqlite_ledger,
     sqlite_quota,
     sqlite_rates,
+    sqlite_storage,
     sqlite_webhooks,
 )
 from gateway.store.rates import DEFAULT_WINDOW_SECONDS
@@ -32,6 +33,7 @@ from gateway.store.sqlite_files import SQLiteFiles
 from gateway.store.sqlite_ledger import SQLiteLedger
 from gateway.store.sqlite_quota import SQLiteQuotaLedger
 from gateway.store.sqlite_rates import SQLiteRates
+from gateway.store.sqlite_storage import SQLiteStorageLedger
 from gateway.store.sqlite_webhooks import SQLiteWebhookDeliveries
 
 BUSY_TIMEOUT_MS = 30_000
@@ -51,7 +53,7 @@ class SQLiteStore:
     def __init__(self, path: Path, *, rate_window_seconds: float = DEFAULT_WINDOW_SECONDS) -> None:
         self._db = connect(path)
         for part in (sqlite_files, sqlite_batches, sqlite_ledger, sqlite_backend_state, sqlite_webhooks,
-                     sqlite_quota, sqlite_rates):
+                     sqlite_quota, sqlite_rates, sqlite_storage):
             self._db.executescript(part.SCHEMA)
         self.files = SQLiteFiles(self._db)
         self.batches = SQLiteBatches(self._db)
@@ -60,6 +62,7 @@ class SQLiteStore:
         self.webhooks = SQLiteWebhookDeliveries(self._db)
         self.quota = SQLiteQuotaLedger(self._db)
         self.rates = SQLiteRates(self._db, rate_window_seconds)
+        self.storage = SQLiteStorageLedger(self._db)
 
     async def aclose(self) -> None:
         self._db.close()
