@@ -101,6 +101,7 @@ class LiteLLMBackend:
         # What a line may carry beyond OpenAI's documented fields, and which media hosts may be fetched for it
         self._allowed_params = {route.model_name: route.allowed_params for route in routes}
         self._media_hosts = {route.model_name: route.allowed_media_domains for route in routes}
+        self._known: dict[tuple[Endpoint, str], frozenset[str]] = {}  # (endpoint, group) -> the fields it takes
 
     async def start(self) -> None:
         if self._router is not None:
@@ -171,7 +172,11 @@ class LiteLLMBackend:
 
         `body` is splatted into a LiteLLM call below, so this check is what keeps a line from setting a key,
         a base URL, a mock, a fallback or a price (see gateway.pipeline.body_fields)."""
-        name = unknown_field(body, upstream_fields(req.url) | self._allowed_params.get(model, frozenset()))
+        known = self._known.get((req.url, model))
+        if known is None:
+            known = upstream_fields(req.url) | self._allowed_params.get(model, frozenset())
+            self._known[(req.url, model)] = known
+        name = unknown_field(body, known)
         if name is not None:
             return unrecognized(req, name)
         if wire:
