@@ -6,7 +6,8 @@ Prices are the operator's (trusted), never a line's: a deployment may carry
 times those prices. Otherwise the per-token prices LiteLLM's local price map
 (`litellm.model_cost`, never fetched) gives the deployment's model, looked up
 once per deployment (`model_info.base_model` first, as LiteLLM does for Azure
-deployments). Token counts are the reply's sane ones only (`Usage.read`).
+deployments), read when the Router is built. Token counts are the reply's sane
+ones only (`Usage.read`).
 
 On LiteLLM's completion path (`cost`) the same rule holds. LiteLLM's own per-call
 `response_cost` is not taken where a per-token price is known: it is computed
@@ -44,16 +45,13 @@ class Prices:
             if any(p is not None for p in found) and info.get("id") is not None:
                 self._by_id[str(info["id"])] = (found[0] or 0.0, found[1] or 0.0)
         self._deployments = {str((d.get("model_info") or {}).get("id")): d for d in listed}
-        self._mapped: dict[str, tuple[float, float] | None] = {}
+        # Read from the price map now, before any line runs: LiteLLM registers prices a call's keyword
+        # arguments carry into that same global map (`litellm.model_cost`), so a later read could see them.
+        self._mapped = {key: _price_map(d) for key, d in self._deployments.items() if key not in self._by_id}
 
     def prices(self, deployment_id: str) -> tuple[float, float] | None:
         """The deployment's per-token prices: the config's, else the price map's (None: neither gives one)."""
-        prices = self._by_id.get(deployment_id)
-        if prices is None:
-            if deployment_id not in self._mapped:
-                self._mapped[deployment_id] = _price_map(self._deployments.get(deployment_id) or {})
-            prices = self._mapped[deployment_id]
-        return prices
+        return self._by_id.get(deployment_id) or self._mapped.get(deployment_id)
 
     def for_deployment(self, deployment_id: str, body: dict[str, Any]) -> float | None:
         """A pass-through reply's cost: its `usage` times the deployment's prices (config, else price map)."""
