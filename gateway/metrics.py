@@ -7,6 +7,8 @@ an embedded worker process):
 - `batchyard_tokens_total{team, route, type}`: input and output tokens of
   successful results;
 - `batchyard_cost_usd_total{team, route}`: what those results cost;
+- `batchyard_upstream_usage_rejected_total{route}`: successful results whose reply's `usage`
+  was not sane non-negative integers (`gateway.records.Usage.read`): counted as zero tokens and cost;
 - `batchyard_requests_in_flight{route}`: requests being executed right now;
 - `batchyard_team_requests_in_flight{team, route}`: the same by team (its share
   of the route is this over the route's total);
@@ -44,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from gateway.records import BatchStatus, Result
+from gateway.records import MAX_USAGE_TOKENS, BatchStatus, Result, billable
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge, Histogram
@@ -71,6 +73,7 @@ class _Metrics:
     requests: Counter
     tokens: Counter
     cost: Counter
+    usage_rejected: Counter
     in_flight: Gauge
     team_in_flight: Gauge
     latency: Histogram
@@ -92,6 +95,8 @@ def _metrics() -> _Metrics:
         tokens=Counter("batchyard_tokens", "Tokens of successful requests, by team, route and type (input, output).",
                        ["team", "route", "type"]),
         cost=Counter("batchyard_cost_usd", "Cost of requests in US dollars, by team and route.", ["team", "route"]),
+        usage_rejected=Counter("batchyard_upstream_usage_rejected", "Replies whose usage was not sane non-negative "
+                               "integers, counted as zero tokens, by route.", ["route"]),
         in_flight=Gauge("batchyard_requests_in_flight", "Requests being executed (upstream or on an engine), "
                         "by route.", ["route"], multiprocess_mode="livesum"),
         team_in_flight=Gauge("batchyard_team_requests_in_flight", "Requests being executed, by team and route "
@@ -115,6 +120,7 @@ def observe_results(team: str, route: str, results: Iterable[Result]) -> None:
     requests: dict[str, int] = {}
     tokens_in = tokens_out = 0
     cost = 0.0
+    refused = 0
     for result in results:
         status = _status(result)
         requests[status] = requests.get(status, 0) + 1
@@ -122,9 +128,14 @@ def observe_results(team: str, route: str, results: Iterable[Result]) -> None:
             usage = result.usage
             tokens_in += usage.input_tokens
             tokens_out += usage.output_tokens
-        if result.cost_usd:
-            cost += result.cost_usd
+            refused += result.usage_refused
+        cost += billable(result.cost_usd)  # a Counter refuses a negative increment, and a spend never falls
     observe_statuses(team, route, requests)
+    if refused:
+        m.usage_rejected.labels(route).inc(refused)
+        # Which route, how many; never the reply itself (it is the team's data).
+        log.warning("route %s (team %s): %d replies reported a usage that is not sane non-negative integers (at "
+                    "most %d tokens); counted as zero tokens", route, team, refused, MAX_USAGE_TOKENS)
     if tokens_in:
         m.tokens.labels(team, route, "input").inc(tokens_in)
     if tokens_out:

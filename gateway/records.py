@@ -7,6 +7,7 @@ work. Batch and file records live in `gateway.store`; they are the wire objects.
 from __future__ import annotations
 
 import enum
+import math
 import random
 import secrets
 from dataclasses import dataclass, field
@@ -85,6 +86,36 @@ class BatchRequest:
         return cls(line=data["line"], custom_id=data["custom_id"], url=Endpoint(data["url"]), body=data["body"])
 
 
+# The most tokens one request's reply may report and be counted. No model reads or writes anywhere near a
+# billion tokens in one call (the largest context windows are around 10^7); a count past this is a broken or
+# hostile upstream, and believing it would put one line's absurd price on the team's spend.
+MAX_USAGE_TOKENS = 10**9
+
+_WRONG: dict[str, Any] = {}  # a details object that is not an object (`_details`)
+
+
+def sane_tokens(value: Any) -> int | None:
+    """A token count as an upstream reports it, if it is sane: an int (not a bool) in [0, MAX_USAGE_TOKENS]."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_USAGE_TOKENS:
+        return value
+    return None
+
+
+def _details(usage: dict[str, Any], *names: str) -> dict[str, Any] | None:
+    """The first of the `*_tokens_details` objects present; `_WRONG` when it is there but not an object."""
+    for name in names:
+        value = usage.get(name)
+        if value is not None:
+            return value if isinstance(value, dict) else _WRONG
+    return None
+
+
+def billable(cost: float | None) -> float:
+    """What a result's cost may add to a spend or a cost total: a finite amount above zero, else nothing.
+    A spend only grows (a new budget period starts a new one); a negative or NaN price cannot move it back."""
+    return float(cost) if isinstance(cost, float | int) and math.isfinite(cost) and cost > 0 else 0.0
+
+
 @dataclass(slots=True)
 class Usage:
     input_tokens: int = 0
@@ -105,19 +136,32 @@ class Usage:
     @classmethod
     def from_body(cls, body: dict[str, Any] | None) -> Usage:
         """Read token counts from a response body (chat, completions, embeddings or responses shape)."""
-        usage = (body or {}).get("usage") or {}
-        if not isinstance(usage, dict):
-            return cls()
-        inp = usage.get("prompt_tokens", usage.get("input_tokens")) or 0
-        out = usage.get("completion_tokens", usage.get("output_tokens")) or 0
-        in_details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
-        out_details = usage.get("completion_tokens_details") or usage.get("output_tokens_details") or {}
-        return cls(
-            input_tokens=int(inp),
-            output_tokens=int(out),
-            cached_tokens=int((in_details or {}).get("cached_tokens") or 0),
-            reasoning_tokens=int((out_details or {}).get("reasoning_tokens") or 0),
-        )
+        return cls.read(body)[0]
+
+    @classmethod
+    def read(cls, body: dict[str, Any] | None) -> tuple[Usage, bool]:
+        """The body's token counts, and whether any was refused (counted as zero; see `sane_tokens`).
+
+        A reply's `usage` is the upstream's word, not the operator's: only sane counts are priced and
+        summed into a batch's usage and a team's spend. Absent or null fields are 0 and refuse nothing.
+        """
+        raw = (body or {}).get("usage")
+        if raw is None:
+            return cls(), False
+        if not isinstance(raw, dict):
+            return cls(), True
+        inp = raw.get("prompt_tokens")
+        inp = raw.get("input_tokens") if inp is None else inp
+        out = raw.get("completion_tokens")
+        out = raw.get("output_tokens") if out is None else out
+        in_details = _details(raw, "prompt_tokens_details", "input_tokens_details")
+        out_details = _details(raw, "completion_tokens_details", "output_tokens_details")
+        values = [inp, out, None if in_details is None else in_details.get("cached_tokens"),
+                  None if out_details is None else out_details.get("reasoning_tokens")]
+        counts = [sane_tokens(v) for v in values]
+        refused = in_details is _WRONG or out_details is _WRONG or any(
+            v is not None and c is None for v, c in zip(values, counts, strict=True))
+        return cls(*(c or 0 for c in counts)), refused
 
     def to_openai(self) -> dict[str, Any]:
         return {
@@ -153,9 +197,11 @@ class Result:
     # way of building one, `from_json` included, goes through `__post_init__`): the journal, the
     # counters, route stats, metrics and pricing all read it.
     usage: Usage = field(init=False, repr=False, compare=False)
+    # The reply's `usage` held a count that is not sane (`Usage.read`): counted as zero, and reported.
+    usage_refused: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.usage = Usage.from_body(self.body) if self.ok else Usage()
+        self.usage, self.usage_refused = Usage.read(self.body) if self.ok else (Usage(), False)
 
     @property
     def ok(self) -> bool:
@@ -237,8 +283,7 @@ class RouteStats:
             self.output_tokens += usage.output_tokens
         else:
             self.failed += 1
-        if result.cost_usd:
-            self.cost_usd += result.cost_usd
+        self.cost_usd += billable(result.cost_usd)
 
     def to_json(self) -> dict[str, Any]:
         return {"requests": self.requests, "completed": self.completed, "failed": self.failed,

@@ -7,7 +7,9 @@ jobs by that provider's `UpstreamJobs` (OpenAI and Azure: `providers.openai_jobs
 Anthropic: `providers.anthropic_jobs`; Mistral: `providers.mistral_jobs`). The file
 and job ids are recorded in the store's meta (`native:<batch>:<shard>`) before any
 polling, so a restarted process polls the jobs it already created instead of
-creating new ones. Jobs are polled with backoff and read back as OpenAI-shaped
+creating new ones. No job is created while the team is over its budget
+(`gateway.pipeline.budget.over_budget_now`): its lines get `budget_exceeded`, as
+on a real-time route. Jobs are polled with backoff and read back as OpenAI-shaped
 result lines; every request gets exactly one `Result`. When the shard runner
 cancels a shard because our batch was cancelled or expired, the upstream jobs are
 cancelled too; a process shutdown leaves them running, to be picked up on restart.
@@ -24,7 +26,8 @@ from typing import Any
 
 from gateway.config.routes import NATIVE_PROVIDERS, Route
 from gateway.pipeline.body_fields import unknown_field, unrecognized, upstream_fields
-from gateway.pipeline.lifecycle import stop_reason
+from gateway.pipeline.budget import over_budget_now
+from gateway.pipeline.lifecycle import OVER_BUDGET, stop_reason
 from gateway.pipeline.media_urls import refused_media
 from gateway.records import BatchRequest, Endpoint, Result, Shard, Usage, new_id
 from gateway.store.base import Store
@@ -195,6 +198,12 @@ class NativeBatchBackend:
                 if not any(line in by_line for line in part.lines):
                     continue  # every request of it is recorded already
                 if part.batch_id is None:
+                    if await over_budget_now():  # a job is money committed: none past the team's budget
+                        for line in part.lines:
+                            if line in by_line:
+                                yield Result.failure(line, by_line[line].custom_id, *OVER_BUDGET,
+                                                     model=by_line[line].model)
+                        continue
                     failure = await self._create(jobs, shard, i, part, by_line, save)
                     if failure is not None:
                         for line in part.lines:

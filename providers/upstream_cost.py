@@ -1,16 +1,25 @@
 """What one upstream call cost: the config's prices when it gives them, else LiteLLM's price map's.
 
-A deployment may carry `input_cost_per_token` / `output_cost_per_token` in its
-`model_info` or `litellm_params` (LiteLLM's proxy reads both); then the reply's
-token counts times those prices. Otherwise, on the pass-through
-(`for_deployment`), the prices LiteLLM's local price map (`litellm.model_cost`,
-never fetched) gives the deployment's model, looked up once per deployment
-(`model_info.base_model` first, as LiteLLM does for Azure deployments); on
-LiteLLM's completion path (`cost`), its own per-call price.
+Prices are the operator's (trusted), never a line's: a deployment may carry
+`input_cost_per_token` / `output_cost_per_token` in its `model_info` or
+`litellm_params` (LiteLLM's proxy reads both); then the reply's token counts
+times those prices. Otherwise the per-token prices LiteLLM's local price map
+(`litellm.model_cost`, never fetched) gives the deployment's model, looked up
+once per deployment (`model_info.base_model` first, as LiteLLM does for Azure
+deployments), read when the Router is built. Token counts are the reply's sane
+ones only (`Usage.read`).
+
+On LiteLLM's completion path (`cost`) the same rule holds. LiteLLM's own per-call
+`response_cost` is not taken where a per-token price is known: it is computed
+from the call's keyword arguments (custom prices, `base_model`, `metadata.model_info`,
+`optional_params`), which a line's body becomes. It is the price only of a
+deployment that neither the config nor the price map prices by the token (an
+image model, priced per image), and then only a finite, non-negative one.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -36,30 +45,35 @@ class Prices:
             if any(p is not None for p in found) and info.get("id") is not None:
                 self._by_id[str(info["id"])] = (found[0] or 0.0, found[1] or 0.0)
         self._deployments = {str((d.get("model_info") or {}).get("id")): d for d in listed}
-        self._mapped: dict[str, tuple[float, float] | None] = {}
+        # Read from the price map now, before any line runs: LiteLLM registers prices a call's keyword
+        # arguments carry into that same global map (`litellm.model_cost`), so a later read could see them.
+        self._mapped = {key: _price_map(d) for key, d in self._deployments.items() if key not in self._by_id}
+
+    def prices(self, deployment_id: str) -> tuple[float, float] | None:
+        """The deployment's per-token prices: the config's, else the price map's (None: neither gives one)."""
+        return self._by_id.get(deployment_id) or self._mapped.get(deployment_id)
 
     def for_deployment(self, deployment_id: str, body: dict[str, Any]) -> float | None:
         """A pass-through reply's cost: its `usage` times the deployment's prices (config, else price map)."""
-        prices = self._by_id.get(deployment_id)
-        if prices is None:
-            if deployment_id not in self._mapped:
-                self._mapped[deployment_id] = _price_map(self._deployments.get(deployment_id) or {})
-            prices = self._mapped[deployment_id]
+        prices = self.prices(deployment_id)
         if prices is None:
             return None
         usage = Usage.from_body(body)
         return usage.input_tokens * prices[0] + usage.output_tokens * prices[1]
 
     def cost(self, reply: Any, body: dict[str, Any]) -> float | None:
+        """A completion-path reply's cost: as `for_deployment` for the deployment the Router chose; LiteLLM's
+        `response_cost` only for a deployment with no per-token price anywhere (see the module docs)."""
         hidden = getattr(reply, "_hidden_params", None) or {}
         if not isinstance(hidden, dict):
             hidden = dict(hidden) if hasattr(hidden, "keys") else {}
-        configured = self._by_id.get(str(hidden.get("model_id")))
-        if configured is not None:
-            usage = Usage.from_body(body)
-            return usage.input_tokens * configured[0] + usage.output_tokens * configured[1]
-        cost = hidden.get("response_cost")
-        return float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None
+        deployment_id = str(hidden.get("model_id", ""))  # set by the Router from the config's deployment
+        if deployment_id in self._deployments:
+            priced = self.for_deployment(deployment_id, body)
+            if priced is not None:
+                return priced
+        cost = _price(hidden.get("response_cost"))
+        return cost if cost is not None and math.isfinite(cost) and cost >= 0 else None
 
 
 def _price_map(deployment: dict[str, Any]) -> tuple[float, float] | None:

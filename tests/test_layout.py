@@ -31,7 +31,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("gateway.cli",),
 ]
 # The pipeline's stages in the order a batch meets them: a stage imports only earlier ones, even lazily.
-STAGES = ["lifecycle", "budget", "body_fields", "media_urls", "validate", "plan", "merge", "execute", "finalizer", "coordinator"]
+STAGES = ["lifecycle", "budget", "body_fields", "media_urls", "validate", "plan", "merge", "execute", "finalizer",
+          "coordinator"]
 
 
 def _modules() -> dict[str, Path]:

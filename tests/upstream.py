@@ -34,6 +34,8 @@ Directives in the request text (last user message, prompt, input, query):
 - `#sleep:MS`  wait MS milliseconds before answering (real-time only)
 - `#count`     count calls per exact text in `stats()["by_custom"]`
 - `#extra`     add fields OpenAI's types don't know to a success reply (`x_provider`, `prompt_logprobs`)
+- `#usage:NAME` a success reply's `usage` is a bad one (`tests.upstream_app.BAD_USAGE`: negative, huge,
+  float, string, bool, nested, list)
 
 Files and Batches API under `/v1`, `/openai` (`?api-version=`) and `/openai/v1`.
 A batch goes validating → in_progress → finalizing → completed within

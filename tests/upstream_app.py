@@ -44,6 +44,18 @@ REALTIME_PATHS.update({"/openai/responses": "responses", "/v2/rerank": "rerank"}
 _DEPLOYMENT_RE = re.compile(r"^/openai/deployments/([^/]+)/(" + "|".join(re.escape(op) for op in OPS) + r")$")
 
 _FAIL_RE = re.compile(r"#fail:(\d{3})(?:x(\d+))?")
+_USAGE_RE = re.compile(r"#usage:(\w+)")
+# `#usage:NAME`: the reply's `usage` is one a broken or hostile provider might send.
+BAD_USAGE: dict[str, object] = {
+    "negative": {"prompt_tokens": -1_000_000, "completion_tokens": -5, "total_tokens": -1_000_005},
+    "huge": {"prompt_tokens": 10**15, "completion_tokens": 10**15, "total_tokens": 2 * 10**15},
+    "float": {"prompt_tokens": 2.5, "completion_tokens": 1e12, "total_tokens": 1e12},
+    "string": {"prompt_tokens": "999999", "completion_tokens": "7", "total_tokens": "1000006"},
+    "bool": {"prompt_tokens": True, "completion_tokens": True, "total_tokens": 2},
+    "nested": {"prompt_tokens": {"n": 5}, "completion_tokens": [5], "total_tokens": 10,
+               "prompt_tokens_details": "lots"},
+    "list": [1, 2, 3],
+}
 _SLEEP_RE = re.compile(r"#sleep:(\d+(?:\.\d+)?)")
 
 
@@ -80,6 +92,9 @@ class UpstreamServer(FilesAndBatches):
         if "#extra" in text:  # fields a provider may add that OpenAI's types (and LiteLLM's) don't know
             reply["x_provider"] = {"region": "loopback", "cached": False}
             reply["prompt_logprobs"] = None
+        usage = _USAGE_RE.search(text)
+        if usage is not None and usage.group(1) in BAD_USAGE:
+            reply["usage"] = BAD_USAGE[usage.group(1)]
         return 200, reply, None
 
     # ----------------------------------------------------------------- real-time

@@ -5,11 +5,18 @@ route's `model_info` prices otherwise), added by the store in the step that jour
 (`SpendTo`), so every process and a restarted one see one figure, and a crash between the two cannot
 happen. Over budget: the service refuses new batches and the runner stops
 sending (`gateway.pipeline.execute`).
+
+A backend that commits money in bulk (a native route's provider batch job) asks `over_budget_now()` before
+each commitment: the runner says whose budget its requests spend with `spending_for` (a context variable,
+like `gateway.fairness.running_for`, so the `Backend` interface keeps its shape).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import time
+from collections.abc import Awaitable, Callable, Iterator
 
 from gateway.config.schema import Config
 from gateway.store.quota import QuotaLedger, SpendTo, budget_period
@@ -41,4 +48,24 @@ class Budgets:
         return limit is not None and await self.spent(team) >= limit
 
 
-__all__ = ["Budgets"]
+OverBudget = Callable[[], Awaitable[bool]]  # is the team whose requests these are over its budget now?
+_current: contextvars.ContextVar[OverBudget | None] = contextvars.ContextVar("batchyard_budget", default=None)
+
+
+@contextlib.contextmanager
+def spending_for(over: OverBudget | None) -> Iterator[None]:
+    """Requests started in this block (and tasks created in it) spend the budget that `over` checks."""
+    token = _current.set(over)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+async def over_budget_now() -> bool:
+    """The budget the current requests spend is spent (never, outside `spending_for`: no team, no budget)."""
+    over = _current.get()
+    return over is not None and await over()
+
+
+__all__ = ["Budgets", "OverBudget", "over_budget_now", "spending_for"]

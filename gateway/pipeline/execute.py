@@ -31,7 +31,7 @@ from gateway.backends.pacing import Pacer, pacing_with
 from gateway.config.schema import Config
 from gateway.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
 from gateway.json_codec import loads
-from gateway.pipeline.budget import Budgets
+from gateway.pipeline.budget import Budgets, spending_for
 from gateway.pipeline.lifecycle import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
 from gateway.pipeline.merge import seal_shard
 from gateway.records import BatchRequest, Result, Shard
@@ -217,8 +217,12 @@ class ShardRunner:
                 if len(buffer) >= _FLUSH_EVERY or time.monotonic() - flushed_at > _FLUSH_SECONDS:
                     await flush()
 
-        # The task copies the context: the backend's slots see whose requests these are, and under which rates.
-        with running_for(share), pacing_with(pacer):
+        async def over() -> bool:
+            return await self.budgets.over(owner)
+
+        # The task copies the context: the backend's slots see whose requests these are, under which rates, and
+        # whose budget they spend (a native route asks it before each provider job).
+        with running_for(share), pacing_with(pacer), spending_for(over):
             consumer = asyncio.create_task(consume(), name=f"shard-{shard.key}")
         stopping: StopReason | None = None
         try:

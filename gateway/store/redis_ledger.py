@@ -21,7 +21,7 @@ from typing import cast
 import redis.asyncio as aioredis
 
 from gateway.json_codec import dumps, loads
-from gateway.records import Result, RouteStats, Shard
+from gateway.records import Result, RouteStats, Shard, billable
 from gateway.store.keys import Keys
 from gateway.store.quota import SpendTo
 
@@ -31,7 +31,8 @@ return redis.call('HLEN', KEYS[1]) - redis.call('SCARD', KEYS[2])
 """
 
 # KEYS: journal, batch, sealed set, route stats, the team's spend. ARGV: shard index, route, spend period ('':
-# none), then 8 values per result: line, json, ok (0/1), input, output, cached, reasoning tokens, cost (USD)
+# none), then 8 values per result: line, json, ok (0/1), input, output, cached, reasoning tokens, cost (USD; only
+# a positive one counts: the spend never falls within its period)
 _RECORD_RESULTS = """
 if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return 0 end
 local c = {0, 0, 0, 0, 0, 0}
@@ -44,7 +45,8 @@ for i = 4, #ARGV, 8 do
     else
       c[2] = c[2] + 1
     end
-    cost = cost + tonumber(ARGV[i + 7])
+    local usd = tonumber(ARGV[i + 7]) or 0
+    if usd > 0 and usd < math.huge then cost = cost + usd end
   end
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
@@ -131,7 +133,7 @@ class RedisLedger:
         for r in results:
             u = r.usage
             args += [r.line, dumps(r.to_json()).decode(), 1 if r.ok else 0,
-                     u.input_tokens, u.output_tokens, u.cached_tokens, u.reasoning_tokens, r.cost_usd or 0]
+                     u.input_tokens, u.output_tokens, u.cached_tokens, u.reasoning_tokens, billable(r.cost_usd)]
         keys = [self._k.journal(shard.batch_id, shard.index), self._k.batch(shard.batch_id),
                 self._k.sealed(shard.batch_id), self._k.route_stats(shard.batch_id),
                 self._k.spend(spend.team if spend is not None else "")]

@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from gateway.json_codec import dumps, loads
-from gateway.records import Result, RouteStats, Shard, Usage
+from gateway.records import Result, RouteStats, Shard, Usage, billable
 from gateway.store.quota import SpendTo
 
 SCHEMA = """
@@ -113,9 +113,11 @@ class SQLiteLedger:
                     (shard.batch_id, shard.route, route.completed, route.failed, route.input_tokens,
                      route.output_tokens, route.cost_usd),
                 )
-            if spend is not None and route.cost_usd:  # the cost of the lines journaled now, with them
+            # The cost of the lines journaled now, with them. `RouteStats.add` summed only `billable` costs; the
+            # MAX is the last word: a spend never falls within its period, whatever a result says it cost.
+            if spend is not None and billable(route.cost_usd):
                 self._db.execute("INSERT INTO team_spend VALUES (?, ?, ?) ON CONFLICT (team, period) DO UPDATE SET "
-                                 "usd = usd + excluded.usd", (spend.team, spend.period, route.cost_usd))
+                                 "usd = usd + MAX(excluded.usd, 0)", (spend.team, spend.period, route.cost_usd))
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")

@@ -84,7 +84,8 @@ model_list:
   - model_name: gpt
     litellm_params: {{model: openai/gpt, api_key: sk-op, api_base: "{upstream.v1_url}"}}
   - model_name: gpt-extras
-    litellm_params: {{model: openai/gpt-extras, api_key: sk-op, api_base: "{upstream.v1_url}", max_parallel_requests: 8}}
+    litellm_params: {{model: openai/gpt-extras, api_key: sk-op, api_base: "{upstream.v1_url}",
+                      max_parallel_requests: 8}}
     model_info: {{allowed_params: [top_k], allowed_media_domains: [localhost]}}
 """)
     lines = [

@@ -91,7 +91,8 @@ def gw(upstream: Upstream, anthropic: Stub, tmp_path_factory: pytest.TempPathFac
     config = {
         "model_list": [
             {"model_name": "gpt-wire", "model_info": prices,
-             "litellm_params": {"model": "openai/gpt-wire-upstream", "api_base": upstream.v1_url, "api_key": OPENAI_KEY}},
+             "litellm_params": {"model": "openai/gpt-wire-upstream", "api_base": upstream.v1_url,
+                                "api_key": OPENAI_KEY}},
             # max_parallel_requests keeps this deployment on LiteLLM's completion path (not the pass-through)
             {"model_name": "gpt-litellm", "model_info": prices,
              "litellm_params": {"model": "openai/gpt-litellm-upstream", "api_base": upstream.v1_url,
@@ -154,7 +155,8 @@ def test_no_litellm_keyword_in_a_line_changes_destination_key_model_or_cost(
     client = gw.client(TEAM_KEY)
     batch = wait_batch(client, submit(client, lines).id, timeout=300)
     assert batch.status == "completed", batch
-    results = {r["custom_id"]: r for r in read_jsonl(client, batch.output_file_id) + read_jsonl(client, batch.error_file_id)}
+    written = read_jsonl(client, batch.output_file_id) + read_jsonl(client, batch.error_file_id)
+    results = {r["custom_id"]: r for r in written}
     assert set(results) == {line["custom_id"] for line in lines}
 
     assert listener.seen == [], f"the team's server was called: {listener.seen[:3]}"
