@@ -48,7 +48,7 @@ def upstream() -> Iterator[Upstream]:
 
 @pytest.fixture(scope="module")
 def gw(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    teams = [
+    teams: list[dict[str, Any]] = [
         {"team_id": "open", "api_keys": [OPEN]},
         {"team_id": "quota", "api_keys": [QUOTA], "model_max_enqueued_requests": {"gpt-mini": 2}},
     ]
