@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError
 
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest, shown
 
 EXPIRES_AFTER_MIN, EXPIRES_AFTER_MAX = 3600, 2_592_000  # OpenAI's bounds on expires_after[seconds]
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512  # OpenAI's bounds on metadata
@@ -73,7 +73,7 @@ M = TypeVar("M", bound=BaseModel)
 
 def _refusal(exc: ValidationError, param: str, code: str | None = None) -> InvalidRequest:
     error = exc.errors(include_url=False)[0]
-    where = ".".join([param, *(str(p) for p in error["loc"])])
+    where = ".".join([param, *(shown(p) for p in error["loc"])])  # a metadata key is the caller's: cut
     return InvalidRequest(f"{where}: {error['msg']}", param=where, code=code)
 
 

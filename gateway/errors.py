@@ -102,9 +102,17 @@ def invalid_value(value: object, supported: list[str], param: str) -> InvalidReq
     """OpenAI's refusal of a value outside an enum: "Invalid value: 'x'. Supported values are: 'a', and 'b'."."""
     quoted = [f"'{v}'" for v in supported]
     listed = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + f", and {quoted[-1]}"
-    shown = str(value) if len(str(value)) <= 64 else str(value)[:64] + "…"
-    return InvalidRequest(f"Invalid value: '{shown}'. Supported values are: {listed}.", param=param,
+    return InvalidRequest(f"Invalid value: '{shown(value)}'. Supported values are: {listed}.", param=param,
                           code="invalid_value")
+
+
+SHOWN_CHARS = 64  # of a value a caller sent, quoted in an error message: the message stays small however big it is
+
+
+def shown(value: object) -> str:
+    """`value` as text, cut to its first `SHOWN_CHARS` characters (then "…")."""
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "…"
 
 
 # OpenAI's own wording for an unknown id (its code is null; ours names the kind of refusal).

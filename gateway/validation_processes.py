@@ -112,10 +112,19 @@ def _ready() -> None:
     return None
 
 
+class PlanFailed(RuntimeError):
+    """A plan that raised in the child, as plain text: whatever was raised there (an exception that does not
+    pickle, one too deep to) comes back as this, and the service fails the batch with it."""
+
+
 def _plan_in_child(job: PlanJob) -> PlanOutcome:
     assert _child is not None, "the pool's initializer sets up the child"
     config, blobs, loop = _child
-    return loop.run_until_complete(plan_batch(config, blobs, job))
+    try:
+        return loop.run_until_complete(plan_batch(config, blobs, job))
+    except Exception as exc:
+        log.exception("planning batch %s failed", job.batch_id)  # the traceback stays in this process's log
+        raise PlanFailed(f"{type(exc).__name__}: {str(exc)[:200]}") from None
 
 
-__all__ = ["VALIDATION_PROCESSES", "ValidationProcesses"]
+__all__ = ["VALIDATION_PROCESSES", "PlanFailed", "ValidationProcesses"]

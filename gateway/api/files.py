@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 import unicodedata
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ from gateway.api.form import Body, Event, Field, FileData, FileEnd, FileStart, F
 from gateway.api.http_errors import ApiError
 from gateway.batch_params import ExpiresAfter
 from gateway.errors import GatewayError, not_found
+from gateway.json_codec import loads_checked
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -30,6 +30,7 @@ _DRAIN_LIMIT = 64 * 1024 * 1024  # unread upload bytes we still read (and drop) 
 _FORM_OVERHEAD = 64 * 1024  # boundaries and small fields around the file in a multipart body
 _SPOOL_IN_MEMORY = 1024 * 1024
 _CHUNK = 1 << 16
+MAX_FIELD_DEPTH = 8  # containers a JSON form field (`expires_after`, one flat object) may nest
 
 
 @router.post("/files")
@@ -149,8 +150,8 @@ def _expires_after(fields: dict[str, str]) -> ExpiresAfter | None:
     generic multipart encoders, schemathesis's among them, send for an object)."""
     if "expires_after" in fields:
         try:
-            value = json.loads(fields["expires_after"])
-        except ValueError:
+            value = loads_checked(fields["expires_after"].encode(), MAX_FIELD_DEPTH)
+        except ValueError:  # not JSON, or nested too deeply
             value = None
         if not isinstance(value, dict):
             raise bad_request("expires_after must be an object with 'anchor' and 'seconds'.",

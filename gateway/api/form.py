@@ -18,6 +18,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive
 
 from gateway.api.http_errors import ApiError
+from gateway.errors import shown
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks
@@ -46,6 +47,9 @@ class FileEnd:
 
 
 Event = Field | FileStart | FileData | FileEnd
+# A part's headers (Content-Disposition with its name and filename, Content-Type), together: far more than
+# any client sends; python-multipart buffers them whole, so the cap is ours.
+MAX_PART_HEADER_BYTES = 16 * 1024
 
 
 class Body:
@@ -103,6 +107,7 @@ class FormReader:
         # the part being parsed
         self._header_name = b""
         self._header_value = b""
+        self._header_bytes = 0  # of the part being parsed
         self._disposition = b""
         self._is_file = False
         self._name = ""
@@ -144,11 +149,19 @@ class FormReader:
             raise _bad(f"Too many form fields (at most {self._max_parts}).")
         self._disposition, self._is_file, self._name = b"", False, ""
         self._data = bytearray()
+        self._header_bytes = 0
+
+    def _header_data(self, size: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > MAX_PART_HEADER_BYTES:
+            raise _bad(f"A form part's headers are longer than {MAX_PART_HEADER_BYTES} bytes.")
 
     def _on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header_data(end - start)
         self._header_name += data[start:end]
 
     def _on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._header_data(end - start)
         self._header_value += data[start:end]
 
     def _on_header_end(self) -> None:
@@ -171,7 +184,7 @@ class FormReader:
             self._pending.append(FileData(bytes(data[start:end])))
             return
         if len(self._data) + (end - start) > self._max_field_bytes:
-            raise _bad(f"Form field '{self._name}' is too long.", param=self._name)
+            raise _bad(f"Form field '{shown(self._name)}' is too long.", param=shown(self._name))
         self._data += data[start:end]
 
     def _on_part_end(self) -> None:

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from gateway.errors import Conflict, GatewayError, InvalidRequest, NotFound, OverQuota, TooLarge
+from gateway.errors import Conflict, GatewayError, InvalidRequest, NotFound, OverQuota, TooLarge, shown
 
 
 class ApiError(Exception):
@@ -34,6 +34,7 @@ _STATUS: dict[type[GatewayError], int] = {InvalidRequest: 400, NotFound: 404, Co
 
 _TYPES = {401: "invalid_request_error", 403: "permission_error", 429: "rate_limit_error"}
 _CODES = {404: "unknown_url", 405: "method_not_allowed", 413: "request_too_large"}
+_MORE_ERRORS = 5  # a body's further validation errors named after the first (a reply stays small)
 
 
 def _type_for(status: int) -> str:
@@ -77,7 +78,8 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 def _param(loc: tuple[Any, ...]) -> str | None:
     # loc is ("query", "limit") or ("body", "metadata", "k"): drop where it came from
-    parts = [str(p) for p in loc[1:]] if len(loc) > 1 else [str(p) for p in loc]
+    # a caller's key (metadata's) is part of the loc: cut to a prefix, as any value shown back
+    parts = [shown(p) for p in loc[1:]] if len(loc) > 1 else [shown(p) for p in loc]
     if "[key]" in parts:  # a mapping's key is wrong (metadata's): name the mapping, not the key's text
         parts = parts[:max(parts.index("[key]") - 1, 0)]
     return ".".join(parts) or None
@@ -109,7 +111,10 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
         message = f"Invalid {kind} for '{param or 'request'}': {first.get('msg', 'invalid')}."
     if len(errors) > 1:
         message += " Also: " + "; ".join(
-            f"{_param(tuple(e.get('loc', ()))) or 'request'}: {e.get('msg', 'invalid')}" for e in errors[1:])
+            f"{_param(tuple(e.get('loc', ()))) or 'request'}: {e.get('msg', 'invalid')}"
+            for e in errors[1:1 + _MORE_ERRORS])
+        if len(errors) > 1 + _MORE_ERRORS:
+            message += f"; and {len(errors) - 1 - _MORE_ERRORS} more."
     return error_response(400, message, code=code, param=param)
 
 

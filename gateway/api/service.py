@@ -9,12 +9,12 @@ shards and put them on the queue. Refusals are domain errors
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
-
-import orjson
 
 from gateway import metrics
 from gateway.batch_params import ExpiresAfter, checked, checked_metadata
@@ -24,6 +24,7 @@ from gateway.errors import Conflict, InvalidRequest, OverQuota, TooLarge, invali
 from gateway.pipeline.budget import Budgets
 from gateway.pipeline.lifecycle import NO_EXPIRY, Announce, announce_nothing, expiry, for_queue
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
+from gateway.pipeline.validate import LINE_SLACK, count_routes
 from gateway.records import BatchStatus, Endpoint, new_id
 from gateway.store.base import (
     BatchOptions,
@@ -35,6 +36,7 @@ from gateway.store.base import (
     Store,
     now,
 )
+from gateway.store.lines import Overlong, split_lines
 from gateway.store.quota import MAX_ACTIVE_BATCHES, MODEL_MAX_ENQUEUED_REQUESTS, QuotaLedger, TeamLimits, over_model
 from gateway.store.storage import StorageMeter
 
@@ -46,17 +48,7 @@ Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
 # Validates and plans a batch's input file into shard blobs: in place by default, in processes of their own
 # where the runtime serves the API (`gateway.validation_processes`).
 Plan = Callable[[PlanJob], Awaitable[PlanOutcome]]
-_YIELD_EVERY = 2_000  # lines parsed for their model between two yields to the loop (at create)
-
-
-def _count_model(line: bytes, by_model: dict[str, int]) -> None:
-    """Count a line for the model its body names, if it names one."""
-    try:
-        model = orjson.loads(line).get("body", {}).get("model")
-    except (orjson.JSONDecodeError, AttributeError):
-        return
-    if isinstance(model, str):
-        by_model[model] = by_model.get(model, 0) + 1
+_COUNT_LINES, _COUNT_BYTES = 2_000, 1 << 20  # lines parsed for their route per thread hop (at create)
 
 
 class BatchService:
@@ -210,25 +202,32 @@ class BatchService:
                         code="max_enqueued_requests_exceeded")
 
     async def _count_lines(self, source: FileRecord, per_model: bool) -> tuple[int, dict[str, int]]:
-        """The file's lines (a blank line counts too), and with `per_model` its lines per `body.model`,
-        streamed chunk by chunk. Without `per_model` the lines are counted in C and none is parsed; with it
-        each is parsed for its model only (a line that does not parse, or names no model, counts for no
-        model: validation refuses it later), yielding to the loop every `_YIELD_EVERY` lines."""
-        count, last = 0, b"\n"
-        by_model: dict[str, int] = {}
-        rest = b""
-        async for chunk in self.blobs.read(source.blob_key):
-            count += chunk.count(b"\n")
-            last = chunk[-1:] or last
-            if per_model:
-                *lines, rest = (rest + chunk).split(b"\n")
-                for i, line in enumerate(lines, 1):
-                    _count_model(line, by_model)
-                    if i % _YIELD_EVERY == 0:
-                        await asyncio.sleep(0)
-        if per_model and rest:
-            _count_model(rest, by_model)
-        return count + (last != b"\n"), by_model
+        """The file's lines (a blank line counts too), and with `per_model` its lines per route, streamed.
+        Without `per_model` the lines are counted in C and none is parsed. With it each is parsed, in a
+        thread (off the API's loop), for the route it names as validation resolves it (`line_route`: a
+        deployment url counts for its deployment's model); a line that does not parse, names no route or
+        is over `max_line_bytes` (cut off as it is read) counts for none: validation refuses it later."""
+        if not per_model:
+            count, last = 0, b"\n"
+            async for chunk in self.blobs.read(source.blob_key):
+                count += chunk.count(b"\n")
+                last = chunk[-1:] or last
+            return count + (last != b"\n"), {}
+        lines = 0
+        by_model: collections.Counter[str] = collections.Counter()
+        batch: list[bytes | Overlong] = []
+        size = 0
+        cap = self.config.batch.limits.max_line_bytes + LINE_SLACK
+        async for raw in split_lines(self.blobs.read(source.blob_key), cap):
+            lines += 1
+            batch.append(raw)
+            size += len(raw) if isinstance(raw, bytes) else 0
+            if len(batch) >= _COUNT_LINES or size >= _COUNT_BYTES:
+                by_model.update(await asyncio.to_thread(count_routes, self.config, batch))
+                batch, size = [], 0
+        if batch:
+            by_model.update(await asyncio.to_thread(count_routes, self.config, batch))
+        return lines, dict(by_model)
 
     async def cancel_batch(self, batch_id: str, owner: str) -> BatchRecord:
         batch = await self.store.batches.get(batch_id, owner)
@@ -287,11 +286,21 @@ class BatchService:
             await self._fail(batch, [{"code": "invalid_file", "message": "the input file was deleted",
                                          "param": "input_file_id", "line": None}])
             return
-        outcome = await self._plan(PlanJob(
-            batch_id, source.blob_key,
-            endpoint=normalise_endpoint(batch.endpoint) if batch.endpoint != "*" else None,
-            strict=batch.options.strict, allowed_models=batch.options.allowed_models,
-        ))
+        try:
+            outcome = await self._plan(PlanJob(
+                batch_id, source.blob_key,
+                endpoint=normalise_endpoint(batch.endpoint) if batch.endpoint != "*" else None,
+                strict=batch.options.strict, allowed_models=batch.options.allowed_models,
+            ))
+        except BrokenProcessPool:
+            raise  # the validation process died (killed, out of memory): the sweep validates the batch again
+        except Exception:
+            # Anything else would fail again at every sweep until the batch expired: fail it now, once.
+            log.exception("validating batch %s failed", batch_id)
+            await self._fail(batch, [{"code": "validation_failed", "message": "The input file could not be "
+                                      "validated; the batch was not run.", "param": None, "line": None}])
+            await self.blobs.delete_prefix(f"batches/{batch_id}")
+            return
         if outcome.failed:
             await self._fail(batch, [e.to_openai() for e in outcome.errors])
             await self.blobs.delete_prefix(f"batches/{batch_id}")

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from gateway.config.schema import Config
 from gateway.errors import LINE_HTTP_STATUS, LineCode, LineError
 from gateway.json_codec import dumps
-from gateway.pipeline.validate import LineChecker, LineProblem
+from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem
 from gateway.records import BatchRequest, Endpoint, Result, Shard
-from gateway.store.base import Blobs, BlobWriter, read_lines
+from gateway.store.base import Blobs, BlobWriter
+from gateway.store.lines import Overlong, split_lines
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,9 @@ async def plan_batch(config: Config, blobs: Blobs, job: PlanJob) -> PlanOutcome:
     """Validate the job's input file into shard blobs, streamed; the outcome says what was written."""
     planner = Planner(config, blobs, job.batch_id, endpoint=job.endpoint, strict=job.strict,
                       allowed_models=job.allowed_models)
-    return await planner.plan(read_lines(blobs, job.input_key))
+    # A line is cut off while it is read, once it passes the limit: it never sits whole in memory.
+    cap = config.batch.limits.max_line_bytes + LINE_SLACK
+    return await planner.plan(split_lines(blobs.read(job.input_key), cap))
 
 
 @dataclass(slots=True)
@@ -78,12 +81,12 @@ Checked = BatchRequest | LineError | LineProblem
 _CHUNK_LINES, _CHUNK_BYTES = 2_000, 1 << 20  # lines checked per thread hop (whichever comes first)
 
 
-async def _chunks(lines: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
-    chunk: list[bytes] = []
+async def _chunks(lines: AsyncIterator[bytes | Overlong]) -> AsyncIterator[list[bytes | Overlong]]:
+    chunk: list[bytes | Overlong] = []
     size = 0
     async for raw in lines:
         chunk.append(raw)
-        size += len(raw)
+        size += len(raw) if isinstance(raw, bytes) else 0
         if len(chunk) >= _CHUNK_LINES or size >= _CHUNK_BYTES:
             yield chunk
             chunk, size = [], 0
@@ -126,7 +129,7 @@ class Planner:
         if len(self.outcome.errors) < self._config.batch.limits.max_errors_listed:
             self.outcome.errors.append(error)
 
-    async def plan(self, lines: AsyncIterator[bytes]) -> PlanOutcome:
+    async def plan(self, lines: AsyncIterator[bytes | Overlong]) -> PlanOutcome:
         try:
             async with self._writing:
                 await self._read(lines)
@@ -143,7 +146,7 @@ class Planner:
         self.outcome.shards.sort(key=lambda s: s.index)
         return self.outcome
 
-    async def _read(self, lines: AsyncIterator[bytes]) -> None:
+    async def _read(self, lines: AsyncIterator[bytes | Overlong]) -> None:
         limits = self._config.batch.limits
         number = 0
         async for chunk in _chunks(lines):
@@ -181,14 +184,18 @@ class Planner:
                 "own input position, as vLLM's run_batch does", self._checker.repeats, cid, line,
             )
 
-    def _check_chunk(self, chunk: list[bytes], before: int) -> list[tuple[int, Checked, bytes]]:
+    def _check_chunk(self, chunk: list[bytes | Overlong], before: int) -> list[tuple[int, Checked, bytes]]:
         """Check lines `before + 1`… (blank ones are left out); a good line comes with its shard bytes."""
         out: list[tuple[int, Checked, bytes]] = []
-        for offset, raw in enumerate(chunk, start=1):
-            checked = self._checker.check(raw, before + offset)
-            if checked is not None:
+        for line, raw in enumerate(chunk, start=before + 1):
+            try:
+                checked = self._checker.check(raw, line)
                 data = dumps(checked.to_json()) if isinstance(checked, BatchRequest) else b""
-                out.append((before + offset, checked, data))
+            except Exception:  # a line the checks did not foresee is that line's error, not the batch's end
+                log.exception("checking line %d of batch %s failed", line, self._batch_id)
+                checked, data = LineError(LineCode.INVALID_REQUEST, "This line could not be checked.", line), b""
+            if checked is not None:
+                out.append((line, checked, data))
         return out
 
     async def _append(self, route: str, data: bytes) -> None:

@@ -7,18 +7,27 @@ seen (bounded by the line limit), never the lines themselves.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Collection
+from collections import Counter
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_url
-from gateway.errors import LineCode, LineError
+from gateway.errors import LineCode, LineError, shown
+from gateway.json_codec import loads_checked
 from gateway.pipeline.body_fields import check_body
 from gateway.records import BatchRequest, Endpoint
+from gateway.store.lines import Overlong
 
 _BOM = b"\xef\xbb\xbf"
+# Containers a line may nest (its body is about two levels in): far more than any request's JSON schema
+# needs, and under orjson's 254, so a checked line is always written back by the fast codec.
+MAX_LINE_DEPTH = 128
+# Bytes a line may carry beyond `max_line_bytes` while it is read (a BOM, a `\r`): the check is exact after.
+LINE_SLACK = len(_BOM) + 1
 
 
 @dataclass(slots=True)
@@ -47,21 +56,25 @@ class LineChecker:
         self.repeats = 0
         self.first_repeat: tuple[str, int] | None = None  # (custom_id, line) of the first repeat, for the warning
 
-    def check(self, raw: bytes, line: int) -> BatchRequest | LineError | LineProblem | None:
-        """One physical line (without its newline); None for a blank line."""
+    def check(self, raw: bytes | Overlong, line: int) -> BatchRequest | LineError | LineProblem | None:
+        """One physical line (without its newline; an `Overlong` when it was too long to keep); None for a
+        blank line."""
+        limit = self._config.batch.limits.max_line_bytes
+        if isinstance(raw, Overlong):
+            return LineError(LineCode.INVALID_REQUEST, f"line is {raw.size} bytes; the limit is {limit}", line)
         if line == 1 and raw.startswith(_BOM):
             raw = raw[len(_BOM):]
         raw = raw.rstrip(b"\r")
         if not raw.strip():
             return None
-        limit = self._config.batch.limits.max_line_bytes
         if len(raw) > limit:
             return LineError(LineCode.INVALID_REQUEST, f"line is {len(raw)} bytes; the limit is {limit}", line)
         try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+            data = loads_checked(raw, MAX_LINE_DEPTH)
+        except Exception as exc:  # whatever the decoder raises is this line's error, never the batch's end
             # OpenAI's wording, then where the parser stopped
-            return LineError(LineCode.INVALID_JSON_LINE, f"This line is not parseable as valid JSON. ({exc})", line)
+            return LineError(LineCode.INVALID_JSON_LINE,
+                             f"This line is not parseable as valid JSON. ({shown(exc)})", line)
         if not isinstance(data, dict):
             return LineError(LineCode.INVALID_JSON_LINE, "This line is not parseable as valid JSON (a JSON object).",
                              line)
@@ -77,16 +90,16 @@ class LineChecker:
         if not isinstance(custom_id, str) or not custom_id:
             return LineError(LineCode.INVALID_REQUEST, "custom_id must be a non-empty string", line, "custom_id")
         if not isinstance(method, str) or method.upper() != "POST":
-            return LineError(LineCode.INVALID_REQUEST, f"method must be POST, got {method!r}", line, "method")
+            return LineError(LineCode.INVALID_REQUEST, f"method must be POST, got {shown(repr(method))}", line,
+                             "method")
         if not isinstance(url, str):
             return LineError(LineCode.INVALID_REQUEST, "url must be a string", line, "url")
         if not isinstance(body, dict):
             return LineError(LineCode.INVALID_REQUEST, "body must be a JSON object", line, "body")
         if custom_id in self._seen:
             if not self._allow_duplicates:
-                return LineError(
-                    LineCode.DUPLICATE_CUSTOM_ID, f"custom_id {custom_id!r} appears more than once", line, "custom_id"
-                )
+                return LineError(LineCode.DUPLICATE_CUSTOM_ID,
+                                 f"custom_id {shown(custom_id)!r} appears more than once", line, "custom_id")
             self.repeats += 1
             if self.first_repeat is None:
                 self.first_repeat = (custom_id, line)
@@ -103,7 +116,8 @@ class LineChecker:
             return LineProblem(LineError(code, message, line, param), custom_id, model_str)
 
         if normal is None:
-            return problem(LineCode.INVALID_URL, f"The provided url '{url}' is not supported by the Batch API.", "url")
+            return problem(LineCode.INVALID_URL, f"The provided url '{shown(url)}' is not supported by the Batch API.",
+                           "url")
         if self._endpoint is not None and normal.endpoint is not self._endpoint:
             return problem(
                 LineCode.INVALID_URL,
@@ -127,6 +141,38 @@ class LineChecker:
         if route is None or (self._allowed is not None and route.model_name not in self._allowed):
             # OpenAI's "is not supported by the Batch API", with vLLM's "does not exist" (run_batch's wording)
             return problem(LineCode.MODEL_NOT_FOUND,
-                           f"The provided model '{model}' does not exist or is not supported by the Batch API.",
+                           f"The provided model '{shown(model)}' does not exist or is not supported by the Batch API.",
                            "body.model")
         return BatchRequest(line=line, custom_id=custom_id, url=normal.endpoint, body=body)
+
+
+def line_route(config: Config, raw: bytes | Overlong) -> str | None:
+    """The route (its model_name) a line names, found as `LineChecker` finds it: `body.model`, else the
+    deployment of an Azure deployment url, through `config.route`. None for a line that does not parse or
+    names no route (validation refuses it later). What a team's per-model quota counts at create."""
+    if isinstance(raw, Overlong):
+        return None
+    try:
+        data = orjson.loads(raw.removeprefix(_BOM))
+    except ValueError:
+        return None
+    body = data.get("body") if isinstance(data, dict) else None
+    if not isinstance(body, dict):
+        return None
+    model, url = body.get("model"), data.get("url")
+    if model is None and isinstance(url, str):
+        normal = normalise_url(url)
+        model = normal.deployment if normal is not None else None
+    route = config.route(model) if isinstance(model, str) else None
+    return route.model_name if route is not None else None
+
+
+def count_routes(config: Config, lines: Iterable[bytes | Overlong]) -> Counter[str]:
+    """Lines per route (`line_route`); lines that name none are left out. CPU work: callers on an event loop
+    run it in a thread."""
+    counts: Counter[str] = Counter()
+    for raw in lines:
+        route = line_route(config, raw)
+        if route is not None:
+            counts[route] += 1
+    return counts

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from gateway.records import BatchStatus, Result, RouteStats, Shard, Usage
+from gateway.store.lines import split_lines
 from gateway.store.quota import QuotaLedger, SpendTo
 from gateway.store.rates import RateWindows
 from gateway.store.storage import StorageLedger
@@ -346,15 +347,10 @@ class Coordination(Protocol):
 
 
 async def read_lines(blobs: Blobs, key: str) -> AsyncIterator[bytes]:
-    """The lines of a blob, streamed, without their line ends."""
-    rest = b""
-    async for chunk in blobs.read(key):
-        rest += chunk
-        *lines, rest = rest.split(b"\n")
-        for line in lines:
+    """The lines of a blob, streamed, without their line ends (in linear time: `split_lines`)."""
+    async for line in split_lines(blobs.read(key)):
+        if isinstance(line, bytes):  # always, without a cap
             yield line
-    if rest:
-        yield rest
 
 
 @asynccontextmanager
