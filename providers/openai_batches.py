@@ -14,13 +14,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from gateway.records import BatchRequest, Endpoint, Result, Shard, Usage
 from gateway.store.base import Store
+from gateway.store.lines import Overlong, split_lines
+
+log = logging.getLogger("batchyard.native")
 
 # Endpoints that OpenAI's and Azure's batch jobs accept.
 NATIVE_ENDPOINTS = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES})
@@ -105,19 +109,12 @@ async def upstream_file_lines(litellm: Any, file_id: str, kwargs: dict[str, Any]
         return
     reply = await call_with_retries(lambda: litellm.afile_content(file_id=file_id, stream=True, **kwargs))
     stream = reply.stream_iterator
-    rest = b""
     try:
-        async for chunk in stream:
-            rest += chunk
-            *lines, rest = rest.split(b"\n")
-            for line in lines:
-                if line.strip():
-                    yield line
+        async for line in reply_lines(stream):
+            yield line
     finally:
         with contextlib.suppress(Exception):
             await stream.aclose()
-    if rest.strip():
-        yield rest
 
 
 # -- records ------------------------------------------------------------------------------------------
@@ -377,3 +374,17 @@ async def drop_native_state(store: Store, batch_id: str) -> None:
         await store.backend_state.delete(shard_meta_key(shard))
     for route in routes:
         await store.backend_state.delete(cost_meta_key(batch_id, route))
+
+
+# A provider's result line longer than this is not kept (its request gets the missing-result error): the
+# largest request a provider's batch takes is 256 MB, and a reply is not held past that.
+MAX_REPLY_LINE = 256 << 20
+
+
+async def reply_lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    """The non-blank lines of a provider's download, split in linear time, each at most `MAX_REPLY_LINE`."""
+    async for line in split_lines(chunks, MAX_REPLY_LINE):
+        if isinstance(line, Overlong):
+            log.warning("a provider's result line of %d bytes was dropped (over %d)", line.size, MAX_REPLY_LINE)
+        elif line.strip():
+            yield line

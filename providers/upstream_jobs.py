@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import httpx
 
 from gateway.records import BatchRequest, Endpoint, Result
-from providers.openai_batches import Part
+from providers.openai_batches import Part, reply_lines
 
 Save = Callable[[], Awaitable[None]]
 
@@ -112,15 +112,10 @@ async def http_lines(url: str, headers: Mapping[str, str], timeout: float | None
         if reply.status_code >= 400:
             await reply.aread()
             raise UpstreamHTTPError(reply.status_code, error_message(reply))
-        rest = b""
-        async for chunk in reply.aiter_bytes():
-            rest += chunk
-            *lines, rest = rest.split(b"\n")
-            for line in lines:
-                if line.strip():
-                    yield line
-        if rest.strip():
-            yield rest
+        async for line in reply_lines(reply.aiter_bytes()):
+            yield line
+
+
 
 
 def call_kwargs(params: Mapping[str, Any], provider: str, timeout: float | None) -> dict[str, Any]:
