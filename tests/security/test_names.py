@@ -150,7 +150,7 @@ def test_each_team_sees_only_its_own_webhook_deliveries(
         deadline = time.monotonic() + 20
         while True:
             seen = gw.http("GET", "/ui/api/webhooks", headers={"Cookie": _login(gw, _key(team))}).json()["data"]
-            if seen and seen[0]["state"] == "delivered" or time.monotonic() > deadline:
+            if (seen and seen[0]["state"] == "delivered") or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
         assert [(d["team"], d["batch_id"], d["state"]) for d in seen] == [(team, batches[team], "delivered")], team
