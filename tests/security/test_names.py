@@ -145,7 +145,8 @@ def test_each_team_sees_only_its_own_webhook_deliveries(
     for team, batch_id in batches.items():
         assert wait_batch(gw.client(_key(team)), batch_id, timeout=60).status == "completed"
     for team, receiver in receivers.items():
-        receiver.wait_for(lambda events, t=team: any(e.data.id == batches[t] for e in events))
+        wanted = batches[team]
+        receiver.wait_for(lambda events, wanted=wanted: any(e.data.id == wanted for e in events))  # type: ignore[misc]
     for team in TEAMS:
         deadline = time.monotonic() + 20
         while True:
@@ -198,8 +199,8 @@ async def test_an_older_deployments_fixed_keys_are_moved_at_start(redis_server: 
     # What an older version left: its fixed sets at the team-shaped names, mixed with team `active`'s list.
     for new, old in ((keys.active, keys.batches("active")), (keys.webhooks_due, keys.webhooks("due")),
                      (keys.webhooks(None), keys.webhooks("all"))):
-        for member, score in raw.zrange(new, 0, -1, withscores=True):
-            raw.zadd(old, {member: score})
+        held: list[tuple[str, float]] = raw.zrange(new, 0, -1, withscores=True)  # type: ignore[assignment]
+        raw.zadd(old, dict(held))
         raw.delete(new)
 
     again = await open_shared(config, redis_server.url, tmp_path / "blobs", prefix=prefix)
