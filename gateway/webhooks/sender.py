@@ -166,8 +166,9 @@ class WebhookSender:
             # One deadline for the whole attempt (connect, send, reply): httpx's timeout is per read, and a
             # receiver trickling a byte at a time would never trip it.
             async with asyncio.timeout(self.policy.timeout):
-                status = await self._post(target.url, body, headers)
-            error = None if 200 <= status < 300 else f"HTTP {status}"
+                status, whole = await self._post(target.url, body, headers)
+            error = (f"HTTP {status}" if not 200 <= status < 300
+                     else None if whole else f"HTTP {status} with a reply over {MAX_REPLY_BYTES} bytes")
         except TimeoutError:
             error = f"no reply within {self.policy.timeout:g}s"
         except httpx.HTTPError as exc:
@@ -185,17 +186,18 @@ class WebhookSender:
         log.info("webhook %s %s for batch %s to team %s: %s (attempt %d), next in %.0fs", d.id, d.type,
                  d.batch_id, d.owner, error, d.attempts, retry_at - time.time())
 
-    async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> int:
-        """POST the event; the receiver's status. Its reply body is read up to `MAX_REPLY_BYTES` and dropped
-        (read so a short reply leaves the connection reusable; never kept, logged or shown)."""
+    async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> tuple[int, bool]:
+        """POST the event: the receiver's status, and whether its whole reply fit in `MAX_REPLY_BYTES` (one
+        that does not is a failed attempt: that receiver is broken). The body is read and dropped (read so
+        a short reply leaves the connection reusable; never kept, logged or shown)."""
         async with self._http().stream("POST", url, content=body, headers=headers,
                                        timeout=self.policy.timeout) as reply:
             read = 0
             async for chunk in reply.aiter_raw():
                 read += len(chunk)
-                if read >= MAX_REPLY_BYTES:
-                    break  # closing the stream drops the connection: the rest is never read
-            return reply.status_code
+                if read > MAX_REPLY_BYTES:
+                    return reply.status_code, False  # leaving the stream drops the connection: no more is read
+            return reply.status_code, True
 
     async def _finish(self, d: WebhookDelivery, state: str, error: str | None = None) -> None:
         d.state, d.finished_at, d.next_at = state, int(time.time()), 0.0
