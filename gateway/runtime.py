@@ -209,6 +209,7 @@ async def open_shared(
     `None`: every route of the config). `validation_processes`: as `open_embedded`'s."""
     from gateway.store.keys import Keys
     from gateway.store.redis_coordination import RedisCoordination, connect_redis
+    from gateway.store.redis_layout import upgrade_key_layout
     from gateway.store.redis_queue import DEFAULT_CLAIM_IDLE, RedisStreamQueue
     from gateway.store.redis_store import RedisStore
 
@@ -216,6 +217,7 @@ async def open_shared(
     client = connect_redis(redis_url)
     await client.ping()  # fail fast on a wrong URL
     keys = Keys(prefix) if prefix else Keys()
+    await upgrade_key_layout(client, keys)  # an older version's fixed keys, where a team's could be
     name = name or worker_name()
     every = sorted({route.model_name for route in config.routes.values()})
     queue = RedisStreamQueue(client, every, keys=keys, consumer=name, claim_idle=idle, weights=weights_of(config))

@@ -5,6 +5,8 @@ For each file of `helm template` output given:
   ConfigMap's team.yaml is a config batchyard loads (gateway.config.parse_config);
 - local-model workers ask for GPUs, with a node selector and tolerations;
 - the API pods are probed on /health; scrape annotations name a port the pod has;
+- /metrics stays the master key's (the config keeps batch_settings.metrics.require_auth);
+- a bundled Redis keeps its data on a PersistentVolumeClaim of the release, one pod at a time (Recreate);
 - every PodDisruptionBudget and ScaledObject targets a Deployment of the release;
 - a KEDA ScaledObject (kubernetes-validate has no schema for KEDA's CRD) has the fields KEDA's
   prometheus scaler reads, its query sums the queue depth batchyard exports (gateway.metrics) over
@@ -71,19 +73,38 @@ def check_container(where: str, container: dict[str, Any]) -> list[str]:
     return [parsed.command, *(parsed.models.split(",") if getattr(parsed, "models", None) else [])]
 
 
+def check_redis(where: str, dep: dict[str, Any], claims: set[str]) -> None:
+    """The bundled Redis's /data is a claim the release makes (it outlives a rescheduled pod), mounted by
+    one pod at a time."""
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"].get("volumes", [])}
+    claim = volumes.get("data", {}).get("persistentVolumeClaim", {}).get("claimName")
+    if claim is None:
+        fail(where, "the bundled Redis keeps its data in an emptyDir: lost when the pod moves "
+             "(redis.bundled.persistence.enabled)")
+    if claim not in claims:
+        fail(where, f"claims {claim!r}, not a PersistentVolumeClaim of the release ({sorted(claims)})")
+    if dep["spec"].get("strategy", {}).get("type") != "Recreate":
+        fail(where, "a rolling update would start a second Redis on the same ReadWriteOnce volume: Recreate")
+
+
 def check_file(path: str) -> int:
     with open(path) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
     config = config_of(docs, path)
     local = sorted(r.model_name for r in config.routes.values() if r.kind is RouteKind.LOCAL)
     upstream = sorted(r.model_name for r in config.routes.values() if r.kind is not RouteKind.LOCAL)
+    if config.batch.metrics.enabled and not config.batch.metrics.require_auth:
+        fail(f"{path}: ConfigMap team.yaml", "batch_settings.metrics.require_auth is false: /metrics is open to "
+             "anyone who reaches a pod (scrape with the master key instead)")
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    claims = {d["metadata"]["name"] for d in docs if d["kind"] == "PersistentVolumeClaim"}
     serves: dict[str, list[str]] = {}  # Deployment -> routes its workers run shards for
     for name, dep in deployments.items():
         pod = dep["spec"]["template"]
         container = pod["spec"]["containers"][0]
         where = f"{path}: Deployment {name}"
         if container["name"] == "redis":
+            check_redis(where, dep, claims)
             continue
         command, *models = check_container(where, container)
         ports = {p["containerPort"] for p in container.get("ports", [])}

@@ -92,7 +92,8 @@ def test_the_charts_default_config_is_one_batchyard_loads(monkeypatch: pytest.Mo
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     config = parse_config(values["config"], "charts/batchyard/values.yaml")
     assert config.routes and config.master_key == "sk-master"
-    assert config.batch.metrics.require_auth is False  # annotation-driven scrapes send no key
+    assert config.batch.metrics.require_auth is True  # /metrics is the master key's, in the chart too
+    assert values["metrics"]["annotations"] is False  # annotation-driven scrapes send no key
 
 
 def test_the_gpu_values_file_runs_a_local_model_on_gpus_with_autoscaling(monkeypatch: pytest.MonkeyPatch):

@@ -56,8 +56,8 @@ def test_spend_is_the_cost_of_the_journaled_results_after_a_worker_is_killed(
 ) -> None:
     if mode == "embedded":
         with start_gateway(_config(upstream), tmp_path / "data", workers=2) as gw:
-            def kill_workers() -> None:  # both: whichever holds a shard, it is killed mid-shard
-                pids = [w["pid"] for w in gw.http("GET", "/health").json()["workers"]]
+            def kill_workers() -> None:  # both: whichever holds a shard, it is killed mid-shard (pids: admin)
+                pids = [w["pid"] for w in gw.http("GET", "/health", key="sk-admin").json()["workers"]]
                 assert pids and gw.process.pid not in pids
                 for pid in pids:
                     os.kill(pid, signal.SIGKILL)

@@ -19,9 +19,9 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from gateway.api import batches, dashboard, files, scrape
-from gateway.api.auth import Authenticator, log_auth_mode
+from gateway.api.auth import Authenticator, current_principal, log_auth_mode
 from gateway.api.deps import Caller, check_api_version, runtime_of
-from gateway.api.http_errors import error_response, install_error_handlers
+from gateway.api.http_errors import ApiError, error_response, install_error_handlers
 from gateway.api.request_id import RequestIdMiddleware
 
 if TYPE_CHECKING:
@@ -62,20 +62,32 @@ async def readiness(request: Request) -> JSONResponse:
     return await _health_reply(request)
 
 
+def _is_admin(request: Request) -> bool:
+    """Whether the caller holds the master key (or the server has no keys: open, as every route)."""
+    try:
+        return current_principal(request).admin
+    except ApiError:  # no key or a wrong one: a probe still learns whether the service is up
+        return False
+
+
 async def _health_reply(request: Request) -> JSONResponse:
+    """Up or not, for anyone (probes send no key): `{"status": "healthy"}`, or 503. The details (mode,
+    queue depth per route, workers with their hosts and pids, an error's text) only for the master key."""
+    admin = _is_admin(request)
     info: Any = None
     try:
         info = await runtime_of(request).health()
     except Exception as exc:
         log.warning("health check failed: %s", exc)
-        return error_response(503, f"unhealthy: {exc}", code="unhealthy")
+        return error_response(503, f"unhealthy: {exc}" if admin else "unhealthy", code="unhealthy")
     body: dict[str, Any] = {"status": "healthy"}
     if isinstance(info, dict):
-        body.update({k: v for k, v in info.items() if k != "status"})
+        if admin:
+            body.update({k: v for k, v in info.items() if k != "status"})
         if info.get("status") not in (None, "healthy", "ok"):
             body["status"] = info["status"]
             return JSONResponse(body, status_code=503)
-    elif info is not None:
+    elif info is not None and admin:
         body["info"] = info
     return JSONResponse(body)
 

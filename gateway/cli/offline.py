@@ -25,7 +25,7 @@ from typing import Any
 
 from gateway.cli.console import log_path, say, stdout_bytes, terminal
 from gateway.cli.report import report_invalid, summarise
-from gateway.cli.transfer import Reader, TransferError, deliver, is_url, read_source
+from gateway.cli.transfer import Reader, TransferError, deliver, is_url, read_source, source_name
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
 from gateway.records import BatchStatus
@@ -172,7 +172,7 @@ async def _submit(runtime: Runtime, opts: RunOptions, chunks: AsyncIterator[byte
     earlier run in `--data-dir` made of the same input with the same options, and continue that."""
     digest = hashlib.sha256()
     try:
-        source = await runtime.service.upload_file("", Path(opts.input).name or "input.jsonl", "batch",
+        source = await runtime.service.upload_file("", source_name(opts.input), "batch",
                                                    _hashed(chunks, digest))
     except (TransferError, OSError) as exc:
         say(str(exc))

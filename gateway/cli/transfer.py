@@ -12,7 +12,8 @@ import asyncio
 import os
 import sys
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -49,6 +50,14 @@ async def read_source(spec: str) -> AsyncIterator[bytes]:
     with path.open("rb") as f:
         while chunk := f.read(_CHUNK):
             yield chunk
+
+
+def source_name(spec: str) -> str:
+    """The name `-i` is stored under: a URL's last path segment, never its query (a presigned URL's
+    signature is a credential, and the stored name is shown and kept in the data dir)."""
+    if is_url(spec):
+        return PurePosixPath(urlsplit(spec).path).name or "input.jsonl"
+    return Path(spec).name or "input.jsonl"
 
 
 def _redact(url: str) -> str:

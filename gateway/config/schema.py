@@ -12,6 +12,7 @@ result is a `Config`: routes by model name, and the checked sections.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,6 +27,7 @@ from gateway.config.problems import config_error
 from gateway.config.routes import Route, RouteKind
 from gateway.config.sections import (
     ROUTER_SETTINGS,
+    TEAM_ID_PATTERN,
     BatchSettings,
     GeneralSettings,
     Limits,
@@ -112,6 +114,11 @@ def _routes(entries: list[LocalEntry | UpstreamEntry], raw: list[dict[str, Any]]
 def _check_teams(teams: list[Team], routes: dict[str, Route], path: str) -> None:
     seen: set[str] = set()
     for i, team in enumerate(teams):
+        if not re.fullmatch(TEAM_ID_PATTERN, team.team_id):
+            # store keys are built from team ids (gateway.store.keys): one shape, checked here
+            raise ConfigError(path, f"batch_settings.teams[{i}].team_id",
+                              f"team {team.team_id!r} is not a valid team id: 1 to 64 letters, digits, '_', '.' "
+                              f"or '-', starting with a letter or digit ({TEAM_ID_PATTERN})")
         if team.team_id in seen:
             raise ConfigError(path, f"batch_settings.teams[{i}].team_id", f"duplicate team {team.team_id!r}")
         seen.add(team.team_id)

@@ -28,6 +28,11 @@ NonEmpty = Annotated[str, Field(min_length=1)]
 DEFAULT_WINDOWS = {"24h": 86_400}  # OpenAI's only completion window
 
 
+# What a team id may be (checked at load, gateway.config.schema): store keys are built from it
+# (gateway.store.keys), so no `:` (no key built from one team id can end where another's begins), and
+# nothing a shell, a URL or a metric label would need to quote.
+TEAM_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
 WebhookEvent = Literal["batch.completed", "batch.failed", "batch.cancelled", "batch.expired"]
 WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = ("batch.completed", "batch.failed", "batch.cancelled", "batch.expired")
 
@@ -98,7 +103,7 @@ class WebhookSettings(Strict):
     retry_delays_seconds: list[PositiveFloat] = Field(default_factory=lambda: [5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0],
                                                       min_length=1)
     give_up_after_seconds: PositiveFloat = 86_400
-    timeout_seconds: PositiveFloat = 10  # one attempt's limit (connect + reply)
+    timeout_seconds: PositiveFloat = 10  # one attempt's total deadline (connect, send, the reply read up to 64 KiB)
 
 
 class MetricsSettings(Strict):
@@ -188,6 +193,6 @@ def check_router_settings(section: dict[str, Any], path: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "ROUTER_SETTINGS", "WEBHOOK_EVENTS", "BatchSettings", "GeneralSettings", "Limits", "MetricsSettings", "Team",
-    "WebhookSettings", "check_router_settings",
+    "ROUTER_SETTINGS", "TEAM_ID_PATTERN", "WEBHOOK_EVENTS", "BatchSettings", "GeneralSettings", "Limits",
+    "MetricsSettings", "Team", "WebhookSettings", "check_router_settings",
 ]

@@ -1,7 +1,20 @@
 """Every Redis key batchyard uses, in one place (as arq does).
 
 All keys start with a prefix (default `batchyard:`) so one Redis can hold
-several deployments. The shapes:
+several deployments.
+
+Names never collide: a key built from a team id (`files:`, `batches:`,
+`webhooks:`, `quota:`, `quota-models:`, `spend:`) is the only kind of key in its
+family, and no fixed key has that shape (a fixed key has no `:` after the prefix:
+`active-batches`, `webhooks-all`, `webhooks-due`). Team ids match
+`gateway.config.sections.TEAM_ID_PATTERN` (checked at config load: no `:`), so
+`files:{team}` and `files:{team}:{purpose}` cannot meet either. Keys that hold a
+team id next to other names (`stream:`, `ready:`, `rate:`) carry lengths.
+Earlier versions kept the three fixed sets at `batches:active`, `webhooks:all`
+and `webhooks:due`, the keys a team named `active`, `all` or `due` reads:
+`gateway.store.redis_layout` moves them at start.
+
+The shapes:
 
 records (`RedisStore`: files, batches, ledger, backend state)
     file:{id}                 string  FileRecord JSON
@@ -9,7 +22,7 @@ records (`RedisStore`: files, batches, ledger, backend state)
     files:{owner}:{purpose}   zset    the same, for one purpose
     batch:{id}                hash    one field per BatchRecord field (JSON), plus the counters
     batches:{owner}           zset    batch ids, score = creation sequence
-    batches:active            zset    unfinished batch ids, score = creation sequence
+    active-batches            zset    unfinished batch ids, score = creation sequence
     batch-seq                 string  the creation sequence counter
     shards:{batch}            hash    shard index -> {"route", "size"}
     shards-done:{batch}       set     finished shard indexes
@@ -20,9 +33,9 @@ records (`RedisStore`: files, batches, ledger, backend state)
     sealed:{batch}            set     shard indexes whose journal was dropped (sealed): late results are ignored
     meta:{key}                string  backend state JSON
     webhook:{id}              string  WebhookDelivery JSON (expires 30 days after its last write)
-    webhooks:due              zset    pending delivery ids, score = when next tried
+    webhooks-due              zset    pending delivery ids, score = when next tried
     webhooks:{owner}          zset    one team's delivery ids, score = the add sequence (newest 1000 kept)
-    webhooks:all              zset    every team's, the same way (the admin's dashboard)
+    webhooks-all              zset    every team's, the same way (the admin's dashboard)
     webhook-seq               string  the add sequence counter
 
 queue (`RedisStreamQueue`; lengths make the keys unambiguous whatever a route or team is named)
@@ -82,7 +95,7 @@ class Keys:
 
     @property
     def active(self) -> str:
-        return f"{self.prefix}batches:active"
+        return f"{self.prefix}active-batches"
 
     @property
     def batch_seq(self) -> str:
@@ -117,11 +130,11 @@ class Keys:
         return f"{self.prefix}webhook:{delivery_id}"
 
     def webhooks(self, owner: str | None) -> str:
-        return f"{self.prefix}webhooks:all" if owner is None else f"{self.prefix}webhooks:{owner}"
+        return f"{self.prefix}webhooks-all" if owner is None else f"{self.prefix}webhooks:{owner}"
 
     @property
     def webhooks_due(self) -> str:
-        return f"{self.prefix}webhooks:due"
+        return f"{self.prefix}webhooks-due"
 
     @property
     def webhook_seq(self) -> str:

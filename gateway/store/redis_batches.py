@@ -110,7 +110,8 @@ class RedisBatches:
             ids = await self._r.zrevrange(index, 0, limit)
         else:
             ids = await self._r.zrevrangebyscore(index, f"({int(anchor)}", "-inf", start=0, num=limit + 1)
-        data = await self._batches(cast(list[str], ids))
+        # an index names ids; the records say whose they are: only the owner's are listed
+        data = [b for b in await self._batches(cast(list[str], ids)) if b.owner == owner]
         return Page(data=data[:limit], has_more=len(data) > limit)
 
     async def update(

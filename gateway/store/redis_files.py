@@ -61,7 +61,9 @@ class RedisFiles:
             else:
                 start = card - (less + sum(1 for m in same if m < after))
         ids = await (self._r.zrange if asc else self._r.zrevrange)(index, start, start + limit)
-        data = await self._files(cast(list[str], ids))
+        # an index names ids; the records say whose they are: only the owner's are listed
+        data = [f for f in await self._files(cast(list[str], ids))
+                if f.owner == owner and (not purpose or f.purpose == purpose)]
         return Page(data=data[:limit], has_more=len(data) > limit)
 
     async def _files(self, ids: Sequence[str]) -> list[FileRecord]:

@@ -49,7 +49,8 @@ class RedisWebhookDeliveries:
             await tx.execute()
 
     async def recent(self, owner: str | None, limit: int) -> list[WebhookDelivery]:
-        return await self._load(await self._r.zrevrange(self._recent(owner), 0, limit - 1))
+        found = await self._load(await self._r.zrevrange(self._recent(owner), 0, limit - 1))
+        return [d for d in found if owner is None or d.owner == owner]  # the records say whose they are
 
     async def _load(self, ids: list[Any]) -> list[WebhookDelivery]:
         if not ids:

@@ -3,8 +3,12 @@
 `announce` records the event in the store before its batch takes the status it
 announces (see `WebhookDelivery`); nothing is sent from there. The loop, in the
 process that sweeps (one at a time, under the `webhooks` lease), picks due
-deliveries and sends each in its own task with a timeout, so a receiver that is
-down or slow holds up only its own deliveries, never a batch or another team.
+deliveries and sends each in its own task under one total deadline, so a receiver
+that is down or slow holds up only its own deliveries, never a batch or another team.
+Nothing a receiver sends can hurt the sender: its reply is read up to
+`MAX_REPLY_BYTES` (raw bytes: no decompression), within the deadline, and a
+redirect is a failed attempt (never followed: a signed event goes only to the
+configured URL).
 
 A due delivery whose batch is not finished yet waits (the finalizer records the
 event first, then sets the status); one whose batch ended with another status
@@ -38,6 +42,9 @@ log = logging.getLogger("batchyard.webhooks")
 LEASE = "webhooks"
 _NOT_FINISHED_WAIT = 2.0  # the batch's status is being set right now: look again soon
 _BATCH = 50  # deliveries started per pass at most
+# A receiver's reply body is read up to this many bytes, then the connection is dropped: the status is
+# all the sender needs, and no receiver can make it hold more (an endless body, a decompression bomb).
+MAX_REPLY_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +163,14 @@ class WebhookSender:
         d.attempts += 1
         status: int | None = None
         try:
-            reply = await self._http().post(target.url, content=body, headers=headers, timeout=self.policy.timeout)
-            status = reply.status_code
-            error = None if 200 <= status < 300 else f"HTTP {status}"
+            # One deadline for the whole attempt (connect, send, reply): httpx's timeout is per read, and a
+            # receiver trickling a byte at a time would never trip it.
+            async with asyncio.timeout(self.policy.timeout):
+                status, whole = await self._post(target.url, body, headers)
+            error = (f"HTTP {status}" if not 200 <= status < 300
+                     else None if whole else f"HTTP {status} with a reply over {MAX_REPLY_BYTES} bytes")
+        except TimeoutError:
+            error = f"no reply within {self.policy.timeout:g}s"
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         d.last_status, d.last_error = status, error
@@ -173,6 +185,19 @@ class WebhookSender:
         await self.deliveries.save(d)
         log.info("webhook %s %s for batch %s to team %s: %s (attempt %d), next in %.0fs", d.id, d.type,
                  d.batch_id, d.owner, error, d.attempts, retry_at - time.time())
+
+    async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> tuple[int, bool]:
+        """POST the event: the receiver's status, and whether its whole reply fit in `MAX_REPLY_BYTES` (one
+        that does not is a failed attempt: that receiver is broken). The body is read and dropped (read so
+        a short reply leaves the connection reusable; never kept, logged or shown)."""
+        async with self._http().stream("POST", url, content=body, headers=headers,
+                                       timeout=self.policy.timeout) as reply:
+            read = 0
+            async for chunk in reply.aiter_raw():
+                read += len(chunk)
+                if read > MAX_REPLY_BYTES:
+                    return reply.status_code, False  # leaving the stream drops the connection: no more is read
+            return reply.status_code, True
 
     async def _finish(self, d: WebhookDelivery, state: str, error: str | None = None) -> None:
         d.state, d.finished_at, d.next_at = state, int(time.time()), 0.0
@@ -195,4 +220,4 @@ class WebhookSender:
             self._client = None
 
 
-__all__ = ["LEASE", "PENDING", "RetryPolicy", "WebhookSender"]
+__all__ = ["LEASE", "MAX_REPLY_BYTES", "PENDING", "RetryPolicy", "WebhookSender"]
