@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from gateway.config.schema import parse_config  # noqa: E402
-from gateway.runtime import open_shared  # noqa: E402
+from gateway.runtime.root import open_shared  # noqa: E402
 from tests.services import MotoS3, RedisServer, shared_config, start_worker, write_config  # noqa: E402
 from tests.upstream import start_upstream  # noqa: E402
 

@@ -304,7 +304,7 @@ class Shard:
     route: str  # the model_name of the route, or "" for the shard of plan-time errors
     size: int
     # Set when the shard is queued (the store's shard table keeps neither): whose it is and when its batch
-    # expires, for the queue's fair pick (`gateway.fairness`).
+    # expires, for the queue's fair pick (`gateway.scheduling.fairness`).
     team: str = ""
     deadline: int = 0
 

@@ -23,11 +23,11 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from gateway.backends.interface import run_bounded
-from gateway.engine_priority import with_priority
-from gateway.fairness import FairSlots, current_share
 from gateway.pipeline.body_fields import unknown_field, unrecognized, unsupported
 from gateway.pipeline.media_urls import refused_media
 from gateway.records import BatchRequest, Endpoint, Result
+from gateway.scheduling.engine_priority import with_priority
+from gateway.scheduling.fairness import FairSlots, current_share
 from local_engine.ordering import group_by_prefix
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # vLLM's priority scheduling is our default: the fair-share rule then orders the engine's waiting queue too
-# (`gateway.engine_priority`). `scheduling_policy` in engine_args (or `--scheduling-policy`) still wins.
+# (`gateway.scheduling.engine_priority`). `scheduling_policy` in engine_args (or `--scheduling-policy`) still wins.
 DEFAULT_SCHEDULING_POLICY = "priority"
 # The endpoints whose vLLM request models have a `priority` field (the audio ones have none).
 _PRIORITISED = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.SCORE, Endpoint.RERANK})
@@ -73,7 +73,7 @@ class LocalEngineBackend:
     batch more). The window is divided between teams by fair share
     (`FairSlots`), and inside the engine vLLM's priority scheduling (our
     default `scheduling_policy`) orders the waiting queue by the same rule: each
-    request's `priority` comes from `gateway.engine_priority` (its team's share
+    request's `priority` comes from `gateway.scheduling.engine_priority` (its team's share
     in use, its batch's deadline, the line's own priority), so a newcomer's
     requests run before those another team has waiting. With
     ``scheduling_policy: fcfs`` in `engine_args` bodies go in unchanged.

@@ -22,10 +22,10 @@ from typing import Any
 
 from gateway.backends.interface import run_bounded
 from gateway.config.routes import Route
-from gateway.fairness import FairSlots
 from gateway.pipeline.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecognized, unsupported, upstream_fields
 from gateway.pipeline.media_urls import refused_media
 from gateway.records import BatchRequest, Endpoint, Result
+from gateway.scheduling.fairness import FairSlots
 from providers import litellm_setup
 from providers.passthrough import PATHS, PassThrough, wire_provider
 from providers.upstream_cost import Prices

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway.batch_params import CreateBatch, ExpiresAfter, checked, checked_metadata
 from gateway.errors import InvalidRequest
+from gateway.pipeline.batch_params import CreateBatch, ExpiresAfter, checked, checked_metadata
 
 GOOD = {"input_file_id": "file-1", "endpoint": "/v1/chat/completions", "completion_window": "24h"}
 

@@ -17,8 +17,8 @@ from gateway.pipeline.merge import seal_shard
 from gateway.pipeline.plan import Planner
 from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard, Usage
 from gateway.store.base import BatchRecord, read_lines
-from gateway.store.directory import LocalBlobs
-from gateway.store.sqlite_store import SQLiteStore
+from gateway.store.blobs.directory import LocalBlobs
+from gateway.store.sqlite.store import SQLiteStore
 from tests.services import shared_config
 
 CONFIG = parse_config(shared_config("http://127.0.0.1:9/v1", ("gpt-mini",), shard_size=2))

@@ -33,10 +33,10 @@ from gateway.cli.worker import hosted_routes
 from gateway.config.schema import Config, parse_config
 from gateway.errors import ConfigError
 from gateway.records import BatchStatus
-from gateway.runtime import Runtime, open_shared
+from gateway.runtime.root import Runtime, open_shared
 from gateway.store.base import BatchRecord
-from gateway.store.keys import GROUP, Keys
-from gateway.store.redis_coordination import connect_redis
+from gateway.store.redis.coordination import connect_redis
+from gateway.store.redis.keys import GROUP, Keys
 from tests.services import (
     HAVE_REDIS,
     NO_REDIS_REASON,

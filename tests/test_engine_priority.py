@@ -1,6 +1,6 @@
 """Fair share inside a local engine: vLLM's priority scheduling orders its waiting queue by the fair-share rule.
 
-- The number (`gateway.engine_priority`): a team with less of the engine in use per weight goes first, then
+- The number (`gateway.scheduling.engine_priority`): a team with less of the engine in use per weight goes first, then
   the sooner batch deadline, then the line's own `priority`, which can never lift a line past the first two.
 - On a real engine (tiny Llama, CPU, in-process): a newcomer team's requests run before the ones another team
   already has waiting inside vLLM; a team alone fills the whole window; a line's own priority still works.
@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from gateway.engine_priority import engine_priority, with_priority
-from gateway.fairness import Share, running_for
 from gateway.records import BatchRequest, Endpoint, Result
+from gateway.scheduling.engine_priority import engine_priority, with_priority
+from gateway.scheduling.fairness import Share, running_for
 from local_engine import LocalEngineBackend, TinyModels
 from tests.engine_helpers import built_tiny_models
 

@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from gateway.backends.interface import run_bounded
-from gateway.backends.pacing import Pacer, pacing_with
-from gateway.fairness import FairSlots, Share, running_for, stop_sending
 from gateway.records import BatchRequest, Endpoint, Result
-from gateway.store.sqlite_store import SQLiteStore
+from gateway.scheduling.fairness import FairSlots, Share, running_for, stop_sending
+from gateway.scheduling.pacing import Pacer, pacing_with
+from gateway.store.sqlite.store import SQLiteStore
 
 
 def _requests(n: int, model: str = "m") -> list[BatchRequest]:

@@ -13,9 +13,9 @@ import time
 import pytest
 
 from gateway.records import Shard
-from gateway.store.keys import GROUP, Keys
-from gateway.store.redis_coordination import connect_redis
-from gateway.store.redis_queue import RedisStreamQueue
+from gateway.store.redis.coordination import connect_redis
+from gateway.store.redis.keys import GROUP, Keys
+from gateway.store.redis.queue import RedisStreamQueue
 from tests.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)]

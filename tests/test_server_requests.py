@@ -16,7 +16,7 @@ import pytest
 from openai import OpenAI
 
 from gateway.config.schema import parse_config
-from gateway.runtime import open_embedded
+from gateway.runtime.root import open_embedded
 from gateway.store.base import FileRecord
 from tests.server_helpers import Gateway, chat_line, gateway_config, jsonl, start_gateway, submit, wait_batch
 from tests.team_gateway import BETA, GAMMA, MAX_FILE_BYTES, MAX_LINES, alpha, assert_error, beta, gw, upstream

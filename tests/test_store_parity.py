@@ -22,12 +22,12 @@ import pytest
 
 from gateway.records import BatchStatus, Result, Shard
 from gateway.store.base import BatchOptions, BatchRecord, Blobs, FileRecord, Store
-from gateway.store.directory import LocalBlobs
+from gateway.store.blobs.directory import LocalBlobs
+from gateway.store.blobs.s3 import S3Blobs
 from gateway.store.quota import SpendTo, TeamLimits
-from gateway.store.redis_coordination import connect_redis
-from gateway.store.redis_store import RedisStore
-from gateway.store.s3 import S3Blobs
-from gateway.store.sqlite_store import SQLiteStore
+from gateway.store.redis.coordination import connect_redis
+from gateway.store.redis.store import RedisStore
+from gateway.store.sqlite.store import SQLiteStore
 from tests.services import HAVE_REDIS, NO_REDIS_REASON, MotoS3, RedisServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)]

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from gateway.store.keys import Keys
-from gateway.store.redis_coordination import connect_redis
-from gateway.store.redis_webhooks import RedisWebhookDeliveries
-from gateway.store.sqlite_store import SQLiteStore
+from gateway.store.redis.coordination import connect_redis
+from gateway.store.redis.keys import Keys
+from gateway.store.redis.webhooks import RedisWebhookDeliveries
+from gateway.store.sqlite.store import SQLiteStore
 from gateway.store.webhook_deliveries import DELIVERED, FAILED, PENDING, WebhookDeliveries, WebhookDelivery
 from tests.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer
 

@@ -14,7 +14,7 @@ import pytest
 
 from gateway.config.schema import Config, parse_config
 from gateway.records import BatchStatus
-from gateway.runtime import open_shared
+from gateway.runtime.root import open_shared
 from gateway.store.base import BatchRecord
 from gateway.store.webhook_deliveries import DELIVERED, PENDING
 from tests.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer

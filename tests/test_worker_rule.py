@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config.schema import Config, load_config
-from gateway.supervisor import default_workers
+from gateway.runtime.supervisor import default_workers
 
 UPSTREAM = "  - model_name: up\n    litellm_params: {model: openai/gpt-4o-mini, api_key: k, api_base: 'http://127.0.0.1:9/v1'}\n"
 LOCAL = "  - model_name: tiny\n    litellm_params: {model: vllm/%s}\n"

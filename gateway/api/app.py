@@ -25,8 +25,8 @@ from gateway.api.http_errors import ApiError, error_response, install_error_hand
 from gateway.api.request_id import RequestIdMiddleware
 
 if TYPE_CHECKING:
-    from gateway.runtime import Runtime
-    from gateway.supervisor import WorkerPool
+    from gateway.runtime.root import Runtime
+    from gateway.runtime.supervisor import WorkerPool
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from fastapi.responses import JSONResponse
 from gateway.api.deps import Caller, bad_request, check_id, check_limit, list_reply, parse_body, runtime_of
 from gateway.api.form import Body
 from gateway.api.http_errors import ApiError
-from gateway.batch_params import CreateBatch
 from gateway.errors import not_found, shown
 from gateway.json_codec import loads_checked
+from gateway.pipeline.batch_params import CreateBatch
 
 router = APIRouter()
 

@@ -16,12 +16,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from gateway.api.deps import Caller, bad_request, check_id, check_limit, list_reply, parse_body, runtime_of
 from gateway.api.form import Body, Event, Field, FileData, FileEnd, FileStart, FormReader
 from gateway.api.http_errors import ApiError
-from gateway.batch_params import ExpiresAfter
 from gateway.errors import GatewayError, not_found
 from gateway.json_codec import loads_checked
+from gateway.pipeline.batch_params import ExpiresAfter
 
 if TYPE_CHECKING:
-    from gateway.runtime import Runtime
+    from gateway.runtime.root import Runtime
     from gateway.store.base import FileRecord
 
 router = APIRouter()

@@ -13,10 +13,10 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, Protocol, cast, runtime_checkable
 
-from gateway.backends.pacing import current_pacer
-from gateway.fairness import FairSlots, current_share
 from gateway.metrics import RequestMeter
 from gateway.records import BatchRequest, Endpoint, Result, Shard
+from gateway.scheduling.fairness import FairSlots, current_share
+from gateway.scheduling.pacing import current_pacer
 
 
 @runtime_checkable
@@ -64,7 +64,7 @@ class RouteReporter(Protocol):
 
 
 class Backends(Protocol):
-    """Where the runner gets a route's started backend (`gateway.backends.pool.BackendPool`, which the
+    """Where the runner gets a route's started backend (`gateway.runtime.pool.BackendPool`, which the
     composition root builds: it knows the implementations, the pipeline does not)."""
 
     async def get(self, route_name: str) -> Backend: ...
@@ -82,10 +82,10 @@ async def run_bounded(
     """`call` on every request, at most `slots` at once, yielding results as they finish.
 
     `slots` is the backend's, shared by every shard in flight: one bound per
-    backend, whose free slots go to the teams by fair share (`gateway.fairness`):
+    backend, whose free slots go to the teams by fair share (`gateway.scheduling.fairness`):
     the requests are the share's the caller runs for (`running_for`). Closing
     the iterator early (or cancelling its consumer) cancels the calls still
-    running. Under a team's rate limits (`pacing_with`, `gateway.backends.pacing`)
+    running. Under a team's rate limits (`pacing_with`, `gateway.scheduling.pacing`)
     the requests reach the slots only as the store's rate window grants them:
     one waiting for the next window holds no slot. `call` turns a request's failure into its `Result`; a call that
     raises or is cancelled from outside (the backend closing: its tasks are in

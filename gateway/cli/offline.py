@@ -29,9 +29,9 @@ from gateway.cli.transfer import Reader, TransferError, deliver, is_url, read_so
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
 from gateway.records import BatchStatus
-from gateway.runtime import Runtime, open_embedded
+from gateway.runtime.root import Runtime, open_embedded
+from gateway.runtime.supervisor import WorkerPool, default_workers
 from gateway.store.base import BatchOptions, BatchRecord
-from gateway.supervisor import WorkerPool, default_workers
 
 EXIT_OK, EXIT_INPUT, EXIT_DELIVERY = 0, 1, 3
 _BOM = b"\xef\xbb\xbf"

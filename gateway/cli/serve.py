@@ -2,9 +2,9 @@
 
 Embedded (the default): the runtime over `data_dir` (SQLite records, queue and
 leases, a local blob directory). The API process serves HTTP and sweeps; new
-batches are validated in processes of their own (`gateway.validation_processes`),
+batches are validated in processes of their own (`gateway.runtime.validation_processes`),
 so that a large upload never stalls another team's API calls; `workers` worker
-processes (default: one per free core, `gateway.supervisor.default_workers`) run the shards.
+processes (default: one per free core, `gateway.runtime.supervisor.default_workers`) run the shards.
 With `workers=0` the API process runs them itself. Everything is started by the
 app's lifespan and closed when uvicorn shuts down on SIGTERM or SIGINT. A
 restart over the same `data_dir` resumes unfinished batches.
@@ -28,7 +28,7 @@ from gateway.cli.loop import loop_factory
 from gateway.config.schema import Config, load_config
 
 if TYPE_CHECKING:
-    from gateway.runtime import Runtime
+    from gateway.runtime.root import Runtime
 
 log = logging.getLogger("gateway.cli.serve")  # not "__main__" under python -m
 
@@ -45,9 +45,9 @@ async def _serve(
     workers: int | None = None,
 ) -> None:
     from gateway.api.app import create_app
-    from gateway.runtime import open_embedded  # the runtime imports the backends: only when serving
-    from gateway.supervisor import WorkerPool, default_workers
-    from gateway.validation_processes import VALIDATION_PROCESSES
+    from gateway.runtime.root import open_embedded  # the runtime imports the backends: only when serving
+    from gateway.runtime.supervisor import WorkerPool, default_workers
+    from gateway.runtime.validation_processes import VALIDATION_PROCESSES
 
     config = load_config(config_path)
     pool: WorkerPool | None = None
@@ -122,8 +122,8 @@ def serve_shared(
     """`batchyard serve --redis-url U --storage s3://…`: one API replica over the shared store."""
 
     async def factory(config: Config) -> Runtime:
-        from gateway.runtime import open_shared
-        from gateway.validation_processes import VALIDATION_PROCESSES
+        from gateway.runtime.root import open_shared
+        from gateway.runtime.validation_processes import VALIDATION_PROCESSES
 
         return await open_shared(config, redis_url, storage, routes=None if with_worker else (),
                                  claim_idle=claim_idle, validation_processes=VALIDATION_PROCESSES)

@@ -26,8 +26,8 @@ from gateway.cli.loop import loop_factory
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config, load_config
 from gateway.errors import ConfigError
-from gateway.runtime import Runtime, open_embedded, open_shared
-from gateway.supervisor import watch_parent
+from gateway.runtime.root import Runtime, open_embedded, open_shared
+from gateway.runtime.supervisor import watch_parent
 
 EXIT_OK, EXIT_USAGE = 0, 2
 

@@ -115,7 +115,7 @@ def _check_teams(teams: list[Team], routes: dict[str, Route], path: str) -> None
     seen: set[str] = set()
     for i, team in enumerate(teams):
         if not re.fullmatch(TEAM_ID_PATTERN, team.team_id):
-            # store keys are built from team ids (gateway.store.keys): one shape, checked here
+            # store keys are built from team ids (gateway.store.redis.keys): one shape, checked here
             raise ConfigError(path, f"batch_settings.teams[{i}].team_id",
                               f"team {team.team_id!r} is not a valid team id: 1 to 64 letters, digits, '_', '.' "
                               f"or '-', starting with a letter or digit ({TEAM_ID_PATTERN})")

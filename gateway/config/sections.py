@@ -29,7 +29,7 @@ DEFAULT_WINDOWS = {"24h": 86_400}  # OpenAI's only completion window
 
 
 # What a team id may be (checked at load, gateway.config.schema): store keys are built from it
-# (gateway.store.keys), so no `:` (no key built from one team id can end where another's begins), and
+# (gateway.store.redis.keys), so no `:` (no key built from one team id can end where another's begins), and
 # nothing a shell, a URL or a metric label would need to quote.
 TEAM_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
@@ -43,7 +43,7 @@ class Team(Strict):
     team_id: NonEmpty
     api_keys: list[NonEmpty] = Field(default_factory=list)
     models: list[str] | None = None  # None: every model of model_list
-    # The team's share of a route it competes on, against the other teams' weights (gateway.fairness).
+    # The team's share of a route it competes on, against the other teams' weights (gateway.scheduling.fairness).
     weight: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
     # Quotas, refused at create with 429 and a code naming the quota (gateway.store.quota); None: no limit.
     max_enqueued_requests: PositiveInt | None = None  # requests in the team's unfinished batches
@@ -58,7 +58,7 @@ class Team(Strict):
     # Rate limits, LiteLLM proxy's names: requests started / tokens reported (usage.total_tokens) per minute
     # (per `rate_window_seconds`) on each route the team uses, each route counted apart; `model_…` overrides
     # them per model_name. On top of the deployments' own rpm/tpm (LiteLLM's Router keeps those). Over them a
-    # batch's requests wait for the next window (paced, not refused): gateway.backends.pacing. None: no limit.
+    # batch's requests wait for the next window (paced, not refused): gateway.scheduling.pacing. None: no limit.
     rpm_limit: PositiveInt | None = None
     tpm_limit: PositiveInt | None = None
     model_rpm_limit: dict[str, PositiveInt] = Field(default_factory=dict)

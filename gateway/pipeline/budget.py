@@ -8,7 +8,7 @@ sending (`gateway.pipeline.execute`).
 
 A backend that commits money in bulk (a native route's provider batch job) asks `over_budget_now()` before
 each commitment: the runner says whose budget its requests spend with `spending_for` (a context variable,
-like `gateway.fairness.running_for`, so the `Backend` interface keeps its shape).
+like `gateway.scheduling.fairness.running_for`, so the `Backend` interface keeps its shape).
 """
 
 from __future__ import annotations

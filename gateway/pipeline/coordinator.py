@@ -38,7 +38,7 @@ _FILE_SWEEP_SECONDS = 5.0  # a cheap indexed query; expired files should not lin
 
 
 class Intake(Protocol):
-    """What the sweep asks of the batch service (`gateway.api.service.BatchService`), which sits above
+    """What the sweep asks of the batch service (`gateway.pipeline.intake.BatchService`), which sits above
     the pipeline and is handed in."""
 
     async def validate(self, batch_id: str) -> None: ...

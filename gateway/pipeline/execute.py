@@ -1,7 +1,7 @@
 """The shard runner: claims shards from the `Queue`, runs them on a `Backend`,
 journals their results in the `Store`, and hands finished shards to the finalizer.
 
-Fair share (`gateway.fairness`): a process runs `max_shards_in_flight` shards;
+Fair share (`gateway.scheduling.fairness`): a process runs `max_shards_in_flight` shards;
 past that it still takes a shard of a batch it has none of (a sooner deadline
 must not wait for a later batch's shards to end), up to twice the limit, and
 past that a shard of a team it has none of (a newcomer never waits behind
@@ -27,14 +27,14 @@ from typing import Any
 
 from gateway import metrics
 from gateway.backends.interface import Backends, ShardAwareBackend
-from gateway.backends.pacing import Pacer, pacing_with
 from gateway.config.schema import Config
-from gateway.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
 from gateway.json_codec import loads
 from gateway.pipeline.budget import Budgets, spending_for
 from gateway.pipeline.lifecycle import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
 from gateway.pipeline.merge import seal_shard
 from gateway.records import BatchRequest, Result, Shard
+from gateway.scheduling.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
+from gateway.scheduling.pacing import Pacer, pacing_with
 from gateway.store.base import Blobs, Delivery, Queue, Store, read_lines
 
 log = logging.getLogger("batchyard.runner")

@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from gateway.batch_params import ExpiresAfter, checked
+from gateway.pipeline.batch_params import ExpiresAfter, checked
 from gateway.records import BatchStatus, Shard
 from gateway.store.base import BatchRecord, now
 

@@ -6,7 +6,7 @@ lenient mode) go, in input order, to a pre-finished shard of results. Memory
 holds one open shard writer per route and the set of custom_ids, never lines.
 
 `plan_batch` plans one `PlanJob`: plain data in and out (`PlanOutcome`), so the
-API's runtime runs it in a process of its own (`gateway.validation_processes`)
+API's runtime runs it in a process of its own (`gateway.runtime.validation_processes`)
 and `batchyard run` runs it in place.
 """
 

@@ -314,7 +314,7 @@ class Queue(Protocol):
     async def get(self, routes: Collection[str] | None, timeout: float, skip_teams: Collection[str] = (),
                   skip_batches: Collection[str] = ()) -> Delivery | None:
         """The next shard for one of `routes` (None: any), of a team not in `skip_teams` and a batch not in
-        `skip_batches`, or None after `timeout` seconds. Which shard: the fair pick (`gateway.fairness`)
+        `skip_batches`, or None after `timeout` seconds. Which shard: the fair pick (`gateway.scheduling.fairness`)
         between teams and batches.
 
         A shard held by a worker that is no longer alive is delivered again."""

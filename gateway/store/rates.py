@@ -6,7 +6,7 @@ shorten it). Per (team, route) and window the store counts the requests started 
 estimate reserved when they start, corrected by what their results report. `take` grants requests in one
 atomic step (a SQL transaction, a Redis script), so two workers never both pass the last place in a window;
 what it does not grant waits for the next window (the caller paces, nothing is refused:
-`gateway.backends.pacing`). Windows are numbered by each process's clock (NTP-synchronised machines agree
+`gateway.scheduling.pacing`). Windows are numbered by each process's clock (NTP-synchronised machines agree
 to well under a window).
 """
 

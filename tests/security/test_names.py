@@ -21,9 +21,9 @@ import yaml
 
 from gateway.config.schema import parse_config
 from gateway.records import BatchStatus
-from gateway.runtime import open_shared
+from gateway.runtime.root import open_shared
 from gateway.store.base import BatchRecord
-from gateway.store.keys import Keys
+from gateway.store.redis.keys import Keys
 from gateway.store.webhook_deliveries import PENDING, WebhookDelivery
 from tests.server_helpers import REPO_ROOT, Gateway, chat_line, gateway_config, submit, wait_batch
 from tests.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer

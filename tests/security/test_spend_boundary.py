@@ -26,7 +26,7 @@ from gateway.config.schema import parse_config
 from gateway.pipeline.budget import Budgets, spending_for
 from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard, new_id
 from gateway.store.base import BatchRecord, now
-from gateway.store.sqlite_store import SQLiteStore
+from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend
 from tests.server_helpers import Gateway, gateway_config, read_jsonl, start_gateway, submit
 from tests.services import HAVE_REDIS, RedisServer, start_worker

@@ -27,8 +27,8 @@ import redis
 
 from gateway.config.schema import parse_config
 from gateway.errors import ConfigError
-from gateway.store.keys import Keys
-from gateway.store.sqlite_files import SCHEMA as FILES_SCHEMA
+from gateway.store.redis.keys import Keys
+from gateway.store.sqlite.files import SCHEMA as FILES_SCHEMA
 from tests.server_helpers import Gateway, gateway_config, jsonl, wait_batch
 from tests.team_helpers import MODEL, MODES, lines, serve
 from tests.upstream import Upstream, start_upstream

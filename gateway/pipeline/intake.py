@@ -1,0 +1,336 @@
+"""The batch/file service: what the API and the CLI ask of the runtime.
+
+Create, read, cancel and delete files and batches; validate a new batch into
+shards and put them on the queue. Refusals are domain errors
+(`gateway.errors`); the server maps them to HTTP. Running the shards is the
+`ShardRunner`'s job, finishing the batch the `Finalizer`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import logging
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from gateway import metrics
+from gateway.config.schema import Config
+from gateway.config.urls import normalise_endpoint
+from gateway.errors import Conflict, InvalidRequest, OverQuota, TooLarge, invalid_value, not_found
+from gateway.pipeline.batch_params import ExpiresAfter, checked, checked_metadata
+from gateway.pipeline.budget import Budgets
+from gateway.pipeline.lifecycle import NO_EXPIRY, Announce, announce_nothing, expiry, for_queue
+from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
+from gateway.pipeline.validate import LINE_SLACK, count_routes
+from gateway.records import BatchStatus, Endpoint, new_id
+from gateway.store.base import (
+    BatchOptions,
+    BatchRecord,
+    Blobs,
+    Coordination,
+    FileRecord,
+    Queue,
+    Store,
+    now,
+)
+from gateway.store.lines import Overlong, split_lines
+from gateway.store.quota import MAX_ACTIVE_BATCHES, MODEL_MAX_ENQUEUED_REQUESTS, QuotaLedger, TeamLimits, over_model
+from gateway.store.storage import StorageMeter
+
+log = logging.getLogger("batchyard.service")
+
+FILE_PURPOSES = frozenset({"batch", "batch_output", "fine-tune", "assistants", "vision", "user_data", "evals"})
+
+Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
+# Validates and plans a batch's input file into shard blobs: in place by default, in processes of their own
+# where the runtime serves the API (`gateway.runtime.validation_processes`).
+Plan = Callable[[PlanJob], Awaitable[PlanOutcome]]
+_COUNT_LINES, _COUNT_BYTES = 2_000, 1 << 20  # lines parsed for their route per thread hop (at create)
+
+
+class BatchService:
+    def __init__(
+        self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
+        spawn: Spawn, finalize: Callable[[str], Awaitable[None]], announce: Announce = announce_nothing,
+        quotas: QuotaLedger | None = None, budgets: Budgets | None = None, plan: Plan | None = None,
+    ) -> None:
+        self.config, self.store, self.blobs, self.queue = config, store, blobs, queue
+        self._coordination = coordination
+        self._spawn = spawn
+        self._finalize = finalize
+        self._announce = announce
+        self._plan: Plan = plan or functools.partial(plan_batch, config, blobs)
+        self.quotas = quotas
+        self.budgets = budgets or Budgets(config, quotas)
+        self._limits = {t.team_id: TeamLimits(t.max_enqueued_requests, t.max_active_batches,
+                                              t.model_max_enqueued_requests) for t in config.batch.teams}
+        self._storage_limits = {t.team_id: t.max_file_storage_bytes for t in config.batch.teams
+                                if t.max_file_storage_bytes is not None}
+
+    # -- files -----------------------------------------------------------------
+
+    async def upload_file(
+        self, owner: str, filename: str, purpose: str, chunks: AsyncIterable[bytes],
+        expires_after: ExpiresAfter | Mapping[str, Any] | None = None,
+    ) -> FileRecord:
+        if purpose not in FILE_PURPOSES:
+            raise invalid_value(purpose, sorted(FILE_PURPOSES), "purpose")
+        created = now()
+        expires_at = expiry(expires_after, created, "expires_after")
+        if expires_at is None and self.config.batch.file_expiry_seconds is not None:
+            expires_at = created + self.config.batch.file_expiry_seconds
+        file_id = new_id("file", sep="-")  # older data dirs hold `file_` ids: still valid
+        key = f"files/{file_id}"
+        limit = self.config.batch.limits.max_file_bytes
+        size = 0
+        meter = StorageMeter(self.store.storage, owner, file_id,
+                             self._storage_limits.get(owner, self.config.batch.max_file_storage_bytes))
+        try:
+            async with self.blobs.writing(key) as writer:  # refused or failed: the blob is aborted, never kept
+                async for chunk in meter.metered(chunks):
+                    size += len(chunk)
+                    if size > limit:
+                        raise TooLarge(f"the file is larger than the limit of {limit} bytes", param="file",
+                                       code="file_too_large")
+                    await writer.write(chunk)
+            rec = FileRecord(file_id, owner, size, created, filename, purpose, expires_at, key)
+            await self.store.files.put(rec)
+        except BaseException:
+            await self.store.storage.release(owner, file_id)
+            raise
+        await self.store.storage.settle(owner, file_id, size)
+        return rec
+
+    def open_file(self, rec: FileRecord) -> AsyncIterator[bytes]:
+        return self.blobs.read(rec.blob_key)
+
+    async def delete_file(self, file_id: str, owner: str | None) -> bool:
+        rec = await self.store.files.get(file_id, owner)
+        if rec is None:
+            return False
+        await self.store.storage.hold(rec.owner, file_id)  # a crash from here on cannot leave its bytes counted
+        if not await self.store.files.delete(file_id, owner):
+            return False
+        await self.blobs.delete(rec.blob_key)
+        await self.store.storage.release(rec.owner, file_id)  # its bytes are free once they are gone
+        return True
+
+    async def delete_expired_files(self) -> int:
+        """Remove files past their `expires_at` (uploads and outputs alike); returns how many went."""
+        gone = 0
+        for rec in await self.store.files.expired(now()):
+            gone += int(await self.delete_file(rec.id, None))
+        return gone
+
+    # -- batches ----------------------------------------------------------------
+
+    async def create_batch(
+        self, owner: str, *, input_file_id: str, endpoint: str | None, completion_window: str | None,
+        metadata: Mapping[str, str] | None = None,
+        output_expires_after: ExpiresAfter | Mapping[str, Any] | None = None,
+        allowed_models: list[str] | None = None, options: BatchOptions | None = None,
+    ) -> BatchRecord:
+        """A new batch in `validating`; validation goes on in the background.
+
+        `endpoint=None` and `completion_window=None` are the CLI's: any url, no expiry.
+        """
+        if endpoint is not None and normalise_endpoint(endpoint) is None:
+            raise invalid_value(endpoint, [e.value for e in Endpoint], "endpoint")
+        if completion_window is None:
+            window = NO_EXPIRY
+        elif completion_window in self.config.batch.completion_windows:
+            window = self.config.batch.completion_windows[completion_window]
+        else:
+            raise invalid_value(completion_window, list(self.config.batch.completion_windows), "completion_window")
+        meta = checked_metadata(metadata)
+        source = await self.store.files.get(input_file_id, owner)
+        if source is None:
+            raise not_found("file", input_file_id, "input_file_id")
+        if source.purpose != "batch":
+            raise InvalidRequest(f"file {input_file_id} has purpose {source.purpose!r}, not 'batch'",
+                                 param="input_file_id", code="invalid_file")
+        created = now()
+        output_expiry = checked(ExpiresAfter, output_expires_after, "output_expires_after") if output_expires_after \
+            else None  # checked now, applied when the output is written
+        opts = options or BatchOptions()
+        opts.allowed_models = allowed_models
+        batch = BatchRecord(
+            id=new_id("batch"), owner=owner, endpoint=endpoint or "*", input_file_id=input_file_id,
+            completion_window=completion_window or "none", status=BatchStatus.VALIDATING, created_at=created,
+            expires_at=created + window, metadata=meta, options=opts,
+            output_expires_after=output_expiry.model_dump() if output_expiry else None,
+        )
+        await self._admit(batch, source)
+        await self.store.batches.put(batch)
+        self._spawn(self.validate(batch.id), f"validate-{batch.id}")
+        return batch
+
+    async def _admit(self, batch: BatchRecord, source: FileRecord) -> None:
+        """Count the batch against its team's quotas, or refuse it (429, the code names the quota)."""
+        if await self.budgets.over(batch.owner):
+            spent, limit = await self.budgets.spent(batch.owner), self.budgets.limit(batch.owner)
+            raise OverQuota(f"Budget has been exceeded for team {batch.owner!r}: spent {spent:.6f} USD, max_budget "
+                            f"{limit} USD. New batches are refused until the budget period resets.",
+                            code="budget_exceeded")
+        limits = self._limits.get(batch.owner)
+        if limits is None or self.quotas is None or limits == TeamLimits():
+            return
+        per_model = bool(limits.model_max_enqueued_requests)
+        requests, by_model = (await self._count_lines(source, per_model)
+                              if limits.max_enqueued_requests is not None or per_model else (0, {}))
+        refused = await self.quotas.admit(batch.owner, batch.id, requests, limits, by_model)
+        if refused is None:
+            return
+        usage = await self.quotas.usage(batch.owner)
+        if refused == MAX_ACTIVE_BATCHES:
+            raise OverQuota(f"Active batch limit reached for team {batch.owner!r}. Limit: {limits.max_active_batches} "
+                            f"active batches ({usage.active_batches} now). Try again once a batch has finished.",
+                            code="max_active_batches_exceeded")
+        if refused == MODEL_MAX_ENQUEUED_REQUESTS:
+            model = over_model(usage, by_model, limits) or "?"  # the usage read again: it may have moved since
+            raise OverQuota(f"Enqueued request limit reached for {model} for team {batch.owner!r}. Limit: "
+                            f"{limits.model_max_enqueued_requests.get(model)} enqueued requests "
+                            f"({usage.by_model.get(model, 0)} enqueued, this batch has {by_model.get(model, 0)}). "
+                            "Try again once some in_progress batches have completed.",
+                            code="model_max_enqueued_requests_exceeded")
+        raise OverQuota(f"Enqueued request limit reached for team {batch.owner!r}. Limit: "
+                        f"{limits.max_enqueued_requests} enqueued requests ({usage.enqueued_requests} enqueued, this "
+                        f"batch has {requests}). Try again once some in_progress batches have completed.",
+                        code="max_enqueued_requests_exceeded")
+
+    async def _count_lines(self, source: FileRecord, per_model: bool) -> tuple[int, dict[str, int]]:
+        """The file's lines (a blank line counts too), and with `per_model` its lines per route, streamed.
+        Without `per_model` the lines are counted in C and none is parsed. With it each is parsed, in a
+        thread (off the API's loop), for the route it names as validation resolves it (`line_route`: a
+        deployment url counts for its deployment's model); a line that does not parse, names no route or
+        is over `max_line_bytes` (cut off as it is read) counts for none: validation refuses it later."""
+        if not per_model:
+            count, last = 0, b"\n"
+            async for chunk in self.blobs.read(source.blob_key):
+                count += chunk.count(b"\n")
+                last = chunk[-1:] or last
+            return count + (last != b"\n"), {}
+        lines = 0
+        by_model: collections.Counter[str] = collections.Counter()
+        batch: list[bytes | Overlong] = []
+        size = 0
+        cap = self.config.batch.limits.max_line_bytes + LINE_SLACK
+        async for raw in split_lines(self.blobs.read(source.blob_key), cap):
+            lines += 1
+            batch.append(raw)
+            size += len(raw) if isinstance(raw, bytes) else 0
+            if len(batch) >= _COUNT_LINES or size >= _COUNT_BYTES:
+                by_model.update(await asyncio.to_thread(count_routes, self.config, batch))
+                batch, size = [], 0
+        if batch:
+            by_model.update(await asyncio.to_thread(count_routes, self.config, batch))
+        return lines, dict(by_model)
+
+    async def cancel_batch(self, batch_id: str, owner: str) -> BatchRecord:
+        batch = await self.store.batches.get(batch_id, owner)
+        if batch is None:
+            raise not_found("batch", batch_id)
+        if batch.status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
+            return batch
+        cancellable = {BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS}
+        ok = await self.store.batches.update(
+            batch_id, {"status": BatchStatus.CANCELLING, "cancelling_at": now()}, if_status=cancellable
+        )
+        refreshed = await self.store.batches.get(batch_id, owner)
+        assert refreshed is not None
+        if not ok and refreshed.status is not BatchStatus.CANCELLING:
+            raise Conflict(f"Cannot cancel a batch with status '{refreshed.status.value}'.",
+                           code="batch_not_cancellable")
+        return refreshed
+
+    async def wait(self, batch_id: str, poll: float = 0.2) -> BatchRecord:
+        """Until the batch is finished (the CLI's loop; servers don't block on a batch)."""
+        return await self._wait_for(batch_id, lambda b: b.status.finished, poll)
+
+    async def wait_validated(self, batch_id: str, poll: float = 0.05) -> BatchRecord:
+        """Until the batch has left `validating`."""
+        return await self._wait_for(batch_id, lambda b: b.status is not BatchStatus.VALIDATING, poll)
+
+    async def _wait_for(self, batch_id: str, reached: Callable[[BatchRecord], bool], poll: float) -> BatchRecord:
+        while True:
+            batch = await self.store.batches.get(batch_id)
+            if batch is None:
+                raise not_found("batch", batch_id)
+            if reached(batch):
+                return batch
+            await asyncio.sleep(poll)
+
+    # -- validate + plan ----------------------------------------------------------
+
+    async def validate(self, batch_id: str) -> None:
+        """Plan a `validating` batch into shards and queue them (or fail it). Under a lease: one process."""
+        async with self._coordination.lease(f"validate:{batch_id}") as ours:
+            if ours:
+                await self._validate(batch_id)
+
+    async def _validate(self, batch_id: str) -> None:
+        batch = await self.store.batches.get(batch_id)
+        if batch is None or batch.status not in (BatchStatus.VALIDATING, BatchStatus.CANCELLING):
+            return
+        if batch.status is BatchStatus.CANCELLING:
+            if batch.shards_total == 0:  # cancelled while validating, before any shard existed
+                await self._announce(batch.owner, batch_id, BatchStatus.CANCELLED)
+                await self.store.batches.update(batch_id, {"status": BatchStatus.CANCELLED, "cancelled_at": now()},
+                                              if_status={BatchStatus.CANCELLING})
+            return
+        source = await self.store.files.get(batch.input_file_id)
+        if source is None:
+            await self._fail(batch, [{"code": "invalid_file", "message": "the input file was deleted",
+                                         "param": "input_file_id", "line": None}])
+            return
+        try:
+            outcome = await self._plan(PlanJob(
+                batch_id, source.blob_key,
+                endpoint=normalise_endpoint(batch.endpoint) if batch.endpoint != "*" else None,
+                strict=batch.options.strict, allowed_models=batch.options.allowed_models,
+            ))
+        except BrokenProcessPool:
+            raise  # the validation process died (killed, out of memory): the sweep validates the batch again
+        except Exception:
+            # Anything else would fail again at every sweep until the batch expired: fail it now, once.
+            log.exception("validating batch %s failed", batch_id)
+            await self._fail(batch, [{"code": "validation_failed", "message": "The input file could not be "
+                                      "validated; the batch was not run.", "param": None, "line": None}])
+            await self.blobs.delete_prefix(f"batches/{batch_id}")
+            return
+        if outcome.failed:
+            await self._fail(batch, [e.to_openai() for e in outcome.errors])
+            await self.blobs.delete_prefix(f"batches/{batch_id}")
+            return
+        shards = [*outcome.shards, *([outcome.answered] if outcome.answered else [])]
+        await self.store.ledger.put_shards(batch_id, shards)
+        if outcome.answered is not None:
+            # Lines answered in place count as failed requests, like any other: the planner counted them.
+            await self.store.ledger.record_answered(outcome.answered, outcome.answered_statuses.total())
+            metrics.observe_statuses(batch.owner, outcome.answered.route, outcome.answered_statuses)
+        model = next(iter(outcome.models)) if len(outcome.models) == 1 else None
+        await self.store.batches.update(batch_id, {"counts": {"total": outcome.total, "completed": 0, "failed": 0},
+                                                 "model": model, "shards_total": len(shards)})
+        started = await self.store.batches.update(
+            batch_id, {"status": BatchStatus.IN_PROGRESS, "in_progress_at": now()},
+            if_status={BatchStatus.VALIDATING},
+        )
+        if not started:
+            return  # cancelled or expired meanwhile: the coordinator finalizes it from the shards
+        if outcome.answered is not None and await self.store.ledger.finish_shard(outcome.answered) == 0:
+            await self._finalize(batch_id)  # every line was answered in place: nothing to run
+        for shard in outcome.shards:
+            await self.queue.put(for_queue(shard, batch))
+
+    async def _fail(self, batch: BatchRecord, errors: list[dict[str, Any]]) -> None:
+        await self._announce(batch.owner, batch.id, BatchStatus.FAILED)
+        await self.store.batches.update(
+            batch.id, {"status": BatchStatus.FAILED, "failed_at": now(), "errors": errors},
+            if_status={BatchStatus.VALIDATING, BatchStatus.CANCELLING},
+        )
+
+
+__all__ = ["FILE_PURPOSES", "BatchService", "Plan"]

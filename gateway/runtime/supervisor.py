@@ -1,0 +1,160 @@
+"""Worker processes of the embedded mode, started and watched by the process that owns the data dir.
+
+`batchyard serve --workers N` (and `batchyard run` on a large upstream file)
+start N `batchyard worker --data-dir D` processes over the same SQLite file and
+blob directory. The first worker hosts every route; the others host only the
+upstream ones, so a local vLLM engine is loaded once, in one process. A worker
+that exits is started again (after a pause that grows while it keeps dying),
+and the shards it held are handed back at once. Workers end when their parent
+does: each watches its parent's pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway import metrics
+from gateway.config.routes import RouteKind
+from gateway.config.schema import Config
+from gateway.store.sqlite.queue import SQLiteQueue
+
+log = logging.getLogger("batchyard.workers")
+
+_RESTART_PAUSE_MAX = 10.0
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity, as a container or taskset limits it)."""
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    return len(getaffinity(0)) if getaffinity is not None else os.cpu_count() or 1
+
+
+def default_workers(config: Config, *, serving: bool, cores: int | None = None, load: float | None = None) -> int:
+    """Worker processes when `--workers` is not given: one per free core, for the upstream routes.
+
+    Free cores: the usable ones, less one for this process (the API, or the run's own pipeline), less one
+    per local model (its engine's loop keeps a core busy), less those already busy (the 1-minute load
+    average, rounded). With no upstream route there is nothing for extra workers to share: `run` starts
+    none, `serve` one (local engines load in a worker, not in the API process).
+    """
+    cores = usable_cores() if cores is None else cores
+    load = os.getloadavg()[0] if load is None else load
+    models = {r.model_name: r.kind for r in config.routes.values()}
+    local = sum(1 for kind in models.values() if kind is RouteKind.LOCAL)
+    upstream = any(kind is not RouteKind.LOCAL for kind in models.values())
+    free = max(0, cores - 1 - local - int(load + 0.5))
+    if not upstream:
+        return 1 if serving and local else 0
+    return max(free, 1 if serving and local else 0)
+
+
+@dataclass(slots=True)
+class _Slot:
+    index: int
+    upstream_only: bool
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    failures: int = 0
+    restart: asyncio.TimerHandle | None = None
+
+
+class WorkerPool:
+    def __init__(
+        self, count: int, data_dir: Path, queue: SQLiteQueue, *, config_path: str, upstream_only: bool = False,
+        verbose: bool = False,
+    ) -> None:
+        self.data_dir, self._queue = data_dir, queue
+        self._config_path, self._verbose = config_path, verbose
+        self._slots = [_Slot(i, upstream_only=upstream_only or i > 0) for i in range(count)]
+        self._watcher: asyncio.Task[None] | None = None
+        self.logs = data_dir / "logs"
+
+    def _command(self, slot: _Slot) -> list[str]:
+        cmd = [sys.executable, "-m", "gateway.cli.main"]
+        if self._verbose:
+            cmd.append("-v")
+        cmd += ["worker", "--config", self._config_path, "--data-dir", str(self.data_dir),
+                "--parent-pid", str(os.getpid())]
+        if slot.upstream_only:
+            cmd.append("--upstream-only")
+        return cmd
+
+    def _start(self, slot: _Slot) -> None:
+        slot.restart = None
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with open(self.logs / f"worker-{slot.index}.log", "ab") as out:
+            slot.process = subprocess.Popen(self._command(slot), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                            start_new_session=True)
+        slot.started_at = time.monotonic()
+
+    async def start(self) -> None:
+        for slot in self._slots:
+            self._start(slot)
+        self._watcher = asyncio.create_task(self._watch(), name="worker-pool")
+
+    @property
+    def pids(self) -> list[int]:
+        return [s.process.pid for s in self._slots if s.process is not None and s.process.poll() is None]
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            for slot in self._slots:
+                if slot.process is None or slot.process.poll() is None:
+                    continue
+                code, pid = slot.process.returncode, slot.process.pid
+                slot.process = None
+                # Its shards go back to the queue now, not after its heartbeat runs out.
+                released = await self._queue.release(f"{socket.gethostname()}:{pid}")
+                metrics.process_exited(pid)
+                lived = time.monotonic() - slot.started_at
+                slot.failures = 0 if lived > 60 else slot.failures + 1
+                pause = min(_RESTART_PAUSE_MAX, 0.5 * 2 ** max(0, slot.failures - 1))
+                log.warning("worker %d (pid %d) exited with %s after %.0f s; %d shard(s) handed back; "
+                            "starting it again in %.1f s", slot.index, pid, code, lived, released, pause)
+                slot.restart = asyncio.get_running_loop().call_later(pause, self._start, slot)
+                slot.started_at = time.monotonic() + pause
+
+    async def aclose(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        for slot in self._slots:
+            if slot.restart is not None:
+                slot.restart.cancel()
+        running = [s.process for s in self._slots if s.process is not None and s.process.poll() is None]
+        for process in running:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for process in running:
+            while process.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def watch_parent(parent_pid: int, stop: asyncio.Event) -> asyncio.Task[None]:
+    """Set `stop` when the parent process is gone (killed or exited without stopping us)."""
+
+    async def watch() -> None:
+        while os.getppid() == parent_pid:
+            await asyncio.sleep(0.5)
+        stop.set()
+
+    return asyncio.create_task(watch(), name="watch-parent")
+
+
+__all__ = ["WorkerPool", "watch_parent"]

@@ -1,0 +1,130 @@
+"""Validation in processes of their own: one team's upload never stalls another team's API calls.
+
+Checking a file's lines is CPU work in Python (JSON, the per-line rules, the shard lines' bytes): 500,000
+lines take about 5 s. On the API's event loop every other request waited for it; in a thread it still
+holds the GIL against the loop (p99 161 ms under load). So the API's runtime hands each batch to a small
+pool of processes, which read the input file from the blobs and write the shard blobs themselves,
+streamed, and send back only the `PlanOutcome` (the shards' names and sizes, the first errors, counts).
+The API process records it, as before: nothing is recorded by a child.
+
+A child that dies mid-plan (killed, out of memory) fails the plans it held with `BrokenProcessPool`: their
+batches stay `validating`, their validate leases are released, and the coordinator's sweep validates them
+again (the one recovery path); the next plan starts fresh processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from gateway.config.schema import Config
+from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
+from gateway.store.base import Blobs
+from gateway.store.blobs.place import BlobPlace
+
+log = logging.getLogger("batchyard.validation")
+
+# Two, so that a small batch is not kept waiting behind one large file; more would take cores from the
+# workers that run the shards (a validation keeps one core busy while it lasts).
+VALIDATION_PROCESSES = 2
+
+
+class ValidationProcesses:
+    """`plan(job)`: the batch planned in one of `size` processes over the same config and blobs."""
+
+    def __init__(self, config: Config, place: BlobPlace, size: int = VALIDATION_PROCESSES) -> None:
+        self._config, self._place, self._size = config, place, size
+        self._executor: ProcessPoolExecutor | None = None
+
+    def _pool(self) -> ProcessPoolExecutor:
+        if self._executor is None:
+            # spawn, not fork: the API process runs threads (the event loop's executor, the store's clients)
+            self._executor = ProcessPoolExecutor(
+                self._size, mp_context=multiprocessing.get_context("spawn"), initializer=_start_child,
+                initargs=(self._config, self._place, logging.getLogger().level, os.getpid()),
+            )
+        return self._executor
+
+    def start(self) -> None:
+        """Start one process now, so that the first batch does not wait for an interpreter to start
+        (the pool starts the others as plans overlap)."""
+        self._pool().submit(_ready)
+
+    async def plan(self, job: PlanJob) -> PlanOutcome:
+        executor = self._pool()
+        try:
+            return await asyncio.wrap_future(executor.submit(_plan_in_child, job))
+        except BrokenProcessPool:
+            log.warning("a validation process died while planning batch %s; the sweep validates it again",
+                        job.batch_id)
+            if self._executor is executor:
+                self._executor = None
+                executor.shutdown(wait=False, cancel_futures=True)
+            raise
+
+    async def aclose(self) -> None:
+        """Stop the processes at once: a plan cut short leaves its batch `validating`, for the sweep."""
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        # ProcessPoolExecutor has no public way to stop a running job before Python 3.14's terminate_workers().
+        children = list((getattr(executor, "_processes", None) or {}).values())
+        executor.shutdown(wait=False, cancel_futures=True)
+        for child in children:
+            with contextlib.suppress(Exception):
+                child.terminate()
+        for child in children:
+            await asyncio.to_thread(child.join, 5)
+
+
+# -- in the child ------------------------------------------------------------------------------------------
+
+_child: tuple[Config, Blobs, asyncio.AbstractEventLoop] | None = None
+
+
+def _start_child(config: Config, place: BlobPlace, log_level: int, parent_pid: int) -> None:
+    global _child
+    # Ctrl-C reaches the whole process group: the API process decides when its children stop (`aclose`).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), name="watch-parent", daemon=True).start()
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One loop for the child's life: the blobs' clients (S3's connection pool) are opened once, on it.
+    _child = (config, place.open(), asyncio.new_event_loop())
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """End with the API process, even mid-plan, when it was killed: the pool's queue never closes then
+    (a child holds both of its ends), and the batch is validated again after the restart."""
+    while os.getppid() == parent_pid:
+        time.sleep(1.0)
+    os._exit(0)
+
+
+def _ready() -> None:
+    return None
+
+
+class PlanFailed(RuntimeError):
+    """A plan that raised in the child, as plain text: whatever was raised there (an exception that does not
+    pickle, one too deep to) comes back as this, and the service fails the batch with it."""
+
+
+def _plan_in_child(job: PlanJob) -> PlanOutcome:
+    assert _child is not None, "the pool's initializer sets up the child"
+    config, blobs, loop = _child
+    try:
+        return loop.run_until_complete(plan_batch(config, blobs, job))
+    except Exception as exc:
+        log.exception("planning batch %s failed", job.batch_id)  # the traceback stays in this process's log
+        raise PlanFailed(f"{type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+__all__ = ["VALIDATION_PROCESSES", "PlanFailed", "ValidationProcesses"]

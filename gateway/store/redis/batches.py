@@ -1,0 +1,140 @@
+"""The shared `BatchStore`: batch records in Redis (see `gateway.store.redis.store`).
+
+A batch is one hash: every `BatchRecord` field JSON-encoded in its own field,
+plus integer counters (`n:completed`, `n:input_tokens`, …) that the ledger
+moves and that are the truth for `request_counts.completed/failed` and
+`usage`, as the SQLite columns are. `update` is a Lua script: the `if_status`
+check and the write happen as one step, and no JSON is parsed inside Redis.
+Batches list newest first by creation sequence.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Sequence
+from dataclasses import fields as dataclass_fields
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+
+from gateway.records import BatchStatus, Usage
+from gateway.store.base import BatchRecord, Page, RequestCounts
+from gateway.store.redis.keys import Keys
+
+_COUNTERS = ("completed", "failed", "input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens")
+_RECORD_FIELDS = tuple(f.name for f in dataclass_fields(BatchRecord))
+
+_PUT_BATCH = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return redis.error_reply('batch ' .. ARGV[1] .. ' exists') end
+local seq = redis.call('INCR', KEYS[3])
+redis.call('HSET', KEYS[1], 'seq', seq, unpack(ARGV, 3))
+redis.call('ZADD', KEYS[2], seq, ARGV[1])
+if ARGV[2] == '1' then redis.call('ZADD', KEYS[4], seq, ARGV[1]) end
+return seq
+"""
+
+# ARGV: batch id, n (-1: no condition), n allowed statuses, mark ('finished'|'active'|''), field/value pairs
+_UPDATE_BATCH = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local n = tonumber(ARGV[2])
+local i = 3
+if n >= 0 then
+  local status = redis.call('HGET', KEYS[1], 'status')
+  local ok = false
+  for j = 3, n + 2 do if ARGV[j] == status then ok = true end end
+  if not ok then return 0 end
+  i = n + 3
+end
+local mark = ARGV[i]
+if #ARGV > i then redis.call('HSET', KEYS[1], unpack(ARGV, i + 1)) end
+if mark == 'finished' then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+elseif mark == 'active' then
+  redis.call('ZADD', KEYS[2], redis.call('HGET', KEYS[1], 'seq'), ARGV[1])
+end
+return 1
+"""
+
+
+def _encode(value: Any) -> str:
+    return json.dumps(value.value if isinstance(value, BatchStatus) else value)
+
+
+def _decode_batch(raw: dict[str, str]) -> BatchRecord:
+    data = {name: json.loads(raw[name]) for name in _RECORD_FIELDS if name in raw}
+    n = {name: int(raw.get(f"n:{name}", 0)) for name in _COUNTERS}
+    rec = BatchRecord.from_json(data)
+    rec.counts = RequestCounts(total=rec.counts.total, completed=n["completed"], failed=n["failed"])
+    rec.usage = Usage(input_tokens=n["input_tokens"], output_tokens=n["output_tokens"],
+                      cached_tokens=n["cached_tokens"], reasoning_tokens=n["reasoning_tokens"])
+    return rec
+
+
+class RedisBatches:
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+        self._r, self._k = client, keys
+        self._put_batch = client.register_script(_PUT_BATCH)
+        self._update_batch = client.register_script(_UPDATE_BATCH)
+
+    async def put(self, rec: BatchRecord) -> None:
+        data = rec.to_json()
+        pairs: list[str | int] = []
+        for name in _RECORD_FIELDS:
+            pairs += [name, _encode(data[name])]
+        for name in _COUNTERS:  # like SQLite's columns: counting starts at zero
+            pairs += [f"n:{name}", 0]
+        active = "0" if rec.status.finished else "1"
+        keys = [self._k.batch(rec.id), self._k.batches(rec.owner), self._k.batch_seq, self._k.active]
+        await self._put_batch(keys=keys, args=[rec.id, active, *pairs])
+
+    async def get(self, batch_id: str, owner: str | None = None) -> BatchRecord | None:
+        raw = await self._r.hgetall(self._k.batch(batch_id))
+        if not raw:
+            return None
+        rec = _decode_batch(cast(dict[str, str], raw))
+        return None if owner is not None and rec.owner != owner else rec
+
+    async def _batches(self, ids: Sequence[str]) -> list[BatchRecord]:
+        if not ids:
+            return []
+        async with self._r.pipeline(transaction=False) as p:
+            for batch_id in ids:
+                p.hgetall(self._k.batch(batch_id))
+            raws = await p.execute()
+        return [_decode_batch(raw) for raw in raws if raw]
+
+    async def page(self, owner: str, *, limit: int, after: str | None) -> Page:
+        index = self._k.batches(owner)
+        anchor = await self._r.zscore(index, after) if after else None
+        if anchor is None:
+            ids = await self._r.zrevrange(index, 0, limit)
+        else:
+            ids = await self._r.zrevrangebyscore(index, f"({int(anchor)}", "-inf", start=0, num=limit + 1)
+        # an index names ids; the records say whose they are: only the owner's are listed
+        data = [b for b in await self._batches(cast(list[str], ids)) if b.owner == owner]
+        return Page(data=data[:limit], has_more=len(data) > limit)
+
+    async def update(
+        self, batch_id: str, fields: dict[str, Any], *, if_status: Collection[BatchStatus] | None = None
+    ) -> bool:
+        args: list[str] = [batch_id]
+        if if_status is None:
+            args.append("-1")
+        else:
+            args += [str(len(if_status)), *(_encode(s) for s in if_status)]
+        status = fields.get("status")
+        if status is None:
+            args.append("")
+        else:
+            args.append("finished" if BatchStatus(status).finished else "active")
+        for name, value in fields.items():
+            args += [name, _encode(value)]
+        applied = await self._update_batch(keys=[self._k.batch(batch_id), self._k.active], args=args)
+        return bool(applied)
+
+    async def active(self) -> list[BatchRecord]:
+        ids = await self._r.zrange(self._k.active, 0, -1)
+        return [b for b in await self._batches(cast(list[str], ids)) if not b.status.finished]
+
+
+__all__ = ["RedisBatches"]

@@ -1,0 +1,92 @@
+"""The shared `FileStore`: file records in Redis (see `gateway.store.redis.store`).
+
+Lists follow SQLite's order: by (created_at, id) either way from an `after`
+anchor, from a sorted set per owner (and per owner and purpose).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import cast
+
+import redis.asyncio as aioredis
+
+from gateway.store.base import FileRecord, Page
+from gateway.store.redis.keys import Keys
+
+
+class RedisFiles:
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+        self._r, self._k = client, keys
+
+    async def put(self, rec: FileRecord) -> None:
+        old = await self.get(rec.id)
+        async with self._r.pipeline(transaction=True) as tx:
+            if old is not None and (old.owner, old.purpose) != (rec.owner, rec.purpose):
+                tx.zrem(self._k.files(old.owner), old.id)
+                tx.zrem(self._k.files(old.owner, old.purpose), old.id)
+            tx.set(self._k.file(rec.id), json.dumps(rec.to_json()))
+            tx.zadd(self._k.files(rec.owner), {rec.id: rec.created_at})
+            tx.zadd(self._k.files(rec.owner, rec.purpose), {rec.id: rec.created_at})
+            if rec.expires_at is not None:
+                tx.zadd(self._k.file_expiry, {rec.id: rec.expires_at})
+            else:
+                tx.zrem(self._k.file_expiry, rec.id)
+            await tx.execute()
+
+    async def get(self, file_id: str, owner: str | None = None) -> FileRecord | None:
+        raw = await self._r.get(self._k.file(file_id))
+        if raw is None:
+            return None
+        rec = FileRecord.from_json(json.loads(raw))
+        return None if owner is not None and rec.owner != owner else rec
+
+    async def page(self, owner: str, *, purpose: str | None, limit: int, order: str, after: str | None) -> Page:
+        index = self._k.files(owner, purpose)
+        asc = order == "asc"
+        anchor = await self.get(after, owner) if after else None
+        if anchor is None:
+            start = 0
+        else:
+            # Where (created_at, after) falls in the index: members with a lower score,
+            # plus those with the same score and a lower id (Redis orders ties by member).
+            async with self._r.pipeline(transaction=True) as tx:
+                tx.zcount(index, "-inf", f"({anchor.created_at}")
+                tx.zrangebyscore(index, anchor.created_at, anchor.created_at)
+                tx.zcard(index)
+                less, same, card = await tx.execute()
+            if asc:
+                start = less + sum(1 for m in same if m <= after)
+            else:
+                start = card - (less + sum(1 for m in same if m < after))
+        ids = await (self._r.zrange if asc else self._r.zrevrange)(index, start, start + limit)
+        # an index names ids; the records say whose they are: only the owner's are listed
+        data = [f for f in await self._files(cast(list[str], ids))
+                if f.owner == owner and (not purpose or f.purpose == purpose)]
+        return Page(data=data[:limit], has_more=len(data) > limit)
+
+    async def _files(self, ids: Sequence[str]) -> list[FileRecord]:
+        if not ids:
+            return []
+        raws = await self._r.mget([self._k.file(i) for i in ids])
+        return [FileRecord.from_json(json.loads(raw)) for raw in raws if raw is not None]
+
+    async def delete(self, file_id: str, owner: str | None = None) -> bool:
+        rec = await self.get(file_id, owner)
+        if rec is None:
+            return False
+        async with self._r.pipeline(transaction=True) as tx:
+            tx.delete(self._k.file(file_id))
+            tx.zrem(self._k.files(rec.owner), file_id)
+            tx.zrem(self._k.files(rec.owner, rec.purpose), file_id)
+            tx.zrem(self._k.file_expiry, file_id)
+            deleted, *_ = await tx.execute()
+        return bool(deleted)
+
+    async def expired(self, at: int, limit: int = 100) -> list[FileRecord]:
+        ids = await self._r.zrangebyscore(self._k.file_expiry, "-inf", f"({at}", start=0, num=limit)
+        return await self._files(cast(list[str], ids))
+
+
+__all__ = ["RedisFiles"]

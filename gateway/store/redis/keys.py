@@ -1,0 +1,199 @@
+"""Every Redis key batchyard uses, in one place (as arq does).
+
+All keys start with a prefix (default `batchyard:`) so one Redis can hold
+several deployments.
+
+Names never collide: a key built from a team id (`files:`, `batches:`,
+`webhooks:`, `quota:`, `quota-models:`, `spend:`) is the only kind of key in its
+family, and no fixed key has that shape (a fixed key has no `:` after the prefix:
+`active-batches`, `webhooks-all`, `webhooks-due`). Team ids match
+`gateway.config.sections.TEAM_ID_PATTERN` (checked at config load: no `:`), so
+`files:{team}` and `files:{team}:{purpose}` cannot meet either. Keys that hold a
+team id next to other names (`stream:`, `ready:`, `rate:`) carry lengths.
+Earlier versions kept the three fixed sets at `batches:active`, `webhooks:all`
+and `webhooks:due`, the keys a team named `active`, `all` or `due` reads:
+`gateway.store.redis.layout` moves them at start.
+
+The shapes:
+
+records (`RedisStore`: files, batches, ledger, backend state)
+    file:{id}                 string  FileRecord JSON
+    files:{owner}             zset    file ids, score created_at (ties: by id, Redis' own order)
+    files:{owner}:{purpose}   zset    the same, for one purpose
+    batch:{id}                hash    one field per BatchRecord field (JSON), plus the counters
+    batches:{owner}           zset    batch ids, score = creation sequence
+    active-batches            zset    unfinished batch ids, score = creation sequence
+    batch-seq                 string  the creation sequence counter
+    shards:{batch}            hash    shard index -> {"route", "size"}
+    shards-done:{batch}       set     finished shard indexes
+    attempts:{batch}          hash    shard index -> attempts at running it (any worker)
+    file-expiry               zset    file ids with an expiry, score expires_at
+    journal:{batch}:{shard}   hash    line -> Result JSON (HSETNX: one result per line)
+    route-stats:{batch}       hash    "{route}:{completed|failed|input_tokens|output_tokens|cost_usd}" -> number
+    sealed:{batch}            set     shard indexes whose journal was dropped (sealed): late results are ignored
+    meta:{key}                string  backend state JSON
+    webhook:{id}              string  WebhookDelivery JSON (expires 30 days after its last write)
+    webhooks-due              zset    pending delivery ids, score = when next tried
+    webhooks:{owner}          zset    one team's delivery ids, score = the add sequence (newest 1000 kept)
+    webhooks-all              zset    every team's, the same way (the admin's dashboard)
+    webhook-seq               string  the add sequence counter
+
+queue (`RedisStreamQueue`; lengths make the keys unambiguous whatever a route or team is named)
+    stream:{n}:{route}:{m}:{team}:{batch}
+                              stream  waiting and in-flight shards of one batch on one route
+    ready:{n}:{route}:{team}  zset    a team's batch streams on a route, score = the batch's expires_at
+    teams:{route}             hash    team -> its `ready` key, for every team that queued on the route
+    streams:{route}           set     every batch stream of the route (reclaim, counts, upkeep)
+    queued                    hash    shard key -> `entry id@stream` of the entry that carries it
+
+quotas (`RedisQuotaLedger`, `RedisRates`, `RedisStorageLedger`)
+    quota:{team}              hash    batch id -> requests it enqueued, for each admitted batch still counted
+    quota-at                  zset    admitted batch ids, score = when (the sweep lets go of finished ones)
+    quota-team                hash    admitted batch id -> its team
+    quota-models:{team}       hash    batch id -> {model_name: requests} JSON (teams with per-model limits)
+    spend:{team}              hash    budget period start (epoch seconds, 0: for ever) -> USD spent
+                                      (moved by the ledger's record_results, with the journal)
+    storage:{team}            hash    file id -> bytes, for each upload counted against the team's storage
+                                      (RedisStorageLedger, gateway.store.storage)
+    storage-pending:{team}    hash    file id -> when last checked, for the entries of running uploads and
+                                      of files being deleted
+    rate:{n}:{team}:{route}:{window}
+                              hash    `requests`, `tokens` started/reported in one rate window (RedisRates;
+                                      expires two windows after it starts)
+
+coordination (`RedisCoordination`, for `gateway.pipeline.coordinator`)
+    worker:{name}             string  heartbeat JSON (routes, pid, host), with a TTL
+    workers                   zset    worker names, score = last heartbeat
+    lease:{what}              string  holder name, with a TTL (validate/finalize a batch, the sweep)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "batchyard:"
+GROUP = "workers"  # the one consumer group every worker joins, on every stream
+STREAM_FIELD = "shard"  # the stream entry's field holding the shard JSON
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    prefix: str = DEFAULT_PREFIX
+
+    # -- records -----------------------------------------------------------------
+    def file(self, file_id: str) -> str:
+        return f"{self.prefix}file:{file_id}"
+
+    def files(self, owner: str, purpose: str | None = None) -> str:
+        return f"{self.prefix}files:{owner}" + (f":{purpose}" if purpose else "")
+
+    def batch(self, batch_id: str) -> str:
+        return f"{self.prefix}batch:{batch_id}"
+
+    def batches(self, owner: str) -> str:
+        return f"{self.prefix}batches:{owner}"
+
+    @property
+    def active(self) -> str:
+        return f"{self.prefix}active-batches"
+
+    @property
+    def batch_seq(self) -> str:
+        return f"{self.prefix}batch-seq"
+
+    def shards(self, batch_id: str) -> str:
+        return f"{self.prefix}shards:{batch_id}"
+
+    def shards_done(self, batch_id: str) -> str:
+        return f"{self.prefix}shards-done:{batch_id}"
+
+    def attempts(self, batch_id: str) -> str:
+        return f"{self.prefix}attempts:{batch_id}"
+
+    @property
+    def file_expiry(self) -> str:
+        return f"{self.prefix}file-expiry"
+
+    def journal(self, batch_id: str, index: int) -> str:
+        return f"{self.prefix}journal:{batch_id}:{index}"
+
+    def route_stats(self, batch_id: str) -> str:
+        return f"{self.prefix}route-stats:{batch_id}"
+
+    def sealed(self, batch_id: str) -> str:
+        return f"{self.prefix}sealed:{batch_id}"
+
+    def meta(self, key: str) -> str:
+        return f"{self.prefix}meta:{key}"
+
+    def webhook(self, delivery_id: str) -> str:
+        return f"{self.prefix}webhook:{delivery_id}"
+
+    def webhooks(self, owner: str | None) -> str:
+        return f"{self.prefix}webhooks-all" if owner is None else f"{self.prefix}webhooks:{owner}"
+
+    @property
+    def webhooks_due(self) -> str:
+        return f"{self.prefix}webhooks-due"
+
+    @property
+    def webhook_seq(self) -> str:
+        return f"{self.prefix}webhook-seq"
+
+    # -- queue -------------------------------------------------------------------
+    def stream(self, route: str, team: str, batch_id: str) -> str:
+        return f"{self.prefix}stream:{len(route)}:{route}:{len(team)}:{team}:{batch_id}"
+
+    def ready(self, route: str, team: str) -> str:
+        return f"{self.prefix}ready:{len(route)}:{route}:{team}"
+
+    def teams(self, route: str) -> str:
+        return f"{self.prefix}teams:{route}"
+
+    def streams(self, route: str) -> str:
+        return f"{self.prefix}streams:{route}"
+
+    @property
+    def queued(self) -> str:
+        return f"{self.prefix}queued"
+
+    # -- quotas ------------------------------------------------------------------
+    def quota(self, team: str) -> str:
+        return f"{self.prefix}quota:{team}"
+
+    @property
+    def quota_admitted_at(self) -> str:
+        return f"{self.prefix}quota-at"
+
+    @property
+    def quota_team(self) -> str:
+        return f"{self.prefix}quota-team"
+
+    def quota_models(self, team: str) -> str:
+        return f"{self.prefix}quota-models:{team}"
+
+    def spend(self, team: str) -> str:
+        return f"{self.prefix}spend:{team}"
+
+    def storage(self, team: str) -> str:
+        return f"{self.prefix}storage:{team}"
+
+    def storage_pending(self, team: str) -> str:
+        return f"{self.prefix}storage-pending:{team}"
+
+    def rate(self, team: str, route: str, window: int) -> str:
+        return f"{self.prefix}rate:{len(team)}:{team}:{route}:{window}"
+
+    # -- upkeep ------------------------------------------------------------------
+    def worker(self, name: str) -> str:
+        return f"{self.prefix}worker:{name}"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.prefix}workers"
+
+    def lease(self, what: str) -> str:
+        return f"{self.prefix}lease:{what}"
+
+
+__all__ = ["DEFAULT_PREFIX", "GROUP", "STREAM_FIELD", "Keys"]

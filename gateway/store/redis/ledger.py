@@ -1,0 +1,173 @@
+"""The shared `ShardLedger`: shards, attempts, the result journal and route stats in Redis
+(see `gateway.store.redis.store`).
+
+- `record_results` is a Lua script: HSETNX per line into the shard's journal
+  hash, and the batch's counters (in its hash, see `gateway.store.redis.batches`)
+  and route stats (and the team's spend, `spend:{team}`) move only for lines
+  not yet recorded, in the same step.
+  One deliberate difference from SQLite: after `drop_journal` (the shard is
+  sealed) results for that shard are ignored, so a shard run twice (a worker
+  taken for dead that was not) never counts a line twice.
+- `finish_shard` is a Lua script over the shard hash and the set of finished
+  indexes (SADD, then HLEN - SCARD).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import cast
+
+import redis.asyncio as aioredis
+
+from gateway.json_codec import dumps, loads
+from gateway.records import Result, RouteStats, Shard, billable
+from gateway.store.quota import SpendTo
+from gateway.store.redis.keys import Keys
+
+_FINISH_SHARD = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('SADD', KEYS[2], ARGV[1]) end
+return redis.call('HLEN', KEYS[1]) - redis.call('SCARD', KEYS[2])
+"""
+
+# KEYS: journal, batch, sealed set, route stats, the team's spend. ARGV: shard index, route, spend period ('':
+# none), then 8 values per result: line, json, ok (0/1), input, output, cached, reasoning tokens, cost (USD; only
+# a positive one counts: the spend never falls within its period)
+_RECORD_RESULTS = """
+if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return 0 end
+local c = {0, 0, 0, 0, 0, 0}
+local cost = 0
+for i = 4, #ARGV, 8 do
+  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
+    if ARGV[i + 2] == '1' then
+      c[1] = c[1] + 1
+      for k = 3, 6 do c[k] = c[k] + tonumber(ARGV[i + k]) end
+    else
+      c[2] = c[2] + 1
+    end
+    local usd = tonumber(ARGV[i + 7]) or 0
+    if usd > 0 and usd < math.huge then cost = cost + usd end
+  end
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  local names = {'n:completed', 'n:failed', 'n:input_tokens', 'n:output_tokens', 'n:cached_tokens',
+                 'n:reasoning_tokens'}
+  for k = 1, 6 do if c[k] ~= 0 then redis.call('HINCRBY', KEYS[2], names[k], c[k]) end end
+  if c[1] + c[2] > 0 then
+    local r = ARGV[2] .. ':'
+    redis.call('HINCRBY', KEYS[4], r .. 'completed', c[1])
+    redis.call('HINCRBY', KEYS[4], r .. 'failed', c[2])
+    redis.call('HINCRBY', KEYS[4], r .. 'input_tokens', c[3])
+    redis.call('HINCRBY', KEYS[4], r .. 'output_tokens', c[4])
+    if cost ~= 0 then redis.call('HINCRBYFLOAT', KEYS[4], r .. 'cost_usd', cost) end
+  end
+end
+if ARGV[3] ~= '' and cost ~= 0 then redis.call('HINCRBYFLOAT', KEYS[5], ARGV[3], cost) end
+return c[1] + c[2]
+"""
+
+# KEYS: batch, sealed set, route stats. ARGV: shard index, route, count. Sealing the shard makes it once only.
+_RECORD_ANSWERED = """
+if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'n:failed', ARGV[3])
+  local r = ARGV[2] .. ':'
+  redis.call('HINCRBY', KEYS[3], r .. 'completed', 0)
+  redis.call('HINCRBY', KEYS[3], r .. 'failed', ARGV[3])
+  redis.call('HINCRBY', KEYS[3], r .. 'input_tokens', 0)
+  redis.call('HINCRBY', KEYS[3], r .. 'output_tokens', 0)
+end
+return 1
+"""
+
+
+class RedisLedger:
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+        self._r, self._k = client, keys
+        self._finish_shard = client.register_script(_FINISH_SHARD)
+        self._record_results = client.register_script(_RECORD_RESULTS)
+        self._record_answered = client.register_script(_RECORD_ANSWERED)
+
+    # -- shards --------------------------------------------------------------
+
+    async def put_shards(self, batch_id: str, shards: Sequence[Shard]) -> None:
+        if not shards:
+            return
+        async with self._r.pipeline(transaction=True) as tx:
+            for s in shards:
+                tx.hsetnx(self._k.shards(batch_id), str(s.index), json.dumps({"route": s.route, "size": s.size}))
+            await tx.execute()
+
+    async def _shard_table(self, batch_id: str) -> tuple[list[Shard], set[str]]:
+        async with self._r.pipeline(transaction=True) as tx:
+            tx.hgetall(self._k.shards(batch_id))
+            tx.smembers(self._k.shards_done(batch_id))
+            table, done = await tx.execute()
+        shards = []
+        for index, raw in table.items():
+            info = json.loads(raw)
+            shards.append(Shard(batch_id, int(index), info["route"], info["size"]))
+        shards.sort(key=lambda s: s.index)
+        return shards, set(done)
+
+    async def get_shards(self, batch_id: str) -> list[Shard]:
+        return (await self._shard_table(batch_id))[0]
+
+    async def unfinished_shards(self, batch_id: str) -> list[Shard]:
+        shards, done = await self._shard_table(batch_id)
+        return [s for s in shards if str(s.index) not in done]
+
+    async def begin_attempt(self, shard: Shard) -> int:
+        return int(await self._r.hincrby(self._k.attempts(shard.batch_id), str(shard.index), 1))
+
+    async def finish_shard(self, shard: Shard) -> int:
+        keys = [self._k.shards(shard.batch_id), self._k.shards_done(shard.batch_id)]
+        return int(await self._finish_shard(keys=keys, args=[str(shard.index)]))
+
+    # -- journal -------------------------------------------------------------
+
+    async def record_results(self, shard: Shard, results: Sequence[Result], spend: SpendTo | None = None) -> None:
+        if not results:
+            return
+        args: list[str | int | float] = [shard.index, shard.route, "" if spend is None else spend.period]
+        for r in results:
+            u = r.usage
+            args += [r.line, dumps(r.to_json()).decode(), 1 if r.ok else 0,
+                     u.input_tokens, u.output_tokens, u.cached_tokens, u.reasoning_tokens, billable(r.cost_usd)]
+        keys = [self._k.journal(shard.batch_id, shard.index), self._k.batch(shard.batch_id),
+                self._k.sealed(shard.batch_id), self._k.route_stats(shard.batch_id),
+                self._k.spend(spend.team if spend is not None else "")]
+        await self._record_results(keys=keys, args=args)
+
+    async def record_answered(self, shard: Shard, count: int) -> None:
+        if count <= 0:
+            return
+        keys = [self._k.batch(shard.batch_id), self._k.sealed(shard.batch_id), self._k.route_stats(shard.batch_id)]
+        await self._record_answered(keys=keys, args=[shard.index, shard.route, count])
+
+    async def journal(self, shard: Shard) -> list[Result]:
+        raws = await self._r.hvals(self._k.journal(shard.batch_id, shard.index))
+        return [Result.from_json(loads(raw)) for raw in raws]
+
+    async def recorded_lines(self, shard: Shard) -> set[int]:
+        return {int(line) for line in await self._r.hkeys(self._k.journal(shard.batch_id, shard.index))}
+
+    async def drop_journal(self, shard: Shard) -> None:
+        # The shard is sealed: a result that comes later (the same shard run twice, by a worker
+        # taken for dead) must not count again, though no journal is left to dedupe it.
+        async with self._r.pipeline(transaction=True) as tx:
+            tx.delete(self._k.journal(shard.batch_id, shard.index))
+            tx.sadd(self._k.sealed(shard.batch_id), shard.index)
+            await tx.execute()
+
+    async def route_stats(self, batch_id: str) -> dict[str, RouteStats]:
+        raw = cast(dict[str, str], await self._r.hgetall(self._k.route_stats(batch_id)))
+        stats: dict[str, RouteStats] = {}
+        for name, value in raw.items():
+            route, _, field_ = name.rpartition(":")
+            entry = stats.setdefault(route, RouteStats())
+            setattr(entry, field_, float(value) if field_ == "cost_usd" else int(value))
+        return stats
+
+
+__all__ = ["RedisLedger"]

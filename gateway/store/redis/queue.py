@@ -1,0 +1,275 @@
+"""The shared `Queue`: Redis Streams with one consumer group, a stream per batch and route.
+
+- One stream per (route, team, batch), indexed per (route, team) by the batch's
+  deadline (`gateway.store.redis.keys` has the layout, `gateway.store.redis.scripts`
+  the scripts). A worker reads only the routes it hosts. Why this shape: a
+  claim is the fair pick (`gateway.scheduling.fairness`) between teams, and EDF within a
+  team, in one script whose cost is O(teams x k) (k: a team's earliest
+  batches looked at), never O(shards queued); Streams keep what they did
+  before: a pending list per consumer, idle times, XCLAIM for take-over.
+- Every worker is a consumer of the group `workers` under its own name; a
+  shard read stays in the group's pending list until the worker acks it
+  (XACK, then XDEL: a stream holds only unacked shards; an empty stream is
+  removed with its index entries, and `put` makes it again with its group).
+- A dead worker's pending shards are taken over once they have been idle for
+  `claim_idle` seconds (default 30) and their consumer has no heartbeat key
+  (`worker:{name}`, which `gateway.pipeline.coordinator` keeps with a TTL of
+  `claim_idle`): XAUTOCLAIM's rule plus a liveness check, in one script, so a
+  Redis restart that leaves every entry idle for a moment does not hand live
+  workers' shards around.
+- A live worker never loses a long shard: every `claim_idle / 3` seconds it
+  refreshes each shard it holds with `XCLAIM … JUSTID` (which resets the idle
+  time), inside a script that first checks the shard is still its own. Only a
+  worker whose event loop stalls for longer than `claim_idle` can lose a shard
+  (it is then run twice; its results are counted once either way).
+- On close, the shards a worker still holds are handed back at once: moved to
+  the consumer `handed-back` (never alive) with a huge idle time, so the next
+  reclaim anywhere takes them without waiting.
+- Nothing pushes a waiting worker: an idle `get` claims again every 20 ms at
+  first, backing off to 200 ms (as the embedded queue does).
+- `queued` maps each shard to the stream entry carrying it (set by `put`,
+  cleared by the `ack` of that entry). The distributed sweeper uses it to find
+  unfinished shards no entry carries (an API replica died while enqueueing, or
+  Redis lost writes) and re-enqueues them with `put_missing`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from gateway.records import Shard
+from gateway.store.base import Delivery
+from gateway.store.redis import scripts
+from gateway.store.redis.keys import GROUP, STREAM_FIELD, Keys
+
+log = logging.getLogger("batchyard.queue")
+
+DEFAULT_CLAIM_IDLE = 30.0
+_HANDED_BACK_IDLE_MS = 10**10  # an idle time no claim threshold is above
+
+_EARLIEST = 32  # a team's batches (earliest deadlines first) the claim looks at, per route
+_POLL_FIRST, _POLL_MAX = 0.02, 0.2
+
+
+HANDED_BACK = "handed-back"  # the consumer that holds shards handed back by a closing worker: never alive
+
+
+def consumer_name() -> str:
+    """Unique per process start: a restarted worker does not inherit a dead one's shards, it reclaims them."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class RedisStreamQueue:
+    def __init__(
+        self, client: aioredis.Redis, routes: Collection[str], *, keys: Keys | None = None,
+        consumer: str | None = None, claim_idle: float = DEFAULT_CLAIM_IDLE, owns_client: bool = False,
+        weights: Mapping[str, float] | None = None,
+    ) -> None:
+        self._r = client
+        self._k = keys or Keys()
+        self._routes = [r for r in routes if r]  # what `get(None)` reads: every route of the config
+        self.consumer = consumer or consumer_name()
+        self.claim_idle = claim_idle
+        self.weights = dict(weights or {})  # team -> weight (default 1)
+        self._owns_client = owns_client
+        self._put = client.register_script(scripts.PUT)
+        self._ack = client.register_script(scripts.ACK)
+        self._claim = client.register_script(scripts.CLAIM)
+        self._refresh = client.register_script(scripts.REFRESH)
+        self._reclaim_script = client.register_script(scripts.RECLAIM)
+        self._held: dict[str, tuple[str, str]] = {}  # token -> (stream, entry id), read and not acked
+        self._claimed_at = 0.0
+        self._refresher: asyncio.Task[None] | None = None
+        # Told the token of a held shard another worker took over (this one stalled): stop running it.
+        self.on_lost: Callable[[str], None] | None = None
+
+    # -- producing ---------------------------------------------------------------
+
+    async def _enqueue(self, shard: Shard, only_missing: bool) -> bool:
+        k = self._k
+        keys = [k.stream(shard.route, shard.team, shard.batch_id), k.queued, k.ready(shard.route, shard.team),
+                k.teams(shard.route), k.streams(shard.route)]
+        args: list[str | int] = [STREAM_FIELD, json.dumps(shard.to_json()), shard.key, GROUP, shard.deadline,
+                                 shard.team, "1" if only_missing else "0"]
+        return await self._put(keys=keys, args=args) is not None
+
+    async def put(self, shard: Shard) -> None:
+        await self._enqueue(shard, only_missing=False)
+
+    async def put_missing(self, shard: Shard) -> bool:
+        """Enqueue `shard` unless an entry already carries it; True if it was enqueued."""
+        return await self._enqueue(shard, only_missing=True)
+
+    async def queued(self) -> dict[str, str]:
+        """Shard key -> `entry id@stream` of the entry carrying it."""
+        return cast(dict[str, str], await self._r.hgetall(self._k.queued))
+
+    # -- consuming ---------------------------------------------------------------
+
+    def _deliver(self, stream: str, entry_id: str, flat: list[str]) -> Delivery:
+        fields = dict(zip(flat[::2], flat[1::2], strict=True))
+        shard = Shard.from_json(json.loads(fields[STREAM_FIELD]))
+        token = f"{entry_id}@{stream}"
+        self._held[token] = (stream, entry_id)
+        return Delivery(shard=shard, token=token)
+
+    async def get(self, routes: Collection[str] | None, timeout: float, skip_teams: Collection[str] = (),
+                  skip_batches: Collection[str] = ()) -> Delivery | None:
+        wanted = [r for r in (self._routes if routes is None else routes) if r]
+        if not wanted:
+            await asyncio.sleep(timeout)
+            return None
+        if self._refresher is None:
+            self._refresher = asyncio.create_task(self._refresh_loop(), name=f"queue-refresh-{self.consumer}")
+        if time.monotonic() - self._claimed_at >= self.claim_idle / 4:
+            self._claimed_at = time.monotonic()
+            # A stranded shard is taken whatever its team (a full worker asked for a newcomer's only:
+            # taking a stranded one instead overflows by one shard, once).
+            if (claimed := await self._reclaim(wanted)) is not None:
+                return claimed
+        deadline = time.monotonic() + timeout
+        pause = _POLL_FIRST
+        opts = json.dumps({"skip": sorted(skip_teams), "skip_batches": sorted(skip_batches), "weights": self.weights})
+        teams = [self._k.teams(r) for r in wanted]
+        while True:
+            got = await self._claim(keys=teams, args=[GROUP, self.consumer, _EARLIEST, opts])
+            if got:
+                return self._deliver(got[0], got[1], got[2])
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, _POLL_MAX)
+
+    async def _reclaim(self, routes: Collection[str]) -> Delivery | None:
+        """One shard idle for `claim_idle` seconds whose worker is dead (no heartbeat), now ours."""
+        idle_ms = str(int(self.claim_idle * 1000))
+        held = list(self._held)
+        args: list[str | int] = [GROUP, self.consumer, idle_ms, 32, self._k.worker(""), *held]
+        got = await self._reclaim_script(keys=[self._k.streams(r) for r in routes], args=args)
+        if not got:
+            return None
+        stream, entry_id, flat = got[0], got[1], got[2] or []
+        log.warning("took over shard entry %s on %s from a dead worker", entry_id, stream)
+        return self._deliver(stream, entry_id, flat)
+
+    async def ack(self, delivery: Delivery) -> None:
+        stream, entry_id = self._held.pop(delivery.token, (None, None))
+        if stream is None or entry_id is None:
+            entry_id, _, stream = delivery.token.partition("@")
+        shard = delivery.shard
+        keys = [stream, self._k.queued, self._k.ready(shard.route, shard.team), self._k.streams(shard.route)]
+        await self._ack(keys=keys, args=[GROUP, entry_id, shard.key])
+
+    # -- holding on to shards --------------------------------------------------------
+
+    async def _refresh_held(self, tokens: Collection[str] | None = None, *, hand_back: bool = False) -> None:
+        by_stream: dict[str, list[str]] = {}
+        for token in list(self._held if tokens is None else tokens):
+            place = self._held.pop(token, None) if hand_back else self._held.get(token)
+            if place is not None:  # handed back: not ours from here on, even if Redis can't be told
+                by_stream.setdefault(place[0], []).append(place[1])
+        target, idle = (HANDED_BACK, str(_HANDED_BACK_IDLE_MS)) if hand_back else (self.consumer, "")
+        for stream, ids in by_stream.items():
+            lost = await self._refresh(keys=[stream], args=[GROUP, self.consumer, target, idle, *ids])
+            for entry_id in lost:
+                # Not pending any more: acked while this ran (fine), or taken over after a stall.
+                token = f"{entry_id}@{stream}"
+                if self._held.pop(token, None) is not None:
+                    log.warning("shard entry %s on %s was taken over by another worker", entry_id, stream)
+                    if self.on_lost is not None:
+                        self.on_lost(token)
+
+    async def hand_back(self, delivery: Delivery) -> None:
+        """Give a shard up unacked (its run failed in a way the pipeline could not handle): the next
+        reclaim anywhere takes it, without waiting for the idle timeout."""
+        await self._refresh_held([delivery.token], hand_back=True)
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.claim_idle / 3)
+            try:
+                await self._refresh_held()
+            except Exception as exc:  # Redis away for a moment: the next round tries again
+                log.warning("could not refresh held shards: %s", exc)
+
+    # -- state ---------------------------------------------------------------------
+
+    async def _streams(self) -> dict[str, list[str]]:
+        """route -> its batch streams."""
+        async with self._r.pipeline(transaction=False) as p:
+            for route in self._routes:
+                p.smembers(self._k.streams(route))
+            replies = await p.execute()
+        return {route: sorted(members) for route, members in zip(self._routes, replies, strict=True)}
+
+    async def depth(self) -> dict[str, int]:
+        """Shards waiting (not yet read by any worker), per route."""
+        waiting, _ = await self.counts()
+        return waiting
+
+    async def counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(waiting, in flight) per route; routes with none are left out."""
+        by_route = await self._streams()
+        pairs = [(route, stream) for route, streams in by_route.items() for stream in streams]
+        async with self._r.pipeline(transaction=False) as p:
+            for _, stream in pairs:
+                p.xlen(stream)
+                p.xpending(stream, GROUP)
+            replies = await p.execute(raise_on_error=False)
+        waiting: dict[str, int] = {}
+        in_flight: dict[str, int] = {}
+        for i, (route, _) in enumerate(pairs):
+            length, pending = replies[2 * i], replies[2 * i + 1]
+            held = int(pending["pending"]) if isinstance(pending, dict) else 0
+            length = int(length) if isinstance(length, int) else 0
+            if length - held > 0:
+                waiting[route] = waiting.get(route, 0) + length - held
+            if held:
+                in_flight[route] = in_flight.get(route, 0) + held
+        return waiting, in_flight
+
+    async def forget_dead_consumers(self, is_alive: Callable[[str], bool], idle: float = 600.0) -> int:
+        """Remove consumers that hold nothing, are not alive and have been idle for `idle` seconds (one
+        per worker start would pile up otherwise); returns how many went."""
+        removed = 0
+        for streams in (await self._streams()).values():
+            for stream in streams:
+                try:
+                    consumers: list[dict[str, Any]] = await self._r.xinfo_consumers(stream, GROUP)
+                except ResponseError:
+                    continue  # the stream went meanwhile
+                for c in consumers:
+                    name = str(c["name"])
+                    if int(c["pending"]) == 0 and int(c["idle"]) >= idle * 1000 and not is_alive(name):
+                        removed += int(await self._r.xgroup_delconsumer(stream, GROUP, name) == 0)
+        return removed
+
+    async def tidy(self, alive: Collection[str]) -> None:
+        await self.forget_dead_consumers(set(alive).__contains__)
+
+    async def aclose(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        if self._held:  # hand them back: the next XAUTOCLAIM anywhere takes them at once
+            with contextlib.suppress(Exception):
+                await self._refresh_held(hand_back=True)
+        if self._owns_client:
+            await self._r.aclose()
+
+
+__all__ = ["DEFAULT_CLAIM_IDLE", "RedisStreamQueue", "consumer_name"]

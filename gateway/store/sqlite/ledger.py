@@ -1,0 +1,172 @@
+"""The embedded `ShardLedger`: the `shards`, `journal` and `route_stats` tables of the SQLite store
+(see `gateway.store.sqlite.store`).
+
+`record_results` is one transaction over the journal, the batch's counter
+columns (in `batches`, see `gateway.store.sqlite.batches`), the route stats and
+the team's spend (`team_spend`, see `gateway.store.sqlite.quota`): a line's
+result is counted only when its journal row is new.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+
+from gateway.json_codec import dumps, loads
+from gateway.records import Result, RouteStats, Shard, Usage, billable
+from gateway.store.quota import SpendTo
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS shards (
+    batch_id TEXT NOT NULL, idx INTEGER NOT NULL, route TEXT NOT NULL, size INTEGER NOT NULL,
+    finished INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (batch_id, idx)
+);
+CREATE TABLE IF NOT EXISTS journal (
+    batch_id TEXT NOT NULL, shard INTEGER NOT NULL, line INTEGER NOT NULL, data TEXT NOT NULL,
+    PRIMARY KEY (batch_id, line)
+);
+CREATE INDEX IF NOT EXISTS journal_shard ON journal(batch_id, shard);
+CREATE TABLE IF NOT EXISTS route_stats (
+    batch_id TEXT NOT NULL, route TEXT NOT NULL, completed INTEGER NOT NULL DEFAULT 0,
+    failed INTEGER NOT NULL DEFAULT 0, input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0, cost_usd REAL NOT NULL DEFAULT 0, PRIMARY KEY (batch_id, route)
+);
+"""
+
+
+class SQLiteLedger:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    # -- shards --------------------------------------------------------------
+
+    async def put_shards(self, batch_id: str, shards: Sequence[Shard]) -> None:
+        self._db.executemany(
+            "INSERT OR IGNORE INTO shards (batch_id, idx, route, size) VALUES (?, ?, ?, ?)",
+            [(batch_id, s.index, s.route, s.size) for s in shards],
+        )
+
+    async def get_shards(self, batch_id: str) -> list[Shard]:
+        return self._shards("SELECT idx, route, size FROM shards WHERE batch_id = ? ORDER BY idx", batch_id)
+
+    async def unfinished_shards(self, batch_id: str) -> list[Shard]:
+        return self._shards(
+            "SELECT idx, route, size FROM shards WHERE batch_id = ? AND finished = 0 ORDER BY idx", batch_id
+        )
+
+    def _shards(self, sql: str, batch_id: str) -> list[Shard]:
+        return [Shard(batch_id, i, r, n) for i, r, n in self._db.execute(sql, (batch_id,)).fetchall()]
+
+    async def begin_attempt(self, shard: Shard) -> int:
+        (count,) = self._db.execute(
+            "UPDATE shards SET attempts = attempts + 1 WHERE batch_id = ? AND idx = ? RETURNING attempts",
+            (shard.batch_id, shard.index),
+        ).fetchone() or (1,)
+        return int(count)
+
+    async def finish_shard(self, shard: Shard) -> int:
+        self._db.execute("BEGIN IMMEDIATE")
+        self._db.execute("UPDATE shards SET finished = 1 WHERE batch_id = ? AND idx = ?", (shard.batch_id, shard.index))
+        (left,) = self._db.execute(
+            "SELECT COUNT(*) FROM shards WHERE batch_id = ? AND finished = 0", (shard.batch_id,)
+        ).fetchone()
+        self._db.execute("COMMIT")
+        return int(left)
+
+    # -- journal -------------------------------------------------------------
+
+    async def record_results(self, shard: Shard, results: Sequence[Result], spend: SpendTo | None = None) -> None:
+        completed = failed = 0
+        usage = Usage()
+        route = RouteStats()
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for r in results:
+                cur = self._db.execute(
+                    "INSERT OR IGNORE INTO journal (batch_id, shard, line, data) VALUES (?, ?, ?, ?)",
+                    (shard.batch_id, shard.index, r.line, dumps(r.to_json()).decode()),
+                )
+                if cur.rowcount != 1:
+                    continue  # already recorded: counted once only
+                route.add(r)
+                if r.ok:
+                    completed += 1
+                    usage.add(r.usage)
+                else:
+                    failed += 1
+            self._db.execute(
+                "UPDATE batches SET completed = completed + ?, failed = failed + ?, input_tokens = input_tokens + ?, "
+                "output_tokens = output_tokens + ?, cached_tokens = cached_tokens + ?, "
+                "reasoning_tokens = reasoning_tokens + ? WHERE id = ?",
+                (
+                    completed, failed, usage.input_tokens, usage.output_tokens, usage.cached_tokens,
+                    usage.reasoning_tokens, shard.batch_id,
+                ),
+            )
+            if route.requests:
+                self._db.execute(
+                    "INSERT INTO route_stats (batch_id, route, completed, failed, input_tokens, output_tokens, "
+                    "cost_usd) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (batch_id, route) DO UPDATE SET "
+                    "completed = completed + excluded.completed, failed = failed + excluded.failed, "
+                    "input_tokens = input_tokens + excluded.input_tokens, "
+                    "output_tokens = output_tokens + excluded.output_tokens, cost_usd = cost_usd + excluded.cost_usd",
+                    (shard.batch_id, shard.route, route.completed, route.failed, route.input_tokens,
+                     route.output_tokens, route.cost_usd),
+                )
+            # The cost of the lines journaled now, with them. `RouteStats.add` summed only `billable` costs; the
+            # MAX is the last word: a spend never falls within its period, whatever a result says it cost.
+            if spend is not None and billable(route.cost_usd):
+                self._db.execute("INSERT INTO team_spend VALUES (?, ?, ?) ON CONFLICT (team, period) DO UPDATE SET "
+                                 "usd = usd + MAX(excluded.usd, 0)", (spend.team, spend.period, route.cost_usd))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    async def record_answered(self, shard: Shard, count: int) -> None:
+        if count <= 0:
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            # Once per shard: the first call marks the shard's attempts (a shard of answered lines is
+            # never run), a second finds the mark and counts nothing.
+            first = self._db.execute(
+                "UPDATE shards SET attempts = -1 WHERE batch_id = ? AND idx = ? AND attempts = 0 RETURNING idx",
+                (shard.batch_id, shard.index),
+            ).fetchone()
+            if first is not None:
+                self._db.execute("UPDATE batches SET failed = failed + ? WHERE id = ?", (count, shard.batch_id))
+                self._db.execute(
+                    "INSERT INTO route_stats (batch_id, route, failed) VALUES (?, ?, ?) "
+                    "ON CONFLICT (batch_id, route) DO UPDATE SET failed = failed + excluded.failed",
+                    (shard.batch_id, shard.route, count),
+                )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    async def journal(self, shard: Shard) -> list[Result]:
+        rows = self._db.execute(
+            "SELECT data FROM journal WHERE batch_id = ? AND shard = ?", (shard.batch_id, shard.index)
+        ).fetchall()
+        return [Result.from_json(loads(r[0])) for r in rows]
+
+    async def recorded_lines(self, shard: Shard) -> set[int]:
+        rows = self._db.execute(
+            "SELECT line FROM journal WHERE batch_id = ? AND shard = ?", (shard.batch_id, shard.index)
+        ).fetchall()
+        return {r[0] for r in rows}
+
+    async def drop_journal(self, shard: Shard) -> None:
+        self._db.execute("DELETE FROM journal WHERE batch_id = ? AND shard = ?", (shard.batch_id, shard.index))
+
+    async def route_stats(self, batch_id: str) -> dict[str, RouteStats]:
+        rows = self._db.execute(
+            "SELECT route, completed, failed, input_tokens, output_tokens, cost_usd FROM route_stats "
+            "WHERE batch_id = ?", (batch_id,)
+        ).fetchall()
+        return {r[0]: RouteStats(*r[1:]) for r in rows}
+
+
+__all__ = ["SCHEMA", "SQLiteLedger"]

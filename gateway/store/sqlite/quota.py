@@ -1,0 +1,79 @@
+"""The embedded `QuotaLedger`: tables in the embedded SQLite file (see `gateway.store.sqlite.store`),
+checked and written in one transaction. `team_spend` is written by `SQLiteLedger.record_results`, in the
+transaction that journals the results."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Collection, Mapping
+
+from gateway.store.quota import TeamLimits, TeamUsage, exceeded
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS quota_admissions (
+    batch_id TEXT PRIMARY KEY, team TEXT NOT NULL, requests INTEGER NOT NULL, admitted_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS quota_team ON quota_admissions(team);
+CREATE TABLE IF NOT EXISTS quota_models (
+    batch_id TEXT NOT NULL, team TEXT NOT NULL, model TEXT NOT NULL, requests INTEGER NOT NULL,
+    PRIMARY KEY (batch_id, model)
+);
+CREATE INDEX IF NOT EXISTS quota_models_team ON quota_models(team);
+CREATE TABLE IF NOT EXISTS team_spend (
+    team TEXT NOT NULL, period INTEGER NOT NULL, usd REAL NOT NULL, PRIMARY KEY (team, period)
+);
+"""
+
+
+class SQLiteQuotaLedger:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def _usage(self, team: str) -> TeamUsage:
+        n, total = self._db.execute("SELECT COUNT(*), COALESCE(SUM(requests), 0) FROM quota_admissions "
+                                    "WHERE team = ?", (team,)).fetchone()
+        models = self._db.execute("SELECT model, SUM(requests) FROM quota_models WHERE team = ? GROUP BY model",
+                                  (team,)).fetchall()
+        return TeamUsage(int(n), int(total), {str(m): int(r) for m, r in models})
+
+    async def admit(self, team: str, batch_id: str, requests: int, limits: TeamLimits,
+                    by_model: Mapping[str, int] | None = None) -> str | None:
+        by_model = by_model or {}
+        self._db.execute("BEGIN IMMEDIATE")  # the check and the write under one lock: no two pass the last place
+        try:
+            refused = exceeded(self._usage(team), requests, by_model, limits)
+            if refused is None:
+                self._db.execute("INSERT OR REPLACE INTO quota_admissions VALUES (?, ?, ?, ?)",
+                                 (batch_id, team, requests, time.time()))
+                self._db.executemany("INSERT OR REPLACE INTO quota_models VALUES (?, ?, ?, ?)",
+                                     [(batch_id, team, m, n) for m, n in by_model.items()])
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return refused
+
+    async def usage(self, team: str) -> TeamUsage:
+        return self._usage(team)
+
+    async def admitted(self) -> dict[str, float]:
+        return dict(self._db.execute("SELECT batch_id, admitted_at FROM quota_admissions").fetchall())
+
+    async def release(self, batch_ids: Collection[str]) -> None:
+        rows = [(b,) for b in batch_ids]
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.executemany("DELETE FROM quota_admissions WHERE batch_id = ?", rows)
+            self._db.executemany("DELETE FROM quota_models WHERE batch_id = ?", rows)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    async def spend(self, team: str, period: int) -> float:
+        row = self._db.execute("SELECT usd FROM team_spend WHERE team = ? AND period = ?", (team, period)).fetchone()
+        return float(row[0]) if row else 0.0
+
+
+__all__ = ["SCHEMA", "SQLiteQuotaLedger"]
