@@ -35,7 +35,7 @@ export BATCHYARD_TINY_MODELS="$ROOT/.batchyard/models"
 export VLLM_CPU_KVCACHE_SPACE=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0
 # Two pytest workers start engines side by side: bound the way one `batchyard run` binds its engine (every
-# engine core on the same core), they would queue behind each other. tests/test_engine_cpu_threads.py binds.
+# engine core on the same core), they would queue behind each other. tests/engine/test_engine_cpu_threads.py binds.
 export VLLM_CPU_OMP_THREADS_BIND=nobind
 export LITELLM_LOCAL_MODEL_COST_MAP=True
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.services import MotoS3, RedisServer
+from tests.support.services import MotoS3, RedisServer
 
 
 @pytest.fixture(scope="module")

@@ -166,7 +166,7 @@ class GeneralSettings(Strict):
 
 # The keyword arguments of LiteLLM's `Router` (litellm==1.106.2, the pinned release; `model_list` is ours to
 # build). Written out so loading a config needn't import LiteLLM (seconds, and ~100 MB in the API process);
-# tests/test_input_errors.py checks it against the installed Router's signature.
+# tests/unit/test_input_errors.py checks it against the installed Router's signature.
 ROUTER_SETTINGS = frozenset({
     "alerting_config", "allowed_fails", "allowed_fails_policy", "assistants_config", "auto_router_capability_limit",
     "background_health_check_model_groups", "cache_kwargs", "cache_responses", "caching_groups", "client_ttl",

@@ -1,0 +1,82 @@
+"""Team budgets (`max_budget` USD, LiteLLM's name), in both modes with real processes: a batch that crosses
+the budget stops sending (what was in flight finishes, the unrun lines get `budget_exceeded` error lines,
+the batch completes); the team's next batch is refused with 429 `budget_exceeded`; the spend is in the
+store, so a restarted gateway still refuses it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.api.dashboard.pages import COOKIE
+from tests.support.server_helpers import gateway_config, submit
+from tests.support.services import HAVE_REDIS, RedisServer
+from tests.support.team_helpers import MODEL, MODES, finished, lines, metric, serve, start_shared, until
+from tests.fakes.upstream import Upstream, start_upstream
+
+PRICE = 0.001  # USD per token, in and out: the upstream's reply to a line is 3 + 4 tokens, 0.007 USD
+BUDGET = 0.1  # about 14 lines
+TEAMS = [{"team_id": "thrifty", "api_keys": ["sk-thrifty"], "max_budget": BUDGET},
+         {"team_id": "other", "api_keys": ["sk-other"]}]
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Upstream]:
+    with start_upstream() as server:
+        yield server
+
+
+def _config(upstream: Upstream) -> dict[str, Any]:
+    config = gateway_config(upstream, models=(MODEL,), teams=TEAMS, shard_size=20, max_concurrency=4,
+                            master_key="sk-admin")
+    config["model_list"][0]["model_info"] = {"input_cost_per_token": PRICE, "output_cost_per_token": PRICE}
+    return config
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_budget_crossed_mid_batch_stops_it_and_survives_a_restart(
+    mode: str, upstream: Upstream, tmp_path: Path
+) -> None:
+    redis = RedisServer().start() if mode == "shared" and HAVE_REDIS else None
+    redis_url = redis.url if redis is not None else None
+    try:
+        with serve(mode, _config(upstream), tmp_path / "data", redis_url=redis_url) as gw:
+            client = gw.client("sk-thrifty")
+            batch = submit(client, lines(60, "spend", sleep_ms=300))
+            done = until(gw, "sk-thrifty", batch.id, finished)
+            assert done.status == "completed" and done.request_counts is not None
+            ran, stopped = done.request_counts.completed, done.request_counts.failed
+            # It ran until the spend reached the budget (plus what was in flight and unrecorded), not further.
+            assert BUDGET / (7 * PRICE) <= ran < 40 and ran + stopped == 60, done.request_counts
+            errors = [json.loads(x) for x in client.files.content(done.error_file_id or "").text.splitlines()]
+            assert len(errors) == stopped and {e["error"]["code"] for e in errors} == {"budget_exceeded"}
+            with pytest.raises(openai.RateLimitError) as refused:
+                submit(client, lines(1, "more"))
+            assert refused.value.response.json()["error"]["code"] == "budget_exceeded"
+            spend = metric(gw, "batchyard_team_spend_usd", team="thrifty")
+            assert spend is not None and BUDGET <= spend <= ran * 7 * PRICE + 1e-9  # what ran, counted once
+            assert metric(gw, "batchyard_team_max_budget_usd", team="thrifty") == BUDGET
+            assert (metric(gw, "batchyard_team_quota_headroom", team="thrifty", quota="max_budget") or 0) <= 0
+            page = httpx.get(gw.url + "/ui", cookies={COOKIE: "sk-thrifty"}, timeout=10).text
+            assert 'data-team="thrifty"' in page and f"/ ${BUDGET:g}" in page  # the dashboard: spend / budget
+            assert 'data-team="other"' not in page  # a team sees its own standing only
+            other = submit(gw.client("sk-other"), lines(2, "other", sleep_ms=0))  # other teams are not held
+            assert until(gw, "sk-other", other.id, finished).status == "completed"
+        # The spend was kept. Only the API answers a create: the shared restart starts no worker (seconds less).
+        again_up = (start_shared(_config(upstream), tmp_path / "data", redis_url, with_worker=False)
+                    if mode == "shared" and redis_url is not None else
+                    serve(mode, _config(upstream), tmp_path / "data", redis_url=redis_url))
+        with again_up as gw:
+            with pytest.raises(openai.RateLimitError) as again:
+                submit(gw.client("sk-thrifty"), lines(1, "after-restart"))
+            assert again.value.response.json()["error"]["code"] == "budget_exceeded"
+    finally:
+        if redis is not None:
+            redis.close()

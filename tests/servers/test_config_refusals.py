@@ -1,0 +1,151 @@
+"""The config refuses what it would not apply: each case names the file and the dotted key.
+
+A setting accepted and then ignored would be a lie, so an unknown key, a key at the wrong level, a key
+for another kind of route and a value of the wrong type are all refused when the file loads, before
+anything starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.config.engine_fields import VLLM_ENGINE_ARGS
+from gateway.config.schema import parse_config
+from gateway.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+UPSTREAM = {"model_name": "gpt", "litellm_params": {"model": "openai/gpt-4o-mini", "api_key": "sk-x"}}
+LOCAL = {"model_name": "tiny", "litellm_params": {"model": "vllm/models/tiny"}}
+
+
+def _with(entry: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"model_list": [{**entry, **extra}]}
+
+
+def _settings(**batch_settings: Any) -> dict[str, Any]:
+    return {"model_list": [UPSTREAM], "batch_settings": batch_settings}
+
+
+REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
+    ("tpm beside litellm_params", _with(UPSTREAM, tpm=1000), "model_list[0].tpm", "unknown setting"),
+    ("a typo of model_info", _with(UPSTREAM, modle_info={"id": "a"}), "model_list[0].modle_info", "model_info"),
+    ("engine_args on an upstream entry", _with(UPSTREAM, engine_args={"dtype": "float32"}),
+     "model_list[0].engine_args", "local models"),
+    ("engine_args on a native entry", _with(UPSTREAM, model_info={"batch_mode": "native"}, engine_args={}),
+     "model_list[0].engine_args", "native"),
+    ("batch_mode: native on a vllm/ route", _with(LOCAL, model_info={"batch_mode": "native"}),
+     "model_list[0].model_info.batch_mode", "vllm/"),
+    ("an engine arg vLLM does not have", _with(LOCAL, engine_args={"max_model_length": 256}),
+     "model_list[0].engine_args", "max_model_length"),
+    ("a completion window of true", _settings(completion_windows={"1h": True}),
+     "batch_settings.completion_windows.1h", "integer"),
+    ("a completion window of 0 s", _settings(completion_windows={"1h": 0}),
+     "batch_settings.completion_windows.1h", "positive"),
+    ("a shard size of true", _settings(shard_size=True), "batch_settings.shard_size", "integer"),
+    ("a shard size as text", _settings(shard_size="100"), "batch_settings.shard_size", "integer"),
+    ("an unknown team setting", _settings(teams=[{"team_id": "a", "wieght": 2}]),
+     "batch_settings.teams[0].wieght", "team_id"),
+    ("a team twice", _settings(teams=[{"team_id": "a"}, {"team_id": "a"}]), "batch_settings.teams[1].team_id",
+     "duplicate"),
+    ("a team key that is no string", _settings(teams=[{"team_id": "a", "api_keys": [12345]}]),
+     "batch_settings.teams[0].api_keys[0]", "string"),
+    ("a per-model rpm for a model not listed", _settings(teams=[{"team_id": "a", "model_rpm_limit": {"gpt-5": 9}}]),
+     "batch_settings.teams[0].model_rpm_limit.gpt-5", "not a model_name"),
+    ("a per-model quota of 0", _settings(teams=[{"team_id": "a", "model_max_enqueued_requests": {"gpt": 0}}]),
+     "batch_settings.teams[0].model_max_enqueued_requests.gpt", "positive"),
+    ("a tpm limit of true", _settings(teams=[{"team_id": "a", "tpm_limit": True}]),
+     "batch_settings.teams[0].tpm_limit", "integer"),
+    ("an unknown metrics setting", _settings(metrics={"port": 9400}), "batch_settings.metrics.port", "enabled"),
+    ("a file expiry of -1", _settings(file_expiry_seconds=-1), "batch_settings.file_expiry_seconds", "positive"),
+    ("an empty master key", {"model_list": [UPSTREAM], "general_settings": {"master_key": ""}},
+     "general_settings.master_key", "empty"),
+    ("a local model listed twice", {"model_list": [LOCAL, LOCAL]}, "model_list[1]", "twice"),
+    ("a name both local and upstream", {"model_list": [LOCAL, {**UPSTREAM, "model_name": "tiny"}]}, "model_list[1]",
+     "mixes"),
+    ("a name both native and realtime",
+     {"model_list": [UPSTREAM, {**UPSTREAM, "model_info": {"batch_mode": "native"}}]},
+     "model_list[1].model_info.batch_mode", "mixes"),
+    ("an entry that is no mapping", {"model_list": ["gpt"]}, "model_list[0]", "mapping"),
+    ("no model_list", {"batch_settings": {}}, "model_list", "required"),
+    ("an unknown section", {"model_list": [UPSTREAM], "environment_variables": {}}, "environment_variables",
+     "unknown"),
+]
+
+
+@pytest.mark.parametrize(("raw", "key", "says"), [case[1:] for case in REFUSED], ids=[case[0] for case in REFUSED])
+def test_refused_naming_the_file_and_the_key(raw: dict[str, Any], key: str, says: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(raw, "team.yaml")
+    error = caught.value
+    assert (error.path, error.key) == ("team.yaml", key), str(error)
+    assert says in error.problem, str(error)
+    assert str(error).startswith(f"team.yaml: {key}: ")
+
+
+def test_secrets_are_not_echoed_in_errors() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(_settings(teams=[{"team_id": "a", "api_keys": [4242424242]}]), "team.yaml")
+    assert "4242424242" not in str(caught.value)
+
+
+def test_what_is_accepted_reaches_the_config() -> None:
+    raw = {
+        "model_list": [
+            {**LOCAL, "engine_args": {"max_model_len": 256, "enforce-eager": True}},
+            {**UPSTREAM, "model_info": {"id": "a", "input_cost_per_token": 1e-6}},
+            {**UPSTREAM, "litellm_params": {"model": "azure/gpt", "api_key": "k", "rpm": 60}},
+        ],
+        "router_settings": None,
+        "batch_settings": {"completion_windows": {"1h": 3600}, "shard_size": 10,
+                           "teams": [{"team_id": "a", "api_keys": ["sk-a"], "models": ["gpt"]}]},
+    }
+    config = parse_config(raw, "team.yaml")
+    assert config.batch.completion_windows == {"24h": 86_400, "1h": 3600}
+    assert (config.batch.shard_size, config.batch.limits.max_lines) == (10, 50_000)
+    assert config.batch.teams[0].models == ["gpt"] and config.auth_enabled
+    assert config.routes["tiny"].engine_args == {"model": "models/tiny", "served_model_name": ["tiny"],
+                                                 "max_model_len": 256, "enforce-eager": True}
+    assert [d["litellm_params"]["model"] for d in config.routes["gpt"].deployments] == ["openai/gpt-4o-mini",
+                                                                                     "azure/gpt"]
+    assert config.routes["gpt"].model_info == {"id": "a", "input_cost_per_token": 1e-6}
+    assert config.router_settings == {}
+
+
+def test_engine_flags_of_run_model_are_checked_before_the_engine_starts(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text("")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "run", "-i", str(src), "-o", str(tmp_path / "out"),
+         "--model", str(tmp_path / "no-model"), "--max-model-length", "64"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "command line: --max-model-length: is not an option of vLLM's run_batch" in proc.stderr
+
+
+def _run_batch_options() -> set[str]:
+    from vllm.entrypoints.launchers.run_batch import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="check"))
+    return {action.dest for action in parser._actions} - {"help", "input_file", "output_file"}
+
+
+def test_the_static_engine_arg_list_is_the_installed_vllms() -> None:
+    """`engine_args` are checked without importing vLLM; this keeps the written-out list honest."""
+    pytest.importorskip("vllm")
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    options = _run_batch_options()
+    assert options == VLLM_ENGINE_ARGS
+    # every AsyncEngineArgs field run_batch takes on its command line is accepted; the rest (private fields,
+    # ones without a flag) build_args would refuse at engine start, so load refuses them too
+    fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    assert fields & options <= VLLM_ENGINE_ARGS
+    assert len(fields & VLLM_ENGINE_ARGS) > 200  # the engine's own options are the bulk of the list

@@ -1,0 +1,397 @@
+"""The shared store answers as the embedded one does, concept by concept, against a real redis-server.
+
+- Each part of the `Store` (files, batches, the shard ledger, backend state, the teams' quota and rate
+  windows) runs one scenario on `SQLiteStore` and on `RedisStore`: the transcripts of what came back are
+  equal, step by step. The team's spend moves with the journal (`record_results`), each line's cost once.
+- `RedisStore` counts each result once when writers race, and `if_status` transitions are atomic.
+- `Blobs`: `LocalBlobs` and `S3Blobs` (moto) answer alike, `writing` included (a block that raises
+  leaves no blob behind); `S3Blobs` alone: single PUT, multipart, abort, streamed read, prefix delete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.records import BatchStatus, Result, Shard
+from gateway.store.base import BatchOptions, BatchRecord, Blobs, FileRecord, Store
+from gateway.store.blobs.directory import LocalBlobs
+from gateway.store.blobs.s3 import S3Blobs
+from gateway.store.quota import SpendTo, TeamLimits
+from gateway.store.redis.coordination import connect_redis
+from gateway.store.redis.store import RedisStore
+from gateway.store.sqlite.store import SQLiteStore
+from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, MotoS3, RedisServer
+
+pytestmark = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)]
+
+
+@pytest.fixture(autouse=True)
+def s3_env(s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+
+
+@contextlib.asynccontextmanager
+async def _stores(redis_server: RedisServer, tmp_path: Path) -> AsyncIterator[tuple[Store, Store]]:
+    """A fresh `SQLiteStore` and a `RedisStore` over an empty Redis (opened in the test's own event loop)."""
+    with redis_server.client() as c:
+        c.flushall()
+    # An hour's rate window: a scenario never straddles two (a minute's could, between the two stores' runs).
+    sqlite = SQLiteStore(tmp_path / "s.sqlite3", rate_window_seconds=3600)
+    shared = RedisStore(connect_redis(redis_server.url), rate_window_seconds=3600)
+    try:
+        yield sqlite, shared
+    finally:
+        await sqlite.aclose()
+        await shared.aclose()
+
+
+def _batch(batch_id: str, owner: str, created: int, status: BatchStatus = BatchStatus.VALIDATING) -> BatchRecord:
+    return BatchRecord(id=batch_id, owner=owner, endpoint="/v1/chat/completions", input_file_id="file_in",
+                       completion_window="24h", status=status, created_at=created, expires_at=created + 86_400,
+                       metadata={"k": "v"}, options=BatchOptions(strict=False, allowed_models=["m"]))
+
+
+def _result(line: int, status: int | None, tokens: int = 0) -> Result:
+    body = {"usage": {"prompt_tokens": tokens, "completion_tokens": 2 * tokens}} if status == 200 else None
+    error = None if status else {"code": "batch_cancelled", "message": "no"}
+    return Result(line=line, custom_id=f"c{line}", status_code=status, body=body, error=error,
+                  request_id=f"req_{line}", id=f"batch_req_{line}", model="m")
+
+
+def _page(p: Any) -> Any:
+    return [[r.id for r in p.data], p.has_more]
+
+
+async def _files(store: Store) -> list[Any]:
+    """Every `FileStore` call, in the order the runtime makes them; the transcript of what came back."""
+    files, out = store.files, []
+    for i, (fid, created, purpose) in enumerate([("file_b", 100, "batch"), ("file_a", 100, "batch"),
+                                                  ("file_c", 101, "batch_output"), ("file_d", 99, "batch")]):
+        await files.put(FileRecord(fid, "team", 10 + i, created, f"{fid}.jsonl", purpose, None, f"files/{fid}"))
+    await files.put(FileRecord("file_x", "other", 1, 100, "x", "batch", None, "files/file_x"))
+    await files.put(FileRecord("file_e", "other", 1, 100, "e", "batch", 150, "files/file_e"))
+    out.append([[f.id for f in await files.expired(at)] for at in (150, 151)])
+    await files.delete("file_e")
+    out.append([f.id for f in await files.expired(151)])
+    out.append((await files.get("file_a")).to_json())  # type: ignore[union-attr]
+    out.append([await files.get("file_a", "other"), await files.get("nope")])
+    for order in ("asc", "desc"):
+        for after in (None, "file_a", "file_b", "file_c", "gone"):
+            for purpose in (None, "batch"):
+                for limit in (1, 2, 10):
+                    p = await files.page("team", purpose=purpose, limit=limit, order=order, after=after)
+                    out.append([order, after, purpose, limit, _page(p)])
+    out.append([await files.delete("file_a", "other"), await files.delete("file_a", "team"),
+                await files.delete("file_a")])
+    out.append(_page(await files.page("team", purpose=None, limit=10, order="asc", after=None)))
+    # a record put again under another owner and purpose moves between their lists
+    await files.put(FileRecord("file_b", "other", 10, 100, "b", "batch_output", 170, "files/file_b"))
+    out.append([_page(await files.page(owner, purpose=purpose, limit=10, order="asc", after=None))
+                for owner in ("team", "other") for purpose in (None, "batch", "batch_output")])
+    out.append([f.id for f in await files.expired(171)])
+    return out
+
+
+async def _batches(store: Store) -> list[Any]:
+    """Every `BatchStore` call: lists by creation order, conditional updates, the active set."""
+    batches, out = store.batches, []
+    for i, bid in enumerate(["batch_1", "batch_2", "batch_3"]):
+        await batches.put(_batch(bid, "team", 1000 - i))  # creation order, not created_at, decides
+    await batches.put(_batch("batch_o", "other", 5))
+    for after in (None, "batch_3", "batch_2", "batch_1", "gone"):
+        for limit in (1, 2, 5):
+            out.append([after, limit, _page(await batches.page("team", limit=limit, after=after))])
+    out.append(await batches.update("batch_1", {"status": BatchStatus.IN_PROGRESS, "in_progress_at": 7},
+                                    if_status={BatchStatus.VALIDATING}))
+    out.append(await batches.update("batch_1", {"status": BatchStatus.FAILED},
+                                    if_status={BatchStatus.VALIDATING, BatchStatus.CANCELLING}))
+    out.append(await batches.update("batch_1", {"counts": {"total": 5, "completed": 0, "failed": 0},
+                                                "model": "m", "shards_total": 3, "routes": {"a": [1, 2.5]}}))
+    out.append(await batches.update("missing", {"model": "m"}))
+    rec = await batches.get("batch_1")
+    assert rec is not None
+    out.append([rec.to_json(), rec.to_openai()])
+    out.append([await batches.get("batch_1", "other"), await batches.get("missing")])
+    out.append([b.id for b in await batches.active()])
+    out.append(await batches.update("batch_2", {"status": BatchStatus.COMPLETED, "completed_at": 9}))
+    out.append([b.id for b in await batches.active()])
+    out.append(await batches.update("batch_2", {"status": "cancelling"}))
+    out.append([b.id for b in await batches.active()])
+    return out
+
+
+async def _ledger(store: Store) -> list[Any]:
+    """Every `ShardLedger` call: shards, attempts, the journal, and the counters it moves in the batch."""
+    ledger, out = store.ledger, []
+    await store.batches.put(_batch("batch_1", "team", 1000))
+    await store.batches.update("batch_1", {"counts": {"total": 5, "completed": 0, "failed": 0}, "shards_total": 3})
+    shards = [Shard("batch_1", 0, "m", 2), Shard("batch_1", 1, "m", 2), Shard("batch_1", 2, "", 1)]
+    await ledger.put_shards("batch_1", shards)
+    await ledger.put_shards("batch_1", [Shard("batch_1", 0, "changed", 9)])  # ignored: already there
+    out.append([s.to_json() for s in await ledger.get_shards("batch_1")])
+    await ledger.record_results(shards[0], [_result(1, 200, 3), _result(2, 500)])
+    await ledger.record_results(shards[0], [_result(1, 200, 3), _result(2, 200, 4)])  # both already recorded
+    priced = _result(4, 200, 1)
+    priced.cost_usd = 0.125
+    await ledger.record_results(shards[1], [_result(3, None), priced])
+    await ledger.record_results(Shard("missing", 0, "m", 1), [_result(1, 200, 5)])
+    out.append(sorted(r.to_json()["line"] for r in await ledger.journal(shards[0])))
+    out.append([r.to_json() for r in sorted(await ledger.journal(shards[1]), key=lambda r: r.line)])
+    out.append(sorted(await ledger.recorded_lines(shards[1])))
+    await ledger.drop_journal(shards[1])
+    out.append([await ledger.journal(shards[1]), sorted(await ledger.recorded_lines(shards[0]))])
+    out.append([await ledger.finish_shard(shards[0]), await ledger.finish_shard(shards[0]),
+                await ledger.finish_shard(Shard("batch_1", 9, "m", 1))])
+    out.append([s.index for s in await ledger.unfinished_shards("batch_1")])
+    await ledger.record_answered(shards[2], 0)  # nothing to count: the shard is not sealed by it
+    await ledger.record_answered(shards[2], 1)  # the lines answered at validation: counted failed…
+    await ledger.record_answered(shards[2], 1)  # …once
+    stats = await ledger.route_stats("batch_1")
+    assert (stats[""].failed, stats["m"].completed, stats["m"].failed) == (1, 2, 2)
+    out.append({route: s.to_json() for route, s in sorted(stats.items())})
+    out.append([await ledger.begin_attempt(shards[0]), await ledger.begin_attempt(shards[0]),
+                await ledger.begin_attempt(shards[1])])
+    rec = await store.batches.get("batch_1")  # request_counts and usage are the ledger's counters
+    assert rec is not None
+    out.append([rec.to_json(), rec.to_openai(await ledger.route_stats("batch_1"))])
+    out.append([await ledger.finish_shard(shards[1]), await ledger.finish_shard(shards[2])])
+    out.append([await ledger.get_shards("missing"), await ledger.unfinished_shards("missing")])
+    return out
+
+
+async def _backend_state(store: Store) -> list[Any]:
+    """Every `BackendState` call."""
+    state, out = store.backend_state, []
+    await state.put("native:x", {"ids": ["a", "b"], "n": 1})
+    await state.put("native:y", {"n": 2})
+    await state.put("native:y", {"n": 3})  # replaced, not merged
+    out.append([await state.get("native:x"), await state.get("native:y"), await state.get("none")])
+    await state.delete("native:x")
+    await state.delete("none")
+    out.append([await state.get("native:x"), await state.get("native:y")])
+    return out
+
+
+async def _quota(store: Store) -> list[Any]:
+    """Every `QuotaLedger` call: admissions against each quota, per team; release; spend (moved by the ledger)."""
+    quota, out = store.quota, []
+    limits = TeamLimits(max_enqueued_requests=10, max_active_batches=3, model_max_enqueued_requests={"m": 4})
+    for team, batch, requests, by_model in [("t", "b1", 3, {"m": 3}), ("t", "b2", 2, {"m": 2}),  # m: 5 > 4
+                                            ("t", "b2", 2, {"n": 2}), ("t", "b3", 6, {"n": 6}),  # 11 > 10
+                                            ("t", "b3", 1, {}), ("t", "b4", 1, {}),  # a 4th active batch
+                                            ("u", "b5", 1, {"m": 4})]:  # another team counts apart
+        out.append(await quota.admit(team, batch, requests, limits, by_model))
+    usage = [await quota.usage(t) for t in ("t", "u", "none")]
+    out.append([(u.active_batches, u.enqueued_requests, dict(u.by_model)) for u in usage])
+    out.append(sorted(await quota.admitted()))
+    await quota.release(["b1", "b5", "nope"])
+    out.append([(u.active_batches, u.enqueued_requests, dict(u.by_model)) for u in
+                [await quota.usage(t) for t in ("t", "u")]])
+    out.append(await quota.admit("t", "b6", 1, limits, {"m": 4}))  # b1's place on m is free again
+    await store.batches.put(_batch("batch_s", "t", 1))
+    shard = Shard("batch_s", 0, "m", 3)
+    priced = [_result(line, 200, 1) for line in (1, 2, 3)]
+    for r, usd in zip(priced, (0.25, 0.5, 0.125), strict=True):
+        r.cost_usd = usd
+    await store.ledger.record_results(shard, priced[:2], SpendTo("t", 100))
+    await store.ledger.record_results(shard, priced[1:], SpendTo("t", 100))  # line 2 is journaled already
+    await store.ledger.record_results(Shard("batch_s", 1, "m", 1), [priced[0]])  # no SpendTo: no spend
+    journaled = sum(r.cost_usd or 0 for r in await store.ledger.journal(shard))
+    out.append([await quota.spend("t", 100), await quota.spend("t", 0), await quota.spend("u", 100), journaled])
+    assert await quota.spend("t", 100) == journaled == 0.875  # the spend is the cost of what is journaled
+    return out
+
+
+async def _rates(store: Store) -> list[Any]:
+    """Every `RateWindows` call: rpm grants up to the limit, tpm closes the window, each (team, route) apart."""
+    rates, out = store.rates, []
+    for team, route, want, rpm, tpm in [("t", "m", 5, 8, None), ("t", "m", 5, 8, None), ("t", "m", 1, 8, None),
+                                        ("t", "n", 5, 8, None), ("u", "m", 5, 8, None), ("t", "x", 2, None, 100)]:
+        out.append((await rates.take(team, route, want, rpm, tpm)).granted)
+    await rates.add_tokens("t", "x", 60)
+    out.append((await rates.take("t", "x", 2, None, 100)).granted)  # 60 < 100: still open
+    await rates.add_tokens("t", "x", 40)
+    out.append([(await rates.take("t", "x", 2, 50, 100)).granted, await rates.used("t", "x"),
+                await rates.used("t", "m"), await rates.used("none", "m")])
+    # tpm with an estimate reserved per request: 3 fit 100 at 30; then one while under; a correction reopens
+    out.append([(await rates.take("t", "y", 5, None, 100, 30)).granted for _ in range(3)])
+    await rates.add_tokens("t", "y", -50)
+    out.append([(await rates.take("t", "y", 5, None, 100, 30)).granted, await rates.used("t", "y")])
+    assert out[-2:] == [[3, 1, 0], [1, (5, 100)]]
+    assert 0 < (await rates.take("t", "m", 1, 8, None)).wait <= 3600
+    return out
+
+
+SCENARIOS: dict[str, Callable[[Store], Awaitable[list[Any]]]] = {
+    "files": _files, "batches": _batches, "ledger": _ledger, "backend_state": _backend_state, "quota": _quota,
+    "rates": _rates,
+}
+
+
+@pytest.mark.parametrize("concept", sorted(SCENARIOS))
+async def test_redis_store_answers_as_sqlite_does(concept: str, redis_server: RedisServer, tmp_path: Path) -> None:
+    async with _stores(redis_server, tmp_path) as (sqlite, shared):
+        expected = await SCENARIOS[concept](sqlite)
+        got = await SCENARIOS[concept](shared)
+    for i, (e, g) in enumerate(zip(expected, got, strict=True)):
+        assert g == e, f"{concept}, step {i}"
+
+
+async def test_store_counts_each_result_once_under_concurrency(redis_server: RedisServer, tmp_path: Path) -> None:
+    async with _stores(redis_server, tmp_path) as (_, store):
+        await store.batches.put(_batch("batch_c", "t", 1))
+        shard = Shard("batch_c", 0, "m", 200)
+        results = [_result(i, 200 if i % 2 else 429, 1) for i in range(1, 201)]
+        # eight writers race over overlapping halves: every line must count once
+        await asyncio.gather(*(store.ledger.record_results(shard, results[(k * 25) % 100:(k * 25) % 100 + 100])
+                               for k in range(8)))
+        await asyncio.gather(*(store.ledger.record_results(shard, results) for _ in range(4)))
+        rec = await store.batches.get("batch_c")
+        assert rec is not None
+        assert (rec.counts.completed, rec.counts.failed) == (100, 100)
+        assert rec.usage.input_tokens == 100 and rec.usage.output_tokens == 200
+        # if_status is atomic: of many racing transitions exactly one applies
+        applied = await asyncio.gather(*(store.batches.update("batch_c", {"status": BatchStatus.IN_PROGRESS},
+                                                              if_status={BatchStatus.VALIDATING}) for _ in range(20)))
+        assert sum(applied) == 1
+
+
+async def test_rate_windows_grant_rpm_once_under_concurrency_and_reopen(redis_server: RedisServer,
+                                                                      tmp_path: Path) -> None:
+    with redis_server.client() as c:
+        c.flushall()
+    stores = [SQLiteStore(tmp_path / "r.sqlite3", rate_window_seconds=1),
+              RedisStore(connect_redis(redis_server.url), rate_window_seconds=1)]
+    try:
+        for store in stores:
+            await asyncio.sleep(_rates_left(store))  # at a window's start: the takes below fall in one window
+            grants = await asyncio.gather(*(store.rates.take("t", "m", 2, 7, None) for _ in range(10)))
+            assert sum(g.granted for g in grants) == 7  # never more than rpm, however many ask at once
+            closed = await store.rates.take("t", "m", 1, 7, None)
+            assert closed.granted == 0 and 0 < closed.wait <= 1
+            await asyncio.sleep(closed.wait + 0.01)
+            assert (await store.rates.take("t", "m", 3, 7, None)).granted == 3  # the next window is open
+    finally:
+        for store in stores:
+            await store.aclose()
+
+
+def _rates_left(store: Store) -> float:
+    return 1 - time.time() % store.rates.window_seconds + 0.01
+
+
+# -- Blobs ----------------------------------------------------------------------------------
+
+
+class _Boom(Exception):
+    pass
+
+
+async def _blobs(blobs: Blobs) -> list[Any]:
+    """What a `Blobs` answers: `writing` commits at the end of its block, leaves nothing if it raises."""
+    out: list[Any] = []
+
+    async def read(key: str) -> bytes:
+        return b"".join([chunk async for chunk in blobs.read(key, chunk_size=3)])
+
+    async with blobs.writing("files/a") as w:
+        await w.write(b"hello\n")
+        out.append(await blobs.size("files/a"))  # nothing visible before the block ends
+        await w.write(b"world\n")
+    out.append([await blobs.size("files/a"), await read("files/a")])
+    with pytest.raises(_Boom):
+        async with blobs.writing("files/b") as w:
+            await w.write(b"half")
+            raise _Boom
+    out.append(await blobs.size("files/b"))
+    async with blobs.writing("batches/b1/x") as w:
+        await w.write(b"1")
+    async with blobs.writing("batches/b10/x") as w:
+        await w.write(b"10")
+    async with blobs.writing("files/empty"):
+        pass
+    out.append([await blobs.size("files/empty"), await read("files/empty")])
+    await blobs.delete_prefix("batches/b1")
+    out.append([await blobs.size("batches/b1/x"), await blobs.size("batches/b10/x")])
+    await blobs.delete("files/a")
+    out.append(await blobs.size("files/a"))
+    with pytest.raises(FileNotFoundError):
+        await read("files/a")
+    with pytest.raises(ValueError):
+        blobs.writing("../escape")
+    return out
+
+
+async def test_s3_blobs_answer_as_local_blobs_do(s3: MotoS3, tmp_path: Path) -> None:
+    local, shared = LocalBlobs(tmp_path / "blobs"), S3Blobs.from_url(s3.storage("parity"), endpoint_url=s3.url)
+    try:
+        expected = await _blobs(local)
+        got = await _blobs(shared)
+        client = await shared.client()
+        assert not (await client.list_multipart_uploads(Bucket=s3.bucket)).get("Uploads")
+    finally:
+        await local.aclose()
+        await shared.aclose()
+    assert expected[0] is None and expected[1] == [12, b"hello\nworld\n"]
+    for i, (e, g) in enumerate(zip(expected, got, strict=True)):
+        assert g == e, f"step {i}"
+
+
+async def _read_all(blobs: S3Blobs, key: str) -> bytes:
+    return b"".join([chunk async for chunk in blobs.read(key)])
+
+
+async def test_s3_blobs_put_multipart_abort_and_prefix_delete(s3: MotoS3) -> None:
+    blobs = S3Blobs.from_url(s3.storage("unit"), endpoint_url=s3.url, part_size=5 * 1024 * 1024)
+    try:
+        w = blobs.writer("files/small")
+        await w.write(b"hello\n")
+        await w.write(b"world\n")
+        assert await blobs.size("files/small") is None  # nothing visible before commit
+        assert await w.commit() == 12
+        assert await _read_all(blobs, "files/small") == b"hello\nworld\n"
+        assert await blobs.size("files/small") == 12
+
+        big = hashlib.sha256()
+        w = blobs.writer("batches/b1/shards/000000.results.jsonl")
+        for i in range(12):  # 12 MiB in 1 MiB writes: three parts
+            chunk = bytes([i]) * (1 << 20)
+            big.update(chunk)
+            await w.write(chunk)
+        assert await w.commit() == 12 << 20
+        got = hashlib.sha256()
+        async for chunk in blobs.read("batches/b1/shards/000000.results.jsonl", chunk_size=1 << 18):
+            got.update(chunk)
+        assert got.hexdigest() == big.hexdigest()
+
+        w = blobs.writer("files/aborted")
+        await w.write(b"x" * (6 << 20))  # a part went out already
+        await w.abort()
+        client = await blobs.client()
+        uploads = await client.list_multipart_uploads(Bucket=s3.bucket)
+        assert not uploads.get("Uploads")
+        assert await blobs.size("files/aborted") is None
+
+        w = blobs.writer("batches/b10/x")
+        await w.write(b"keep")
+        await w.commit()
+        await blobs.delete_prefix("batches/b1")
+        assert await blobs.size("batches/b1/shards/000000.results.jsonl") is None
+        assert await blobs.size("batches/b10/x") == 4  # a sibling with a longer name stays
+        await blobs.delete("files/small")
+        assert await blobs.size("files/small") is None
+        with pytest.raises(FileNotFoundError):
+            await _read_all(blobs, "files/small")
+        with pytest.raises(ValueError):
+            blobs.writer("../escape")
+    finally:
+        await blobs.aclose()

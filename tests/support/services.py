@@ -1,0 +1,224 @@
+"""Real Redis and S3 servers for tests and benchmarks, on loopback.
+
+- `RedisServer`: a `redis-server` process on a free port (`--save "" --appendonly no`
+  unless asked to persist); it can be stopped and started again on the same port
+  and directory (`restart`).
+- `MotoS3`: moto's S3 server (`python -m moto.server`), a real S3 endpoint.
+- `WorkerProcess` / `start_worker`: a `batchyard worker` process.
+- `shared_config`: a config whose upstream models point at the loopback upstream.
+
+Nothing is mocked: the gateway talks to these over TCP as it would in production.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import redis
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HAVE_REDIS = shutil.which("redis-server") is not None
+NO_REDIS_REASON = "redis-server is not on PATH (apt-get install -y redis-server)"
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _tail(path: Path, n: int = 4000) -> str:
+    with contextlib.suppress(OSError):
+        return path.read_text(errors="replace")[-n:]
+    return ""
+
+
+def _stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 10) -> None:
+    if process.poll() is None:
+        process.send_signal(sig)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+class RedisServer:
+    def __init__(self, *, appendonly: bool = False, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.dir = Path(tempfile.mkdtemp(prefix="redis-"))
+        self.log_path = self.dir / "redis.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True)
+
+    def start(self, timeout: float = 10) -> RedisServer:
+        persist = ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else ["--appendonly", "no"]
+        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *persist,
+               "--dir", str(self.dir), "--logfile", str(self.log_path)]
+        self.process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(redis.RedisError), self.client() as c:
+                if c.ping():
+                    return self
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start:\n{_tail(self.log_path)}")
+            time.sleep(0.05)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """SIGTERM: Redis' own shutdown (it flushes the append-only file); SIGKILL: a crash."""
+        if self.process is not None:
+            _stop(self.process, sig)
+
+    def restart(self, down_for: float = 1.0) -> None:
+        self.stop()
+        time.sleep(down_for)
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class MotoS3:
+    """moto's S3 server on a free loopback port, with one bucket."""
+
+    def __init__(self, bucket: str = "batchyard-test") -> None:
+        self.port = free_port()
+        self.bucket = bucket
+        fd, name = tempfile.mkstemp(prefix="moto-", suffix=".log")
+        self.log_path = Path(name)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env={**os.environ, **S3_ENV},
+        )
+        os.close(fd)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def storage(self, prefix: str) -> str:
+        return f"s3://{self.bucket}/{prefix}"
+
+    def env(self) -> dict[str, str]:
+        """What a process needs to reach this S3: credentials, region, endpoint."""
+        return {**S3_ENV, "BATCHYARD_S3_ENDPOINT_URL": self.url}
+
+    def start(self, timeout: float = 30) -> MotoS3:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with opener.open(urllib.request.Request(f"{self.url}/{self.bucket}", method="PUT"), timeout=2):
+                    return self
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto did not start:\n{_tail(self.log_path)}") from None
+                time.sleep(0.1)
+
+    def close(self) -> None:
+        _stop(self.process)
+        with contextlib.suppress(OSError):
+            self.log_path.unlink()
+
+
+def process_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    env.update(extra or {})
+    return env
+
+
+class WorkerProcess:
+    """A running `batchyard worker`."""
+
+    def __init__(self, process: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.process, self.log_path = process, log_path
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log(self) -> str:
+        return _tail(self.log_path, 20_000)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown at all, as a crash or a lost machine leaves it."""
+        _stop(self.process, signal.SIGKILL)
+
+    def stop(self) -> None:
+        _stop(self.process, signal.SIGTERM, timeout=20)
+
+    def close(self) -> None:
+        """Stop it and remove its log."""
+        self.stop()
+        self.log_path.unlink(missing_ok=True)
+
+    def wait_ready(self, timeout: float = 60) -> WorkerProcess:
+        deadline = time.monotonic() + timeout
+        while "running shards for" not in self.log():
+            if not self.alive() or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"worker did not start:\n{self.log()}")
+            time.sleep(0.1)
+        return self
+
+
+def start_worker(
+    config_path: Path, redis_url: str, storage: str, *, env: dict[str, str] | None = None,
+    models: str | None = None, claim_idle: float = 2.0, cpu: int | None = None,
+) -> WorkerProcess:
+    cmd = [sys.executable, "-m", "gateway.cli", "worker", "--config", str(config_path), "--redis-url", redis_url,
+           "--storage", storage, "--claim-idle", str(claim_idle)]
+    if models:
+        cmd += ["--models", models]
+    fd, name = tempfile.mkstemp(prefix="worker-", suffix=".log")
+    try:
+        process = subprocess.Popen(cmd, cwd=REPO_ROOT, env=process_env(env), stdin=subprocess.DEVNULL,
+                                   stdout=fd, stderr=fd)
+    finally:
+        os.close(fd)
+    return WorkerProcess(process, Path(name))
+
+
+def shared_config(upstream_v1_url: str, models: tuple[str, ...] = ("gpt-mini",), **batch: Any) -> dict[str, Any]:
+    model_list = [
+        {"model_name": m, "litellm_params": {"model": f"openai/{m}", "api_base": upstream_v1_url, "api_key": "sk-x"}}
+        for m in models
+    ]
+    settings = {"max_line_bytes": 1 << 20, "max_errors_listed": 100, **batch}
+    return {"model_list": model_list, "router_settings": {"num_retries": 0, "timeout": 60},
+            "batch_settings": settings}
+
+
+def write_config(path: Path, config: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+__all__ = [
+    "HAVE_REDIS", "NO_REDIS_REASON", "S3_ENV", "MotoS3", "RedisServer", "WorkerProcess", "free_port",
+    "process_env", "shared_config", "start_worker", "write_config",
+]

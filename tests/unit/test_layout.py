@@ -1,0 +1,186 @@
+"""The code's shape, checked: no import cycle, lower layers never import higher ones, pipeline stages
+import only earlier stages, no two module names that a letter or a suffix tells apart, small modules.
+
+Read statically (ast), so nothing is imported: vLLM and LiteLLM stay unloaded. Imports under
+`if TYPE_CHECKING:` are annotations only and do not count.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("gateway", "providers", "local_engine")
+MAX_LINES = 420  # "no module over ~400 lines, tests included"
+
+# The layers, lowest first. A module's layer is that of the longest prefix listed; a module may import
+# its own layer and those below (top-level imports): packages only, no module placed apart. `gateway.runtime.pool`
+# `gateway.runtime.pool` knows the implementations (providers, local_engine): the composition root does;
+# the intake (`pipeline.intake`) is pipeline work both front doors ask, composed by the runtime.
+LAYERS: list[tuple[str, ...]] = [
+    ("gateway", "gateway.records", "gateway.errors", "gateway.json_codec"),
+    ("gateway.config",),
+    ("gateway.scheduling",),
+    ("gateway.store", "gateway.metrics"),
+    ("gateway.backends", "gateway.webhooks"),
+    ("gateway.pipeline", "providers", "local_engine"),
+    ("gateway.runtime",),
+    ("gateway.api",),
+    ("gateway.cli",),
+]
+# The pipeline's stages in the order a batch meets them: a stage imports only earlier ones, even lazily.
+STAGES = ["batch_params", "lifecycle", "budget", "body_fields", "media_urls", "validate", "plan", "intake", "merge",
+          "execute", "finalizer", "coordinator"]
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(path: Path) -> Iterator[tuple[str, bool]]:
+    """(imported module of ours, at top level?) for every import in the file."""
+
+    def walk(node: ast.AST, top: bool) -> Iterator[tuple[str, bool]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                yield from (x for n in child.orelse for x in walk(n, top))
+                continue
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    yield alias.name, top
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                for alias in child.names:
+                    full = f"{child.module}.{alias.name}"
+                    yield (full if full in MODULES else child.module), top
+            inner = top and not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            yield from walk(child, inner)
+
+    own = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    for name, top in walk(ast.parse(path.read_text(), str(path)), True):
+        if name.split(".")[0] in PACKAGES:
+            # importing a.b.c runs a/__init__ and a/b/__init__ too (those of the importer's own packages
+            # are running already: not an edge)
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):
+                prefix = ".".join(parts[:i])
+                if prefix in MODULES and (prefix == name or not own.startswith(prefix + ".")):
+                    yield prefix, top
+
+
+GRAPH = {mod: {dep for dep, _ in _imports(path)} - {mod} for mod, path in MODULES.items()}
+
+
+def _layer(module: str) -> int:
+    best, rank = "", -1
+    for i, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > len(best):
+                best, rank = prefix, i
+    assert rank >= 0, f"{module} is in no layer: add it to LAYERS"
+    return rank
+
+
+def test_there_is_no_import_cycle() -> None:
+    # Tarjan's strongly connected components over every import, lazy ones included.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(GRAPH):
+        if module not in index:
+            visit(module)
+    assert cycles == [], f"import cycles: {cycles}"
+
+
+def test_lower_layers_never_import_higher_ones() -> None:
+    # A package whose __init__ imports nothing (a docstring) is no layer of its own.
+    bare = {m for m, p in MODULES.items() if p.name == "__init__.py" and not GRAPH[m]}
+    wrong = []
+    for module, path in MODULES.items():
+        for dep, top in _imports(path):
+            if top and dep != module and dep not in bare and _layer(dep) > _layer(module):
+                wrong.append(f"{module} (layer {_layer(module)}) imports {dep} (layer {_layer(dep)})")
+    assert wrong == []
+
+
+def test_a_pipeline_stage_imports_only_earlier_stages() -> None:
+    assert sorted(m.split(".")[-1] for m in MODULES if m.startswith("gateway.pipeline.")) == sorted(STAGES)
+    wrong = []
+    for stage in STAGES:
+        module = f"gateway.pipeline.{stage}"
+        for dep, _ in _imports(MODULES[module]):
+            later = dep.startswith("gateway.pipeline.") and STAGES.index(dep.split(".")[-1]) > STAGES.index(stage)
+            if later or dep.startswith(("gateway.api", "gateway.cli", "gateway.runtime.root")):
+                wrong.append(f"{module} imports {dep}")
+    assert wrong == []
+
+
+def _confusable(a: str, b: str) -> bool:
+    """Equal, one a prefix of the other (`backend`/`backends`, `run`/`run_report`), or one letter apart."""
+    if a == b or a.startswith(b) or b.startswith(a):
+        return True
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b, strict=True)) == 1
+    short, long_ = sorted((a, b), key=len)
+    return len(long_) - len(short) == 1 and any(long_[:i] + long_[i + 1:] == short for i in range(len(long_)))
+
+
+def test_no_two_module_names_differ_by_a_letter_or_a_suffix() -> None:
+    # One name in two packages is one idea in two places (`store.sqlite.queue`, `store.redis.queue`: the same
+    # interface per backend) and reads by its package; two names a letter or a suffix apart are a misreading.
+    by_package: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        if path.name not in ("__init__.py", "__main__.py"):
+            by_package.setdefault(module.rpartition(".")[0], []).append(path.stem)
+    for package, stems in by_package.items():
+        assert len(stems) == len(set(stems)), package
+    names = sorted({stem for stems in by_package.values() for stem in stems})
+    clashes = [(a, b) for a in names for b in names if a < b and _confusable(a, b)]
+    assert clashes == []
+
+
+def test_modules_stay_small() -> None:
+    files = [*MODULES.values(), *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "bench").glob("*.py"))]
+    big = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert big == {}
