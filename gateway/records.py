@@ -145,23 +145,33 @@ class Usage:
         A reply's `usage` is the upstream's word, not the operator's: only sane counts are priced and
         summed into a batch's usage and a team's spend. Absent or null fields are 0 and refuse nothing.
         """
-        raw = (body or {}).get("usage")
+        raw = body.get("usage") if body else None
         if raw is None:
             return cls(), False
-        if not isinstance(raw, dict):
+        if type(raw) is not dict:
             return cls(), True
+        # Written out, not looped through helpers: this runs for every result, a few times (journal, merge).
         inp = raw.get("prompt_tokens")
-        inp = raw.get("input_tokens") if inp is None else inp
+        if inp is None:
+            inp = raw.get("input_tokens")
         out = raw.get("completion_tokens")
-        out = raw.get("output_tokens") if out is None else out
+        if out is None:
+            out = raw.get("output_tokens")
         in_details = _details(raw, "prompt_tokens_details", "input_tokens_details")
         out_details = _details(raw, "completion_tokens_details", "output_tokens_details")
-        values = [inp, out, None if in_details is None else in_details.get("cached_tokens"),
-                  None if out_details is None else out_details.get("reasoning_tokens")]
-        counts = [sane_tokens(v) for v in values]
-        refused = in_details is _WRONG or out_details is _WRONG or any(
-            v is not None and c is None for v, c in zip(values, counts, strict=True))
-        return cls(*(c or 0 for c in counts)), refused
+        refused = in_details is _WRONG or out_details is _WRONG
+        counts = [0, 0, 0, 0]
+        values = (inp, out, None if in_details is None else in_details.get("cached_tokens"),
+                  None if out_details is None else out_details.get("reasoning_tokens"))
+        for i, value in enumerate(values):
+            if value is None:
+                continue
+            # `type(...) is int` leaves out bools (and floats); JSON gives plain ints
+            if type(value) is int and 0 <= value <= MAX_USAGE_TOKENS:
+                counts[i] = value
+            else:
+                refused = True
+        return cls(*counts), refused
 
     def to_openai(self) -> dict[str, Any]:
         return {
