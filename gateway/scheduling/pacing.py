@@ -26,13 +26,28 @@ import contextlib
 import contextvars
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gateway.json_codec import dumps
 from gateway.records import BatchRequest, Result
 
-if TYPE_CHECKING:  # handed in by the runner: scheduling sits below the store
-    from gateway.store.rates import RateWindows
+
+class Granted(Protocol):
+    @property
+    def granted(self) -> int: ...  # requests that may start now
+
+    @property
+    def wait(self) -> float: ...  # seconds until the window ends
+
+
+class RateWindows(Protocol):
+    """What pacing needs of the store's rate windows (`gateway.store.rates.RateWindows` is one): the runner
+    hands the store's in, so scheduling, below the store, imports nothing of it."""
+
+    async def take(self, team: str, route: str, want: int, rpm: int | None, tpm: int | None,
+                   estimate: int = 0) -> Granted: ...
+
+    async def add_tokens(self, team: str, route: str, tokens: int) -> None: ...
 
 GRANT_MAX = 16  # requests asked of the window at once (one store call per this many)
 _RECHECK_SECONDS = 0.25  # a paced shard asks again at least this often (tokens reported meanwhile are flushed)
