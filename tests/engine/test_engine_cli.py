@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.engine_helpers import ENGINE_FLAGS, ENGINE_MARKS, REPO, built_tiny_models, engine_env
 from tests.fakes.upstream import Upstream, start_upstream
+from tests.support.engine_helpers import ENGINE_FLAGS, ENGINE_MARKS, REPO, built_tiny_models, engine_env
 
 pytestmark = ENGINE_MARKS
 ENV = engine_env(LITELLM_LOCAL_MODEL_COST_MAP="True")

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.engine_helpers import ENGINE_MARKS, REPO, built_tiny_models, engine_env
 from tests.fakes.stub_process import Stub, start_stub
 from tests.fakes.upstream import Upstream, start_upstream
+from tests.support.engine_helpers import ENGINE_MARKS, REPO, built_tiny_models, engine_env
 
 pytestmark = ENGINE_MARKS
 # Batch rates per token, (input, output): claude-haiku-4-5's own batch prices in LiteLLM's map; Mistral's

@@ -10,7 +10,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ import httpx
 import pytest
 
 from tests.support.engine_helpers import built_tiny_models
+from tests.support.waiting import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_MODEL_LEN = 512  # the tiny Llama's max_position_embeddings
@@ -32,16 +32,10 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     models = built_tiny_models(tmp_path_factory, reranker=False)
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs its engine core as vLLM ships it
     log = tempfile.NamedTemporaryFile(prefix="vllm-serve-", suffix=".log", delete=False)  # noqa: SIM115

@@ -174,7 +174,8 @@ def _wait_healthy(upstream: Upstream, timeout: float) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.fakes.upstream", description="OpenAI/Azure stand-in for tests.")
+    parser = argparse.ArgumentParser(prog="python -m tests.fakes.upstream",
+                                     description="OpenAI/Azure stand-in for tests.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--fd", type=int, default=None, help="serve on this inherited listening socket")

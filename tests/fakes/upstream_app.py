@@ -26,7 +26,18 @@ from tests.fakes.upstream_replies import (
     error_body,
     request_text,
 )
-from tests.fakes.upstream_state import JSON, BatchJob, Counters, Options, RawHeaders, RawReply, Reply, StoredFile, _json, _raw
+from tests.fakes.upstream_state import (
+    JSON,
+    BatchJob,
+    Counters,
+    Options,
+    RawHeaders,
+    RawReply,
+    Reply,
+    StoredFile,
+    _json,
+    _raw,
+)
 
 OPS = {
     "chat/completions": "chat",

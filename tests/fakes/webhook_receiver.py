@@ -13,7 +13,7 @@ from typing import Any
 import openai
 from openai import OpenAI
 
-from tests.support.services import free_port
+from tests.support.waiting import free_port
 
 
 class Receiver:

@@ -29,8 +29,8 @@ import pytest
 import yaml
 
 from gateway.config.schema import parse_config
-from tests.support.server_helpers import REPO_ROOT, Gateway, gateway_config, start_gateway
 from tests.fakes.upstream import Upstream, start_upstream
+from tests.support.server_helpers import REPO_ROOT, Gateway, gateway_config, start_gateway
 
 CHART = REPO_ROOT / "charts" / "batchyard"
 MASTER, TEAM = "sk-master-deploy-0123456789", "sk-team-deploy-0123456789"

@@ -23,10 +23,10 @@ import pytest
 
 from scripts.gen_litellm_names import litellm_names
 from scripts.gen_litellm_names import main as check_generated
-from tests.support.server_helpers import Gateway, read_jsonl, start_gateway, submit, wait_batch
 from tests.fakes.stub_process import Stub, start_stub
-from tests.support.team_helpers import metric
 from tests.fakes.upstream import Upstream, start_upstream
+from tests.support.server_helpers import Gateway, read_jsonl, start_gateway, submit, wait_batch
+from tests.support.team_helpers import metric
 
 OPENAI_KEY, ANTHROPIC_KEY, TEAM_KEY = "sk-operator-openai-0000", "sk-operator-anthropic-0000", "sk-research-0000"
 PRICE = 1e-6  # USD per token, in and out, on every route: a whole batch stays far below the $1 budget

@@ -29,9 +29,9 @@ from gateway.config.schema import parse_config
 from gateway.errors import ConfigError
 from gateway.store.redis.keys import Keys
 from gateway.store.sqlite.files import SCHEMA as FILES_SCHEMA
+from tests.fakes.upstream import Upstream, start_upstream
 from tests.support.server_helpers import Gateway, gateway_config, jsonl, wait_batch
 from tests.support.team_helpers import MODEL, MODES, lines, serve
-from tests.fakes.upstream import Upstream, start_upstream
 
 KIB = 1024
 QUOTA, DEFAULT_QUOTA = 1024 * KIB, 3 * 1024 * KIB

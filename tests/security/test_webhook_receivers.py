@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from gateway.webhooks.sender import MAX_REPLY_BYTES
-from tests.support.server_helpers import Gateway, chat_line, gateway_config, start_gateway, submit, wait_batch
-from tests.support.services import free_port
 from tests.fakes.upstream import Upstream, start_upstream
 from tests.fakes.webhook_receiver import Receiver
+from tests.support.server_helpers import Gateway, chat_line, gateway_config, start_gateway, submit, wait_batch
+from tests.support.waiting import free_port
 
 DEADLINE = 2.0  # batch_settings.webhooks.timeout_seconds below: one attempt's total deadline
 TEAMS = ("endless", "trickle", "redirect", "good")

@@ -16,10 +16,10 @@ import openai
 import pytest
 
 from gateway.api.dashboard.pages import COOKIE
+from tests.fakes.upstream import Upstream, start_upstream
 from tests.support.server_helpers import gateway_config, submit
 from tests.support.services import HAVE_REDIS, RedisServer
 from tests.support.team_helpers import MODEL, MODES, finished, lines, metric, serve, start_shared, until
-from tests.fakes.upstream import Upstream, start_upstream
 
 PRICE = 0.001  # USD per token, in and out: the upstream's reply to a line is 3 + 4 tokens, 0.007 USD
 BUDGET = 0.1  # about 14 lines

@@ -21,7 +21,8 @@ import yaml
 
 from gateway.cli.main import build_parser, main
 from gateway.cli.report import throughput
-from tests.support.services import free_port, process_env
+from tests.support.services import process_env
+from tests.support.waiting import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

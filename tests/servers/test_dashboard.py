@@ -20,8 +20,16 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from gateway.api.dashboard.view import fmt_usd
-from tests.support.server_helpers import REPO_ROOT, Gateway, chat_line, gateway_config, start_gateway, submit, wait_batch
 from tests.fakes.upstream import Upstream, start_upstream
+from tests.support.server_helpers import (
+    REPO_ROOT,
+    Gateway,
+    chat_line,
+    gateway_config,
+    start_gateway,
+    submit,
+    wait_batch,
+)
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

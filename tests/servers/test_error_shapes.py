@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.server_helpers import API_VERSION, Gateway, chat_line, gateway_config, jsonl, start_gateway
 from tests.fakes.upstream import start_upstream
+from tests.support.server_helpers import API_VERSION, Gateway, chat_line, gateway_config, jsonl, start_gateway
 
 KEY = "sk-team-0123456789"
 PREFIXES = ("/v1", "", "/openai", "/openai/v1", "/azure/v1")  # "": LiteLLM's root paths

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
+from tests.fakes.upstream import Upstream, start_upstream
 from tests.support.server_helpers import Gateway, gateway_config, submit
 from tests.support.team_helpers import MODEL, MODES, metric, serve
 from tests.support.team_helpers import done as _done
 from tests.support.team_helpers import finished as _finished
 from tests.support.team_helpers import lines as _lines
 from tests.support.team_helpers import until as _until
-from tests.fakes.upstream import Upstream, start_upstream
 
 SLOTS = 6  # max_concurrency: the request slots a worker process divides between the teams
 TEAMS = [{"team_id": "alpha", "api_keys": ["sk-alpha"]}, {"team_id": "beta", "api_keys": ["sk-beta"]},

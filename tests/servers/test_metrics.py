@@ -32,6 +32,7 @@ from gateway import metrics
 from gateway.config.schema import parse_config
 from gateway.errors import ConfigError
 from gateway.records import Result
+from tests.fakes.upstream import Upstream, start_upstream
 from tests.support.server_helpers import FINISHED, chat_line, gateway_config, start_gateway, submit, wait_batch
 from tests.support.services import (
     HAVE_REDIS,
@@ -44,7 +45,6 @@ from tests.support.services import (
     shared_config,
     write_config,
 )
-from tests.fakes.upstream import Upstream, start_upstream
 
 MASTER, ALPHA = "sk-master-metrics-0123", "sk-alpha-metrics-0123"
 MODEL = "gpt-mini"

@@ -1,5 +1,6 @@
 """Native batches beyond OpenAI: Anthropic's Message Batches and Mistral's batch jobs, through LiteLLM's batch
-functions, against their loopback stand-ins (tests/fakes/stubs_anthropic.py, tests/fakes/stubs_mistral.py). Nothing is mocked.
+functions, against their loopback stand-ins (tests/fakes/stubs_anthropic.py, tests/fakes/stubs_mistral.py).
+Nothing is mocked.
 
 Each provider, the same spec: a shard split under the provider's job limit; OpenAI-shaped chat completions back
 with usage; cost at the provider's batch rates; a line's error with the provider's code; a job that fails or

@@ -12,9 +12,9 @@ from typing import Any
 import openai
 import pytest
 
+from tests.fakes.upstream import Upstream, start_upstream
 from tests.support.server_helpers import Gateway, gateway_config, submit
 from tests.support.team_helpers import MODEL, MODES, finished, lines, metric, serve, until
-from tests.fakes.upstream import Upstream, start_upstream
 
 TEAMS = [{"team_id": "one-at-a-time", "api_keys": ["sk-one"], "max_active_batches": 1},
          {"team_id": "ten-requests", "api_keys": ["sk-ten"], "max_enqueued_requests": 10}]

@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.server_helpers import REPO_ROOT, Gateway, gateway_config, jsonl, start_gateway, wait_batch
 from tests.fakes.upstream import Upstream, start_upstream
+from tests.support.server_helpers import REPO_ROOT, Gateway, gateway_config, jsonl, start_gateway, wait_batch
+from tests.support.waiting import eventually
 
 MODEL = "gpt-mini"
 
@@ -72,11 +73,7 @@ def _output(gw: Gateway, file_id: str | None) -> list[dict[str, Any]]:
 
 
 def _until(predicate: Any, timeout: float = 60, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
+    return eventually(predicate, timeout, what or "a condition")
 
 
 def test_shards_run_in_worker_processes_and_survive_a_sigkill(upstream: Upstream, tmp_path: Path) -> None:

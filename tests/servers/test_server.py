@@ -14,6 +14,7 @@ import openai
 import pytest
 from openai import AzureOpenAI, OpenAI
 
+from tests.fakes.upstream import Upstream, start_upstream
 from tests.support.server_helpers import (
     API_VERSION,
     Gateway,
@@ -38,7 +39,7 @@ from tests.support.team_gateway import (
     gw,
     upstream,
 )
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.support.waiting import eventually
 
 __all__ = ["alpha", "beta", "gw", "upstream"]  # fixtures, used by name
 
@@ -175,10 +176,8 @@ def test_cancel_keeps_finished_results(beta: OpenAI) -> None:
     lines = [chat_line("fast0", "gpt-mini", "quick"), chat_line("fast1", "gpt-mini", "quick too")]
     lines += [chat_line(f"slow{i}", "gpt-mini", f"#sleep:20000 slow {i}") for i in range(3)]
     created = submit(beta, lines)
-    deadline = time.monotonic() + 30
-    while beta.batches.retrieve(created.id).request_counts.completed < 2:  # type: ignore[union-attr]
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    eventually(lambda: beta.batches.retrieve(created.id).request_counts.completed >= 2,  # type: ignore[union-attr]
+               30, "two lines done", interval=0.1)
     cancelling = beta.batches.cancel(created.id)
     assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
     batch = wait_batch(beta, created.id, timeout=30)
@@ -286,10 +285,11 @@ def test_sigkill_and_restart_resumes(tmp_path: Path) -> None:
         try:
             client = gw.client(None)
             batch = submit(client, lines)
-            deadline = time.monotonic() + 60
-            while (done := client.batches.retrieve(batch.id).request_counts.completed) < 8:  # type: ignore[union-attr]
-                assert time.monotonic() < deadline, gw.log()
-                time.sleep(0.05)
+            def completed() -> int:
+                counts = client.batches.retrieve(batch.id).request_counts
+                return counts.completed if counts is not None and counts.completed >= 8 else 0
+
+            done = eventually(completed, 60, "eight lines done", detail=gw.log)
             gw.kill()
         finally:
             gw.kill()

@@ -18,9 +18,10 @@ from openai import OpenAI
 from gateway.config.schema import parse_config
 from gateway.runtime.root import open_embedded
 from gateway.store.base import FileRecord
+from tests.fakes.upstream import Upstream
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, jsonl, start_gateway, submit, wait_batch
 from tests.support.team_gateway import BETA, GAMMA, MAX_FILE_BYTES, MAX_LINES, alpha, assert_error, beta, gw, upstream
-from tests.fakes.upstream import Upstream
+from tests.support.waiting import eventually
 
 __all__ = ["alpha", "beta", "gw", "upstream"]  # fixtures, used by name
 
@@ -293,9 +294,7 @@ def test_request_id_on_every_reply(gw: Gateway, beta: OpenAI) -> None:
     reply = gw.http("GET", "/v1/files/file-logged", BETA, headers={"X-Client-Request-Id": mine})
     assert "x-client-request-id" not in reply.headers
     rid = reply.headers["x-request-id"]
-    deadline = time.monotonic() + 5
-    while not (line := next((x for x in gw.log().splitlines() if rid in x), "")) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    line = eventually(lambda: next((x for x in gw.log().splitlines() if rid in x), ""), 5, "the access log line")
     assert '"GET /v1/files/file-logged" 404' in line and f"client_request_id={mine}" in line, line
 
 

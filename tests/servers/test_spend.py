@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from tests.fakes.upstream import Upstream, start_upstream
 from tests.support.server_helpers import Gateway, gateway_config, start_gateway, submit
 from tests.support.services import RedisServer, start_worker
 from tests.support.team_helpers import MODEL, MODES, done, finished, lines, metric, start_shared, until
-from tests.fakes.upstream import Upstream, start_upstream
 
 PRICE = 0.001  # USD per token, in and out: the upstream's reply to a line is 3 + 4 tokens, 0.007 USD
 LINES = 60

@@ -22,10 +22,10 @@ from typing import Any
 import openai
 import pytest
 
+from tests.fakes.upstream import Upstream, start_upstream
 from tests.support.server_helpers import Gateway, gateway_config, read_jsonl, start_gateway, submit
 from tests.support.services import RedisServer, start_worker
 from tests.support.team_helpers import MODEL, MODES, finished, lines, metric, start_shared, until
-from tests.fakes.upstream import Upstream, start_upstream
 
 OTHER = "gpt-azure"  # the paced team's other route
 RPM, TPM = 5, 21  # per window of 1 s; a line is 3 + 4 = 7 tokens: 3 lines per window

@@ -21,10 +21,11 @@ import pytest
 from openai import OpenAI
 from openai.types import Batch
 
+from tests.fakes.upstream import Upstream, start_upstream
 from tests.support.server_helpers import Gateway, gateway_config, start_gateway
 from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, MotoS3, RedisServer
 from tests.support.team_helpers import MODEL, finished, start_shared, until
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.support.waiting import eventually
 
 LINES = 100_000
 TEAMS = [{"team_id": "big", "api_keys": ["sk-big"]}, {"team_id": "small", "api_keys": ["sk-small"]}]
@@ -155,10 +156,9 @@ def test_a_validation_process_that_dies_leaves_the_batch_to_the_sweep(upstream: 
     with start_gateway(config, tmp_path / "data") as gw:
         big = gw.client("sk-big")
         source = big.files.create(file=("big.jsonl", _big_file()), purpose="batch")
-        deadline = time.monotonic() + 60
-        while not (first := _validation_processes(gw)):  # started with the runtime, ahead of any batch
-            assert time.monotonic() < deadline, gw.log()[-3000:]
-            time.sleep(0.1)
+        # started with the runtime, ahead of any batch
+        first = eventually(lambda: _validation_processes(gw), 60, "the validation processes", interval=0.1,
+                           detail=lambda: gw.log()[-3000:])
         batch = big.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions",
                                    completion_window="24h")
         for process in first:

@@ -17,8 +17,9 @@ from gateway.records import BatchStatus
 from gateway.runtime.root import open_shared
 from gateway.store.base import BatchRecord
 from gateway.store.webhook_deliveries import DELIVERED, PENDING
-from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer
 from tests.fakes.webhook_receiver import Receiver
+from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer
+from tests.support.waiting import eventually_async
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)]
 
@@ -48,10 +49,7 @@ def _config(receiver: Receiver) -> Config:
 
 
 async def _until(check: Callable[[], Awaitable[bool]], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.1)
+    await eventually_async(check, timeout, "the delivery", interval=0.1)
 
 
 async def test_a_pending_delivery_in_redis_is_sent_by_the_next_runtime(

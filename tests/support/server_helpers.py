@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,16 +26,11 @@ from openai import OpenAI
 from openai.types import Batch
 
 from tests.fakes.upstream import Upstream
+from tests.support.waiting import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 API_VERSION = "2024-10-21"
 FINISHED = ("completed", "failed", "expired", "cancelled")
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class Gateway:
@@ -106,7 +100,7 @@ def start_gateway(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    port = port or _free_port(host)
+    port = port or free_port(host)
     log_fd, log_name = tempfile.mkstemp(prefix="gateway-", suffix=".log")
     cmd = [
         sys.executable,

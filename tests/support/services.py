@@ -16,7 +16,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,16 +27,12 @@ from typing import Any
 import redis
 import yaml
 
+from tests.support.waiting import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HAVE_REDIS = shutil.which("redis-server") is not None
 NO_REDIS_REASON = "redis-server is not on PATH (apt-get install -y redis-server)"
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _tail(path: Path, n: int = 4000) -> str:

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.support.server_helpers import Gateway, gateway_config, start_gateway
 from tests.fakes.upstream import Upstream, start_upstream
+from tests.support.server_helpers import Gateway, gateway_config, start_gateway
 
 MASTER, ALPHA, BETA, GAMMA = "sk-master-0123456789", "sk-alpha-0123456789", "sk-beta-0123456789", "sk-gamma-012345"
 MAX_LINES, MAX_FILE_BYTES = 20, 16_384

@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,8 @@ import yaml
 from openai.types import Batch
 
 from tests.support.server_helpers import REPO_ROOT, Gateway, _wait_healthy, start_gateway
-from tests.support.services import HAVE_REDIS, RedisServer, free_port, process_env
+from tests.support.services import HAVE_REDIS, RedisServer, process_env
+from tests.support.waiting import eventually, free_port
 
 MODEL = "gpt-mini"
 MODES = ["embedded", pytest.param("shared", marks=[pytest.mark.redis, pytest.mark.skipif(
@@ -74,11 +74,13 @@ def lines(n: int, tag: str, sleep_ms: int = 200) -> list[dict[str, Any]]:
 
 def until(gw: Gateway, key: str, batch_id: str, reached: Callable[[Batch], bool], timeout: float = 60) -> Batch:
     client = gw.client(key)
-    deadline = time.monotonic() + timeout
-    while not reached(batch := client.batches.retrieve(batch_id)):
-        assert time.monotonic() < deadline, f"timed out: {batch}"
-        time.sleep(0.05)
-    return batch
+    seen: list[Batch] = []
+
+    def check() -> Batch | None:
+        seen[:] = [client.batches.retrieve(batch_id)]
+        return seen[0] if reached(seen[0]) else None
+
+    return eventually(check, timeout, f"batch {batch_id}", detail=lambda: str(seen[-1] if seen else None))
 
 
 def done(b: Batch) -> int:
