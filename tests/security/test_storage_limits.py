@@ -32,6 +32,7 @@ from gateway.store.sqlite.files import SCHEMA as FILES_SCHEMA
 from tests.fakes.upstream import Upstream, start_upstream
 from tests.support.server_helpers import Gateway, gateway_config, jsonl, wait_batch
 from tests.support.team_helpers import MODEL, MODES, lines, serve
+from tests.support.waiting import eventually
 
 KIB = 1024
 QUOTA, DEFAULT_QUOTA = 1024 * KIB, 3 * 1024 * KIB
@@ -108,10 +109,7 @@ def _blobs(gw: Gateway) -> set[str]:
 
 
 def _until(check: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
+    eventually(check, timeout, "the sweep", interval=0.2)
 
 
 def _clear(gw: Gateway, key: str) -> None:

@@ -23,7 +23,7 @@ from gateway.webhooks.sender import MAX_REPLY_BYTES
 from tests.fakes.upstream import Upstream, start_upstream
 from tests.fakes.webhook_receiver import Receiver
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, start_gateway, submit, wait_batch
-from tests.support.waiting import free_port
+from tests.support.waiting import eventually, free_port
 
 DEADLINE = 2.0  # batch_settings.webhooks.timeout_seconds below: one attempt's total deadline
 TEAMS = ("endless", "trickle", "redirect", "good")
@@ -173,10 +173,7 @@ def test_an_endless_reply_is_cut_at_the_cap_and_the_attempt_fails(
     assert (d["state"], d["attempts"], d["last_status"]) == ("pending", 1, 200)  # failed: retried later
     assert f"over {MAX_REPLY_BYTES} bytes" in d["last_error"]
     receiver: HostileReceiver = receivers["endless"]
-    deadline = time.monotonic() + 10
-    while not receiver.sent:  # the sender hung up: the receiver's writes failed
-        assert time.monotonic() < deadline, "the sender kept reading the endless body"
-        time.sleep(0.05)
+    eventually(lambda: receiver.sent, 10, "the sender to hang up on the endless body")  # the receiver's writes failed
     assert receiver.hung_up_after[0] < DEADLINE + 1
 
 
@@ -188,10 +185,7 @@ def test_a_trickling_reply_ends_at_the_attempts_deadline(
     assert (d["state"], d["attempts"], d["last_status"]) == ("pending", 1, None)
     assert d["last_error"] == f"no reply within {DEADLINE:g}s"
     receiver: HostileReceiver = receivers["trickle"]
-    deadline = time.monotonic() + 10
-    while not receiver.sent:
-        assert time.monotonic() < deadline, "the sender kept reading the trickle"
-        time.sleep(0.05)
+    eventually(lambda: receiver.sent, 10, "the sender to hang up on the trickle")
     assert DEADLINE - 0.5 < receiver.hung_up_after[0] < DEADLINE + 1.5
     assert receiver.sent[0] < 100  # a couple dozen bytes, not the megabyte it announced
 

@@ -51,6 +51,7 @@ from tests.support.services import (
     start_worker,
     write_config,
 )
+from tests.support.waiting import eventually, eventually_async
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)]
 
@@ -135,14 +136,12 @@ async def _submit(api: Runtime, lines: list[dict[str, Any]]) -> str:
 
 
 async def _wait(api: Runtime, batch_id: str, timeout: float = 60) -> BatchRecord:
-    deadline = time.monotonic() + timeout
-    while True:
+    async def finished() -> BatchRecord | None:
         batch = await api.store.batches.get(batch_id)
         assert batch is not None
-        if batch.status.finished:
-            return batch
-        assert time.monotonic() < deadline, f"batch still {batch.status.value}: {batch.counts}"
-        await asyncio.sleep(0.1)
+        return batch if batch.status.finished else None
+
+    return await eventually_async(finished, timeout, f"batch {batch_id} to finish", interval=0.1)
 
 
 async def _output(api: Runtime, batch: BatchRecord) -> list[dict[str, Any]]:
@@ -177,14 +176,12 @@ async def _pid_with_shards(api: Runtime, redis_url: str, pids: set[int], timeout
 
 
 async def _until_completed(api: Runtime, batch_id: str, n: int, timeout: float = 60) -> BatchRecord:
-    deadline = time.monotonic() + timeout
-    while True:
-        assert time.monotonic() < deadline, f"fewer than {n} lines completed in {timeout} s"
+    async def completed() -> BatchRecord | None:
         rec = await api.store.batches.get(batch_id)
         assert rec is not None
-        if rec.counts.completed >= n or rec.status.finished:
-            return rec
-        await asyncio.sleep(0.02)
+        return rec if rec.counts.completed >= n or rec.status.finished else None
+
+    return await eventually_async(completed, timeout, f"{n} lines completed", interval=0.02)
 
 
 async def test_sweeper_enqueues_shards_lost_from_the_queue(cluster: Cluster, upstream: Upstream) -> None:
@@ -225,10 +222,8 @@ def test_two_api_replicas_answer_alike(cluster: Cluster) -> None:
     source = a.files.create(file=("in.jsonl", data), purpose="batch")
     assert b.files.retrieve(source.id) == source
     batch = a.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
-    deadline = time.monotonic() + 60
-    while (seen := b.batches.retrieve(batch.id)).status not in ("completed", "failed"):
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    seen = eventually(lambda: (x := b.batches.retrieve(batch.id)).status in ("completed", "failed") and x, 60,
+                      "the batch to finish", interval=0.2)
     assert seen.status == "completed"
     assert a.batches.retrieve(batch.id) == seen
     assert [x.id for x in a.batches.list()] == [x.id for x in b.batches.list()]

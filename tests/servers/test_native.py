@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend, native_route_summary
 from providers.openai_batches import cost_meta_key, plan_parts, shard_meta_key
 from tests.fakes.upstream import Upstream, start_upstream
+from tests.support.waiting import eventually_async
 
 API_VERSION = "2024-10-21"
 ROUTE = "gpt-native"
@@ -85,14 +85,11 @@ async def run_shard(backend: NativeBatchBackend, shard: Shard, requests: list[Ba
 
 async def upstream_ids(store: Store, shard: Shard, timeout: float = 10.0) -> list[str]:
     """The upstream batch ids the backend recorded for a shard (waits for the first one)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    async def recorded() -> list[str]:
         meta = await store.backend_state.get(shard_meta_key(shard))
-        ids = [p["batch_id"] for p in (meta or {}).get("parts", []) if p.get("batch_id")]
-        if ids:
-            return ids
-        await asyncio.sleep(0.02)
-    raise AssertionError("no upstream batch was recorded")
+        return [p["batch_id"] for p in (meta or {}).get("parts", []) if p.get("batch_id")]
+
+    return await eventually_async(recorded, timeout, "an upstream batch recorded", interval=0.02)
 
 
 async def upstream_status(upstream: Upstream, batch_id: str) -> str:
@@ -222,13 +219,10 @@ async def test_pipeline_cancel_cancels_upstream(slow_upstream: Upstream, tmp_pat
 
 
 async def wait_shards(store: Store, batch_id: str) -> list[Shard]:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        shards = await store.ledger.get_shards(batch_id)
-        if shards:
-            return list(shards)
-        await asyncio.sleep(0.05)
-    raise AssertionError("the batch was never planned")
+    async def planned() -> list[Shard]:
+        return list(await store.ledger.get_shards(batch_id))
+
+    return await eventually_async(planned, 10, "the batch to be planned")
 
 
 async def test_restart_resumes_upstream_batches(upstream: Upstream, tmp_path: Path) -> None:
