@@ -80,7 +80,8 @@ class WorkerPool:
         self.logs = data_dir / "logs"
 
     def _command(self, slot: _Slot) -> list[str]:
-        cmd = [sys.executable, "-m", "gateway.cli.main"]
+        # -P: the worker imports the installed package, never a `gateway/` folder in the current directory
+        cmd = [sys.executable, "-P", "-m", "gateway.cli.main"]
         if self._verbose:
             cmd.append("-v")
         cmd += ["worker", "--config", self._config_path, "--data-dir", str(self.data_dir),

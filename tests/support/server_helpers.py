@@ -88,12 +88,13 @@ class Gateway:
 
 def start_gateway(
     config: dict[str, Any], data_dir: Path, *, host: str = "127.0.0.1", timeout: float = 90,
-    workers: int | None = 1, port: int | None = None,
+    workers: int | None = 1, port: int | None = None, cwd: Path | None = None,
 ) -> Gateway:
     """Write `config` beside `data_dir`, start the server on a free port, wait until `/health` answers.
 
     `workers`: the embedded worker processes (the product's default is one per free core; one keeps the
-    suite light, and the runtime tests ask for more; None: the product's default)."""
+    suite light, and the runtime tests ask for more; None: the product's default). `cwd`: run it from there, as
+    the installed `batchyard` command runs (the current directory is not on its import path)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     config_path = data_dir.parent / f"{data_dir.name}.config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -104,6 +105,7 @@ def start_gateway(
     log_fd, log_name = tempfile.mkstemp(prefix="gateway-", suffix=".log")
     cmd = [
         sys.executable,
+        *(["-P"] if cwd is not None else []),
         "-m",
         "gateway.cli",
         "serve",
@@ -118,7 +120,8 @@ def start_gateway(
         *(["--workers", str(workers)] if workers is not None else []),
     ]
     try:
-        process = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd)
+        process = subprocess.Popen(cmd, cwd=cwd or REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log_fd,
+                                   stderr=log_fd)
     finally:
         os.close(log_fd)
     gateway = Gateway(process, host, port, data_dir, Path(log_name))

@@ -1,0 +1,37 @@
+"""A worker process imports the installed package, whatever the current directory holds.
+
+`batchyard serve` started from a directory with a `gateway/` folder of its own (a checkout of something
+else, a user's project) starts its workers from there: they must still run batchyard's code, not that
+folder's, or every shard fails with the folder's errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.upstream import Upstream, start_upstream
+from tests.support.server_helpers import chat_line, gateway_config, start_gateway, submit, wait_batch
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Upstream]:
+    with start_upstream() as server:
+        yield server
+
+
+def test_workers_ignore_a_gateway_folder_in_the_current_directory(upstream: Upstream, tmp_path: Path) -> None:
+    here = tmp_path / "project"
+    (here / "gateway" / "cli").mkdir(parents=True)
+    for init in (here / "gateway" / "__init__.py", here / "gateway" / "cli" / "__init__.py"):
+        init.write_text("raise ImportError('the wrong gateway package was imported')\n")
+    config = gateway_config(upstream, models=("gpt-mini",))
+    with start_gateway(config, tmp_path / "data", workers=1, cwd=here) as gw:
+        client = gw.client(None)
+        batch = wait_batch(client, submit(client, [chat_line(f"l{i}", "gpt-mini", f"hi {i}") for i in range(4)]).id)
+        assert batch.status == "completed", gw.log()[-3000:]
+        assert batch.request_counts is not None and batch.request_counts.completed == 4
+        assert "the wrong gateway package" not in gw.log()
+        assert len(gw.http("GET", "/health").json()["workers"]) == 1  # the shards ran in it (an open gateway)
