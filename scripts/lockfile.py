@@ -102,7 +102,7 @@ def pyproject_errors(paths: list[str], pyproject: str = "pyproject.toml") -> lis
     extras = project.get("optional-dependencies", {})
     wanted = {
         "runtime.lock": project["dependencies"],
-        "core.lock": project["dependencies"] + extras.get("test", []),
+        "core.lock": project["dependencies"] + extras.get("test", []) + extras.get("docs", []),
         "cpu.lock": extras.get("cpu", []),
     }
     errors = []

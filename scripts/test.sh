@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command: venv with the CPU engine, a redis-server binary, the tiny models,
-# then ruff, mypy and pytest: on 2 workers, each test file on one of them (pytest-xdist, --dist loadfile: a
-# file's module fixtures and servers stay in one process). Arguments go to pytest, e.g.
+# then ruff, mypy, the docs build (mkdocs --strict) and pytest: on 2 workers, each test file on one of them
+# (pytest-xdist, --dist loadfile: a file's module fixtures and servers stay in one process). Arguments go to pytest, e.g.
 # `bash scripts/test.sh -k batches -x`.
 # Exits non-zero on the first failing step.
 set -euo pipefail
@@ -46,5 +46,10 @@ echo "test: ruff"
 ruff check gateway providers local_engine tests bench
 echo "test: mypy"
 mypy
+# The docs site ([docs] extra, in core.lock): --strict fails on a dead link or anchor; built into a temp dir.
+echo "test: docs (mkdocs build --strict)"
+DOCS_SITE="$(mktemp -d)"
+trap 'rm -rf "$DOCS_SITE"' EXIT
+NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir "$DOCS_SITE"
 echo "test: pytest"
 python -m pytest -q -n 2 --dist loadfile --durations=15 "$@"

@@ -24,16 +24,22 @@ LOCAL_PREFIX = "vllm/"
 
 
 class Strict(BaseModel):
-    """A config section: unknown keys refused, no type coercion (`true` is no number, `"5"` no integer)."""
+    """A config section: unknown keys refused, no type coercion (`true` is no number, `"5"` no integer).
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    A field's docstring is its description in the docs' configuration reference (generated).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True)
 
 
 class LiteLLMParams(BaseModel):
-    """LiteLLM's deployment parameters; `model` is `provider/model`, the rest goes to LiteLLM as written."""
+    """LiteLLM's deployment parameters, as LiteLLM takes them (`api_key`, `api_base`, `api_version`, `rpm`,
+    `tpm`, `max_parallel_requests`, prices, ...): everything but `model` goes to LiteLLM as written."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, use_attribute_docstrings=True)
     model: str
+    """`provider/model`. `vllm/<hf-id-or-path>` runs in-process on a local vLLM engine; anything else goes
+    upstream through LiteLLM (`hosted_vllm/...` is a vLLM server over HTTP)."""
 
     @field_validator("model")
     @classmethod
@@ -60,10 +66,20 @@ class ModelInfo(BaseModel):
       link-local addresses are refused even for a listed host.
     """
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, use_attribute_docstrings=True)
     batch_mode: Literal["realtime", "native"] = "realtime"
+    """`realtime`: one call per line through LiteLLM's Router; `native`: the deployment's shards go as the
+    provider's own batch jobs, at batch prices (upstream entries only)."""
     allowed_params: list[str] = Field(default_factory=list)
+    """Body fields a line may carry for this model beyond the endpoint's documented request fields: a
+    provider's extras (`top_k` for Anthropic), or on a `vllm/` route the vLLM fields that override the
+    operator's engine settings (`chat_template`, `vllm_xargs`, `mm_processor_kwargs`, ...). LiteLLM's own
+    settings (keys, URLs, mocks, fallbacks, prices, callbacks) are refused at load. With several deployments
+    of one name, a field passes only if every deployment lists it."""
     allowed_media_domains: list[str] = Field(default_factory=list)
+    """Bare host names whose http(s) media URLs (`image_url`, `audio_url`, `video_url`, `file_url`, ...) the
+    gateway may fetch for this model: vLLM on a `vllm/` route, LiteLLM's translation upstream. Empty:
+    nothing is fetched. Private, loopback and link-local addresses are refused even for a listed host."""
 
     @field_validator("allowed_params")
     @classmethod
@@ -91,6 +107,8 @@ class ModelInfo(BaseModel):
 
 
 class LocalModelInfo(ModelInfo):
+    """`model_info` of a `vllm/` entry: the same keys; `batch_mode` stays `realtime`."""
+
     @field_validator("batch_mode")
     @classmethod
     def _realtime_only(cls, mode: str) -> str:
@@ -104,14 +122,21 @@ class LocalModelInfo(ModelInfo):
 
 class _Entry(Strict):
     model_name: Annotated[str, Field(min_length=1)]
+    """What lines put in `model`. Several entries of one name are one route, load-balanced by LiteLLM's
+    Router; a name cannot mix local and upstream entries, nor native and realtime ones."""
     litellm_params: LiteLLMParams
+    """As LiteLLM takes them; `model: provider/model` is required."""
 
 
 class LocalEntry(_Entry):
     """`vllm/<path or hub id>`: one engine per model_name; `engine_args` are vLLM run_batch's options."""
 
     model_info: LocalModelInfo = Field(default_factory=LocalModelInfo)
+    """LiteLLM's `model_info` plus batchyard's keys; `batch_mode` must stay `realtime`."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
+    """`vllm run_batch`'s options by python name (`max_model_len`, `dtype`, `chat_template`,
+    `tool_call_parser`, ...), checked at load against vLLM's option list; `allowed_media_domains` belongs
+    in `model_info`."""
 
     @field_validator("engine_args")
     @classmethod
@@ -135,6 +160,7 @@ class UpstreamEntry(_Entry):
     """A provider through LiteLLM's Router, one call per line; several entries of a name are load-balanced."""
 
     model_info: ModelInfo = Field(default_factory=ModelInfo)
+    """LiteLLM's `model_info` (`id`, `base_model`, `input_cost_per_token`, ...) plus batchyard's keys."""
 
 
 class NativeEntry(UpstreamEntry):

@@ -44,10 +44,17 @@ class ConfigFile(Strict):
     """The YAML file as written (after `os.environ/` substitution)."""
 
     model_list: Annotated[list[ModelEntry], Field(min_length=1)]
-    router_settings: dict[str, Any] = Field(default_factory=dict)  # LiteLLM Router kwargs: check_router_settings
+    """The routes: one or more entries per `model_name`."""
+    router_settings: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of LiteLLM's `Router` (`num_retries`, `timeout`, `retry_after`, `routing_strategy`,
+    `fallbacks`, ...; checked by `check_router_settings`); retries back off and honour Retry-After."""
     general_settings: GeneralSettings = Field(default_factory=GeneralSettings)
-    litellm_settings: dict[str, Any] = Field(default_factory=dict)  # checked by litellm_settings.py
+    """LiteLLM proxy's section; batchyard applies `master_key`."""
+    litellm_settings: dict[str, Any] = Field(default_factory=dict)
+    """Applied as LiteLLM's proxy applies them, for the keys batchyard supports (`litellm_settings.SUPPORTED`);
+    any other key is refused."""
     batch_settings: BatchSettings = Field(default_factory=BatchSettings)
+    """batchyard's own knobs."""
 
     @field_validator("router_settings", "general_settings", "litellm_settings", "batch_settings", mode="before")
     @classmethod

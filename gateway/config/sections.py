@@ -2,7 +2,8 @@
 
 Each is a pydantic model with `extra="forbid"` and strict types: a key batchyard would not apply is
 refused at load, and `true` is no number. A new setting is one field here (with its default and a
-comment saying what it does), plus its line in the README's config reference.
+docstring saying what it does: the docs' configuration reference is generated from these models
+(scripts/docs_reference.py), and a unit test fails on a field without one.
 """
 
 from __future__ import annotations
@@ -41,32 +42,47 @@ class Team(Strict):
     """`batch_settings.teams[]`: who may call, which models they may use, where their webhooks go."""
 
     team_id: NonEmpty
+    """The team's name, unique: 1 to 64 letters, digits, `_`, `.`, `-`, starting with a letter or digit
+    (`TEAM_ID_PATTERN`; store keys are built from it)."""
     api_keys: list[NonEmpty] = Field(default_factory=list)
-    models: list[str] | None = None  # None: every model of model_list
-    # The team's share of a route it competes on, against the other teams' weights (gateway.scheduling.fairness).
+    """The keys the team's clients send (`Authorization: Bearer KEY` or Azure's `api-key: KEY`)."""
+    models: list[str] | None = None
+    """The model_names of `model_list` the team may use; null: every one."""
     weight: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
-    # Quotas, refused at create with 429 and a code naming the quota (gateway.store.quota); None: no limit.
-    max_enqueued_requests: PositiveInt | None = None  # requests in the team's unfinished batches
-    max_active_batches: PositiveInt | None = None  # the team's unfinished batches
-    # model_name -> requests of that model in the team's unfinished batches (only the models listed are limited;
-    # refused with `model_max_enqueued_requests_exceeded`)
+    """The team's share of a route it competes on, against the other teams' weights (fair share:
+    `gateway.scheduling.fairness`)."""
+    max_enqueued_requests: PositiveInt | None = None
+    """Quota: requests in the team's unfinished batches; a batch over it is refused at create with 429
+    `max_enqueued_requests_exceeded` (`gateway.store.quota`). Null: no limit."""
+    max_active_batches: PositiveInt | None = None
+    """Quota: the team's unfinished batches; over it, 429 `max_active_batches_exceeded`. Null: no limit."""
     model_max_enqueued_requests: dict[str, PositiveInt] = Field(default_factory=dict)
-    # Bytes of the team's uploaded files (stored, or being uploaded) until deleted or expired; an upload that
-    # would pass it is refused with 429 `storage_quota_exceeded` (gateway.store.storage). None: the default,
-    # batch_settings.max_file_storage_bytes.
+    """Quota per model_name: requests of that model in the team's unfinished batches (counted per
+    `body.model` as the file streams; only the models listed are limited); over it, 429
+    `model_max_enqueued_requests_exceeded`."""
     max_file_storage_bytes: PositiveInt | None = None
-    # Rate limits, LiteLLM proxy's names: requests started / tokens reported (usage.total_tokens) per minute
-    # (per `rate_window_seconds`) on each route the team uses, each route counted apart; `model_…` overrides
-    # them per model_name. On top of the deployments' own rpm/tpm (LiteLLM's Router keeps those). Over them a
-    # batch's requests wait for the next window (paced, not refused): gateway.scheduling.pacing. None: no limit.
+    """Bytes of the team's uploaded files (stored, or being uploaded) until deleted or expired; an upload
+    that would pass it is refused with 429 `storage_quota_exceeded` (`gateway.store.storage`). Null:
+    `batch_settings.max_file_storage_bytes`."""
     rpm_limit: PositiveInt | None = None
+    """Requests started per window (`rate_window_seconds`: a minute) on each route the team uses, each route
+    counted apart (LiteLLM proxy's name), on top of the deployments' own `rpm` (LiteLLM's Router keeps
+    those). Over it a batch's requests wait for the next window (paced, never refused:
+    `gateway.scheduling.pacing`). Null: no limit."""
     tpm_limit: PositiveInt | None = None
+    """Tokens reported (`usage.total_tokens`) per window on each route the team uses, paced like `rpm_limit`.
+    Null: no limit."""
     model_rpm_limit: dict[str, PositiveInt] = Field(default_factory=dict)
+    """model_name -> requests per window, instead of `rpm_limit` on that route."""
     model_tpm_limit: dict[str, PositiveInt] = Field(default_factory=dict)
-    # A budget, as LiteLLM names it: USD per `budget_duration` ("30d", "1h", "10m", "30s"; none: for ever). Over
-    # it, new batches are refused and running ones stop sending (gateway.pipeline.execute).
+    """model_name -> tokens per window, instead of `tpm_limit` on that route."""
     max_budget: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    """A budget in USD per `budget_duration` (LiteLLM's name). Over it, new batches are refused with 429
+    `budget_exceeded` and running ones stop sending (their unrun lines: `budget_exceeded`;
+    `gateway.pipeline.execute`). Null: none."""
     budget_duration: Annotated[str, Field(pattern=r"^[1-9][0-9]*(s|m|h|d)$")] | None = None
+    """The budget period: a number and `s`, `m`, `h` or `d` (`30d`, `1h`, `10m`, `30s`); null: the budget
+    never resets."""
 
     def rate_limits(self, route: str) -> tuple[int | None, int | None]:
         """(rpm, tpm) of the team on `route` (a model_name): the per-model value, else the team's."""
@@ -80,11 +96,13 @@ class Team(Strict):
         unit = {"s": 1, "m": 60, "h": 3600, "d": 86_400}[self.budget_duration[-1]]
         return int(self.budget_duration[:-1]) * unit
 
-    # OpenAI's batch webhooks: each of `webhook_events` is POSTed to `webhook_url`, signed the Standard
-    # Webhooks way with `webhook_secret` (write it `os.environ/NAME`; OpenAI's `whsec_…` form or any string).
     webhook_url: Annotated[str, Field(pattern=r"^https?://[^\s/]+")] | None = None
+    """Where the team's batch events are POSTed (OpenAI's batch webhooks); goes with `webhook_secret`."""
     webhook_secret: SecretStr | None = None
+    """The Standard Webhooks signing secret (write it `os.environ/NAME`; OpenAI's `whsec_…` form or any
+    string); never logged or shown."""
     webhook_events: list[WebhookEvent] = Field(default_factory=lambda: list(WEBHOOK_EVENTS), min_length=1)
+    """Which events are sent."""
 
     @model_validator(mode="after")
     def _url_and_secret_together(self) -> Team:
@@ -98,19 +116,24 @@ class Team(Strict):
 class WebhookSettings(Strict):
     """`batch_settings.webhooks`: how deliveries to the teams' `webhook_url`s are retried."""
 
-    # Seconds before each retry after a failed attempt (the last repeats): Standard Webhooks' advice
-    # of backing off over hours. Attempts stop `give_up_after_seconds` after the event.
     retry_delays_seconds: list[PositiveFloat] = Field(default_factory=lambda: [5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0],
                                                       min_length=1)
+    """Seconds before each retry after a failed attempt (the last repeats): Standard Webhooks' advice of
+    backing off over hours."""
     give_up_after_seconds: PositiveFloat = 86_400
-    timeout_seconds: PositiveFloat = 10  # one attempt's total deadline (connect, send, the reply read up to 64 KiB)
+    """Attempts stop this long after the event."""
+    timeout_seconds: PositiveFloat = 10
+    """One attempt's total deadline: connect, send, and the reply read up to 64 KiB."""
 
 
 class MetricsSettings(Strict):
     """`batch_settings.metrics`: the Prometheus scrape at `/metrics` (and a worker's `--metrics-port`)."""
 
     enabled: bool = True
-    require_auth: bool = True  # the master key, as the admin API; with no key configured the server is open
+    """Serve `/metrics`; false answers 404."""
+    require_auth: bool = True
+    """The scrape needs the master key, as the admin API (a server with no keys configured is open);
+    false opens it."""
 
 
 class Limits(BaseModel):
@@ -124,30 +147,45 @@ class Limits(BaseModel):
 
 
 class BatchSettings(Strict):
+    """`batch_settings`: batchyard's own knobs (LiteLLM's proxy has no such section)."""
+
     teams: list[Team] = Field(default_factory=list)
+    """The teams that share the gateway: keys, models, fair-share weight, quotas, budgets, webhooks."""
     max_lines: PositiveInt = 50_000
+    """Lines per input file; more is `too_many_tasks`."""
     max_file_bytes: PositiveInt = 200 * 1024 * 1024
+    """Bytes per uploaded file (413 `file_too_large`)."""
     max_line_bytes: PositiveInt = 8 * 1024 * 1024
-    max_errors_listed: PositiveInt = 1_000  # validation errors listed on a failed batch
+    """Bytes per line; a longer line is cut off as it is read (never held whole) and is `invalid_request`."""
+    max_errors_listed: PositiveInt = 1_000
+    """Validation errors listed on a failed batch."""
     shard_size: PositiveInt = 1_000
-    # Requests in flight across all upstream routes of one process; per-deployment
-    # bounds come from litellm_params.max_parallel_requests.
+    """Requests per shard: the unit of work, retry and takeover."""
     max_concurrency: PositiveInt = 128
+    """Upstream requests in flight per process, across all routes; per-deployment bounds come from
+    `litellm_params.max_parallel_requests`."""
     max_shards_in_flight: PositiveInt = 8
-    # Allowed completion windows, in seconds ("24h" is OpenAI's only value and always allowed;
-    # tests add short ones to exercise expiry).
+    """Shards one process runs at once."""
     completion_windows: dict[str, PositiveInt] = Field(default_factory=lambda: dict(DEFAULT_WINDOWS))
-    # Files without their own expiry (uploads without `expires_after`, batch outputs without
-    # `output_expires_after`) expire this long after they are created, as OpenAI's do; null: never.
+    """Extra completion windows in seconds, e.g. `{"1h": 3600}`; `24h` (OpenAI's only one) is always
+    allowed. A shorter window is how a team asks for urgency (earliest deadline first); tests add short
+    ones to exercise expiry."""
     file_expiry_seconds: PositiveInt | None = 30 * 86_400
-    # The file storage limit of each team without its own `max_file_storage_bytes`, and of the uploads made
-    # with the master key or to an open gateway. None: no limit.
+    """Files without their own expiry expire this long after they are created, as OpenAI's do: uploads
+    without `expires_after`, batch output and error files of batches created without
+    `output_expires_after` (those two still override it, within OpenAI's 3600..2592000). Expired files are
+    deleted, record and bytes, by the coordinator's sweep (every 5 s). Null: never. Files stored by an
+    older version without an `expires_at` keep none (an upgrade does not delete data)."""
     max_file_storage_bytes: PositiveInt | None = None
-    # The length of the windows the teams' rpm_limit/tpm_limit are counted in (gateway.store.rates): the limits
-    # are per window, so 60 makes them per minute as their names say; tests shorten it.
+    """The file storage quota of each team without its own `max_file_storage_bytes`, and of uploads made
+    with the master key or to an open gateway. Null: no limit."""
     rate_window_seconds: PositiveInt = 60
+    """The length of the windows the teams' `rpm_limit`/`tpm_limit` are counted in (`gateway.store.rates`):
+    the limits are per window, so 60 makes them per minute as their names say; tests shorten it."""
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    """The Prometheus scrape at `/metrics`."""
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
+    """How webhook deliveries are retried."""
 
     @field_validator("completion_windows")
     @classmethod
@@ -161,7 +199,10 @@ class BatchSettings(Strict):
 
 
 class GeneralSettings(Strict):
-    master_key: NonEmpty | None = None  # the admin key: every team's batches, every model, /metrics
+    """`general_settings`: LiteLLM proxy's section; batchyard applies its `master_key`."""
+
+    master_key: NonEmpty | None = None
+    """The admin key of `batchyard serve`: every team's batches, every model, `/metrics`, `/health`'s details."""
 
 
 # The keyword arguments of LiteLLM's `Router` (litellm==1.106.2, the pinned release; `model_list` is ours to
