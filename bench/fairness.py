@@ -38,10 +38,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests.fakes.upstream import start_upstream  # noqa: E402
 from tests.support.server_helpers import Gateway, gateway_config, start_gateway  # noqa: E402
 from tests.support.services import RedisServer, process_env, start_worker  # noqa: E402
 from tests.support.team_helpers import start_shared  # noqa: E402
-from tests.fakes.upstream import start_upstream  # noqa: E402
 
 TEAMS = [{"team_id": "A", "api_keys": ["sk-a"]}, {"team_id": "B", "api_keys": ["sk-b"]}]
 

@@ -42,8 +42,8 @@ sys.path.insert(0, str(REPO))
 
 from gateway.config.schema import parse_config  # noqa: E402
 from gateway.runtime.supervisor import default_workers  # noqa: E402
-from tests.support.server_helpers import Gateway, gateway_config, start_gateway  # noqa: E402
 from tests.fakes.upstream import start_upstream  # noqa: E402
+from tests.support.server_helpers import Gateway, gateway_config, start_gateway  # noqa: E402
 
 
 class PeakRSS:
