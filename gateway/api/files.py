@@ -232,9 +232,7 @@ class _Upload:
             raise
         if expiry is None:
             return rec
-        rec.expires_at = expiry.at(rec.created_at)
-        await self.runtime.store.files.put(rec)
-        return rec
+        return await self.runtime.service.set_file_expiry(rec, expiry)
 
 
 async def _read_spool(file: Any) -> AsyncIterator[bytes]:

@@ -23,13 +23,14 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Collection, Coroutine
-from typing import Any, Protocol
+from typing import Any
 
 from gateway.pipeline.finalizer import Finalizer
-from gateway.pipeline.lifecycle import Announce, announce_nothing, for_queue
+from gateway.pipeline.intake import BatchService
+from gateway.pipeline.lifecycle import for_queue
 from gateway.records import BatchStatus
 from gateway.store.base import BatchRecord, Coordination, Queue, Store, now
-from gateway.store.quota import GRACE_SECONDS, QuotaLedger
+from gateway.store.quota import GRACE_SECONDS
 
 log = logging.getLogger("batchyard.coordinator")
 
@@ -37,31 +38,21 @@ STALE_VALIDATION_SECONDS = 10  # a batch validating this long with no lease held
 _FILE_SWEEP_SECONDS = 5.0  # a cheap indexed query; expired files should not linger
 
 
-class Intake(Protocol):
-    """What the sweep asks of the batch service (`gateway.pipeline.intake.BatchService`), which sits above
-    the pipeline and is handed in."""
-
-    async def validate(self, batch_id: str) -> None: ...
-
-    async def delete_expired_files(self) -> int: ...
-
-
 class Coordinator:
     def __init__(
-        self, store: Store, queue: Queue, coordination: Coordination, service: Intake, finalizer: Finalizer,
+        self, store: Store, queue: Queue, coordination: Coordination, intake: BatchService, finalizer: Finalizer,
         *, name: str, routes: Collection[str], spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
-        heartbeat: float, sweep_every: float, announce: Announce = announce_nothing,
-        quotas: QuotaLedger | None = None,
+        heartbeat: float, sweep_every: float,
     ) -> None:
+        # The sweep hands a batch back to the stage that owns it: `validating` to the intake, finished
+        # shards to the finalizer (both earlier stages, called directly).
         self.store, self.queue, self.coordination = store, queue, coordination
-        self.service, self.finalizer = service, finalizer
+        self.intake, self.finalizer = intake, finalizer
         self.name, self.routes = name, sorted(routes)
         self._spawn = spawn
-        self._announce = announce
         self._heartbeat, self._sweep_every = heartbeat, sweep_every
         self._started_at = now()
         self._files_swept_at = 0.0
-        self._quotas = quotas
 
     # -- the loops -----------------------------------------------------------------
 
@@ -100,13 +91,12 @@ class Coordinator:
             active = await self.store.batches.active()
             for batch in active:
                 await self._sweep_batch(batch, queued, stale_after)
-            if self._quotas is not None:
-                await self._release_quotas({b.id for b in active})
+            await self._release_quotas({b.id for b in active})
             alive = {w["name"] for w in await self.coordination.live_workers()}
             await self.queue.tidy(alive)
             if time.monotonic() - self._files_swept_at > _FILE_SWEEP_SECONDS:
                 self._files_swept_at = time.monotonic()
-                if gone := await self.service.delete_expired_files():
+                if gone := await self.intake.delete_expired_files():
                     log.info("deleted %d expired file(s)", gone)
         finally:
             await self.coordination.release("sweep")
@@ -116,9 +106,7 @@ class Coordinator:
         if batch.expired_at is None and t >= batch.expires_at and batch.status is not BatchStatus.CANCELLING:
             await self.store.batches.update(batch.id, {"expired_at": t})
             if batch.status is BatchStatus.VALIDATING:
-                await self._announce(batch.owner, batch.id, BatchStatus.EXPIRED)
-                await self.store.batches.update(batch.id, {"status": BatchStatus.EXPIRED},
-                                              if_status={BatchStatus.VALIDATING})
+                await self.intake.expire(batch)
                 return
         if await self.coordination.held(f"validate:{batch.id}"):
             return  # being validated or enqueued right now
@@ -127,7 +115,7 @@ class Coordinator:
             if t - batch.created_at >= stale_after:
                 if batch.status is BatchStatus.VALIDATING:
                     log.warning("batch %s was left validating; validating it again", batch.id)
-                self._spawn(self.service.validate(batch.id), f"validate-{batch.id}")
+                self._spawn(self.intake.validate(batch.id), f"validate-{batch.id}")
             return
         unfinished = await self.store.ledger.unfinished_shards(batch.id)
         if not unfinished:
@@ -145,16 +133,15 @@ class Coordinator:
     async def _release_quotas(self, active: set[str]) -> None:
         """Finished batches free their quota places, however they ended (and so do admissions whose batch
         was never stored, once their creation cannot be under way any more)."""
-        assert self._quotas is not None
         done = []
-        for batch_id, admitted_at in (await self._quotas.admitted()).items():
+        for batch_id, admitted_at in (await self.store.quota.admitted()).items():
             if batch_id in active:
                 continue
             batch = await self.store.batches.get(batch_id)
             if (batch.status.finished if batch is not None else time.time() - admitted_at > GRACE_SECONDS):
                 done.append(batch_id)
         if done:
-            await self._quotas.release(done)
+            await self.store.quota.release(done)
 
     # -- health ------------------------------------------------------------------------
 
@@ -172,4 +159,4 @@ class Coordinator:
         }
 
 
-__all__ = ["STALE_VALIDATION_SECONDS", "Coordinator", "Intake"]
+__all__ = ["STALE_VALIDATION_SECONDS", "Coordinator"]

@@ -1,9 +1,15 @@
-"""The batch/file service: what the API and the CLI ask of the runtime.
+"""The intake: the batch/file service that both front doors (the API, the CLI) ask.
 
-Create, read, cancel and delete files and batches; validate a new batch into
-shards and put them on the queue. Refusals are domain errors
-(`gateway.errors`); the server maps them to HTTP. Running the shards is the
-`ShardRunner`'s job, finishing the batch the `Finalizer`'s.
+Create, read, cancel and delete files and batches; admit a new batch against its
+team's quotas and budget; validate and plan it into shards, record them and put
+them on the queue. Refusals are domain errors (`gateway.errors`); the server maps
+them to HTTP. The intake owns a batch while it is `validating`: it fails it,
+cancels it before any shard exists, or expires it (the coordinator's sweep asks).
+Running the shards is the `ShardRunner`'s job, finishing the batch the `Finalizer`'s.
+
+What it needs from later stages or higher layers is handed in, never imported:
+`finish_shard` (the finalizer's), `announce` (the webhooks'), `spawn` (the
+runtime's tasks) and `plan` (the runtime's validation processes, where it has them).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from gateway.pipeline.budget import Budgets
 from gateway.pipeline.lifecycle import NO_EXPIRY, Announce, announce_nothing, expiry, for_queue
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
 from gateway.pipeline.validate import LINE_SLACK, count_routes
-from gateway.records import BatchStatus, Endpoint, new_id
+from gateway.records import BatchStatus, Endpoint, Shard, new_id
 from gateway.store.base import (
     BatchOptions,
     BatchRecord,
@@ -37,7 +43,7 @@ from gateway.store.base import (
     now,
 )
 from gateway.store.lines import Overlong, split_lines
-from gateway.store.quota import MAX_ACTIVE_BATCHES, MODEL_MAX_ENQUEUED_REQUESTS, QuotaLedger, TeamLimits, over_model
+from gateway.store.quota import MAX_ACTIVE_BATCHES, MODEL_MAX_ENQUEUED_REQUESTS, TeamLimits, over_model
 from gateway.store.storage import StorageMeter
 
 log = logging.getLogger("batchyard.service")
@@ -54,17 +60,17 @@ _COUNT_LINES, _COUNT_BYTES = 2_000, 1 << 20  # lines parsed for their route per 
 class BatchService:
     def __init__(
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
-        spawn: Spawn, finalize: Callable[[str], Awaitable[None]], announce: Announce = announce_nothing,
-        quotas: QuotaLedger | None = None, budgets: Budgets | None = None, plan: Plan | None = None,
+        spawn: Spawn, finish_shard: Callable[[Shard], Awaitable[None]], announce: Announce = announce_nothing,
+        budgets: Budgets | None = None, plan: Plan | None = None,
     ) -> None:
         self.config, self.store, self.blobs, self.queue = config, store, blobs, queue
         self._coordination = coordination
         self._spawn = spawn
-        self._finalize = finalize
+        self._finish_shard = finish_shard
         self._announce = announce
         self._plan: Plan = plan or functools.partial(plan_batch, config, blobs)
-        self.quotas = quotas
-        self.budgets = budgets or Budgets(config, quotas)
+        self.quotas = store.quota
+        self.budgets = budgets or Budgets(config, self.quotas)
         self._limits = {t.team_id: TeamLimits(t.max_enqueued_requests, t.max_active_batches,
                                               t.model_max_enqueued_requests) for t in config.batch.teams}
         self._storage_limits = {t.team_id: t.max_file_storage_bytes for t in config.batch.teams
@@ -102,6 +108,12 @@ class BatchService:
             await self.store.storage.release(owner, file_id)
             raise
         await self.store.storage.settle(owner, file_id, size)
+        return rec
+
+    async def set_file_expiry(self, rec: FileRecord, expires_after: ExpiresAfter) -> FileRecord:
+        """A stored file's `expires_after`, given after its bytes (a form field after the file part)."""
+        rec.expires_at = expires_after.at(rec.created_at)
+        await self.store.files.put(rec)
         return rec
 
     def open_file(self, rec: FileRecord) -> AsyncIterator[bytes]:
@@ -176,7 +188,7 @@ class BatchService:
                             f"{limit} USD. New batches are refused until the budget period resets.",
                             code="budget_exceeded")
         limits = self._limits.get(batch.owner)
-        if limits is None or self.quotas is None or limits == TeamLimits():
+        if limits is None or limits == TeamLimits():
             return
         per_model = bool(limits.model_max_enqueued_requests)
         requests, by_model = (await self._count_lines(source, per_model)
@@ -320,10 +332,17 @@ class BatchService:
         )
         if not started:
             return  # cancelled or expired meanwhile: the coordinator finalizes it from the shards
-        if outcome.answered is not None and await self.store.ledger.finish_shard(outcome.answered) == 0:
-            await self._finalize(batch_id)  # every line was answered in place: nothing to run
+        if outcome.answered is not None:
+            await self._finish_shard(outcome.answered)  # the last one when every line was answered in place
         for shard in outcome.shards:
             await self.queue.put(for_queue(shard, batch))
+
+    async def expire(self, batch: BatchRecord) -> None:
+        """A batch past its `expires_at` while still `validating` (the sweep found it): it ends `expired`
+        with no shard to finalize."""
+        await self._announce(batch.owner, batch.id, BatchStatus.EXPIRED)
+        await self.store.batches.update(batch.id, {"status": BatchStatus.EXPIRED},
+                                      if_status={BatchStatus.VALIDATING})
 
     async def _fail(self, batch: BatchRecord, errors: list[dict[str, Any]]) -> None:
         await self._announce(batch.owner, batch.id, BatchStatus.FAILED)

@@ -84,10 +84,11 @@ class Runtime:
         announce = self.webhooks.announce
         self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter, announce=announce,
                                    file_expiry_seconds=config.batch.file_expiry_seconds)
-        self.quotas = quotas = store.quota
-        self.budgets = Budgets(config, quotas)
+        self.quotas = store.quota
+        self.budgets = Budgets(config, self.quotas)
+        # The stages before the finalizer are handed its `finish_shard`; the coordinator, after it, holds it.
         self.service = BatchService(config, store, blobs, queue, coordination, spawn=self.spawn,
-                                    finalize=self.finalizer.finalize, announce=announce, quotas=quotas,
+                                    finish_shard=self.finalizer.finish_shard, announce=announce,
                                     budgets=self.budgets, plan=validation.plan if validation else None)
         every = sorted({r.model_name for r in config.routes.values()})
         hosted = every if routes is None else sorted(r for r in routes if r)
@@ -96,8 +97,7 @@ class Runtime:
                                    budgets=self.budgets)
                        if hosted else None)
         self.coordinator = Coordinator(store, queue, coordination, self.service, self.finalizer, name=name,
-                                       routes=hosted, spawn=self.spawn, heartbeat=heartbeat, sweep_every=sweep_every,
-                                       announce=announce, quotas=quotas)
+                                       routes=hosted, spawn=self.spawn, heartbeat=heartbeat, sweep_every=sweep_every)
         self._sweeping = sweeping
         self._recover_at_start = recover_at_start
 

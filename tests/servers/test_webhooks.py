@@ -17,6 +17,10 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
+from gateway.config.schema import parse_config
+from gateway.records import BatchStatus
+from gateway.runtime.root import open_embedded
+from gateway.store.base import BatchRecord
 from tests.fakes.upstream import Upstream, start_upstream
 from tests.fakes.webhook_receiver import Receiver
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, start_gateway, submit, wait_batch
@@ -161,6 +165,27 @@ def test_a_pending_delivery_survives_a_restart(upstream: Upstream, tmp_path: Pat
             assert "delivered" in again.log()
     finally:
         receiver.stop()
+
+
+async def test_a_batch_that_expires_while_validating_is_announced_expired(upstream: Upstream, tmp_path: Path) -> None:
+    # Left `validating` past its expiry (its validation died): the sweep hands it to the intake, which ends it
+    # `expired` and records the team's event first, as the finalizer does for a batch that ran.
+    receiver = Receiver(SECRETS["solo"])  # never started: the event is only recorded here
+    config = parse_config(gateway_config(upstream, models=["gpt-mini"], teams=[_team("solo", receiver)],
+                                         webhooks=RETRY))
+    runtime = await open_embedded(config, tmp_path / "data")
+    try:
+        now = int(time.time())
+        await runtime.store.batches.put(BatchRecord(
+            id="batch_left_validating", owner="solo", endpoint="/v1/chat/completions", input_file_id="file-gone",
+            completion_window="24h", status=BatchStatus.VALIDATING, created_at=now - 60, expires_at=now - 1))
+        await runtime.coordinator.sweep()
+        batch = await runtime.store.batches.get("batch_left_validating")
+        assert batch is not None and (batch.status, batch.expired_at is not None) == (BatchStatus.EXPIRED, True)
+        [event] = await runtime.store.webhooks.recent("solo", 10)
+        assert (event.batch_id, event.type, event.state) == ("batch_left_validating", "batch.expired", "pending")
+    finally:
+        await runtime.aclose()
 
 
 def _login(gw: Gateway, key: str) -> str:

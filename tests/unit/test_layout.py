@@ -16,7 +16,7 @@ PACKAGES = ("gateway", "providers", "local_engine")
 MAX_LINES = 420  # "no module over ~400 lines, tests included"
 
 # The layers, lowest first. A module's layer is that of the longest prefix listed; a module may import
-# its own layer and those below (top-level imports): packages only, no module placed apart. `gateway.runtime.pool`
+# its own layer and those below (lazy imports too): packages only, no module placed apart.
 # `gateway.runtime.pool` knows the implementations (providers, local_engine): the composition root does;
 # the intake (`pipeline.intake`) is pipeline work both front doors ask, composed by the runtime.
 LAYERS: list[tuple[str, ...]] = [
@@ -55,26 +55,25 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(path: Path) -> Iterator[tuple[str, bool]]:
-    """(imported module of ours, at top level?) for every import in the file."""
+def _imports(path: Path) -> Iterator[str]:
+    """Every module of ours the file imports, lazily (in a function) or not: an arrow either way."""
 
-    def walk(node: ast.AST, top: bool) -> Iterator[tuple[str, bool]]:
+    def walk(node: ast.AST) -> Iterator[str]:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _is_type_checking(child):
-                yield from (x for n in child.orelse for x in walk(n, top))
+                yield from (x for n in child.orelse for x in walk(n))
                 continue
             if isinstance(child, ast.Import):
                 for alias in child.names:
-                    yield alias.name, top
+                    yield alias.name
             elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
                 for alias in child.names:
                     full = f"{child.module}.{alias.name}"
-                    yield (full if full in MODULES else child.module), top
-            inner = top and not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-            yield from walk(child, inner)
+                    yield full if full in MODULES else child.module
+            yield from walk(child)
 
     own = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-    for name, top in walk(ast.parse(path.read_text(), str(path)), True):
+    for name in walk(ast.parse(path.read_text(), str(path))):
         if name.split(".")[0] in PACKAGES:
             # importing a.b.c runs a/__init__ and a/b/__init__ too (those of the importer's own packages
             # are running already: not an edge)
@@ -82,10 +81,10 @@ def _imports(path: Path) -> Iterator[tuple[str, bool]]:
             for i in range(1, len(parts) + 1):
                 prefix = ".".join(parts[:i])
                 if prefix in MODULES and (prefix == name or not own.startswith(prefix + ".")):
-                    yield prefix, top
+                    yield prefix
 
 
-GRAPH = {mod: {dep for dep, _ in _imports(path)} - {mod} for mod, path in MODULES.items()}
+GRAPH = {mod: set(_imports(path)) - {mod} for mod, path in MODULES.items()}
 
 
 def _layer(module: str) -> int:
@@ -138,8 +137,8 @@ def test_lower_layers_never_import_higher_ones() -> None:
     bare = {m for m, p in MODULES.items() if p.name == "__init__.py" and not GRAPH[m]}
     wrong = []
     for module, path in MODULES.items():
-        for dep, top in _imports(path):
-            if top and dep != module and dep not in bare and _layer(dep) > _layer(module):
+        for dep in _imports(path):  # a lazy import runs back up all the same
+            if dep != module and dep not in bare and _layer(dep) > _layer(module):
                 wrong.append(f"{module} (layer {_layer(module)}) imports {dep} (layer {_layer(dep)})")
     assert wrong == []
 
@@ -149,7 +148,7 @@ def test_a_pipeline_stage_imports_only_earlier_stages() -> None:
     wrong = []
     for stage in STAGES:
         module = f"gateway.pipeline.{stage}"
-        for dep, _ in _imports(MODULES[module]):
+        for dep in _imports(MODULES[module]):
             later = dep.startswith("gateway.pipeline.") and STAGES.index(dep.split(".")[-1]) > STAGES.index(stage)
             if later or dep.startswith(("gateway.api", "gateway.cli", "gateway.runtime.root")):
                 wrong.append(f"{module} imports {dep}")

@@ -1,0 +1,170 @@
+"""What each process counts, where it happens: the instruments, built on first use, and the calls that
+count (results by team, route and status; tokens; cost; usage refused; requests in flight; latency).
+
+Built lazily so that `PROMETHEUS_MULTIPROC_DIR` (`gateway.metrics.multiproc`) is read as late as possible:
+prometheus-client reads it when it is first imported, and importing this module is not that moment.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gateway.metrics.multiproc import multiprocess_dir, process_exited
+from gateway.records import MAX_USAGE_TOKENS, Result, billable
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter, Gauge, Histogram
+
+    from gateway.store.base import Store
+
+log = logging.getLogger("batchyard.metrics")
+
+UNROUTED = "unrouted"  # the route label of lines answered at validation (no route: unknown model, bad url)
+# LLM calls take from tens of milliseconds (an embedding) to minutes (a long generation).
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Instruments:
+    requests: Counter
+    tokens: Counter
+    cost: Counter
+    usage_rejected: Counter
+    in_flight: Gauge
+    team_in_flight: Gauge
+    latency: Histogram
+
+
+@functools.cache
+def built() -> Instruments:
+    """The instruments, built on first use, so the multiprocess setting is read as late as possible."""
+    directory = multiprocess_dir()
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        atexit.register(process_exited, os.getpid())
+    from prometheus_client import Counter, Gauge, Histogram
+
+    return Instruments(
+        requests=Counter("batchyard_requests", "Requests with a recorded result, by team, route and status "
+                         "(HTTP status, or the error code of a request that never ran).",
+                         ["team", "route", "status"]),
+        tokens=Counter("batchyard_tokens", "Tokens of successful requests, by team, route and type (input, output).",
+                       ["team", "route", "type"]),
+        cost=Counter("batchyard_cost_usd", "Cost of requests in US dollars, by team and route.", ["team", "route"]),
+        usage_rejected=Counter("batchyard_upstream_usage_rejected", "Replies whose usage was not sane non-negative "
+                               "integers, counted as zero tokens, by route.", ["route"]),
+        in_flight=Gauge("batchyard_requests_in_flight", "Requests being executed (upstream or on an engine), "
+                        "by route.", ["route"], multiprocess_mode="livesum"),
+        team_in_flight=Gauge("batchyard_team_requests_in_flight", "Requests being executed, by team and route "
+                             "(the team's share of the route: this over batchyard_requests_in_flight).",
+                             ["team", "route"], multiprocess_mode="livesum"),
+        latency=Histogram("batchyard_request_duration_seconds", "Latency of each upstream or engine call, by route.",
+                          ["route"], buckets=LATENCY_BUCKETS),
+    )
+
+
+def _status(result: Result) -> str:
+    if result.status_code is not None:
+        return str(result.status_code)
+    return str((result.error or {}).get("code") or "error")
+
+
+def observe_results(team: str, route: str, results: Iterable[Result]) -> None:
+    """Count results just recorded (once each: call it after the Store took them)."""
+    m = built()
+    route = route or UNROUTED
+    requests: dict[str, int] = {}
+    tokens_in = tokens_out = 0
+    cost = 0.0
+    refused = 0
+    for result in results:
+        status = _status(result)
+        requests[status] = requests.get(status, 0) + 1
+        if result.ok:
+            usage = result.usage
+            tokens_in += usage.input_tokens
+            tokens_out += usage.output_tokens
+            refused += result.usage_refused
+        cost += billable(result.cost_usd)  # a Counter refuses a negative increment, and a spend never falls
+    observe_statuses(team, route, requests)
+    if refused:
+        m.usage_rejected.labels(route).inc(refused)
+        # Which route, how many; never the reply itself (it is the team's data).
+        log.warning("route %s (team %s): %d replies reported a usage that is not sane non-negative integers (at "
+                    "most %d tokens); counted as zero tokens", route, team, refused, MAX_USAGE_TOKENS)
+    if tokens_in:
+        m.tokens.labels(team, route, "input").inc(tokens_in)
+    if tokens_out:
+        m.tokens.labels(team, route, "output").inc(tokens_out)
+    if cost:
+        m.cost.labels(team, route).inc(cost)
+
+
+def observe_statuses(team: str, route: str, requests: Mapping[str, int]) -> None:
+    """Count results by status, without tokens or cost (lines answered at validation, tallied as the
+    planner wrote them)."""
+    m = built()
+    route = route or UNROUTED
+    for status, n in requests.items():
+        m.requests.labels(team, route, status).inc(n)
+
+
+_OWNERS: OrderedDict[str, str] = OrderedDict()
+_OWNERS_KEPT = 4096
+
+
+async def team_of(store: Store, batch_id: str) -> str:
+    """The team (owner) of a batch, remembered: for a call site that has only the batch id."""
+    owner = _OWNERS.get(batch_id)
+    if owner is None:
+        batch = await store.batches.get(batch_id)
+        owner = batch.owner if batch is not None else ""
+        _OWNERS[batch_id] = owner
+        while len(_OWNERS) > _OWNERS_KEPT:
+            _OWNERS.popitem(last=False)
+    return owner
+
+
+class RequestMeter:
+    """The in-flight gauges and the latency histogram of one route (and team), each label child looked up
+    once: every backend's per-request call passes here, thousands of times a second on a local engine,
+    and `labels()` (a lock, a tuple, a dict) cost more than the increment it finds."""
+
+    __slots__ = ("_gauges", "_latency")
+
+    def __init__(self, route: str, team: str | None = None) -> None:
+        m = built()
+        route = route or UNROUTED
+        gauges = [m.in_flight.labels(route)]
+        if team is not None:
+            gauges.append(m.team_in_flight.labels(team, route))
+        self._gauges = tuple(gauges)
+        self._latency = m.latency.labels(route)
+
+    @contextlib.contextmanager
+    def in_flight(self) -> Iterator[None]:
+        for gauge in self._gauges:
+            gauge.inc()
+        try:
+            yield
+        finally:
+            for gauge in self._gauges:
+                gauge.dec()
+
+    def observe_latency(self, seconds: float) -> None:
+        self._latency.observe(seconds)
+
+
+__all__ = [
+    "LATENCY_BUCKETS", "UNROUTED", "Instruments", "RequestMeter", "built", "observe_results", "observe_statuses",
+    "team_of",
+]
