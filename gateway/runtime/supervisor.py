@@ -43,19 +43,25 @@ def default_workers(config: Config, *, serving: bool, cores: int | None = None, 
     """Worker processes when `--workers` is not given: one per free core, for the upstream routes.
 
     Free cores: the usable ones, less one for this process (the API, or the run's own pipeline), less one
-    per local model (its engine's loop keeps a core busy), less those already busy (the 1-minute load
-    average, rounded). With no upstream route there is nothing for extra workers to share: `run` starts
-    none, `serve` one (local engines load in a worker, not in the API process).
+    per local model (its engine's loop keeps a core busy); for `run`, less those already busy (the 1-minute
+    load average, rounded). `serve` always starts at least one and never reads the load: the API process
+    never runs shards (its answers would wait behind them), and a server's process layout must not depend
+    on a noisy number read once at start. With no upstream route there is nothing for extra workers to
+    share: `run` starts none, `serve` one (local engines load in a worker, not in the API process).
     """
     cores = usable_cores() if cores is None else cores
     load = os.getloadavg()[0] if load is None else load
     models = {r.model_name: r.kind for r in config.routes.values()}
     local = sum(1 for kind in models.values() if kind is RouteKind.LOCAL)
     upstream = any(kind is not RouteKind.LOCAL for kind in models.values())
-    free = max(0, cores - 1 - local - int(load + 0.5))
-    if not upstream:
-        return 1 if serving and local else 0
-    return max(free, 1 if serving and local else 0)
+    if serving:
+        return max(1, cores - 1 - local) if upstream else 1
+    return max(0, cores - 1 - local - int(load + 0.5)) if upstream else 0
+
+
+# How much nicer than the API process its workers run (POSIX niceness, 0..19): on a small machine a big
+# batch's shards take the CPU the API's event loop needs; the scheduler now gives it to the API first.
+WORKER_NICENESS = 5
 
 
 @dataclass(slots=True)
@@ -96,6 +102,8 @@ class WorkerPool:
         with open(self.logs / f"worker-{slot.index}.log", "ab") as out:
             slot.process = subprocess.Popen(self._command(slot), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                             start_new_session=True)
+        with contextlib.suppress(OSError):  # the OS prefers the API: its answers never wait behind a shard
+            os.setpriority(os.PRIO_PROCESS, slot.process.pid, WORKER_NICENESS)
         slot.started_at = time.monotonic()
 
     async def start(self) -> None:

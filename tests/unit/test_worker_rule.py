@@ -26,10 +26,10 @@ def config(tmp_path: Path, upstream: bool, local: int) -> Config:
 
 @pytest.mark.parametrize(("upstream", "local", "cores", "load", "run", "serve"), [
     (True, 0, 32, 0.0, 31, 31),   # a quiet 32-core box: every core but this process's
-    (True, 0, 32, 8.2, 23, 23),   # eight cores busy already
+    (True, 0, 32, 8.2, 23, 31),   # eight cores busy already: a run leaves them; a server's layout ignores the load
     (True, 2, 16, 0.0, 13, 13),   # two local engines keep a core each
     (True, 0, 2, 0.0, 1, 1),
-    (True, 0, 2, 3.0, 0, 0),      # nothing free: the run's own process does it all
+    (True, 0, 2, 3.0, 0, 1),      # nothing free: the run's own process does it all; serve never runs shards
     (True, 1, 2, 0.0, 0, 1),      # serve keeps one worker for the engine
     (False, 1, 16, 0.0, 0, 1),    # local only: nothing to share out
 ])

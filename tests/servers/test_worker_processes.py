@@ -1,17 +1,20 @@
-"""A worker process imports the installed package, whatever the current directory holds.
+"""`batchyard serve`'s worker processes: the installed code, and second place to the API for the CPU.
 
-`batchyard serve` started from a directory with a `gateway/` folder of its own (a checkout of something
-else, a user's project) starts its workers from there: they must still run batchyard's code, not that
-folder's, or every shard fails with the folder's errors.
+Started from a directory with a `gateway/` folder of its own (a checkout of something else, a user's
+project), the workers must still run batchyard's code, not that folder's, or every shard fails with the
+folder's errors. And they run nicer than the API process, so that on a small machine the API's answers
+never wait behind a big batch's shards.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from gateway.runtime.supervisor import WORKER_NICENESS
 from tests.fakes.upstream import Upstream, start_upstream
 from tests.support.server_helpers import chat_line, gateway_config, start_gateway, submit, wait_batch
 
@@ -34,4 +37,7 @@ def test_workers_ignore_a_gateway_folder_in_the_current_directory(upstream: Upst
         assert batch.status == "completed", gw.log()[-3000:]
         assert batch.request_counts is not None and batch.request_counts.completed == 4
         assert "the wrong gateway package" not in gw.log()
-        assert len(gw.http("GET", "/health").json()["workers"]) == 1  # the shards ran in it (an open gateway)
+        workers = gw.http("GET", "/health").json()["workers"]  # an open gateway: /health lists them
+        assert len(workers) == 1
+        api_nice = os.getpriority(os.PRIO_PROCESS, gw.process.pid)
+        assert os.getpriority(os.PRIO_PROCESS, workers[0]["pid"]) == min(19, api_nice + WORKER_NICENESS)
