@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from gateway.backends.interface import run_bounded
+from gateway.backends.interface import BackendUnavailable, run_bounded
 from gateway.pipeline.body_fields import unknown_field, unrecognized, unsupported
 from gateway.pipeline.media_urls import refused_media
 from gateway.records import BatchRequest, Endpoint, Result
@@ -53,7 +53,7 @@ OPERATOR_FIELDS = frozenset({
 })
 
 
-class EngineStartError(RuntimeError):
+class EngineStartError(BackendUnavailable):
     """The engine could not be started (bad model path, bad engine_args, engine-core failure)."""
 
 

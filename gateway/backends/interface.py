@@ -70,6 +70,17 @@ class Backends(Protocol):
     async def get(self, route_name: str) -> Backend: ...
 
 
+class BackendUnavailable(RuntimeError):
+    """A backend that cannot start for a reason that starting again will not mend (a local model's path that
+    does not exist, engine_args vLLM refuses, an engine core that dies while loading). Its route stops alone:
+    the pool remembers it, the runner answers that route's lines with `ROUTE_UNAVAILABLE` and the reason, and
+    every other route runs on."""
+
+
+# The error code of a line whose route's backend could not start
+ROUTE_UNAVAILABLE = "model_unavailable"
+
+
 _WAKE = object()  # put on a run's queue to have it look at its state again
 
 

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Collection, Coroutine
 from typing import Any
 
 from gateway import metrics
-from gateway.backends.interface import Backends, ShardAwareBackend
+from gateway.backends.interface import ROUTE_UNAVAILABLE, Backends, BackendUnavailable, ShardAwareBackend
 from gateway.config.schema import Config
 from gateway.json_codec import loads
 from gateway.pipeline.budget import Budgets, spending_for
@@ -174,8 +174,12 @@ class ShardRunner:
             todo = [r for r in requests if r.line not in recorded]
             if todo:
                 share = Share(batch.owner, batch.id, batch.expires_at, self.weights.get(batch.owner, DEFAULT_WEIGHT))
-                reason = await self._execute(shard, share, todo)
-        if reason is None or reason is OVER_BUDGET:  # over budget: the unrun lines get error lines now
+                try:
+                    reason = await self._execute(shard, share, todo)
+                except BackendUnavailable as exc:  # no attempt spent: the route's lines say why, once
+                    reason = (ROUTE_UNAVAILABLE, f"The model {shard.route!r} is unavailable: {exc}")
+        if reason is None or reason is OVER_BUDGET or reason[0] == ROUTE_UNAVAILABLE:
+            # the unrun lines get error lines now (over budget, or a route that cannot run)
             await seal_shard(self.store, self.blobs, shard, missing=reason, requests=requests)
         await self._finish_shard(shard)
 

@@ -11,7 +11,7 @@ import asyncio
 import importlib
 from collections.abc import Collection
 
-from gateway.backends.interface import Backend, RouteReporter
+from gateway.backends.interface import Backend, BackendUnavailable, RouteReporter
 from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import Config
 from gateway.store.base import Store
@@ -24,6 +24,7 @@ class BackendPool:
         self._created: dict[str, Backend] = {}
         self._starting: dict[int, asyncio.Task[None]] = {}  # by id(backend): one start per backend, shared
         self._upstream: Backend | None = None
+        self._unavailable: dict[str, BackendUnavailable] = {}  # route -> why it could not start (for good)
 
     def _upstream_backend(self) -> Backend:
         if self._upstream is None:
@@ -78,12 +79,17 @@ class BackendPool:
         Routes start independently: two local engines load side by side, and a
         shard of an upstream route never waits for an engine to load.
         """
+        if route_name in self._unavailable:
+            raise self._unavailable[route_name]
         backend = self.peek(route_name)
         task = self._starting.get(id(backend))
         if task is None:
             task = self._starting[id(backend)] = asyncio.ensure_future(backend.start())
         try:
             await asyncio.shield(task)  # one caller giving up must not cancel the start the others wait on
+        except BackendUnavailable as exc:
+            self._unavailable[route_name] = exc  # starting again would fail again: the route stops alone
+            raise
         except Exception:
             # a failed start is retried by the next caller (a shard attempt), not cached for good
             if self._starting.get(id(backend)) is task:
@@ -97,6 +103,11 @@ class BackendPool:
         wanted = [r for r in self._config.routes.values() if routes is None or r.model_name in routes]
         if any(r.kind is not RouteKind.LOCAL for r in wanted):
             await asyncio.to_thread(importlib.import_module, "litellm")
+
+    @property
+    def unavailable(self) -> dict[str, str]:
+        """route -> why its backend could not start (for good)."""
+        return {route: str(exc) for route, exc in self._unavailable.items()}
 
     async def start_local(self) -> None:
         """Start every local engine now, side by side (fail fast on a bad model path, before any request)."""

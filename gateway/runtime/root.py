@@ -30,6 +30,7 @@ from collections.abc import Collection, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gateway.backends.interface import ROUTE_UNAVAILABLE, BackendUnavailable
 from gateway.config.schema import Config
 from gateway.pipeline.budget import Budgets
 from gateway.pipeline.coordinator import Coordinator
@@ -119,7 +120,10 @@ class Runtime:
         if self.runner is not None:
             await self.backends.warm_up(self.hosted)
             for route in self.hosted:
-                await self.backends.get(route)
+                try:
+                    await self.backends.get(route)
+                except BackendUnavailable as exc:  # this route stops alone; every other one runs
+                    log.error("route %r cannot run: %s; its lines get %r errors", route, exc, ROUTE_UNAVAILABLE)
             await self.coordinator.beat()
         if self._recover_at_start:
             await self.coordinator.sweep(stale_after=0)
