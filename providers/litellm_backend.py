@@ -85,11 +85,7 @@ class LiteLLMBackend:
         max_concurrency: int,
         litellm_settings: dict[str, Any] | None = None,
     ) -> None:
-        self._model_list = [
-            {k: v for k, v in entry.items() if k in ("model_name", "litellm_params", "model_info")}
-            for route in routes
-            for entry in route.deployments
-        ]
+        self._model_list = [deployment for route in routes for deployment in route.model_list()]
         self._litellm_settings = dict(litellm_settings or {})
         self._settings = router_kwargs(router_settings, self._litellm_settings)
         self._limit = FairSlots(max_concurrency)  # shared by every shard, divided between teams
