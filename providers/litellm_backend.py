@@ -20,7 +20,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from gateway.backends.interface import run_bounded
+from gateway.backends.bounded import run_bounded
 from gateway.config.routes import Route
 from gateway.pipeline.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecognized, unsupported, upstream_fields
 from gateway.pipeline.media_urls import refused_media
