@@ -13,8 +13,8 @@ import schemathesis
 from schemathesis import checks
 from schemathesis.config import SchemathesisConfig
 
-from tests.support.server_helpers import Gateway, chat_line, gateway_config, jsonl, start_gateway
 from tests.fakes.upstream import start_upstream
+from tests.support.server_helpers import Gateway, chat_line, gateway_config, jsonl, start_gateway
 
 SPEC = Path(__file__).resolve().parents[1] / "data" / "openai_files_batches.yaml"
 KEY = "sk-schema-0123456789"
@@ -56,4 +56,6 @@ def test_every_reply_conforms(case: schemathesis.Case) -> None:
         checks.content_type_conformance,
         checks.response_schema_conformance,
         checks.negative_data_rejection,
+        checks.unsupported_method,  # a 405 with an Allow header (ST205)
+        checks.allow_header_conformance,  # OPTIONS: Allow lists exactly the path's methods
     ])

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.server_helpers import gateway_config, read_jsonl, start_gateway, submit, wait_batch
 from tests.fakes.upstream import Upstream, start_upstream
+from tests.support.server_helpers import gateway_config, read_jsonl, start_gateway, submit, wait_batch
 
 REPO = Path(__file__).resolve().parents[2]
 PRICE_IN, PRICE_OUT = 0.001, 0.002
