@@ -22,7 +22,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from gateway.backends.interface import BackendUnavailable, run_bounded
+from gateway.backends.bounded import run_bounded
+from gateway.backends.interface import BackendUnavailable
 from gateway.pipeline.body_fields import unknown_field, unrecognized, unsupported
 from gateway.pipeline.media_urls import refused_media
 from gateway.records import BatchRequest, Endpoint, Result

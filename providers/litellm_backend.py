@@ -20,7 +20,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from gateway.backends.interface import run_bounded
+from gateway.backends.bounded import run_bounded
 from gateway.config.routes import Route
 from gateway.pipeline.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecognized, unsupported, upstream_fields
 from gateway.pipeline.media_urls import refused_media
@@ -85,11 +85,7 @@ class LiteLLMBackend:
         max_concurrency: int,
         litellm_settings: dict[str, Any] | None = None,
     ) -> None:
-        self._model_list = [
-            {k: v for k, v in entry.items() if k in ("model_name", "litellm_params", "model_info")}
-            for route in routes
-            for entry in route.deployments
-        ]
+        self._model_list = [deployment for route in routes for deployment in route.model_list()]
         self._litellm_settings = dict(litellm_settings or {})
         self._settings = router_kwargs(router_settings, self._litellm_settings)
         self._limit = FairSlots(max_concurrency)  # shared by every shard, divided between teams

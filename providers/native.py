@@ -24,6 +24,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
+from gateway.config.entries import NativeModelInfo
 from gateway.config.routes import NATIVE_PROVIDERS, Route
 from gateway.pipeline.body_fields import unknown_field, unrecognized, upstream_fields
 from gateway.pipeline.budget import over_budget_now
@@ -84,10 +85,12 @@ class NativeBatchBackend:
         self.route = route
         self._store = store
         info = route.model_info
-        self._max_lines = info.get("native_max_lines")  # None: the provider's own limit
-        self._max_bytes = info.get("native_max_bytes")
-        self._poll_max = float(info.get("native_poll_max_seconds", 60.0))
-        self._poll_first = min(float(info.get("native_poll_initial_seconds", 0.5)), self._poll_max)
+        if not isinstance(info, NativeModelInfo):  # the config gives every native entry one
+            raise TypeError(f"{route.model_name} is a {route.kind.value} route, not a native one")
+        self._max_lines = info.native_max_lines  # None: the provider's own limit
+        self._max_bytes = info.native_max_bytes
+        self._poll_max = info.native_poll_max_seconds
+        self._poll_first = min(info.native_poll_initial_seconds, self._poll_max)
         self._timeout = router_settings.get("timeout")
         self._litellm: Any = None
 
@@ -95,8 +98,8 @@ class NativeBatchBackend:
     def endpoints(self) -> frozenset[Endpoint]:
         """What every deployment's provider takes in its batch jobs."""
         served: frozenset[Endpoint] | None = None
-        for entry in self.route.deployments:
-            cls = jobs_class(str(entry["litellm_params"]["model"]).partition("/")[0])
+        for entry in self.route.entries:
+            cls = jobs_class(entry.litellm_params.model.partition("/")[0])
             mine = cls.endpoints if cls is not None else frozenset()
             served = mine if served is None else served & mine
         return served or frozenset()
@@ -125,11 +128,11 @@ class NativeBatchBackend:
 
     def _deployment(self, index: int) -> tuple[UpstreamJobs | None, str, tuple[float, float] | None]:
         """(the provider's jobs, the provider's name, batch prices) of deployment `index`."""
-        entry = self.route.deployments[index % len(self.route.deployments)]
-        params = entry["litellm_params"]
-        provider, _, model = str(params["model"]).partition("/")
-        info = dict(entry.get("model_info") or {})
-        candidates = [info.get("base_model") or "", str(params["model"]), model]
+        entry = self.route.entries[index % len(self.route.entries)]
+        params = entry.litellm_params.model_dump()  # LiteLLM's keyword arguments, as written
+        provider, _, model = entry.litellm_params.model.partition("/")
+        info = entry.model_info.litellm_keys
+        candidates = [info.get("base_model") or "", entry.litellm_params.model, model]
         prices = batch_prices(info, self._litellm.model_cost, candidates)
         cls = jobs_class(provider) if provider in NATIVE_PROVIDERS else None
         jobs = cls(self._litellm, provider, model, call_kwargs(params, provider, self._timeout)) if cls else None
@@ -155,7 +158,7 @@ class NativeBatchBackend:
         await self.start()
         by_line = {r.line: r for r in requests}
         key = shard_meta_key(shard)
-        state = await self._store.backend_state.get(key) or {"deployment": shard.index % len(self.route.deployments)}
+        state = await self._store.backend_state.get(key) or {"deployment": shard.index % len(self.route.entries)}
         jobs, provider, prices = self._deployment(int(state["deployment"]))
         if jobs is None:  # the config refuses these at load; a route built by hand may still hold one
             message = f"native batches need a deployment of {', '.join(NATIVE_PROVIDERS)}, not {provider}/"

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from gateway.api.deps import Caller, bad_request, check_id, check_limit, list_reply, parse_body, runtime_of
 from gateway.api.form import Body, Event, Field, FileData, FileEnd, FileStart, FormReader
 from gateway.api.http_errors import ApiError
-from gateway.errors import GatewayError, not_found
+from gateway.errors import GatewayError, not_found, shown
 from gateway.json_codec import loads_checked
 from gateway.pipeline.batch_params import ExpiresAfter
 
@@ -31,6 +31,13 @@ _FORM_OVERHEAD = 64 * 1024  # boundaries and small fields around the file in a m
 _SPOOL_IN_MEMORY = 1024 * 1024
 _CHUNK = 1 << 16
 MAX_FIELD_DEPTH = 8  # containers a JSON form field (`expires_after`, one flat object) may nest
+# The form fields of OpenAI's CreateFileRequest (`additionalProperties: false`), `expires_after` also in the
+# SDK's bracketed form. Beside them only `custom_llm_provider`: the field LiteLLM's docs have its proxy's
+# clients send (a routing hint; here each line routes by its model). Any other field is refused, naming it.
+_EXPIRY_KEYS = ("anchor", "seconds")
+_NAMED = 5  # unknown parameters named in one reply (a form may have 64 parts)
+FORM_FIELDS = frozenset({"file", "purpose", "expires_after", *(f"expires_after[{k}]" for k in _EXPIRY_KEYS),
+                         "custom_llm_provider"})
 
 
 @router.post("/files")
@@ -145,6 +152,14 @@ def _purpose(fields: dict[str, str]) -> str:
     return purpose  # the service checks its value
 
 
+def unknown_parameters(names: list[str]) -> ApiError:
+    """OpenAI's reply to a parameter it does not have: 400 `unknown_parameter`, `param` the first one."""
+    quoted = ", ".join(f"'{name}'" for name in names[:_NAMED])
+    more = f" and {len(names) - _NAMED} more" if len(names) > _NAMED else ""
+    return bad_request(f"Unknown parameter{'s' if len(names) > 1 else ''}: {quoted}{more}.", param=names[0],
+                       code="unknown_parameter")
+
+
 def _expires_after(fields: dict[str, str]) -> ExpiresAfter | None:
     """The SDK's bracketed form fields, or one `expires_after` field holding a JSON object (what
     generic multipart encoders, schemathesis's among them, send for an object)."""
@@ -156,6 +171,9 @@ def _expires_after(fields: dict[str, str]) -> ExpiresAfter | None:
         if not isinstance(value, dict):
             raise bad_request("expires_after must be an object with 'anchor' and 'seconds'.",
                               param="expires_after", code="invalid_type")
+        extra = [f"expires_after.{shown(key)}" for key in value if key not in _EXPIRY_KEYS]
+        if extra:
+            raise unknown_parameters(extra)
         return parse_body(ExpiresAfter, value, "expires_after")
     given = {name: fields[key] for name in ("anchor", "seconds") if (key := f"expires_after[{name}]") in fields}
     return parse_body(ExpiresAfter, given, "expires_after") if given else None
@@ -178,16 +196,27 @@ class _Upload:
     async def run(self, events: AsyncIterator[Event]) -> FileRecord:
         rec: FileRecord | None = None
         spool: tuple[str, Any] | None = None
+        unknown: list[str] = []  # fields CreateFileRequest does not name
         async for event in events:
-            if isinstance(event, Field):
+            if isinstance(event, Field | FileStart) and event.name not in FORM_FIELDS:
+                unknown.append(shown(event.name))  # a file part's bytes are skipped with the events below
+            elif isinstance(event, Field):
                 (self.late if rec is not None else self.fields).setdefault(event.name, event.value)
             elif isinstance(event, FileStart) and event.name == "file" and rec is None and spool is None:
+                if unknown:  # named before the file: refused before a byte is stored
+                    raise unknown_parameters(unknown)
                 chunks = self._file_chunks(events)
                 if "purpose" in self.fields:
                     rec = await self._store(_filename(event.filename), chunks)
                 else:
                     spool = (_filename(event.filename), await self._spool(chunks))
-            # other file parts: their FileStart/FileData/FileEnd events are skipped
+            # a second `file` part: its FileStart/FileData/FileEnd events are skipped
+        if unknown:  # named after the file: what was kept of it goes
+            if spool is not None:
+                spool[1].close()
+            if rec is not None:
+                await self.runtime.service.delete_file(rec.id, self.owner)
+            raise unknown_parameters(unknown)
         if spool is not None:
             filename, file = spool
             with file:

@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 from gateway.errors import Conflict, GatewayError, InvalidRequest, NotFound, OverQuota, TooLarge, shown
 
@@ -71,9 +72,23 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         message = f"Unknown request URL: {request.method} {request.url.path}. Please check the URL for typos."
     elif exc.status_code == 405:
         message = f"Method {request.method} is not allowed on {request.url.path}."
+        # Starlette's Allow names the methods of the first route that matched the path; a path may have several
+        # (GET and POST /v1/batches are two routes): every method served there (RFC 9110).
+        return error_response(405, message, code=_CODES[405], headers={**(exc.headers or {}),
+                                                                         "Allow": allowed_methods(request)})
     else:
         message = str(exc.detail)
     return error_response(exc.status_code, message, code=_CODES.get(exc.status_code), headers=exc.headers)
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method a route of the app serves on the request's path (`GET, POST`)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        served = getattr(route, "methods", None)
+        if served and route.matches(request.scope)[0] is not Match.NONE:
+            methods |= served
+    return ", ".join(sorted(methods))
 
 
 def _param(loc: tuple[Any, ...]) -> str | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli import console
+from gateway.cli.flags import ENGINE_OPTIONS, count, port, positive_int, positive_seconds, refused_flag
 from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
 from gateway.config.schema import Config, load_config, local_model_config
@@ -36,7 +37,9 @@ file follows OpenAI's rules (duplicate_custom_id, empty_file), as the server doe
 
 Any other --flag [VALUE] is passed to the local vLLM engine as an engine argument,
 as run_batch takes it (e.g. --gpu-memory-utilization 0.8 --max-num-seqs 64
---enable-prefix-caching); a flag without a value means true.
+--enable-prefix-caching); a flag without a value means true. Engine flags apply
+with --model only: with --config they are refused (exit status 2), since the
+config's engines take theirs from model_list[].engine_args.
 
 Quiet and offline by default: vLLM, torch and LiteLLM output goes to a log file
 named in the summary (-v: to stderr instead); LiteLLM's bundled price map is used
@@ -63,10 +66,10 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="keep the run's state here instead of a temporary directory; the same "
                    "command run again after a kill or Ctrl-C continues where it stopped (finished requests are "
                    "not sent again)")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=count, default=None,
                    help="extra worker processes for the upstream routes, started when the file has at least 2000 "
                    "upstream requests (default: one per free core: the usable cores less one for this process, "
-                   "one per local model and those the load average says are busy; 0: none)")
+                   "one per local model and those the load average says are busy; 0: none; with --config only)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
@@ -77,7 +80,7 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
     engine.add_argument("--model", help="run every line on a local vLLM engine for this model (path or hub id)")
     engine.add_argument("--served-model-name", nargs="+", help="model names the lines may use (default: --model)")
     engine.add_argument("--dtype", help="weights and activations dtype (auto, float16, bfloat16, float32)")
-    engine.add_argument("--max-model-len", type=int, help="context length")
+    engine.add_argument("--max-model-len", type=positive_int, help="context length")
     engine.add_argument("--enforce-eager", action="store_true", default=None, help="disable CUDA graphs")
     engine.add_argument("--output-tmp-dir", help="directory for the output while it is written (run_batch's flag)")
     engine.add_argument("--trust-remote-code", action="store_true", default=None,
@@ -124,10 +127,10 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument("--config", required=True, help="LiteLLM-style YAML config (see config/ and the README)")
     serve.add_argument("--host", default=DEFAULT_HOST,
                        help=f"address to listen on (default: {DEFAULT_HOST}; 0.0.0.0: every interface)")
-    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default: {DEFAULT_PORT})")
+    serve.add_argument("--port", type=port, default=DEFAULT_PORT, help=f"port to listen on (default: {DEFAULT_PORT})")
     serve.add_argument("--data-dir", help=f"embedded mode: records and files live here (default: {DEFAULT_DATA_DIR}); "
                        "a restart over the same directory resumes unfinished batches")
-    serve.add_argument("--workers", type=int, default=None,
+    serve.add_argument("--workers", type=count, default=None,
                        help="embedded mode: worker processes that run shards (default: one per free core: the "
                        "usable cores less one for the API process, one per local model and those the load average "
                        "says are busy, at least one when there are local models; 0: run them in the API process). "
@@ -152,8 +155,8 @@ def _worker_parser(sub: Any) -> None:
                         "model of the config); upstream models are always served")
     worker.add_argument("--upstream-only", action="store_true",
                         help="host no local model, only the upstream routes (default: off; not with --models)")
-    worker.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # set by the process that starts it
-    worker.add_argument("--metrics-port", type=int,
+    worker.add_argument("--parent-pid", type=positive_int, help=argparse.SUPPRESS)  # set by the process that starts it
+    worker.add_argument("--metrics-port", type=port,
                         help="serve this worker's own Prometheus /metrics on this port (default: none; for a worker "
                         "that shares no PROMETHEUS_MULTIPROC_DIR with an API process; batch_settings.metrics "
                         "applies)")
@@ -173,48 +176,18 @@ def _shared_args(p: argparse.ArgumentParser) -> None:
                    "default: none, embedded mode)")
     p.add_argument("--storage", help="shared mode: files in s3://bucket/prefix (endpoint: $BATCHYARD_S3_ENDPOINT_URL "
                    f"or $AWS_ENDPOINT_URL_S3) or a directory every process reaches (default: {DEFAULT_STORAGE})")
-    p.add_argument("--claim-idle", type=float, default=None,
+    p.add_argument("--claim-idle", type=positive_seconds, default=None,
                    help="shared mode: seconds a dead worker's shard waits before another worker takes it over "
                    "(default: 30)")
 
 
-def refused_flag(args: argparse.Namespace) -> str | None:
-    """A flag the chosen command and mode would not use, as the message that refuses it (None: all apply).
 
-    Accepted and then ignored would be a lie: `serve --redis-url U --workers 4` would start no worker.
-    """
-    if args.command == "serve":
-        if args.redis_url:
-            mode = "shared mode (serve --redis-url: records and the queue in Redis, files in --storage)"
-            given = {"--data-dir": args.data_dir, "--workers": args.workers}
-        else:
-            mode = "embedded mode (serve without --redis-url: everything in --data-dir)"
-            given = {"--storage": args.storage, "--claim-idle": args.claim_idle, "--with-worker": args.with_worker}
-    elif args.command == "worker":
-        if args.upstream_only and args.models:
-            return "--models does not apply to a worker with --upstream-only (it hosts no local model)"
-        if args.redis_url:
-            mode, given = "shared mode (worker --redis-url)", {"--data-dir": args.data_dir}
-        elif not args.data_dir:
-            return None  # no mode chosen: the worker command says it needs one
-        else:
-            mode = "embedded mode (worker --data-dir)"
-            given = {"--storage": args.storage, "--claim-idle": args.claim_idle}
-    else:
-        return None
-    wrong = [flag for flag, value in given.items() if value not in (None, False)]
-    return f"{wrong[0]} does not apply in {mode}" if wrong else None
-
-
-# The run_batch flags declared above (for --help); any other flag is passed through as it is.
-_ENGINE_OPTIONS = ("dtype", "max_model_len", "enforce_eager", "trust_remote_code", "chat_template", "response_role",
-                   "enable_auto_tool_choice", "tool_call_parser", "reasoning_parser")
 
 
 def _engine_args(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     """run_batch's engine flags, plus any other --flag value pairs, as vLLM engine args."""
     engine: dict[str, Any] = {}
-    for name in _ENGINE_OPTIONS:
+    for name in ENGINE_OPTIONS:
         value = getattr(args, name)
         if value is not None:
             engine[name] = value
@@ -249,9 +222,7 @@ def _load(args: argparse.Namespace, extra: list[str]) -> Config:
     if args.config and args.model:
         raise ConfigError("command line", "--model", "use either --config or --model, not both")
     if args.config:
-        if extra:
-            raise ConfigError("command line", extra[0], "unknown flag (engine flags go in the config's engine_args)")
-        return load_config(args.config)
+        return load_config(args.config)  # engine flags beside it were refused (refused_flag)
     if args.model:
         return local_model_config(args.model, _engine_args(args, extra), args.served_model_name)
     raise ConfigError("command line", "--config/--model", "one of them is required")
@@ -274,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "run":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    refused = refused_flag(args)
+    refused = refused_flag(args, extra)
     if refused is not None:
         parser.error(refused)  # exit status 2, as for any bad usage
     if args.command == "run":

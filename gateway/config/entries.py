@@ -6,21 +6,34 @@ native`: shards forwarded as provider batch jobs). Each kind is its own model wi
 so a key that kind would not use (`engine_args` on an upstream entry, `tpm` beside `litellm_params`,
 a typo such as `modle_info`) is refused at load instead of being dropped.
 
-`litellm_params` and `model_info` stay open mappings: they are LiteLLM's (provider keyword
-arguments, prices, ids), passed to it as written.
+`litellm_params` and `model_info` stay open mappings for LiteLLM's keys (provider keyword
+arguments, prices, ids), passed to it as written (`deployment()`); batchyard's own keys in `model_info`
+are typed fields, and an unknown key that starts with `native_` is refused (a misspelt batchyard key).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from gateway.config.engine_fields import unknown_engine_args
 from gateway.config.routes import RouteKind, native_refusal
 
 LOCAL_PREFIX = "vllm/"
+NATIVE_KEY_PREFIX = "native_"  # batchyard's keys of native entries; LiteLLM has none of that name
 
 
 class Strict(BaseModel):
@@ -64,6 +77,7 @@ class ModelInfo(BaseModel):
       the gateway may fetch for a line of this model (vLLM on a local route, LiteLLM's translation
       upstream). Default: none, so no line makes the gateway fetch anything. Private, loopback and
       link-local addresses are refused even for a listed host.
+    - `native_*` (`NativeModelInfo`): only on native entries.
     """
 
     model_config = ConfigDict(extra="allow", strict=True, use_attribute_docstrings=True)
@@ -80,6 +94,22 @@ class ModelInfo(BaseModel):
     """Bare host names whose http(s) media URLs (`image_url`, `audio_url`, `video_url`, `file_url`, ...) the
     gateway may fetch for this model: vLLM on a `vllm/` route, LiteLLM's translation upstream. Empty:
     nothing is fetched. Private, loopback and link-local addresses are refused even for a listed host."""
+
+    @property
+    def litellm_keys(self) -> dict[str, Any]:
+        """LiteLLM's own keys as written (prices, `base_model`, `id`, ...): everything not batchyard's."""
+        return dict(self.model_extra or {})
+
+    @model_validator(mode="after")
+    def _no_stray_native_key(self) -> ModelInfo:
+        stray = sorted(k for k in self.model_extra or {} if k.startswith(NATIVE_KEY_PREFIX))
+        if stray:
+            native = [k for k in NativeModelInfo.model_fields if k.startswith(NATIVE_KEY_PREFIX)]
+            where = ("known" if isinstance(self, NativeModelInfo)
+                     else "they are for native entries (batch_mode: native), whose keys are")
+            raise PydanticCustomError("native_key", "{names}: not a setting here; {where}: {known}",
+                                      {"names": ", ".join(stray), "where": where, "known": ", ".join(native)})
+        return self
 
     @field_validator("allowed_params")
     @classmethod
@@ -106,6 +136,20 @@ class ModelInfo(BaseModel):
         return hosts
 
 
+class NativeModelInfo(ModelInfo):
+    """A native entry's `model_info`: batchyard's polling and job-size keys beside LiteLLM's (batch prices).
+
+    - `native_max_lines`, `native_max_bytes`: split limits per upstream job (default: the provider's own).
+    - `native_poll_initial_seconds` (default 0.5), `native_poll_max_seconds` (default 60): polling backs off
+      from the first up to the second.
+    """
+
+    native_max_lines: PositiveInt | None = None
+    native_max_bytes: PositiveInt | None = None
+    native_poll_initial_seconds: PositiveFloat = 0.5
+    native_poll_max_seconds: PositiveFloat = 60.0
+
+
 class LocalModelInfo(ModelInfo):
     """`model_info` of a `vllm/` entry: the same keys; `batch_mode` stays `realtime`."""
 
@@ -126,6 +170,13 @@ class _Entry(Strict):
     Router; a name cannot mix local and upstream entries, nor native and realtime ones."""
     litellm_params: LiteLLMParams
     """As LiteLLM takes them; `model: provider/model` is required."""
+    model_info: ModelInfo = Field(default_factory=ModelInfo)
+    """LiteLLM's `model_info` (`id`, `base_model`, `input_cost_per_token`, ...) plus batchyard's keys."""
+
+    def deployment(self) -> dict[str, Any]:
+        """The entry as LiteLLM's Router takes it in `model_list`: model_name, litellm_params and model_info,
+        as written (batchyard's own keys such as engine_args are not LiteLLM's)."""
+        return self.model_dump(include={"model_name", "litellm_params", "model_info"}, exclude_unset=True)
 
 
 class LocalEntry(_Entry):
@@ -159,17 +210,16 @@ class LocalEntry(_Entry):
 class UpstreamEntry(_Entry):
     """A provider through LiteLLM's Router, one call per line; several entries of a name are load-balanced."""
 
-    model_info: ModelInfo = Field(default_factory=ModelInfo)
-    """LiteLLM's `model_info` (`id`, `base_model`, `input_cost_per_token`, ...) plus batchyard's keys."""
-
 
 class NativeEntry(UpstreamEntry):
     """`model_info.batch_mode: native`: shards go to the provider's own batch API, on a provider that has
     one we run (`NATIVE_PROVIDERS`); on any other it is refused here, never quietly run in real time."""
 
+    model_info: NativeModelInfo = Field(default_factory=NativeModelInfo)
+
     @field_validator("model_info")
     @classmethod
-    def _provider_runs_native(cls, info: ModelInfo, context: ValidationInfo) -> ModelInfo:
+    def _provider_runs_native(cls, info: NativeModelInfo, context: ValidationInfo) -> NativeModelInfo:
         params = context.data.get("litellm_params")
         refusal = native_refusal(params.model) if isinstance(params, LiteLLMParams) else None
         if refusal is not None:
@@ -201,16 +251,17 @@ ModelEntry = Annotated[
 ENTRY_MODELS: dict[str, type[LocalEntry | UpstreamEntry]] = {
     RouteKind.LOCAL.value: LocalEntry, RouteKind.UPSTREAM.value: UpstreamEntry, RouteKind.NATIVE.value: NativeEntry,
 }
+Entry = LocalEntry | UpstreamEntry  # NativeEntry is an UpstreamEntry
 ENTRY_TAGS = frozenset(ENTRY_MODELS)  # they appear in pydantic's error locations; they are no config keys
 
 
-def kind_of(entry: LocalEntry | UpstreamEntry) -> RouteKind:
+def kind_of(entry: Entry) -> RouteKind:
     if isinstance(entry, LocalEntry):
         return RouteKind.LOCAL
     return RouteKind.NATIVE if isinstance(entry, NativeEntry) else RouteKind.UPSTREAM
 
 
 __all__ = [
-    "ENTRY_MODELS", "ENTRY_TAGS", "LOCAL_PREFIX", "LiteLLMParams", "LocalEntry", "ModelEntry", "ModelInfo",
-    "NativeEntry", "Strict", "UpstreamEntry", "entry_kind", "kind_of",
+    "ENTRY_MODELS", "ENTRY_TAGS", "LOCAL_PREFIX", "NATIVE_KEY_PREFIX", "Entry", "LiteLLMParams", "LocalEntry",
+    "ModelEntry", "ModelInfo", "NativeEntry", "NativeModelInfo", "Strict", "UpstreamEntry", "entry_kind", "kind_of",
 ]

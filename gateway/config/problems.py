@@ -73,6 +73,17 @@ def _model_at(root: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseMod
     return candidates[0] if len(candidates) == 1 else None
 
 
+def _holds_float(root: type[BaseModel], loc: tuple[int | str, ...]) -> bool:
+    """Whether the key at `loc` is a number field (seconds), not a count."""
+    holder = _model_at(root, loc)
+    fld = holder.model_fields.get(str(loc[-1])) if holder is not None else None
+
+    def mentions_float(annotation: Any) -> bool:
+        return annotation is float or any(mentions_float(arg) for arg in typing.get_args(annotation))
+
+    return fld is not None and mentions_float(fld.annotation)
+
+
 def _problem(error: ErrorDetails, root: type[BaseModel]) -> str:
     kind, loc = error["type"], tuple(error["loc"])
     if kind == "extra_forbidden":
@@ -86,7 +97,7 @@ def _problem(error: ErrorDetails, root: type[BaseModel]) -> str:
     if kind.startswith("greater_than") and isinstance(error.get("ctx"), dict):
         message = f"must be greater than {error['ctx'].get('gt', error['ctx'].get('ge'))}"
         if error["ctx"].get("gt") == 0:
-            message = "must be a positive integer"
+            message = "must be a positive number" if _holds_float(root, loc) else "must be a positive integer"
     if kind in ("missing", "extra_forbidden") or any(s in str(p).lower() for p in loc for s in _SECRET):
         return message
     if kind in _MESSAGES or kind.startswith(("greater_than", "literal")):

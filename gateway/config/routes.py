@@ -9,8 +9,12 @@ upstream-native (shards forwarded as provider batch jobs).
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # the entries' validators use this module's RouteKind and native_refusal
+    from gateway.config.entries import Entry, LocalEntry, ModelInfo
 
 # The providers whose batch jobs a native route can run (`providers.native` has one `UpstreamJobs` for each).
 # LiteLLM 1.106.2 also reaches Vertex AI (Google Cloud Storage) and Bedrock (S3 and CreateModelInvocationJob)
@@ -40,38 +44,46 @@ class RouteKind(str, enum.Enum):
 class Route:
     model_name: str
     kind: RouteKind
-    # The config entries (model_name, litellm_params, engine_args, model_info)
-    # with os.environ/ already resolved. Several entries: load-balanced deployments.
-    deployments: list[dict[str, Any]] = field(default_factory=list)
+    # The typed config entries of this model_name (os.environ/ already resolved), all of this route's
+    # kind: a local route has one, an upstream route one per load-balanced deployment.
+    entries: list[Entry] = field(default_factory=list)
+
+    def model_list(self) -> list[dict[str, Any]]:
+        """The entries as LiteLLM's Router takes them (its `model_list`), as written in the config."""
+        return [entry.deployment() for entry in self.entries]
 
     @property
     def engine_args(self) -> dict[str, Any]:
         """A local route's engine arguments, with the model path taken from `vllm/<path>`."""
-        entry = self.deployments[0]
-        model = entry["litellm_params"]["model"].removeprefix("vllm/")
+        if self.kind is not RouteKind.LOCAL:
+            raise ValueError(f"{self.model_name} is a {self.kind.value} route: no engine runs it")
+        entry = cast("LocalEntry", self.entries[0])  # a local route's entries are LocalEntry (schema._routes)
+        model = entry.litellm_params.model.removeprefix("vllm/")
         # The engine answers to the name lines use (vLLM checks body.model against it). vLLM fetches media
         # only from the hosts the gateway allows (an empty list is vLLM's "any host": the gateway refuses
         # every fetched URL itself then, see gateway.pipeline.media_urls).
-        args = {"model": model, "served_model_name": [self.model_name], **(entry.get("engine_args") or {})}
+        args = {"model": model, "served_model_name": [self.model_name], **entry.engine_args}
         if self.allowed_media_domains:
             args["allowed_media_domains"] = sorted(self.allowed_media_domains)
         return args
 
     @property
-    def model_info(self) -> dict[str, Any]:
-        return dict(self.deployments[0].get("model_info") or {})
-
-    def _allowed(self, key: str) -> frozenset[str]:
-        # What every deployment allows: the Router may send a line to any of them.
-        lists = [frozenset((d.get("model_info") or {}).get(key) or ()) for d in self.deployments]
-        return frozenset.intersection(*lists) if lists else frozenset()
+    def model_info(self) -> ModelInfo:
+        """The first entry's `model_info` (a native route's: `NativeModelInfo`)."""
+        return self.entries[0].model_info
 
     @property
     def allowed_params(self) -> frozenset[str]:
         """Body fields a line may carry beyond the endpoint's documented ones (`model_info.allowed_params`)."""
-        return self._allowed("allowed_params")
+        # What every deployment allows: the Router may send a line to any of them.
+        return _common(frozenset(e.model_info.allowed_params) for e in self.entries)
 
     @property
     def allowed_media_domains(self) -> frozenset[str]:
         """Hosts whose media URLs the gateway may fetch for a line (`model_info.allowed_media_domains`)."""
-        return self._allowed("allowed_media_domains")
+        return _common(frozenset(e.model_info.allowed_media_domains) for e in self.entries)
+
+
+def _common(sets: Iterable[frozenset[str]]) -> frozenset[str]:
+    listed = list(sets)
+    return frozenset.intersection(*listed) if listed else frozenset()

@@ -21,7 +21,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from gateway.config.engine_fields import unknown_engine_args
-from gateway.config.entries import LocalEntry, ModelEntry, Strict, UpstreamEntry, kind_of
+from gateway.config.entries import Entry, LocalEntry, ModelEntry, Strict, kind_of
 from gateway.config.litellm_settings import check_litellm_settings
 from gateway.config.problems import config_error
 from gateway.config.routes import Route, RouteKind
@@ -96,7 +96,7 @@ def _resolve(value: Any, path: str, key: str) -> Any:
     return value
 
 
-def _routes(entries: list[LocalEntry | UpstreamEntry], raw: list[dict[str, Any]], path: str) -> dict[str, Route]:
+def _routes(entries: list[Entry], path: str) -> dict[str, Route]:
     """Entries of one `model_name` form one route: one local engine, or load-balanced upstream deployments."""
     groups: dict[str, list[int]] = {}
     for i, entry in enumerate(entries):
@@ -113,8 +113,8 @@ def _routes(entries: list[LocalEntry | UpstreamEntry], raw: list[dict[str, Any]]
         kind = kinds.pop()
         if kind is RouteKind.LOCAL and len(indexes) > 1:
             raise ConfigError(path, f"model_list[{indexes[1]}]", f"local model {name!r} is listed twice")
-        # The deployments as written (os.environ/ resolved): LiteLLM gets litellm_params and model_info as is.
-        routes[name] = Route(model_name=name, kind=kind, deployments=[raw[i] for i in indexes])
+        # The typed entries; LiteLLM gets litellm_params and model_info as written (Route.model_list).
+        routes[name] = Route(model_name=name, kind=kind, entries=[entries[i] for i in indexes])
     return routes
 
 
@@ -149,7 +149,7 @@ def parse_config(raw: Any, path: str = "<config>") -> Config:
         file = ConfigFile.model_validate(raw)
     except ValidationError as exc:
         raise config_error(exc, path, ConfigFile) from None
-    routes = _routes(file.model_list, raw["model_list"], path)
+    routes = _routes(file.model_list, path)
     _check_teams(file.batch_settings.teams, routes, path)
     return Config(
         path=path,
@@ -191,7 +191,11 @@ def local_model_config(model: str, engine_args: dict[str, Any], served_names: li
     if unknown:
         flag = "--" + str(unknown[0]).replace("_", "-")
         raise ConfigError("command line", flag, "is not an option of vLLM's run_batch (nor of batchyard run)")
-    route = Route(model_name=names[0], kind=RouteKind.LOCAL, deployments=[entry])
+    try:
+        typed = LocalEntry.model_validate(entry)
+    except ValidationError as exc:
+        raise config_error(exc, "command line", LocalEntry) from None
+    route = Route(model_name=names[0], kind=RouteKind.LOCAL, entries=[typed])
     routes = {name: route for name in names}
     return Config(path="--model", routes=routes, run_batch_rules=True)
 

@@ -52,7 +52,7 @@ def route_prices(config: Config, route: str) -> Prices | None:
     """The route's per-token prices from its `model_info`, if the config gives any."""
     if route not in config.routes:
         return None
-    info = config.routes[route].model_info
+    info = config.routes[route].model_info.litellm_keys
     inp, out = info.get("input_cost_per_token"), info.get("output_cost_per_token")
     if inp is None and out is None:
         return None

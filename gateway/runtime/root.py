@@ -217,7 +217,9 @@ async def open_shared(
     from gateway.store.redis.queue import DEFAULT_CLAIM_IDLE, RedisStreamQueue
     from gateway.store.redis.store import RedisStore
 
-    idle = claim_idle or DEFAULT_CLAIM_IDLE
+    idle = DEFAULT_CLAIM_IDLE if claim_idle is None else claim_idle
+    if not idle > 0:
+        raise ValueError(f"claim_idle must be a positive number of seconds, not {claim_idle}")  # 0: every shard lost
     client = connect_redis(redis_url)
     await client.ping()  # fail fast on a wrong URL
     keys = Keys(prefix) if prefix else Keys()

@@ -49,6 +49,57 @@ def test_a_flag_the_mode_would_not_use_is_refused(
     assert f"error: {flag} does not apply" in err and mode in err, err
 
 
+RUN = ["run", "-i", "in.jsonl", "-o", "out.jsonl"]
+# (argv, what stderr says): each a usage error (exit status 2) before any file is read
+REFUSED_VALUES = [
+    ([*RUN, "--config", "c.yaml", "--dtype", "float16"], "--dtype: engine flags apply with --model only"),
+    ([*RUN, "--config", "c.yaml", "--max-model-len", "64", "--served-model-name", "a", "b"],
+     "--served-model-name, --max-model-len: engine flags apply with --model only"),
+    ([*RUN, "--config", "c.yaml", "--gpu-memory-utilization", "0.8", "--enable-prefix-caching"],
+     "--gpu-memory-utilization, --enable-prefix-caching: engine flags apply with --model only"),
+    ([*RUN, "--config", "c.yaml", "--max-num-seqs=8"], "--max-num-seqs: engine flags apply with --model only"),
+    ([*RUN, "--config", "c.yaml", "--enforce-eager"], "--enforce-eager: engine flags apply with --model only; with "
+     "--config, set them in the config's model_list[].engine_args"),
+    ([*RUN, "--config", "c.yaml", "stray"], "unrecognized arguments: stray"),
+    ([*RUN, "--model", "m", "--workers", "2"], "--workers does not apply with --model"),
+    ([*RUN, "--config", "c.yaml", "--workers", "-1"], "argument --workers: -1: must be 0 or more"),
+    ([*RUN, "--model", "m", "--max-model-len", "0"], "argument --max-model-len: 0: must be a positive integer"),
+    (["serve", "--config", "c.yaml", "--redis-url", "redis://127.0.0.1:1/0", "--claim-idle", "0"],
+     "argument --claim-idle: 0: must be a positive number of seconds"),
+    (["worker", "--config", "c.yaml", "--redis-url", "redis://127.0.0.1:1/0", "--claim-idle", "-5"],
+     "argument --claim-idle: -5: must be a positive number of seconds"),
+    (["worker", "--config", "c.yaml", "--redis-url", "redis://127.0.0.1:1/0", "--claim-idle", "nan"],
+     "argument --claim-idle: nan: must be a positive number of seconds"),
+    (["serve", "--config", "c.yaml", "--workers", "-1"], "argument --workers: -1: must be 0 or more"),
+    (["serve", "--config", "c.yaml", "--port", "70000"], "argument --port: 70000: not a TCP port"),
+    (["worker", "--config", "c.yaml", "--metrics-port", "-1"], "argument --metrics-port: -1: not a TCP port"),
+]
+
+
+@pytest.mark.parametrize(("argv", "says"), REFUSED_VALUES, ids=[" ".join(case[0]) for case in REFUSED_VALUES])
+def test_a_flag_that_would_be_ignored_or_mean_nothing_is_refused(
+    capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: {says}" in err, err
+
+
+def test_engine_flags_beside_a_config_are_refused_by_the_installed_command(tmp_path: Path) -> None:
+    config = tmp_path / "team.yaml"
+    config.write_text(yaml.safe_dump({"model_list": [
+        {"model_name": "gpt", "litellm_params": {"model": "openai/gpt-4o-mini", "api_key": "sk-unused"}}]}))
+    (tmp_path / "in.jsonl").write_text("")
+    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "run", "-i", str(tmp_path / "in.jsonl"), "-o",
+                           str(tmp_path / "out.jsonl"), "--config", str(config), "--dtype", "float16"],
+                          cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "--dtype: engine flags apply with --model only" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 def test_refused_by_the_installed_command_before_the_config_is_read() -> None:
     proc = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", "no-such.yaml", "--storage",
                            "s3://bucket/p"], cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=60)

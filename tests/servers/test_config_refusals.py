@@ -22,6 +22,7 @@ from gateway.errors import ConfigError
 REPO = Path(__file__).resolve().parents[2]
 UPSTREAM = {"model_name": "gpt", "litellm_params": {"model": "openai/gpt-4o-mini", "api_key": "sk-x"}}
 LOCAL = {"model_name": "tiny", "litellm_params": {"model": "vllm/models/tiny"}}
+NATIVE = {"batch_mode": "native"}
 
 
 def _with(entry: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -71,6 +72,18 @@ REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
     ("a name both native and realtime",
      {"model_list": [UPSTREAM, {**UPSTREAM, "model_info": {"batch_mode": "native"}}]},
      "model_list[1].model_info.batch_mode", "mixes"),
+    ("a misspelt native key", _with(UPSTREAM, model_info=NATIVE | {"native_poll_max_second": 5}),
+     "model_list[0].model_info", "native_poll_max_second: not a setting here; known: native_max_lines"),
+    ("a native key on a realtime entry", _with(UPSTREAM, model_info={"native_max_lines": 10}),
+     "model_list[0].model_info", "for native entries"),
+    ("a native key on a local entry", _with(LOCAL, model_info={"native_poll_max_seconds": 1}),
+     "model_list[0].model_info", "for native entries"),
+    ("a native job of 0 lines", _with(UPSTREAM, model_info=NATIVE | {"native_max_lines": 0}),
+     "model_list[0].model_info.native_max_lines", "must be a positive integer"),
+    ("a native job size as text", _with(UPSTREAM, model_info=NATIVE | {"native_max_bytes": "190MB"}),
+     "model_list[0].model_info.native_max_bytes", "integer"),
+    ("a poll interval of 0 s", _with(UPSTREAM, model_info=NATIVE | {"native_poll_initial_seconds": 0}),
+     "model_list[0].model_info.native_poll_initial_seconds", "must be a positive number"),
     ("an entry that is no mapping", {"model_list": ["gpt"]}, "model_list[0]", "mapping"),
     ("no model_list", {"batch_settings": {}}, "model_list", "required"),
     ("an unknown section", {"model_list": [UPSTREAM], "environment_variables": {}}, "environment_variables",
@@ -111,9 +124,11 @@ def test_what_is_accepted_reaches_the_config() -> None:
     assert config.batch.teams[0].models == ["gpt"] and config.auth_enabled
     assert config.routes["tiny"].engine_args == {"model": "models/tiny", "served_model_name": ["tiny"],
                                                  "max_model_len": 256, "enforce-eager": True}
-    assert [d["litellm_params"]["model"] for d in config.routes["gpt"].deployments] == ["openai/gpt-4o-mini",
-                                                                                     "azure/gpt"]
-    assert config.routes["gpt"].model_info == {"id": "a", "input_cost_per_token": 1e-6}
+    assert [e.litellm_params.model for e in config.routes["gpt"].entries] == ["openai/gpt-4o-mini", "azure/gpt"]
+    assert config.routes["gpt"].model_info.litellm_keys == {"id": "a", "input_cost_per_token": 1e-6}
+    # LiteLLM's Router gets the entries as written: nothing added, batchyard's engine_args left out
+    assert config.routes["gpt"].model_list() == raw["model_list"][1:]
+    assert config.routes["tiny"].model_list() == [LOCAL]
     assert config.router_settings == {}
 
 

@@ -53,7 +53,7 @@ def test_the_e2e_config_routes_one_model_upstream_to_the_stand_in_and_one_to_the
     assert kinds == {"gpt-4o-mini": RouteKind.UPSTREAM, "tiny-llama": RouteKind.LOCAL}
     stand_in = compose("docker/e2e/compose.yaml")["services"]["upstream"]
     port = stand_in["entrypoint"][stand_in["entrypoint"].index("--port") + 1]
-    assert config.routes["gpt-4o-mini"].deployments[0]["litellm_params"]["api_base"] == f"http://upstream:{port}/v1"
+    assert config.routes["gpt-4o-mini"].entries[0].litellm_params.model_extra["api_base"] == f"http://upstream:{port}/v1"
     mounts = compose("docker/e2e/compose.yaml")["services"]["worker"]["volumes"]
     assert any(m.endswith(":/models:ro") for m in mounts)
     assert config.routes["tiny-llama"].engine_args["model"] == "/models/tiny-llama"

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from tests.fakes.upstream import start_upstream
@@ -90,3 +91,66 @@ def test_well_formed_ids_still_answer_404_and_versions_pass(gw: Gateway) -> None
     for version in (API_VERSION, "2025-04-01-preview", "preview", "latest"):
         assert gw.http("GET", f"/openai/models?api-version={version}", KEY).status_code == 200
     assert gw.http("GET", "/v1/batches?limit=5", KEY).status_code == 200
+
+
+# (method, path, what Allow lists): a path's methods are served by several routes, the 405 names them all
+NOT_ALLOWED = [
+    ("OPTIONS", "/batches", "GET, POST"),
+    ("PUT", "/batches", "GET, POST"),
+    ("DELETE", "/batches/batch_x", "GET"),
+    ("GET", "/batches/batch_x/cancel", "POST"),
+    ("PATCH", "/files", "GET, POST"),
+    ("OPTIONS", "/files/file-x", "DELETE, GET"),
+    ("POST", "/files/file-x/content", "GET"),
+    ("DELETE", "/models", "GET"),
+]
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_a_405_lists_every_method_its_path_serves(gw: Gateway, prefix: str) -> None:
+    for method, path, allow in NOT_ALLOWED:
+        reply = gw.http(method, _url(prefix, path), KEY)
+        assert (reply.status_code, reply.headers.get("allow")) == (405, allow), (method, path, reply.text)
+        error = reply.json()["error"]
+        assert (error["code"], error["type"]) == ("method_not_allowed", "invalid_request_error")
+
+
+def test_an_upload_refuses_a_field_the_spec_does_not_name(gw: Gateway) -> None:
+    client = gw.client(KEY)
+    before = {f.id for f in client.files.list()}
+    line = jsonl([chat_line("a", "gpt-mini", "hi")])
+    with pytest.raises(openai.BadRequestError) as caught:  # the SDK sends extra_body as form fields
+        client.files.create(file=("in.jsonl", line), purpose="batch", extra_body={"target_model_names": "gpt"})
+    assert caught.value.param == "target_model_names" and caught.value.code == "unknown_parameter"
+    assert "Unknown parameter: 'target_model_names'." in caught.value.message
+    with pytest.raises(openai.BadRequestError) as caught:  # inside expires_after: anchor and seconds only
+        client.files.create(file=("in.jsonl", line), purpose="batch",
+                            expires_after={"anchor": "created_at", "seconds": 3600, "days": 1})  # type: ignore[typeddict-unknown-key]
+    assert caught.value.param == "expires_after[days]" and caught.value.code == "unknown_parameter"
+
+    expiry = '{"anchor": "created_at", "seconds": 3600, "days": 1, "hours": 2}'  # one JSON field, as encoders send
+    error = _error(_upload(gw, "/v1", {"purpose": "batch", "expires_after": expiry}), "expires_after.days")
+    assert error["message"] == "Unknown parameters: 'expires_after.days', 'expires_after.hours'."
+    error = _error(_upload(gw, "/v1", {"purpose": "batch", "colour": "blue", "size": "L"}), "colour")
+    assert (error["code"], error["message"]) == ("unknown_parameter", "Unknown parameters: 'colour', 'size'.")
+
+    boundary = "zzBOUNDARYzz"
+    headers = {"content-type": f"multipart/form-data; boundary={boundary}"}
+
+    def part(name: str, value: str, filename: str | None = None) -> str:
+        extra = f'; filename="{filename}"' if filename else ""
+        return f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"{extra}\r\n\r\n{value}\r\n'
+
+    for parts, param in (
+        ([part("purpose", "batch"), part("file", "{}", "in.jsonl"), part("late", "x")], "late"),  # after the file
+        ([part("file", "{}", "in.jsonl"), part("late", "x"), part("purpose", "batch")], "late"),  # spooled first
+        ([part("purpose", "batch"), part("attachment", "{}", "a.jsonl"), part("file", "{}", "in.jsonl")],
+         "attachment"),  # a second file part under another name
+    ):
+        body = "".join(parts) + f"--{boundary}--\r\n"
+        _error(gw.http("POST", "/v1/files", KEY, content=body, headers=headers), param)
+    assert {f.id for f in client.files.list()} == before  # nothing refused was kept
+
+    # LiteLLM's docs have its proxy's clients send custom_llm_provider: a routing hint, taken
+    kept = client.files.create(file=("in.jsonl", line), purpose="batch", extra_body={"custom_llm_provider": "openai"})
+    assert kept.purpose == "batch"

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.config.routes import Route, RouteKind
-from gateway.config.schema import Config
+from gateway.config.routes import Route
+from gateway.config.schema import Config, parse_config
 from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard, new_id
 from gateway.runtime.root import open_embedded
 from gateway.store.base import BatchRecord, Store, now
@@ -58,7 +58,7 @@ def native_route(upstream: Upstream, provider: str = "openai", **info: Any) -> R
         params = {"model": "openai/gpt-4o-mini", "api_base": upstream.v1_url, "api_key": "sk-openai"}
     model_info = {"batch_mode": "native", "native_poll_max_seconds": 0.2, **info}
     entry = {"model_name": ROUTE, "litellm_params": params, "model_info": model_info}
-    return Route(model_name=ROUTE, kind=RouteKind.NATIVE, deployments=[entry])
+    return parse_config({"model_list": [entry]}).routes[ROUTE]
 
 
 def chat(line: int, text: str | None = None) -> BatchRequest:

@@ -71,7 +71,7 @@ def route(provider: str, stub: Stub, **info: Any) -> Route:
     params = {"model": f"{provider}/{MODELS[provider]}", "api_base": stub.url, "api_key": f"sk-{provider}"}
     entry = {"model_name": ROUTE, "litellm_params": params,
              "model_info": {"batch_mode": "native", "native_poll_max_seconds": 0.2, **info}}
-    return Route(model_name=ROUTE, kind=RouteKind.NATIVE, deployments=[entry])
+    return parse_config({"model_list": [entry]}).routes[ROUTE]
 
 
 def chat(line: int, text: str | None = None, **extra: Any) -> BatchRequest:

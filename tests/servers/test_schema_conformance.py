@@ -56,4 +56,6 @@ def test_every_reply_conforms(case: schemathesis.Case) -> None:
         checks.content_type_conformance,
         checks.response_schema_conformance,
         checks.negative_data_rejection,
+        checks.unsupported_method,  # a 405 with an Allow header (ST205)
+        checks.allow_header_conformance,  # OPTIONS: Allow lists exactly the path's methods
     ])

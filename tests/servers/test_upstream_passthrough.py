@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.config.routes import Route, RouteKind
+from gateway.config.schema import parse_config
 from gateway.records import BatchRequest, Endpoint, Result
 from providers.litellm_backend import LiteLLMBackend
 from tests.fakes.upstream import Upstream, start_upstream
@@ -50,10 +50,7 @@ async def backend(upstream: Upstream) -> AsyncIterator[LiteLLMBackend]:
               model_info={"input_cost_per_token": PRICE_IN, "output_cost_per_token": PRICE_OUT}),
         entry("mistral", "mistral/mistral-small", v1),  # LiteLLM translates for Mistral: its completion path
     ]
-    by_group: dict[str, list[dict[str, Any]]] = {}
-    for e in entries:
-        by_group.setdefault(e["model_name"], []).append(e)
-    routes = [Route(model_name=g, kind=RouteKind.UPSTREAM, deployments=d) for g, d in by_group.items()]
+    routes = list(parse_config({"model_list": entries}).routes.values())
     b = LiteLLMBackend(routes, {"num_retries": 2, "retry_after": 0}, 16)
     yield b
     await b.aclose()
@@ -148,7 +145,7 @@ async def test_cost_from_the_config_else_from_the_price_map(backend: LiteLLMBack
 async def test_an_unreachable_deployments_lines_are_answered_by_its_sibling(upstream: Upstream) -> None:
     good = entry("pair", "openai/good", upstream.v1_url)
     dead = entry("pair", "openai/dead", "http://127.0.0.1:9/v1")
-    backend = LiteLLMBackend([Route("pair", RouteKind.UPSTREAM, [good, dead])],
+    backend = LiteLLMBackend(list(parse_config({"model_list": [good, dead]}).routes.values()),
                              {"num_retries": 3, "retry_after": 0, "allowed_fails": 0, "cooldown_time": 60}, 4)
     try:
         out = await run(backend, [chat(i, "pair", f"pair {i}") for i in range(1, 21)])
@@ -169,7 +166,7 @@ def test_config_entries_choose_the_path(tmp_path: Path) -> None:
   - {model_name: bounded, litellm_params: {model: openai/gpt-4o-mini, api_key: k, max_parallel_requests: 2}}
 """)
     config = load_config(tmp_path / "c.yaml")
-    deployments = [d for route in config.routes.values() for d in route.deployments]
+    deployments = [d for route in config.routes.values() for d in route.model_list()]
     assert wire_groups(deployments, {}) == {"plain", "az"}  # every deployment OpenAI-wire, nothing it would drop
     assert wire_groups(deployments, {"success_callback": ["langfuse"]}) == set()  # callbacks: LiteLLM's path
 
@@ -183,7 +180,7 @@ def test_reference_reply_is_what_httpx_reads(upstream: Upstream) -> None:
 async def test_the_routers_fallbacks_answer_when_a_group_fails(upstream: Upstream) -> None:
     dead = entry("primary", "openai/gpt-4o-mini", "http://127.0.0.1:9/v1")
     spare = entry("spare", "openai/spare-model", upstream.v1_url)
-    routes = [Route("primary", RouteKind.UPSTREAM, [dead]), Route("spare", RouteKind.UPSTREAM, [spare])]
+    routes = list(parse_config({"model_list": [dead, spare]}).routes.values())
     backend = LiteLLMBackend(routes, {"num_retries": 0, "fallbacks": [{"primary": ["spare"]}]}, 4)
     try:
         out = await run(backend, [chat(1, "primary", "fall back")])

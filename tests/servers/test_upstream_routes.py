@@ -189,7 +189,7 @@ def test_server_accepts_moderation_and_image_batches(upstream: Upstream, tmp_pat
 async def test_aclose_closes_every_client(upstream: Upstream) -> None:
     import litellm
 
-    from gateway.config.routes import Route, RouteKind
+    from gateway.config.schema import parse_config
     from gateway.records import BatchRequest, Endpoint
     from providers.litellm_backend import LiteLLMBackend
 
@@ -199,7 +199,7 @@ async def test_aclose_closes_every_client(upstream: Upstream) -> None:
                {"model_name": "v", "litellm_params": {"model": "hosted_vllm/llama", "api_base": upstream.v1_url}},
                {"model_name": "t", "litellm_params": {"model": "mistral/mistral-small", "api_key": "sk-test",
                                                       "api_base": upstream.v1_url}}]
-    routes = [Route(model_name=e["model_name"], kind=RouteKind.UPSTREAM, deployments=[e]) for e in entries]
+    routes = list(parse_config({"model_list": entries}).routes.values())
     backend = LiteLLMBackend(routes, {"num_retries": 0}, 8)
     requests = [BatchRequest(line=i + 1, custom_id=f"c{i}", url=Endpoint.CHAT,
                              body={"model": "mvt"[i % 3], "messages": [{"role": "user", "content": f"hi {i}"}]})

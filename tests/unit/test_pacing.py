@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from gateway.backends.interface import run_bounded
+from gateway.backends.bounded import run_bounded
 from gateway.records import BatchRequest, Endpoint, Result
 from gateway.scheduling.fairness import FairSlots, Share, running_for, stop_sending
 from gateway.scheduling.pacing import Pacer, pacing_with
