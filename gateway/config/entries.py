@@ -145,9 +145,13 @@ class NativeModelInfo(ModelInfo):
     """
 
     native_max_lines: PositiveInt | None = None
+    """Requests per upstream job at most (default: the provider's own limit)."""
     native_max_bytes: PositiveInt | None = None
+    """Bytes per upstream job file at most (default: the provider's own limit)."""
     native_poll_initial_seconds: PositiveFloat = 0.5
+    """The first wait between two polls of an upstream job; each later one is longer."""
     native_poll_max_seconds: PositiveFloat = 60.0
+    """The longest wait between two polls of an upstream job."""
 
 
 class LocalModelInfo(ModelInfo):
@@ -216,6 +220,7 @@ class NativeEntry(UpstreamEntry):
     one we run (`NATIVE_PROVIDERS`); on any other it is refused here, never quietly run in real time."""
 
     model_info: NativeModelInfo = Field(default_factory=NativeModelInfo)
+    """LiteLLM's `model_info` (batch prices) plus batchyard's keys, the `native_*` ones included."""
 
     @field_validator("model_info")
     @classmethod
