@@ -21,13 +21,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from gateway.backends.interface import run_bounded
+from gateway.config.endpoints import ENDPOINTS, UPSTREAM_ENDPOINTS, WIRE_ENDPOINTS
 from gateway.config.routes import Route
 from gateway.pipeline.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecognized, unsupported, upstream_fields
 from gateway.pipeline.media_urls import refused_media
 from gateway.records import BatchRequest, Endpoint, Result
 from gateway.scheduling.fairness import FairSlots
 from providers import litellm_setup
-from providers.passthrough import PATHS, PassThrough, wire_provider
+from providers.passthrough import PassThrough, wire_provider
 from providers.upstream_cost import Prices
 from providers.upstream_errors import UPSTREAM_ERROR, provider_error
 
@@ -39,30 +40,6 @@ log = logging.getLogger("batchyard.providers")
 # litellm_settings.num_retries / request_timeout take the place of ours when given.
 _ROUTER_DEFAULTS: dict[str, Any] = {"num_retries": 3, "timeout": 600, "retry_after": 0}
 _LITELLM_FOR_ROUTER = {"num_retries": "num_retries", "timeout": "request_timeout"}
-
-# endpoint -> the Router method's name
-_METHODS: dict[Endpoint, str] = {
-    Endpoint.CHAT: "acompletion",
-    Endpoint.COMPLETIONS: "atext_completion",
-    Endpoint.EMBEDDINGS: "aembedding",
-    Endpoint.RESPONSES: "aresponses",
-    Endpoint.RERANK: "arerank",
-    Endpoint.MODERATIONS: "amoderation",
-    Endpoint.IMAGES: "aimage_generation",
-}
-
-# endpoint -> the body fields the Router method takes as required arguments: a line
-# without one gets OpenAI's missing-parameter error instead of a TypeError from LiteLLM.
-_REQUIRED: dict[Endpoint, tuple[str, ...]] = {
-    Endpoint.CHAT: ("messages",),
-    Endpoint.COMPLETIONS: ("prompt",),
-    Endpoint.EMBEDDINGS: ("input",),
-    Endpoint.RESPONSES: ("input",),
-    Endpoint.RERANK: ("query", "documents"),
-    Endpoint.MODERATIONS: ("input",),
-    Endpoint.IMAGES: ("prompt",),
-}
-
 
 def router_kwargs(router: dict[str, Any], litellm_settings: dict[str, Any]) -> dict[str, Any]:
     """The Router's keyword arguments: the config's, then ours where neither section sets the value."""
@@ -76,7 +53,7 @@ def router_kwargs(router: dict[str, Any], litellm_settings: dict[str, Any]) -> d
 class LiteLLMBackend:
     """One backend for every upstream route: they share the Router and its limits."""
 
-    endpoints = frozenset(_METHODS)
+    endpoints = UPSTREAM_ENDPOINTS  # those with a Router method in gateway.config.endpoints
 
     def __init__(
         self,
@@ -139,11 +116,13 @@ class LiteLLMBackend:
         if call is None:
             return Result.http_error(req.line, req.custom_id, 400, f"{req.url.value} is not supported for upstream "
                                      "models", type_="invalid_request_error", code="unsupported_endpoint", model=model)
-        wire = self._wire is not None and model in self._wire_groups and req.url in PATHS
+        wire = self._wire is not None and model in self._wire_groups and req.url in WIRE_ENDPOINTS
         refused = await self._refusal(req, model, body, wire)
         if refused is not None:
             return refused
-        missing = next((name for name in _REQUIRED.get(req.url, ()) if name not in body), None)
+        # the Router method's required arguments (one set on every upstream endpoint): a line without one gets
+        # OpenAI's missing-parameter error instead of a TypeError from LiteLLM
+        missing = next((name for name in ENDPOINTS[req.url].required[0] if name not in body), None)
         if missing is not None:
             error = {"message": f"Missing required parameter: '{missing}'.", "type": "invalid_request_error",
                      "param": missing, "code": "missing_required_parameter"}
@@ -209,7 +188,7 @@ class LiteLLMBackend:
         return result
 
     def _method(self, endpoint: Endpoint) -> Callable[..., Awaitable[Any]] | None:
-        name = _METHODS.get(endpoint)
+        name = ENDPOINTS[endpoint].router_method
         return getattr(self._router, name) if name is not None else None
 
 

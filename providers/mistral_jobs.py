@@ -19,6 +19,7 @@ import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.config.endpoints import NATIVE_JOBS
 from gateway.records import BatchRequest, Endpoint, Result
 from providers.openai_batches import (
     Part,
@@ -38,7 +39,7 @@ _SHORT = {"failed": "failed", "expired": "timeout_exceeded"}
 class MistralJobs:
     """`mistral/` deployments: chat completions and embeddings as Mistral batch jobs."""
 
-    endpoints = frozenset({Endpoint.CHAT, Endpoint.EMBEDDINGS})
+    endpoints = NATIVE_JOBS["mistral"].endpoints
     max_lines = 1_000_000
     max_bytes = 512_000_000
 

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from gateway.config.routes import NATIVE_PROVIDERS, Route
+from gateway.config.endpoints import NATIVE_JOBS, NATIVE_PROVIDERS
+from gateway.config.routes import Route
 from gateway.pipeline.body_fields import unknown_field, unrecognized, upstream_fields
 from gateway.pipeline.budget import over_budget_now
 from gateway.pipeline.lifecycle import OVER_BUDGET, stop_reason
@@ -61,20 +63,13 @@ _CANCEL_TIMEOUT = 15.0
 
 
 def jobs_class(provider: str) -> Any:
-    """The `UpstreamJobs` implementation of a provider (imported lazily: one module per provider)."""
-    if provider in ("openai", "azure"):
-        from providers.openai_jobs import OpenAIJobs
-
-        return OpenAIJobs
-    if provider == "anthropic":
-        from providers.anthropic_jobs import AnthropicJobs
-
-        return AnthropicJobs
-    if provider == "mistral":
-        from providers.mistral_jobs import MistralJobs
-
-        return MistralJobs
-    return None
+    """The `UpstreamJobs` implementation of a provider (`gateway.config.endpoints.NATIVE_JOBS`; imported lazily:
+    one module per provider); None for a provider with no native jobs."""
+    native = NATIVE_JOBS.get(provider)
+    if native is None:
+        return None
+    module, _, name = native.jobs.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 class NativeBatchBackend:
@@ -96,8 +91,8 @@ class NativeBatchBackend:
         """What every deployment's provider takes in its batch jobs."""
         served: frozenset[Endpoint] | None = None
         for entry in self.route.deployments:
-            cls = jobs_class(str(entry["litellm_params"]["model"]).partition("/")[0])
-            mine = cls.endpoints if cls is not None else frozenset()
+            native = NATIVE_JOBS.get(str(entry["litellm_params"]["model"]).partition("/")[0])
+            mine = native.endpoints if native is not None else frozenset()
             served = mine if served is None else served & mine
         return served or frozenset()
 
@@ -131,7 +126,7 @@ class NativeBatchBackend:
         info = dict(entry.get("model_info") or {})
         candidates = [info.get("base_model") or "", str(params["model"]), model]
         prices = batch_prices(info, self._litellm.model_cost, candidates)
-        cls = jobs_class(provider) if provider in NATIVE_PROVIDERS else None
+        cls = jobs_class(provider)
         jobs = cls(self._litellm, provider, model, call_kwargs(params, provider, self._timeout)) if cls else None
         return jobs, provider, prices
 

@@ -26,8 +26,6 @@ from gateway.store.lines import Overlong, split_lines
 
 log = logging.getLogger("batchyard.native")
 
-# Endpoints that OpenAI's and Azure's batch jobs accept.
-NATIVE_ENDPOINTS = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES})
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 _RETRYABLE = {408, 409, 429}
 _CALL_ATTEMPTS = 4  # upload / create / read / cancel: transient errors are retried this many times in all

@@ -33,20 +33,13 @@ from typing import Any
 import aiohttp
 import httpx
 
+from gateway.config.endpoints import ENDPOINTS
 from gateway.json_codec import dumps, loads
 from gateway.records import BatchRequest, Endpoint, Result
 from providers.upstream_errors import UPSTREAM_TIMEOUT, UPSTREAM_UNREACHABLE, provider_error, reply_error
 
 # LiteLLM providers whose wire format is OpenAI's own
 PROVIDERS = frozenset({"openai", "text-completion-openai", "azure", "hosted_vllm", "custom_openai"})
-PATHS: dict[Endpoint, str] = {
-    Endpoint.CHAT: "/chat/completions",
-    Endpoint.COMPLETIONS: "/completions",
-    Endpoint.EMBEDDINGS: "/embeddings",
-    Endpoint.RESPONSES: "/responses",
-    Endpoint.MODERATIONS: "/moderations",
-    Endpoint.IMAGES: "/images/generations",
-}
 # The litellm_params a pass-through deployment may carry: those the Router reads or this module applies.
 # Anything else (Azure AD credentials, max_parallel_requests, custom headers, ...) keeps LiteLLM's
 # completion path, which applies it: no setting is accepted and then ignored.
@@ -104,7 +97,7 @@ class _Target:
     session: aiohttp.ClientSession | None = None
 
     def url(self, endpoint: Endpoint) -> str:
-        path = PATHS[endpoint]
+        path = ENDPOINTS[endpoint].wire_path
         if self.provider != "azure":
             return self.base + path
         from openai.lib.azure import _deployments_endpoints  # the SDK's rule for Azure's deployment urls
