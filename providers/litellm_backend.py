@@ -8,7 +8,7 @@ whose every deployment speaks OpenAI's wire format takes the pass-through
 Every other group (providers that need translation: Anthropic, Vertex,
 Bedrock, ...) keeps LiteLLM's completion path: this module maps the line to the
 Router call for its endpoint and the reply (or the provider's error,
-`providers.upstream_errors`) back to a `Result`, priced (`providers.upstream_cost`).
+`providers.upstream_errors`) back to a `Result`, priced (`gateway.config.prices`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 from gateway.backends.interface import run_bounded
 from gateway.config.endpoints import ENDPOINTS, UPSTREAM_ENDPOINTS, WIRE_ENDPOINTS
+from gateway.config.prices import DeploymentPrices
 from gateway.config.routes import Route
 from gateway.pipeline.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecognized, unsupported, upstream_fields
 from gateway.pipeline.media_urls import refused_media
@@ -29,7 +30,6 @@ from gateway.records import BatchRequest, Endpoint, Result
 from gateway.scheduling.fairness import FairSlots
 from providers import litellm_setup
 from providers.passthrough import PassThrough, wire_provider
-from providers.upstream_cost import Prices
 from providers.upstream_errors import UPSTREAM_ERROR, provider_error
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price map at import
@@ -71,7 +71,7 @@ class LiteLLMBackend:
         self._settings = router_kwargs(router_settings, self._litellm_settings)
         self._limit = FairSlots(max_concurrency)  # shared by every shard, divided between teams
         self._router: Any = None
-        self._prices = Prices(())
+        self._prices = DeploymentPrices(())
         self._max_concurrency = max_concurrency
         self._wire: PassThrough | None = None
         self._wire_groups: frozenset[str] = frozenset()
@@ -88,7 +88,7 @@ class LiteLLMBackend:
         litellm_setup.apply(self._litellm_settings)
         # Building a Router does seconds of synchronous work on first use: keep it off the event loop.
         self._router = await asyncio.to_thread(Router, model_list=self._model_list, **self._settings)
-        self._prices = Prices(self._router.model_list)  # by the deployment ids the Router gave
+        self._prices = DeploymentPrices(self._router.model_list)  # by the deployment ids the Router gave
         self._wire = PassThrough(self._router, self._max_concurrency)
         # the config's entries, not the Router's copies (it adds its own defaults to litellm_params)
         self._wire_groups = wire_groups(self._model_list, self._litellm_settings)

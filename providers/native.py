@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from gateway.config.endpoints import NATIVE_JOBS, NATIVE_PROVIDERS
+from gateway.config.prices import Prices, batch_prices, cost_of
 from gateway.config.routes import Route
 from gateway.pipeline.body_fields import unknown_field, unrecognized, upstream_fields
 from gateway.pipeline.budget import over_budget_now
@@ -37,9 +38,7 @@ from providers.openai_batches import (
     TERMINAL,
     Part,
     accumulate_route,
-    batch_prices,
     call_with_retries,
-    cost_of,
     describe_error,
     drop_native_state,
     line_of,
@@ -118,7 +117,7 @@ class NativeBatchBackend:
 
     # -- the deployment -------------------------------------------------------------------------
 
-    def _deployment(self, index: int) -> tuple[UpstreamJobs | None, str, tuple[float, float] | None]:
+    def _deployment(self, index: int) -> tuple[UpstreamJobs | None, str, Prices | None]:
         """(the provider's jobs, the provider's name, batch prices) of deployment `index`."""
         entry = self.route.deployments[index % len(self.route.deployments)]
         params = entry["litellm_params"]
@@ -251,7 +250,7 @@ class NativeBatchBackend:
 
     async def _poll(
         self, jobs: UpstreamJobs, shard: Shard, pending: list[Part], by_line: dict[int, BatchRequest],
-        prices: tuple[float, float] | None, save: Callable[[], Awaitable[None]],
+        prices: Prices | None, save: Callable[[], Awaitable[None]],
     ) -> AsyncIterator[Result]:
         delay = self._poll_first
         errors: dict[str, int] = {}
@@ -284,7 +283,7 @@ class NativeBatchBackend:
 
     async def _read_back(
         self, jobs: UpstreamJobs, part: Part, job: JobState, by_line: dict[int, BatchRequest],
-        prices: tuple[float, float] | None,
+        prices: Prices | None,
     ) -> AsyncIterator[Result]:
         """Results of a finished upstream job: its result lines, then errors for what is missing."""
         part.status = job.status

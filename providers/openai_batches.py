@@ -1,4 +1,4 @@
-"""Upstream-native batches, the data side: upstream lines, parts, results back, prices and the route summary.
+"""Upstream-native batches, the data side: upstream lines, parts, results back and the route summary.
 
 Named for the format every provider's results are read back into: OpenAI's batch
 lines (its own line form is here too; other providers' forms sit in their
@@ -271,31 +271,7 @@ def batch_error_message(batch: Any) -> str:
     return "; ".join(messages) or "no reason given"
 
 
-# -- prices and summaries ------------------------------------------------------------------------
-
-
-def batch_prices(model_info: dict[str, Any], model_cost: dict[str, Any], candidates: Sequence[str]) -> (
-    tuple[float, float] | None
-):
-    """(input, output) USD per token at batch rates: model_info first, then LiteLLM's price map.
-
-    `*_cost_per_token_batches` are used as they are; plain `*_cost_per_token` are halved (the 50% batch
-    discount of OpenAI, Azure, Anthropic and Mistral alike). None when no price is known.
-    """
-    sources = [model_info, *(model_cost.get(name) or {} for name in candidates if name)]
-    for info in sources:
-        if "input_cost_per_token_batches" in info or "output_cost_per_token_batches" in info:
-            return float(info.get("input_cost_per_token_batches") or 0), float(
-                info.get("output_cost_per_token_batches") or 0)
-        if "input_cost_per_token" in info or "output_cost_per_token" in info:
-            return float(info.get("input_cost_per_token") or 0) / 2, float(info.get("output_cost_per_token") or 0) / 2
-    return None
-
-
-def cost_of(usage: Usage, prices: tuple[float, float] | None) -> float | None:
-    if prices is None:
-        return None
-    return usage.input_tokens * prices[0] + usage.output_tokens * prices[1]
+# -- route summaries ----------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
