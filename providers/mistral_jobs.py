@@ -23,11 +23,11 @@ from gateway.config.endpoints import NATIVE_JOBS
 from gateway.records import BatchRequest, Endpoint, Result
 from providers.openai_batches import (
     Part,
-    batch_error_message,
     call_with_retries,
     detached,
     upstream_custom_id,
 )
+from providers.upstream_errors import batch_error_message
 from providers.upstream_jobs import JobState, Save, http_json, http_lines
 
 log = logging.getLogger("batchyard.native")

@@ -39,7 +39,6 @@ from providers.openai_batches import (
     Part,
     accumulate_route,
     call_with_retries,
-    describe_error,
     drop_native_state,
     line_of,
     line_usage,
@@ -47,10 +46,10 @@ from providers.openai_batches import (
     native_route_summary,
     plan_parts,
     result_from_line,
-    retryable,
     shard_meta_key,
 )
 from providers.passthrough import PROVIDERS as WIRE_PROVIDERS
+from providers.upstream_errors import describe_error, retryable
 from providers.upstream_jobs import JobState, UpstreamJobs, call_kwargs
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

@@ -23,47 +23,13 @@ from typing import Any, Protocol, TypeVar
 from gateway.records import BatchRequest, Endpoint, Result, Shard, Usage
 from gateway.store.base import Store
 from gateway.store.lines import Overlong, split_lines
+from providers.upstream_errors import retryable
 
 log = logging.getLogger("batchyard.native")
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
-_RETRYABLE = {408, 409, 429}
 _CALL_ATTEMPTS = 4  # upload / create / read / cancel: transient errors are retried this many times in all
 T = TypeVar("T")
-
-
-def _status(exc: BaseException) -> int | None:
-    """The HTTP status of an upstream error: LiteLLM's exceptions carry it, httpx's `raise_for_status` on its reply."""
-    status = getattr(exc, "status_code", None)
-    if not isinstance(status, int):
-        status = getattr(getattr(exc, "response", None), "status_code", None)
-    return status if isinstance(status, int) else None
-
-
-def retryable(exc: BaseException) -> bool:
-    """A transient upstream error: no reply at all, a timeout, a rate limit or a server error."""
-    status = _status(exc)
-    return status is None or status in _RETRYABLE or status >= 500
-
-
-def describe_error(exc: BaseException) -> str:
-    status = _status(exc)
-    message = _provider_words(str(getattr(exc, "message", None) or str(exc) or type(exc).__name__))
-    return f"{status} {message}" if status else f"{type(exc).__name__}: {message}"
-
-
-def _provider_words(message: str) -> str:
-    """A provider's error body that LiteLLM passed on as text: its message (`message`, `error.message`)."""
-    if not message.lstrip().startswith("{"):
-        return message
-    try:
-        body = json.loads(message)
-    except ValueError:
-        return message
-    inner = body.get("error") if isinstance(body, dict) else None
-    found = (inner.get("message") if isinstance(inner, dict) else None) or (
-        body.get("message") or body.get("detail") if isinstance(body, dict) else None)
-    return str(found) if found else message
 
 
 # -- calling the upstream ----------------------------------------------------------------------------
@@ -256,19 +222,6 @@ def line_usage(obj: dict[str, Any]) -> Usage:
     status = response.get("status_code")
     ok = isinstance(status, int) and 200 <= status < 300
     return Usage.from_body(response.get("body")) if ok else Usage()
-
-
-def batch_error_message(batch: Any) -> str:
-    """The upstream's own words for a failed batch (its `errors.data` messages)."""
-    errors = getattr(batch, "errors", None)
-    data = getattr(errors, "data", None) or (errors.get("data") if isinstance(errors, dict) else None) or []
-    messages = []
-    for item in data[:5]:
-        message = getattr(item, "message", None) or (item.get("message") if isinstance(item, dict) else None)
-        line = getattr(item, "line", None) or (item.get("line") if isinstance(item, dict) else None)
-        if message:
-            messages.append(f"{message} (upstream line {line})" if line else str(message))
-    return "; ".join(messages) or "no reason given"
 
 
 # -- route summaries ----------------------------------------------------------------------------

@@ -16,13 +16,13 @@ from gateway.config.endpoints import NATIVE_JOBS
 from gateway.records import BatchRequest, Endpoint, Result
 from providers.openai_batches import (
     Part,
-    batch_error_message,
     call_with_retries,
     detached,
     upstream_file_lines,
     upstream_line,
     upstream_url,
 )
+from providers.upstream_errors import batch_error_message
 from providers.upstream_jobs import JobState, Save
 
 log = logging.getLogger("batchyard.native")
