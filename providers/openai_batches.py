@@ -23,12 +23,11 @@ from typing import Any, Protocol, TypeVar
 from gateway.records import BatchRequest, Endpoint, Result, Shard, Usage
 from gateway.store.base import Store
 from gateway.store.lines import Overlong, split_lines
-from providers.upstream_errors import retryable
+from providers.retry_policy import job_call_retrying
 
 log = logging.getLogger("batchyard.native")
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
-_CALL_ATTEMPTS = 4  # upload / create / read / cancel: transient errors are retried this many times in all
 T = TypeVar("T")
 
 
@@ -50,17 +49,8 @@ async def detached(call: Awaitable[T]) -> T:
 
 
 async def call_with_retries(make: Callable[[], Awaitable[T]]) -> T:
-    """One upstream call; transient errors are retried with backoff (0.5 s, 1 s, 2 s)."""
-    delay = 0.5
-    for attempt in range(1, _CALL_ATTEMPTS + 1):
-        try:
-            return await detached(make())
-        except Exception as exc:
-            if attempt == _CALL_ATTEMPTS or not retryable(exc):
-                raise
-            await asyncio.sleep(delay)
-            delay *= 2
-    raise AssertionError("unreachable")
+    """One upstream call, detached; transient errors are retried by `providers.retry_policy.job_call_retrying`."""
+    return await job_call_retrying(lambda: detached(make()))
 
 
 async def upstream_file_lines(litellm: Any, file_id: str, kwargs: dict[str, Any]) -> AsyncIterator[bytes]:
