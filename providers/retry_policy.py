@@ -144,9 +144,12 @@ def _transient(exc: BaseException) -> bool:
 
 async def job_call_retrying(call: Callable[[], Awaitable[T]], attempts: int = 4) -> T:
     """`call()` until it succeeds or fails for good: transient errors retried, waiting 0.5 s, 1 s, 2 s."""
+    async def attempt() -> T:  # a coroutine function: tenacity runs any other callable as a sync one
+        return await call()
+
     retrying = AsyncRetrying(retry=retry_if_exception(_transient), stop=stop_after_attempt(attempts),
                              wait=wait_exponential(multiplier=INITIAL_DELAY), reraise=True)
-    result: T = await retrying(call)
+    result: T = await retrying(attempt)
     return result
 
 
