@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from gateway.config.endpoints import ENDPOINTS
 from gateway.records import Endpoint
 from local_engine import cpu_threads, vllm_compat
 
@@ -266,17 +267,11 @@ def _audio_routes(state: Any, args: Namespace) -> dict[Endpoint, _Route]:
     return routes
 
 
-# Endpoints no vLLM model serves: the line is answered with a 400 that says where to send it instead.
-_NEVER_LOCAL = {
-    Endpoint.MODERATIONS: "moderations",
-    Endpoint.IMAGES: "image generation",
-}
-
-
 def _unsupported_message(url: Endpoint, names: tuple[str, ...]) -> str:
     model = names[0] if names else "this model"
-    if url in _NEVER_LOCAL:
-        return (f"{url.value} is not served by the local vLLM engine ({_NEVER_LOCAL[url]}); route model "
+    never = ENDPOINTS[url].never_local  # no vLLM model serves it: the 400 says where to send it instead
+    if never is not None:
+        return (f"{url.value} is not served by the local vLLM engine ({never}); route model "
                 f"{model!r} to an upstream provider in the config to use it")
     return f"Model does not support endpoint: {url.value}"  # run_batch's words (e.g. chat on an embedding model)
 

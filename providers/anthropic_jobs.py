@@ -20,6 +20,7 @@ import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.config.endpoints import NATIVE_JOBS
 from gateway.records import BatchRequest, Endpoint, Result
 from providers.openai_batches import Part, call_with_retries, detached, upstream_custom_id
 from providers.upstream_jobs import JobState, Save, http_json, http_lines
@@ -38,7 +39,7 @@ def _origin(api_base: str | None) -> str | None:
 class AnthropicJobs:
     """`anthropic/` deployments: chat completions as Message Batches."""
 
-    endpoints = frozenset({Endpoint.CHAT})
+    endpoints = NATIVE_JOBS["anthropic"].endpoints
     max_lines = 100_000
     max_bytes = 256_000_000
 

@@ -8,7 +8,7 @@ whose every deployment speaks OpenAI's wire format takes the pass-through
 Every other group (providers that need translation: Anthropic, Vertex,
 Bedrock, ...) keeps LiteLLM's completion path: this module maps the line to the
 Router call for its endpoint and the reply (or the provider's error,
-`providers.upstream_errors`) back to a `Result`, priced (`providers.upstream_cost`).
+`providers.upstream_errors`) back to a `Result`, priced (`gateway.config.prices`).
 """
 
 from __future__ import annotations
@@ -21,14 +21,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from gateway.backends.bounded import run_bounded
+from gateway.config.endpoints import ENDPOINTS, UPSTREAM_ENDPOINTS, WIRE_ENDPOINTS
+from gateway.config.prices import DeploymentPrices
 from gateway.config.routes import Route
 from gateway.pipeline.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecognized, unsupported, upstream_fields
 from gateway.pipeline.media_urls import refused_media
 from gateway.records import BatchRequest, Endpoint, Result
 from gateway.scheduling.fairness import FairSlots
 from providers import litellm_setup
-from providers.passthrough import PATHS, PassThrough, wire_provider
-from providers.upstream_cost import Prices
+from providers.passthrough import PassThrough, wire_provider
 from providers.upstream_errors import UPSTREAM_ERROR, provider_error
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price map at import
@@ -39,30 +40,6 @@ log = logging.getLogger("batchyard.providers")
 # litellm_settings.num_retries / request_timeout take the place of ours when given.
 _ROUTER_DEFAULTS: dict[str, Any] = {"num_retries": 3, "timeout": 600, "retry_after": 0}
 _LITELLM_FOR_ROUTER = {"num_retries": "num_retries", "timeout": "request_timeout"}
-
-# endpoint -> the Router method's name
-_METHODS: dict[Endpoint, str] = {
-    Endpoint.CHAT: "acompletion",
-    Endpoint.COMPLETIONS: "atext_completion",
-    Endpoint.EMBEDDINGS: "aembedding",
-    Endpoint.RESPONSES: "aresponses",
-    Endpoint.RERANK: "arerank",
-    Endpoint.MODERATIONS: "amoderation",
-    Endpoint.IMAGES: "aimage_generation",
-}
-
-# endpoint -> the body fields the Router method takes as required arguments: a line
-# without one gets OpenAI's missing-parameter error instead of a TypeError from LiteLLM.
-_REQUIRED: dict[Endpoint, tuple[str, ...]] = {
-    Endpoint.CHAT: ("messages",),
-    Endpoint.COMPLETIONS: ("prompt",),
-    Endpoint.EMBEDDINGS: ("input",),
-    Endpoint.RESPONSES: ("input",),
-    Endpoint.RERANK: ("query", "documents"),
-    Endpoint.MODERATIONS: ("input",),
-    Endpoint.IMAGES: ("prompt",),
-}
-
 
 def router_kwargs(router: dict[str, Any], litellm_settings: dict[str, Any]) -> dict[str, Any]:
     """The Router's keyword arguments: the config's, then ours where neither section sets the value."""
@@ -76,7 +53,7 @@ def router_kwargs(router: dict[str, Any], litellm_settings: dict[str, Any]) -> d
 class LiteLLMBackend:
     """One backend for every upstream route: they share the Router and its limits."""
 
-    endpoints = frozenset(_METHODS)
+    endpoints = UPSTREAM_ENDPOINTS  # those with a Router method in gateway.config.endpoints
 
     def __init__(
         self,
@@ -90,7 +67,7 @@ class LiteLLMBackend:
         self._settings = router_kwargs(router_settings, self._litellm_settings)
         self._limit = FairSlots(max_concurrency)  # shared by every shard, divided between teams
         self._router: Any = None
-        self._prices = Prices(())
+        self._prices = DeploymentPrices(())
         self._max_concurrency = max_concurrency
         self._wire: PassThrough | None = None
         self._wire_groups: frozenset[str] = frozenset()
@@ -107,7 +84,7 @@ class LiteLLMBackend:
         litellm_setup.apply(self._litellm_settings)
         # Building a Router does seconds of synchronous work on first use: keep it off the event loop.
         self._router = await asyncio.to_thread(Router, model_list=self._model_list, **self._settings)
-        self._prices = Prices(self._router.model_list)  # by the deployment ids the Router gave
+        self._prices = DeploymentPrices(self._router.model_list)  # by the deployment ids the Router gave
         self._wire = PassThrough(self._router, self._max_concurrency)
         # the config's entries, not the Router's copies (it adds its own defaults to litellm_params)
         self._wire_groups = wire_groups(self._model_list, self._litellm_settings)
@@ -135,11 +112,13 @@ class LiteLLMBackend:
         if call is None:
             return Result.http_error(req.line, req.custom_id, 400, f"{req.url.value} is not supported for upstream "
                                      "models", type_="invalid_request_error", code="unsupported_endpoint", model=model)
-        wire = self._wire is not None and model in self._wire_groups and req.url in PATHS
+        wire = self._wire is not None and model in self._wire_groups and req.url in WIRE_ENDPOINTS
         refused = await self._refusal(req, model, body, wire)
         if refused is not None:
             return refused
-        missing = next((name for name in _REQUIRED.get(req.url, ()) if name not in body), None)
+        # the Router method's required arguments (one set on every upstream endpoint): a line without one gets
+        # OpenAI's missing-parameter error instead of a TypeError from LiteLLM
+        missing = next((name for name in ENDPOINTS[req.url].required[0] if name not in body), None)
         if missing is not None:
             error = {"message": f"Missing required parameter: '{missing}'.", "type": "invalid_request_error",
                      "param": missing, "code": "missing_required_parameter"}
@@ -205,7 +184,7 @@ class LiteLLMBackend:
         return result
 
     def _method(self, endpoint: Endpoint) -> Callable[..., Awaitable[Any]] | None:
-        name = _METHODS.get(endpoint)
+        name = ENDPOINTS[endpoint].router_method
         return getattr(self._router, name) if name is not None else None
 
 

@@ -19,14 +19,15 @@ import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.config.endpoints import NATIVE_JOBS
 from gateway.records import BatchRequest, Endpoint, Result
 from providers.openai_batches import (
     Part,
-    batch_error_message,
     call_with_retries,
     detached,
     upstream_custom_id,
 )
+from providers.upstream_errors import batch_error_message
 from providers.upstream_jobs import JobState, Save, http_json, http_lines
 
 log = logging.getLogger("batchyard.native")
@@ -38,7 +39,7 @@ _SHORT = {"failed": "failed", "expired": "timeout_exceeded"}
 class MistralJobs:
     """`mistral/` deployments: chat completions and embeddings as Mistral batch jobs."""
 
-    endpoints = frozenset({Endpoint.CHAT, Endpoint.EMBEDDINGS})
+    endpoints = NATIVE_JOBS["mistral"].endpoints
     max_lines = 1_000_000
     max_bytes = 512_000_000
 

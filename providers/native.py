@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
+from gateway.config.endpoints import NATIVE_JOBS, NATIVE_PROVIDERS
 from gateway.config.entries import NativeModelInfo
-from gateway.config.routes import NATIVE_PROVIDERS, Route
+from gateway.config.prices import Prices, batch_prices, cost_of
+from gateway.config.routes import Route
 from gateway.pipeline.body_fields import unknown_field, unrecognized, upstream_fields
 from gateway.pipeline.budget import over_budget_now
 from gateway.pipeline.lifecycle import OVER_BUDGET, stop_reason
@@ -36,10 +39,7 @@ from providers.openai_batches import (
     TERMINAL,
     Part,
     accumulate_route,
-    batch_prices,
     call_with_retries,
-    cost_of,
-    describe_error,
     drop_native_state,
     line_of,
     line_usage,
@@ -47,10 +47,10 @@ from providers.openai_batches import (
     native_route_summary,
     plan_parts,
     result_from_line,
-    retryable,
     shard_meta_key,
 )
 from providers.passthrough import PROVIDERS as WIRE_PROVIDERS
+from providers.upstream_errors import describe_error, retryable
 from providers.upstream_jobs import JobState, UpstreamJobs, call_kwargs
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -62,20 +62,13 @@ _CANCEL_TIMEOUT = 15.0
 
 
 def jobs_class(provider: str) -> Any:
-    """The `UpstreamJobs` implementation of a provider (imported lazily: one module per provider)."""
-    if provider in ("openai", "azure"):
-        from providers.openai_jobs import OpenAIJobs
-
-        return OpenAIJobs
-    if provider == "anthropic":
-        from providers.anthropic_jobs import AnthropicJobs
-
-        return AnthropicJobs
-    if provider == "mistral":
-        from providers.mistral_jobs import MistralJobs
-
-        return MistralJobs
-    return None
+    """The `UpstreamJobs` implementation of a provider (`gateway.config.endpoints.NATIVE_JOBS`; imported lazily:
+    one module per provider); None for a provider with no native jobs."""
+    native = NATIVE_JOBS.get(provider)
+    if native is None:
+        return None
+    module, _, name = native.jobs.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 class NativeBatchBackend:
@@ -99,8 +92,8 @@ class NativeBatchBackend:
         """What every deployment's provider takes in its batch jobs."""
         served: frozenset[Endpoint] | None = None
         for entry in self.route.entries:
-            cls = jobs_class(entry.litellm_params.model.partition("/")[0])
-            mine = cls.endpoints if cls is not None else frozenset()
+            native = NATIVE_JOBS.get(entry.litellm_params.model.partition("/")[0])
+            mine = native.endpoints if native is not None else frozenset()
             served = mine if served is None else served & mine
         return served or frozenset()
 
@@ -126,7 +119,7 @@ class NativeBatchBackend:
 
     # -- the deployment -------------------------------------------------------------------------
 
-    def _deployment(self, index: int) -> tuple[UpstreamJobs | None, str, tuple[float, float] | None]:
+    def _deployment(self, index: int) -> tuple[UpstreamJobs | None, str, Prices | None]:
         """(the provider's jobs, the provider's name, batch prices) of deployment `index`."""
         entry = self.route.entries[index % len(self.route.entries)]
         params = entry.litellm_params.model_dump()  # LiteLLM's keyword arguments, as written
@@ -134,7 +127,7 @@ class NativeBatchBackend:
         info = entry.model_info.litellm_keys
         candidates = [info.get("base_model") or "", entry.litellm_params.model, model]
         prices = batch_prices(info, self._litellm.model_cost, candidates)
-        cls = jobs_class(provider) if provider in NATIVE_PROVIDERS else None
+        cls = jobs_class(provider)
         jobs = cls(self._litellm, provider, model, call_kwargs(params, provider, self._timeout)) if cls else None
         return jobs, provider, prices
 
@@ -259,7 +252,7 @@ class NativeBatchBackend:
 
     async def _poll(
         self, jobs: UpstreamJobs, shard: Shard, pending: list[Part], by_line: dict[int, BatchRequest],
-        prices: tuple[float, float] | None, save: Callable[[], Awaitable[None]],
+        prices: Prices | None, save: Callable[[], Awaitable[None]],
     ) -> AsyncIterator[Result]:
         delay = self._poll_first
         errors: dict[str, int] = {}
@@ -292,7 +285,7 @@ class NativeBatchBackend:
 
     async def _read_back(
         self, jobs: UpstreamJobs, part: Part, job: JobState, by_line: dict[int, BatchRequest],
-        prices: tuple[float, float] | None,
+        prices: Prices | None,
     ) -> AsyncIterator[Result]:
         """Results of a finished upstream job: its result lines, then errors for what is missing."""
         part.status = job.status

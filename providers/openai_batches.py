@@ -1,4 +1,4 @@
-"""Upstream-native batches, the data side: upstream lines, parts, results back, prices and the route summary.
+"""Upstream-native batches, the data side: upstream lines, parts, results back and the route summary.
 
 Named for the format every provider's results are read back into: OpenAI's batch
 lines (its own line form is here too; other providers' forms sit in their
@@ -23,49 +23,12 @@ from typing import Any, Protocol, TypeVar
 from gateway.records import BatchRequest, Endpoint, Result, Shard, Usage
 from gateway.store.base import Store
 from gateway.store.lines import Overlong, split_lines
+from providers.retry_policy import job_call_retrying
 
 log = logging.getLogger("batchyard.native")
 
-# Endpoints that OpenAI's and Azure's batch jobs accept.
-NATIVE_ENDPOINTS = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES})
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
-_RETRYABLE = {408, 409, 429}
-_CALL_ATTEMPTS = 4  # upload / create / read / cancel: transient errors are retried this many times in all
 T = TypeVar("T")
-
-
-def _status(exc: BaseException) -> int | None:
-    """The HTTP status of an upstream error: LiteLLM's exceptions carry it, httpx's `raise_for_status` on its reply."""
-    status = getattr(exc, "status_code", None)
-    if not isinstance(status, int):
-        status = getattr(getattr(exc, "response", None), "status_code", None)
-    return status if isinstance(status, int) else None
-
-
-def retryable(exc: BaseException) -> bool:
-    """A transient upstream error: no reply at all, a timeout, a rate limit or a server error."""
-    status = _status(exc)
-    return status is None or status in _RETRYABLE or status >= 500
-
-
-def describe_error(exc: BaseException) -> str:
-    status = _status(exc)
-    message = _provider_words(str(getattr(exc, "message", None) or str(exc) or type(exc).__name__))
-    return f"{status} {message}" if status else f"{type(exc).__name__}: {message}"
-
-
-def _provider_words(message: str) -> str:
-    """A provider's error body that LiteLLM passed on as text: its message (`message`, `error.message`)."""
-    if not message.lstrip().startswith("{"):
-        return message
-    try:
-        body = json.loads(message)
-    except ValueError:
-        return message
-    inner = body.get("error") if isinstance(body, dict) else None
-    found = (inner.get("message") if isinstance(inner, dict) else None) or (
-        body.get("message") or body.get("detail") if isinstance(body, dict) else None)
-    return str(found) if found else message
 
 
 # -- calling the upstream ----------------------------------------------------------------------------
@@ -86,17 +49,8 @@ async def detached(call: Awaitable[T]) -> T:
 
 
 async def call_with_retries(make: Callable[[], Awaitable[T]]) -> T:
-    """One upstream call; transient errors are retried with backoff (0.5 s, 1 s, 2 s)."""
-    delay = 0.5
-    for attempt in range(1, _CALL_ATTEMPTS + 1):
-        try:
-            return await detached(make())
-        except Exception as exc:
-            if attempt == _CALL_ATTEMPTS or not retryable(exc):
-                raise
-            await asyncio.sleep(delay)
-            delay *= 2
-    raise AssertionError("unreachable")
+    """One upstream call, detached; transient errors are retried by `providers.retry_policy.job_call_retrying`."""
+    return await job_call_retrying(lambda: detached(make()))
 
 
 async def upstream_file_lines(litellm: Any, file_id: str, kwargs: dict[str, Any]) -> AsyncIterator[bytes]:
@@ -260,44 +214,7 @@ def line_usage(obj: dict[str, Any]) -> Usage:
     return Usage.from_body(response.get("body")) if ok else Usage()
 
 
-def batch_error_message(batch: Any) -> str:
-    """The upstream's own words for a failed batch (its `errors.data` messages)."""
-    errors = getattr(batch, "errors", None)
-    data = getattr(errors, "data", None) or (errors.get("data") if isinstance(errors, dict) else None) or []
-    messages = []
-    for item in data[:5]:
-        message = getattr(item, "message", None) or (item.get("message") if isinstance(item, dict) else None)
-        line = getattr(item, "line", None) or (item.get("line") if isinstance(item, dict) else None)
-        if message:
-            messages.append(f"{message} (upstream line {line})" if line else str(message))
-    return "; ".join(messages) or "no reason given"
-
-
-# -- prices and summaries ------------------------------------------------------------------------
-
-
-def batch_prices(model_info: dict[str, Any], model_cost: dict[str, Any], candidates: Sequence[str]) -> (
-    tuple[float, float] | None
-):
-    """(input, output) USD per token at batch rates: model_info first, then LiteLLM's price map.
-
-    `*_cost_per_token_batches` are used as they are; plain `*_cost_per_token` are halved (the 50% batch
-    discount of OpenAI, Azure, Anthropic and Mistral alike). None when no price is known.
-    """
-    sources = [model_info, *(model_cost.get(name) or {} for name in candidates if name)]
-    for info in sources:
-        if "input_cost_per_token_batches" in info or "output_cost_per_token_batches" in info:
-            return float(info.get("input_cost_per_token_batches") or 0), float(
-                info.get("output_cost_per_token_batches") or 0)
-        if "input_cost_per_token" in info or "output_cost_per_token" in info:
-            return float(info.get("input_cost_per_token") or 0) / 2, float(info.get("output_cost_per_token") or 0) / 2
-    return None
-
-
-def cost_of(usage: Usage, prices: tuple[float, float] | None) -> float | None:
-    if prices is None:
-        return None
-    return usage.input_tokens * prices[0] + usage.output_tokens * prices[1]
+# -- route summaries ----------------------------------------------------------------------------
 
 
 @dataclass(slots=True)

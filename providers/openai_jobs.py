@@ -12,17 +12,17 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.config.endpoints import NATIVE_JOBS
 from gateway.records import BatchRequest, Endpoint, Result
 from providers.openai_batches import (
-    NATIVE_ENDPOINTS,
     Part,
-    batch_error_message,
     call_with_retries,
     detached,
     upstream_file_lines,
     upstream_line,
     upstream_url,
 )
+from providers.upstream_errors import batch_error_message
 from providers.upstream_jobs import JobState, Save
 
 log = logging.getLogger("batchyard.native")
@@ -35,7 +35,7 @@ _QUIET_POLL = {"batch_ignore_default_logging": True}
 class OpenAIJobs:
     """`openai/` and `azure/` deployments: OpenAI's Batch API (Azure's is the same, under its own URLs)."""
 
-    endpoints = NATIVE_ENDPOINTS
+    endpoints = NATIVE_JOBS["openai"].endpoints
     max_lines = 50_000  # OpenAI: 50,000 requests and 200 MB per input file
     max_bytes = 190_000_000
 

@@ -12,18 +12,17 @@ and logging: most of its per-call CPU) is skipped:
   puts failing deployments in cooldown (`deployment_callback_on_failure`).
 - The body goes out with `model` set to the deployment's, through one pooled
   aiohttp session per deployment (measured: a fraction of httpx's CPU per call).
-- Retries follow the openai SDK's own rules (its `_should_retry` and
-  `_calculate_retry_timeout`: 408/409/429/5xx, `x-should-retry`,
-  `retry-after(-ms)`, exponential backoff), the Router's `num_retries` times,
-  each retry picked anew by the Router. Connection errors and timeouts are
-  retried as the SDK retries them.
+- Retries follow the openai SDK's public rules (408/409/429/5xx,
+  `x-should-retry`, `retry-after(-ms)`, exponential backoff with jitter;
+  `providers.retry_policy`), the Router's `num_retries` times, each retry
+  picked anew by the Router. Connection errors and timeouts are retried as
+  the SDK retries them.
 - The provider's status and body are the line's result as sent; only `usage`
   is read (counts and cost).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 from collections.abc import Mapping
@@ -33,20 +32,14 @@ from typing import Any
 import aiohttp
 import httpx
 
+from gateway.config.endpoints import ENDPOINTS
 from gateway.json_codec import dumps, loads
 from gateway.records import BatchRequest, Endpoint, Result
+from providers.retry_policy import should_retry, wire_retried
 from providers.upstream_errors import UPSTREAM_TIMEOUT, UPSTREAM_UNREACHABLE, provider_error, reply_error
 
 # LiteLLM providers whose wire format is OpenAI's own
 PROVIDERS = frozenset({"openai", "text-completion-openai", "azure", "hosted_vllm", "custom_openai"})
-PATHS: dict[Endpoint, str] = {
-    Endpoint.CHAT: "/chat/completions",
-    Endpoint.COMPLETIONS: "/completions",
-    Endpoint.EMBEDDINGS: "/embeddings",
-    Endpoint.RESPONSES: "/responses",
-    Endpoint.MODERATIONS: "/moderations",
-    Endpoint.IMAGES: "/images/generations",
-}
 # The litellm_params a pass-through deployment may carry: those the Router reads or this module applies.
 # Anything else (Azure AD credentials, max_parallel_requests, custom headers, ...) keeps LiteLLM's
 # completion path, which applies it: no setting is accepted and then ignored.
@@ -88,6 +81,20 @@ class _Failed(Exception):
 
 
 @dataclass(slots=True)
+class _Sent:
+    """One attempt's outcome: the line's result were it the last, the deployment tried, and whether to retry."""
+
+    result: Result
+    target: _Target | None
+    again: bool = False
+    headers: httpx.Headers | None = None
+
+    @property
+    def retries(self) -> int:
+        return self.target.num_retries if self.target is not None else 0
+
+
+@dataclass(slots=True)
 class _Target:
     """Where one deployment's requests go, and how."""
 
@@ -104,7 +111,7 @@ class _Target:
     session: aiohttp.ClientSession | None = None
 
     def url(self, endpoint: Endpoint) -> str:
-        path = PATHS[endpoint]
+        path = ENDPOINTS[endpoint].wire_path
         if self.provider != "azure":
             return self.base + path
         from openai.lib.azure import _deployments_endpoints  # the SDK's rule for Azure's deployment urls
@@ -129,7 +136,6 @@ class PassThrough:
         self._ssl = getattr(litellm, "ssl_verify", True) is not False  # litellm_settings.ssl_verify
         self._family = socket.AF_INET if getattr(litellm, "force_ipv4", False) else socket.AF_UNSPEC
         self._timeout = float(getattr(router, "timeout", None) or litellm.request_timeout or 600)
-        self._rules: Any = None
 
     def target(self, deployment: dict[str, Any]) -> _Target:
         info = deployment.get("model_info") or {}
@@ -184,41 +190,44 @@ class PassThrough:
             await session.close()
 
     async def call(self, req: BatchRequest, group: str) -> tuple[Result, _Target | None]:
-        """One line of model group `group`: the Router picks, we send; retried by the SDK's rules."""
+        """One line of model group `group`: the Router picks, we send; retried by `providers.retry_policy`."""
+        last: list[_Target | None] = [None]  # the deployment of the latest attempt
+
+        async def attempt() -> _Sent:
+            sent = await self._attempt(req, group, last[0])
+            last[0] = sent.target
+            return sent
+
+        sent = await wire_retried(attempt, float(getattr(self._router, "retry_after", 0) or 0))  # retry_after: a floor
+        return sent.result, sent.target
+
+    async def _attempt(self, req: BatchRequest, group: str, target: _Target | None) -> _Sent:
+        """One try: the Router picks a deployment (anew each time), the body goes out, the reply is the result."""
         router = self._router
-        attempt, target = 0, None
-        while True:
-            try:
-                deployment = await router.async_get_available_deployment(model=group, request_kwargs={})
-                await router.async_routing_strategy_pre_call_checks(deployment=deployment, parent_otel_span=None)
-            except Exception as exc:  # no deployment available (all cooling down, over their rpm)
-                err = provider_error(exc, req.model)
-                return Result(line=req.line, custom_id=req.custom_id, status_code=err.status, body=err.body,
-                              model=req.model), target
-            target = self.target(deployment)
-            body = dict(req.body)
-            body["model"] = target.model
-            try:
-                status, headers, data = await self._send(target, req.url, dumps(body))
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                code = UPSTREAM_TIMEOUT if isinstance(exc, TimeoutError) else UPSTREAM_UNREACHABLE
-                self._failed(deployment, group, 408 if code == UPSTREAM_TIMEOUT else 503, httpx.Headers())
-                if attempt < target.num_retries:
-                    attempt += 1
-                    await asyncio.sleep(self._delay(target, attempt, None))
-                    continue
-                what = "did not answer in time" if code == UPSTREAM_TIMEOUT else "could not be reached"
-                return Result.failure(req.line, req.custom_id, code, f"the upstream for model {req.model!r} {what}",
-                                      model=req.model), target
-            if 200 <= status < 300:
-                return await self._succeeded(req, deployment, group, target, status, data), target
-            self._failed(deployment, group, status, headers)
-            if attempt < target.num_retries and self._should_retry(status, headers):
-                attempt += 1
-                await asyncio.sleep(self._delay(target, attempt, headers))
-                continue
-            return Result(line=req.line, custom_id=req.custom_id, status_code=status,
-                          body=reply_error(status, data), model=req.model), target
+        try:
+            deployment = await router.async_get_available_deployment(model=group, request_kwargs={})
+            await router.async_routing_strategy_pre_call_checks(deployment=deployment, parent_otel_span=None)
+        except Exception as exc:  # no deployment available (all cooling down, over their rpm)
+            err = provider_error(exc, req.model)
+            return _Sent(Result(line=req.line, custom_id=req.custom_id, status_code=err.status, body=err.body,
+                                model=req.model), target)
+        target = self.target(deployment)
+        body = dict(req.body)
+        body["model"] = target.model
+        try:
+            status, headers, data = await self._send(target, req.url, dumps(body))
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            code = UPSTREAM_TIMEOUT if isinstance(exc, TimeoutError) else UPSTREAM_UNREACHABLE
+            self._failed(deployment, group, 408 if code == UPSTREAM_TIMEOUT else 503, httpx.Headers())
+            what = "did not answer in time" if code == UPSTREAM_TIMEOUT else "could not be reached"
+            return _Sent(Result.failure(req.line, req.custom_id, code, f"the upstream for model {req.model!r} {what}",
+                                        model=req.model), target, again=True)  # retried as the SDK retries them
+        if 200 <= status < 300:
+            return _Sent(await self._succeeded(req, deployment, group, target, status, data), target)
+        self._failed(deployment, group, status, headers)
+        return _Sent(Result(line=req.line, custom_id=req.custom_id, status_code=status,
+                            body=reply_error(status, data), model=req.model), target,
+                     again=should_retry(status, headers), headers=headers)
 
     async def _send(self, target: _Target, endpoint: Endpoint, data: bytes) -> tuple[int, httpx.Headers, bytes]:
         session = self._session(target)
@@ -258,20 +267,3 @@ class PassThrough:
                   "litellm_params": {"model_info": deployment.get("model_info") or {},
                                      "metadata": {"model_group": group}}}
         self._router.deployment_callback_on_failure(kwargs, None, None, None)
-
-    def _sdk(self) -> Any:
-        if self._rules is None:
-            import openai
-
-            self._rules = openai.AsyncOpenAI(api_key="unused", base_url="http://127.0.0.1/")  # never sends
-        return self._rules
-
-    def _should_retry(self, status: int, headers: httpx.Headers) -> bool:
-        return bool(self._sdk()._should_retry(httpx.Response(status, headers=headers)))
-
-    def _delay(self, target: _Target, attempt: int, headers: httpx.Headers | None) -> float:
-        from openai._models import FinalRequestOptions
-
-        options = FinalRequestOptions(method="post", url="/", max_retries=target.num_retries)
-        wait = float(self._sdk()._calculate_retry_timeout(target.num_retries - attempt + 1, options, headers))
-        return max(wait, float(getattr(self._router, "retry_after", 0) or 0))  # router_settings.retry_after: a floor

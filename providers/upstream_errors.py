@@ -9,6 +9,10 @@ or LiteLLM exception with `.body` (the parsed error object), an
 it, so a caller sees the provider's status and its own error object (message,
 type, param, code). When there is no reply at all (timeout, refused
 connection) the line gets our own message under a stable code.
+
+The one home of provider error reading: a line's error (`provider_error`, `reply_error`), and the
+one-line words of a failed batch-job call for logs and a part's error results (`describe_error`,
+`error_message`, `batch_error_message`), with whether it is worth another try (`retryable`).
 """
 
 from __future__ import annotations
@@ -162,3 +166,73 @@ def reply_error(status: int, data: bytes) -> dict[str, Any]:
     error = {"message": text, "type": "invalid_request_error" if status < 500 else "upstream_error",
              "param": None, "code": UPSTREAM_ERROR}
     return {"error": error}
+
+
+# -- a failed call in words: native batch jobs (logs, and the error results of a part's lines) -----------
+
+
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status of an upstream error: LiteLLM's exceptions carry it, httpx's `raise_for_status` on its reply."""
+    status = getattr(exc, "status_code", None)
+    if not isinstance(status, int):
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def retryable(exc: BaseException) -> bool:
+    """A transient upstream error: no reply at all, a timeout, a conflict, a rate limit or a server error."""
+    status = status_of(exc)
+    return status is None or status in (408, 409, 429) or status >= 500
+
+
+def _words(body: Any) -> tuple[dict[str, Any] | None, str] | None:
+    """A provider's error body in words: (its `error` object, `error.message`) as OpenAI and Anthropic write it,
+    else (None, the top-level `message` or `detail`) as Mistral does; None when it says nothing."""
+    if not isinstance(body, dict):
+        return None
+    inner = body.get("error")
+    if isinstance(inner, dict) and inner.get("message"):
+        return inner, str(inner["message"])
+    for key in ("message", "detail"):
+        if body.get(key):
+            return None, str(body[key])
+    return None
+
+
+def describe_error(exc: BaseException) -> str:
+    """A failed call in one line: its status and the provider's message (LiteLLM passes the body on as text)."""
+    status = status_of(exc)
+    message = str(getattr(exc, "message", None) or str(exc) or type(exc).__name__)
+    if message.lstrip().startswith("{"):
+        try:
+            said = _words(json.loads(message))
+        except ValueError:
+            said = None
+        message = said[1] if said is not None else message
+    return f"{status} {message}" if status else f"{type(exc).__name__}: {message}"
+
+
+def error_message(reply: httpx.Response) -> str:
+    """The provider's own words from an error reply: Anthropic's `error.message`, Mistral's `message`/`detail`."""
+    try:
+        body = reply.json()
+    except ValueError:
+        return reply.text[:500] or reply.reason_phrase
+    said = _words(body)
+    if said is None:
+        return reply.text[:500]
+    inner, message = said
+    return f"{inner.get('type', 'error')}: {message}" if inner is not None else message
+
+
+def batch_error_message(batch: Any) -> str:
+    """The upstream's own words for a failed batch (its `errors.data` messages)."""
+    errors = getattr(batch, "errors", None)
+    data = getattr(errors, "data", None) or (errors.get("data") if isinstance(errors, dict) else None) or []
+    messages = []
+    for item in data[:5]:
+        message = getattr(item, "message", None) or (item.get("message") if isinstance(item, dict) else None)
+        line = getattr(item, "line", None) or (item.get("line") if isinstance(item, dict) else None)
+        if message:
+            messages.append(f"{message} (upstream line {line})" if line else str(message))
+    return "; ".join(messages) or "no reason given"

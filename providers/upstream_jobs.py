@@ -17,6 +17,7 @@ import httpx
 
 from gateway.records import BatchRequest, Endpoint, Result
 from providers.openai_batches import Part, reply_lines
+from providers.upstream_errors import error_message
 
 Save = Callable[[], Awaitable[None]]
 
@@ -73,22 +74,6 @@ class UpstreamHTTPError(Exception):
         super().__init__(f"{status_code} {message}")
         self.status_code = status_code
         self.message = message
-
-
-def error_message(reply: httpx.Response) -> str:
-    """The provider's own words from an error reply: Anthropic's `error.message`, Mistral's `message`/`detail`."""
-    try:
-        body = reply.json()
-    except ValueError:
-        return reply.text[:500] or reply.reason_phrase
-    if isinstance(body, dict):
-        inner = body.get("error")
-        if isinstance(inner, dict) and inner.get("message"):
-            return f"{inner.get('type', 'error')}: {inner['message']}"
-        for key in ("message", "detail"):
-            if body.get(key):
-                return str(body[key])
-    return reply.text[:500]
 
 
 async def http_json(method: str, url: str, headers: Mapping[str, str], timeout: float | None,

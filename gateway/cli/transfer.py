@@ -2,8 +2,8 @@
 
 `-i`: a local path, `-` (stdin) or an http(s) URL (streamed GET).
 `-o`: a local path, `-` (stdout) or an http(s) URL (streamed PUT with
-Content-Length, as a presigned S3 URL needs; retried with backoff, only a 2xx
-counts).
+Content-Length, as a presigned S3 URL needs; retried with backoff by
+`providers.retry_policy`, only a 2xx counts).
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
 import httpx
+from tenacity import RetryCallState
+
+from providers.retry_policy import put_retrying
 
 _CHUNK = 1 << 16
 _PUT_ATTEMPTS = 5
@@ -89,18 +92,20 @@ async def deliver(read: Reader, size: int, dest: str, *, on_retry: Callable[[str
 
 
 async def _put(read: Reader, size: int, url: str, on_retry: Callable[[str], None] | None) -> None:
-    last = ""
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client:
-        for attempt in range(1, _PUT_ATTEMPTS + 1):
+
+        async def attempt() -> str | None:  # None: stored; else why not
             try:
                 reply = await client.put(url, content=read(), headers={"Content-Length": str(size)})
-                if reply.status_code // 100 == 2:
-                    return
-                last = f"HTTP {reply.status_code}"
             except httpx.HTTPError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            if attempt < _PUT_ATTEMPTS:
-                if on_retry is not None:
-                    on_retry(f"PUT {_redact(url)} failed ({last}); retry {attempt}/{_PUT_ATTEMPTS - 1}")
-                await asyncio.sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
-    raise TransferError(f"PUT {_redact(url)} failed after {_PUT_ATTEMPTS} attempts: {last}")
+                return f"{type(exc).__name__}: {exc}"
+            return None if reply.status_code // 100 == 2 else f"HTTP {reply.status_code}"
+
+        def retrying(state: RetryCallState) -> None:
+            if on_retry is not None:
+                why = state.outcome.result() if state.outcome is not None else ""
+                on_retry(f"PUT {_redact(url)} failed ({why}); retry {state.attempt_number}/{_PUT_ATTEMPTS - 1}")
+
+        last: str | None = await put_retrying(_PUT_ATTEMPTS, retrying)(attempt)
+    if last is not None:
+        raise TransferError(f"PUT {_redact(url)} failed after {_PUT_ATTEMPTS} attempts: {last}")

@@ -16,10 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 if TYPE_CHECKING:  # the entries' validators use this module's RouteKind and native_refusal
     from gateway.config.entries import Entry, LocalEntry, ModelInfo
 
-# The providers whose batch jobs a native route can run (`providers.native` has one `UpstreamJobs` for each).
-# LiteLLM 1.106.2 also reaches Vertex AI (Google Cloud Storage) and Bedrock (S3 and CreateModelInvocationJob)
-# batches; nothing on loopback stands in for those, so they are not offered untested.
-NATIVE_PROVIDERS = ("openai", "azure", "anthropic", "mistral")
+from gateway.config.endpoints import NATIVE_PROVIDERS  # one row each in NATIVE_JOBS, with its jobs class
 
 
 def native_refusal(model: str) -> str | None:

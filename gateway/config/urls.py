@@ -12,26 +12,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gateway.config.endpoints import ENDPOINTS
 from gateway.records import Endpoint
 
-_TAILS: dict[str, Endpoint] = {
-    "chat/completions": Endpoint.CHAT,
-    "completions": Endpoint.COMPLETIONS,
-    "embeddings": Endpoint.EMBEDDINGS,
-    "responses": Endpoint.RESPONSES,
-    "score": Endpoint.SCORE,
-    "rerank": Endpoint.RERANK,
-    "moderations": Endpoint.MODERATIONS,
-    "images/generations": Endpoint.IMAGES,
-    "audio/transcriptions": Endpoint.TRANSCRIPTIONS,
-    "audio/translations": Endpoint.TRANSLATIONS,
-}
+_TAILS: dict[str, Endpoint] = {rule.tail: endpoint for endpoint, rule in ENDPOINTS.items()}
 
 # prefix groups: "", "v1/", "openai/", "openai/v1/", "openai/deployments/{d}/", and "v2/" for rerank
 _URL = re.compile(
     r"^/?(?:(?P<v>v1|v2)/|openai/(?:v1/)?|openai/deployments/(?P<deployment>[^/?#]+)/)?"
-    r"(?P<tail>chat/completions|completions|embeddings|responses|score|rerank|moderations|images/generations"
-    r"|audio/transcriptions|audio/translations)/?$"
+    r"(?P<tail>" + "|".join(re.escape(tail) for tail in sorted(_TAILS, key=len, reverse=True)) + r")/?$"
 )
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from gateway import metrics
 from gateway.backends.interface import ROUTE_UNAVAILABLE, Backends, BackendUnavailable, ShardAwareBackend
+from gateway.config.prices import Prices, route_prices
 from gateway.config.schema import Config
 from gateway.json_codec import loads
 from gateway.pipeline.budget import Budgets, spending_for
@@ -45,26 +46,11 @@ _POLL_SECONDS = 0.5  # how often a running shard looks for cancel and expiry
 _FULL_POLL = 0.25  # a full process looks this often for a newcomer team's shard
 
 
-Prices = tuple[float, float]  # USD per input token, per output token
-
-
-def route_prices(config: Config, route: str) -> Prices | None:
-    """The route's per-token prices from its `model_info`, if the config gives any."""
-    if route not in config.routes:
-        return None
-    info = config.routes[route].model_info.litellm_keys
-    inp, out = info.get("input_cost_per_token"), info.get("output_cost_per_token")
-    if inp is None and out is None:
-        return None
-    return float(inp or 0), float(out or 0)
-
-
 def price(prices: Prices | None, result: Result) -> None:
     """Give a result the route's prices when its backend did not price it (local routes)."""
     if prices is None or result.cost_usd is not None or not result.ok:
         return
-    usage = result.usage
-    result.cost_usd = usage.input_tokens * prices[0] + usage.output_tokens * prices[1]
+    result.cost_usd = prices.cost(result.usage)
 
 
 class ShardRunner:
@@ -212,7 +198,8 @@ class ShardRunner:
         else:
             results = backend.execute(todo)
 
-        prices = route_prices(self.config, shard.route)  # once per shard: results come by the thousand
+        route = self.config.routes.get(shard.route)  # priced once per shard: results come by the thousand
+        prices = route_prices(route.model_info.litellm_keys) if route is not None else None
 
         async def consume() -> None:
             async for result in results:
@@ -254,4 +241,4 @@ class ShardRunner:
             await flush()
 
 
-__all__ = ["ShardRunner", "price", "route_prices"]
+__all__ = ["ShardRunner", "price"]

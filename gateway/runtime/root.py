@@ -42,7 +42,7 @@ from gateway.runtime.validation_processes import ValidationProcesses
 from gateway.store.base import Blobs, Coordination, Queue, Store
 from gateway.store.blobs.place import S3_ENDPOINT_ENV, BlobPlace
 from gateway.webhooks.sender import WebhookSender
-from gateway.webhooks.targets import retry_policy, webhook_targets
+from gateway.webhooks.targets import retry_schedule, webhook_targets
 
 if TYPE_CHECKING:
     from gateway.runtime.supervisor import WorkerPool
@@ -81,7 +81,7 @@ class Runtime:
         self.backends = BackendPool(config, store)
         self.webhooks = WebhookSender(store.webhooks, store.batches, coordination, webhook_targets(config),
                                       spawn=self.spawn,
-                                      policy=retry_policy(config))
+                                      policy=retry_schedule(config))
         announce = self.webhooks.announce
         self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter, announce=announce,
                                    file_expiry_seconds=config.batch.file_expiry_seconds)

@@ -48,9 +48,11 @@ MAX_REPLY_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
-class RetryPolicy:
+class RetrySchedule:
     """Standard Webhooks' advice: back off over hours, then give up. `delays[i]`: seconds before
-    attempt i+2 (the last one repeats)."""
+    attempt i+2 (the last one repeats). A schedule, not an in-process retry loop: each attempt's time is
+    recorded in the store (`next_at`), so it holds across restarts and processes; the in-process retries
+    of upstream calls are `providers.retry_policy`'s."""
 
     delays: Sequence[float] = (5, 30, 120, 600, 1800, 3600)
     give_up_after: float = 24 * 3600
@@ -75,12 +77,12 @@ Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
 class WebhookSender:
     def __init__(
         self, deliveries: WebhookDeliveries, batches: _Batches, lease: _Lease,
-        targets: Callable[[str], WebhookTarget | None], *, spawn: Spawn, policy: RetryPolicy | None = None,
+        targets: Callable[[str], WebhookTarget | None], *, spawn: Spawn, policy: RetrySchedule | None = None,
         every: float = 1.0,
     ) -> None:
         self.deliveries, self._batches, self._lease, self._targets = deliveries, batches, lease, targets
         self._spawn = spawn
-        self.policy = policy or RetryPolicy()
+        self.policy = policy or RetrySchedule()
         self._every = every
         self._in_flight: set[str] = set()
         self._client: httpx.AsyncClient | None = None
@@ -220,4 +222,4 @@ class WebhookSender:
             self._client = None
 
 
-__all__ = ["LEASE", "MAX_REPLY_BYTES", "PENDING", "RetryPolicy", "WebhookSender"]
+__all__ = ["LEASE", "MAX_REPLY_BYTES", "PENDING", "RetrySchedule", "WebhookSender"]

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from gateway.config.schema import Config
 from gateway.webhooks.events import WebhookTarget
-from gateway.webhooks.sender import RetryPolicy
+from gateway.webhooks.sender import RetrySchedule
 
 
 def webhook_targets(config: Config) -> Callable[[str], WebhookTarget | None]:
@@ -20,10 +20,10 @@ def webhook_targets(config: Config) -> Callable[[str], WebhookTarget | None]:
     return found.get
 
 
-def retry_policy(config: Config) -> RetryPolicy:
+def retry_schedule(config: Config) -> RetrySchedule:
     settings = config.batch.webhooks
-    return RetryPolicy(delays=tuple(settings.retry_delays_seconds), give_up_after=settings.give_up_after_seconds,
-                       timeout=settings.timeout_seconds)
+    return RetrySchedule(delays=tuple(settings.retry_delays_seconds), give_up_after=settings.give_up_after_seconds,
+                         timeout=settings.timeout_seconds)
 
 
-__all__ = ["retry_policy", "webhook_targets"]
+__all__ = ["retry_schedule", "webhook_targets"]

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from gateway.config.endpoints import ENDPOINTS
 from gateway.config.schema import parse_config
 from gateway.errors import LineCode, LineError
-from gateway.pipeline.body_fields import REQUIRED
 from gateway.pipeline.validate import LineChecker, LineProblem
 from gateway.records import BatchRequest, Endpoint
 
@@ -90,4 +90,4 @@ def test_a_mistyped_field_is_invalid_type(url: str, body: dict[str, Any], param:
 
 
 def test_every_endpoint_has_its_required_fields() -> None:
-    assert set(REQUIRED) == set(Endpoint)
+    assert set(ENDPOINTS) == set(Endpoint) and all(rule.required for rule in ENDPOINTS.values())

@@ -1,4 +1,9 @@
-"""What one upstream call cost: the config's prices when it gives them, else LiteLLM's price map's.
+"""What a request costs, in one module: per-token prices from the operator's config, else LiteLLM's price map.
+
+One name per idea: `Prices` is a pair of USD per-token prices (input, output) and what a usage costs at
+them; `route_prices` the prices a route's `model_info` gives (local routes: the shard runner prices their
+results); `DeploymentPrices` the prices of each upstream deployment, by the Router's deployment id (real-time
+routes); `batch_prices` a native deployment's prices at batch rates.
 
 Prices are the operator's (trusted), never a line's: a deployment may carry
 `input_cost_per_token` / `output_cost_per_token` in its `model_info` or
@@ -9,7 +14,7 @@ once per deployment (`model_info.base_model` first, as LiteLLM does for Azure
 deployments), read when the Router is built. Token counts are the reply's sane
 ones only (`Usage.read`).
 
-On LiteLLM's completion path (`cost`) the same rule holds. LiteLLM's own per-call
+On LiteLLM's completion path (`DeploymentPrices.cost`) the same rule holds. LiteLLM's own per-call
 `response_cost` is not taken where a per-token price is known: it is computed
 from the call's keyword arguments (custom prices, `base_model`, `metadata.model_info`,
 `optional_params`), which a line's body becomes. It is the price only of a
@@ -20,36 +25,78 @@ image model, priced per image), and then only a finite, non-negative one.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from gateway.records import Usage
 
 _KEYS = ("input_cost_per_token", "output_cost_per_token")
 
 
+class Prices(NamedTuple):
+    """USD per input token, per output token."""
+
+    input: float
+    output: float
+
+    def cost(self, usage: Usage) -> float:
+        return usage.input_tokens * self.input + usage.output_tokens * self.output
+
+
+def cost_of(usage: Usage, prices: Prices | None) -> float | None:
+    """What `usage` costs at `prices`; None when no price is known."""
+    return prices.cost(usage) if prices is not None else None
+
+
+def route_prices(model_info: Mapping[str, Any]) -> Prices | None:
+    """A route's per-token prices from its `model_info`, if the config gives any."""
+    inp, out = model_info.get("input_cost_per_token"), model_info.get("output_cost_per_token")
+    if inp is None and out is None:
+        return None
+    return Prices(float(inp or 0), float(out or 0))
+
+
+def batch_prices(model_info: Mapping[str, Any], model_cost: Mapping[str, Any], candidates: Sequence[str]) -> (
+    Prices | None
+):
+    """(input, output) USD per token at batch rates: model_info first, then LiteLLM's price map.
+
+    `*_cost_per_token_batches` are used as they are; plain `*_cost_per_token` are halved (the 50% batch
+    discount of OpenAI, Azure, Anthropic and Mistral alike). None when no price is known.
+    """
+    sources = [model_info, *(model_cost.get(name) or {} for name in candidates if name)]
+    for info in sources:
+        if "input_cost_per_token_batches" in info or "output_cost_per_token_batches" in info:
+            return Prices(float(info.get("input_cost_per_token_batches") or 0),
+                          float(info.get("output_cost_per_token_batches") or 0))
+        if "input_cost_per_token" in info or "output_cost_per_token" in info:
+            return Prices(float(info.get("input_cost_per_token") or 0) / 2,
+                          float(info.get("output_cost_per_token") or 0) / 2)
+    return None
+
+
 def _price(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-class Prices:
-    """Configured per-token prices by deployment id (the Router's `model_info.id`)."""
+class DeploymentPrices:
+    """Each upstream deployment's per-token prices, by deployment id (the Router's `model_info.id`)."""
 
     def __init__(self, deployments: Iterable[dict[str, Any]]) -> None:
         listed = list(deployments)
-        self._by_id: dict[str, tuple[float, float]] = {}
+        self._by_id: dict[str, Prices] = {}
         for deployment in listed:
             info = deployment.get("model_info") or {}
             params = deployment.get("litellm_params") or {}
             found = [_price(info.get(k, params.get(k))) for k in _KEYS]
             if any(p is not None for p in found) and info.get("id") is not None:
-                self._by_id[str(info["id"])] = (found[0] or 0.0, found[1] or 0.0)
+                self._by_id[str(info["id"])] = Prices(found[0] or 0.0, found[1] or 0.0)
         self._deployments = {str((d.get("model_info") or {}).get("id")): d for d in listed}
         # Read from the price map now, before any line runs: LiteLLM registers prices a call's keyword
         # arguments carry into that same global map (`litellm.model_cost`), so a later read could see them.
         self._mapped = {key: _price_map(d) for key, d in self._deployments.items() if key not in self._by_id}
 
-    def prices(self, deployment_id: str) -> tuple[float, float] | None:
+    def prices(self, deployment_id: str) -> Prices | None:
         """The deployment's per-token prices: the config's, else the price map's (None: neither gives one)."""
         return self._by_id.get(deployment_id) or self._mapped.get(deployment_id)
 
@@ -58,8 +105,7 @@ class Prices:
         prices = self.prices(deployment_id)
         if prices is None:
             return None
-        usage = Usage.from_body(body)
-        return usage.input_tokens * prices[0] + usage.output_tokens * prices[1]
+        return prices.cost(Usage.from_body(body))
 
     def cost(self, reply: Any, body: dict[str, Any]) -> float | None:
         """A completion-path reply's cost: as `for_deployment` for the deployment the Router chose; LiteLLM's
@@ -76,7 +122,7 @@ class Prices:
         return cost if cost is not None and math.isfinite(cost) and cost >= 0 else None
 
 
-def _price_map(deployment: dict[str, Any]) -> tuple[float, float] | None:
+def _price_map(deployment: dict[str, Any]) -> Prices | None:
     """The deployment's per-token prices in LiteLLM's local price map, or None when it has none."""
     import litellm
 
@@ -88,5 +134,5 @@ def _price_map(deployment: dict[str, Any]) -> tuple[float, float] | None:
         if isinstance(entry, dict):
             found = [_price(entry.get(k)) for k in _KEYS]
             if any(p is not None for p in found):
-                return found[0] or 0.0, found[1] or 0.0
+                return Prices(found[0] or 0.0, found[1] or 0.0)
     return None

@@ -1,0 +1,114 @@
+"""Every fact about an endpoint, in one table: its url, its required fields, and what each route kind serves.
+
+`ENDPOINTS` has one row per canonical `Endpoint`; `NATIVE_JOBS` one per provider whose batch jobs a
+native route can run. Everything else reads these: url normalising (`gateway.config.urls`), body checks
+(`gateway.pipeline.body_fields`), the upstream backend and its pass-through (`providers.litellm_backend`,
+`providers.passthrough`), the native backend (`providers.native` and each provider's jobs), and the local
+engine's refusals (`local_engine.serving`). A local route serves what its vLLM model serves (vLLM tells
+at start), less `never_local`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gateway.records import Endpoint
+
+FieldTypes = Mapping[str, tuple[tuple[type, ...], str]]  # field -> (accepted types, how OpenAI names them)
+_STRING_OR_ARRAY = ((str, list), "a string or an array")
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointRule:
+    """One endpoint's facts.
+
+    `tail`: the path every url form of it ends in (`/v1/<tail>`, Azure's `/openai/deployments/{d}/<tail>`).
+    `required`: alternative sets of required body fields; a body holds every field of at least one set.
+    `types`: the JSON type a field must have when present (only the cheap, certain checks).
+    `sdk_params`: the `openai` SDK's request TypedDict (`module:Name`): OpenAI's documented fields.
+    `fields`: the documented fields where no OpenAI schema exists (rerank: Cohere's v2 request).
+    `router_method`: the LiteLLM Router's method on a real-time upstream route (None: no upstream serves it).
+    `wire`: an OpenAI-wire provider takes the line's bytes as they are (`providers.passthrough`).
+    `never_local`: what it is, when no vLLM model serves it (the local line's 400 says where to send it).
+    """
+
+    tail: str
+    required: tuple[tuple[str, ...], ...]
+    types: FieldTypes = field(default_factory=dict)
+    sdk_params: str | None = None
+    fields: frozenset[str] = frozenset()
+    router_method: str | None = None
+    wire: bool = False
+    never_local: str | None = None
+
+    @property
+    def wire_path(self) -> str:
+        """The path below an OpenAI-wire provider's base URL (`/chat/completions`)."""
+        return f"/{self.tail}"
+
+
+ENDPOINTS: dict[Endpoint, EndpointRule] = {
+    Endpoint.CHAT: EndpointRule(
+        "chat/completions", (("messages",),), {"messages": ((list,), "an array")},
+        sdk_params="openai.types.chat.completion_create_params:CompletionCreateParamsBase",
+        router_method="acompletion", wire=True),
+    Endpoint.COMPLETIONS: EndpointRule(
+        "completions", (("prompt",),), {"prompt": _STRING_OR_ARRAY},
+        sdk_params="openai.types.completion_create_params:CompletionCreateParamsBase",
+        router_method="atext_completion", wire=True),
+    Endpoint.EMBEDDINGS: EndpointRule(
+        "embeddings", (("input",),), {"input": _STRING_OR_ARRAY},
+        sdk_params="openai.types.embedding_create_params:EmbeddingCreateParams",
+        router_method="aembedding", wire=True),
+    Endpoint.RESPONSES: EndpointRule(
+        "responses", (("input",),), {"input": _STRING_OR_ARRAY},
+        sdk_params="openai.types.responses.response_create_params:ResponseCreateParamsBase",
+        router_method="aresponses", wire=True),
+    # vLLM's score takes any one of its four pairs (vllm/entrypoints/pooling/scoring/protocol.py)
+    Endpoint.SCORE: EndpointRule(
+        "score", (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))),
+    # Rerank is no OpenAI endpoint: its fields are Cohere's v2 rerank request, the one LiteLLM's `rerank` takes.
+    Endpoint.RERANK: EndpointRule(
+        "rerank", (("query", "documents"),),
+        fields=frozenset({"model", "query", "documents", "top_n", "rank_fields", "return_documents",
+                          "max_chunks_per_doc", "max_tokens_per_doc"}),
+        router_method="arerank"),
+    Endpoint.MODERATIONS: EndpointRule(
+        "moderations", (("input",),), {"input": _STRING_OR_ARRAY},
+        sdk_params="openai.types.moderation_create_params:ModerationCreateParams",
+        router_method="amoderation", wire=True, never_local="moderations"),
+    Endpoint.IMAGES: EndpointRule(
+        "images/generations", (("prompt",),), {"prompt": ((str,), "a string")},
+        sdk_params="openai.types.image_generate_params:ImageGenerateParamsBase",
+        router_method="aimage_generation", wire=True, never_local="image generation"),
+    # audio takes a URL (vLLM's run_batch) or the file
+    Endpoint.TRANSCRIPTIONS: EndpointRule("audio/transcriptions", (("file_url",), ("file",))),
+    Endpoint.TRANSLATIONS: EndpointRule("audio/translations", (("file_url",), ("file",))),
+}
+
+UPSTREAM_ENDPOINTS = frozenset(e for e, rule in ENDPOINTS.items() if rule.router_method is not None)
+WIRE_ENDPOINTS = frozenset(e for e, rule in ENDPOINTS.items() if rule.wire)
+
+
+@dataclass(frozen=True, slots=True)
+class NativeJobs:
+    """A provider whose batch jobs a native route runs: its `UpstreamJobs` class (`module:Name`, imported
+    only by `providers.native`, which this layer may not import) and the endpoints its jobs take."""
+
+    jobs: str
+    endpoints: frozenset[Endpoint]
+
+
+# Endpoints that OpenAI's and Azure's batch jobs accept.
+_OPENAI_BATCH = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES})
+
+# LiteLLM 1.106.2 also reaches Vertex AI (Google Cloud Storage) and Bedrock (S3 and CreateModelInvocationJob)
+# batches; nothing on loopback stands in for those, so they are not offered untested.
+NATIVE_JOBS: dict[str, NativeJobs] = {
+    "openai": NativeJobs("providers.openai_jobs:OpenAIJobs", _OPENAI_BATCH),
+    "azure": NativeJobs("providers.openai_jobs:OpenAIJobs", _OPENAI_BATCH),
+    "anthropic": NativeJobs("providers.anthropic_jobs:AnthropicJobs", frozenset({Endpoint.CHAT})),
+    "mistral": NativeJobs("providers.mistral_jobs:MistralJobs", frozenset({Endpoint.CHAT, Endpoint.EMBEDDINGS})),
+}
+NATIVE_PROVIDERS = tuple(NATIVE_JOBS)

@@ -1,0 +1,174 @@
+"""Where a rule lives in Lua and in Python, both run the same cases and give the same answer (a real redis-server).
+
+- The quota rule: `gateway.store.quota.exceeded` (the SQLite ledger's) and the ADMIT script of
+  `gateway.store.redis.quota`, on the same admitted batches and the same new batch.
+- The fair pick: `gateway.scheduling.fairness.pick` (the SQLite queue's) and the CLAIM script of
+  `gateway.store.redis.scripts`, on the same waiting and held shards. Every case has one winner: between
+  keys that tie, the two break ties by their own orders (Python the earlier candidate, Lua Redis' hash order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from gateway.records import Shard
+from gateway.scheduling.fairness import Candidate, pick
+from gateway.store.quota import MAX_ACTIVE_BATCHES as BATCHES
+from gateway.store.quota import MAX_ENQUEUED_REQUESTS as REQUESTS
+from gateway.store.quota import MODEL_MAX_ENQUEUED_REQUESTS as PER_MODEL
+from gateway.store.quota import TeamLimits, exceeded
+from gateway.store.redis import scripts
+from gateway.store.redis.coordination import connect_redis
+from gateway.store.redis.keys import GROUP, Keys
+from gateway.store.redis.queue import RedisStreamQueue
+from gateway.store.redis.quota import RedisQuotaLedger
+from gateway.store.sqlite.store import SQLiteStore
+from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer
+
+pytestmark = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)]
+
+# -- the quota rule ----------------------------------------------------------------------------------
+
+Admitted = tuple[int, Mapping[str, int] | None]  # a batch counted already: its requests, per model (or None)
+
+# (admitted batches, the team's limits, the new batch's requests and per model, the quota it exceeds)
+QUOTA: list[tuple[list[Admitted], TeamLimits, int, dict[str, int], str | None]] = [
+    ([], TeamLimits(), 10**6, {}, None),
+    ([(1, None), (1, None)], TeamLimits(max_active_batches=2), 1, {}, BATCHES),
+    ([(1, None)], TeamLimits(max_active_batches=2), 1, {}, None),
+    ([], TeamLimits(max_active_batches=0), 1, {}, BATCHES),
+    ([(60, None)], TeamLimits(max_enqueued_requests=100), 40, {}, None),
+    ([(60, None)], TeamLimits(max_enqueued_requests=100), 41, {}, REQUESTS),
+    ([(60, None), (1, None)], TeamLimits(max_active_batches=2, max_enqueued_requests=10), 50, {}, BATCHES),
+    ([(6, {"m": 6})], TeamLimits(model_max_enqueued_requests={"m": 10}), 4, {"m": 4}, None),
+    ([(6, {"m": 6})], TeamLimits(model_max_enqueued_requests={"m": 10}), 5, {"m": 5}, PER_MODEL),
+    ([(3, {"m": 3}), (4, {"m": 4})], TeamLimits(model_max_enqueued_requests={"m": 10}), 4, {"m": 4}, PER_MODEL),
+    ([(6, {"m": 6})], TeamLimits(model_max_enqueued_requests={"m": 10}), 50, {"n": 50}, None),  # n has no limit
+    ([(9, None)], TeamLimits(model_max_enqueued_requests={"m": 10}), 10, {"m": 10}, None),  # counted before limits
+    ([(6, {"m": 6, "n": 1})], TeamLimits(model_max_enqueued_requests={"m": 10, "n": 1}), 2, {"m": 1, "n": 1},
+     PER_MODEL),
+    ([], TeamLimits(model_max_enqueued_requests={"m": 0}), 3, {"n": 3, "m": 0}, None),  # none of m: not over
+    ([], TeamLimits(max_enqueued_requests=5, model_max_enqueued_requests={"m": 1}), 6, {"m": 6}, REQUESTS),
+]
+
+
+@pytest.mark.parametrize(("admitted", "limits", "requests", "by_model", "expected"), QUOTA)
+def test_the_quota_rule_in_lua_and_in_python(
+    redis_server: RedisServer, tmp_path: Path, admitted: list[Admitted], limits: TeamLimits, requests: int,
+    by_model: dict[str, int], expected: str | None,
+) -> None:
+    async def scenario() -> tuple[str | None, str | None, str | None]:
+        with redis_server.client() as c:
+            c.flushall()
+        client = connect_redis(redis_server.url)
+        lua = RedisQuotaLedger(client, Keys())
+        sqlite = SQLiteStore(tmp_path / "q.sqlite3")
+        try:
+            for i, (n, models) in enumerate(admitted):
+                for ledger in (lua, sqlite.quota):
+                    assert await ledger.admit("team", f"b{i}", n, TeamLimits(), models) is None
+            python = exceeded(await lua.usage("team"), requests, by_model, limits)
+            return (await lua.admit("team", "new", requests, limits, by_model), python,
+                    await sqlite.quota.admit("team", "new", requests, limits, by_model))
+        finally:
+            await client.aclose()
+            await sqlite.aclose()
+
+    assert asyncio.run(scenario()) == (expected, expected, expected)
+
+
+# -- the fair pick -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Work:
+    """One batch's shards on one route: `waiting` to be claimed, `held` by a worker already."""
+
+    route: str
+    team: str
+    batch: str
+    deadline: int
+    waiting: int = 1
+    held: int = 0
+
+
+@dataclass(frozen=True)
+class Case:
+    work: list[Work]
+    expected: str | None  # the batch whose shard is claimed next
+    weights: dict[str, float] = field(default_factory=dict)
+    skip_teams: list[str] = field(default_factory=list)
+    skip_batches: list[str] = field(default_factory=list)
+
+
+PICKS = {
+    "alone, the sooner deadline first": Case([Work("r", "a", "a1", 200), Work("r", "a", "a2", 100)], "a2"),
+    "the team with less in use": Case([Work("r", "a", "a1", 100, held=2), Work("r", "b", "b1", 900)], "b1"),
+    "in use per unit of weight": Case([Work("r", "a", "a1", 900, held=2), Work("r", "b", "b1", 100, held=1)], "a1",
+                                      weights={"a": 4.0}),
+    "a heavier team still waits its turn": Case(
+        [Work("r", "a", "a1", 100, held=3), Work("r", "b", "b1", 900, held=1)], "b1", weights={"a": 2.0}),
+    "one deadline: the batch with less in use": Case(
+        [Work("r", "a", "a1", 100, held=1), Work("r", "a", "a2", 100)], "a2"),
+    "a held batch counts for its team": Case(
+        [Work("r", "a", "a1", 100, waiting=0, held=2), Work("r", "a", "a2", 200), Work("r", "b", "b1", 300, held=1)],
+        "b1"),
+    "use is counted per route": Case(
+        [Work("r1", "a", "a1", 100, held=3), Work("r2", "a", "a2", 300), Work("r1", "b", "b1", 200, held=1)], "a2"),
+    "a skipped team is passed over": Case([Work("r", "a", "a1", 100), Work("r", "b", "b1", 900, held=5)], "b1",
+                                          skip_teams=["a"]),
+    "a skipped batch is passed over": Case([Work("r", "a", "a1", 100), Work("r", "a", "a2", 900)], "a2",
+                                           skip_batches=["a1"]),
+    "nothing waiting": Case([Work("r", "a", "a1", 100, waiting=0, held=1)], None),
+    "three teams, weights and deadlines": Case(
+        [Work("r", "a", "a1", 300, held=1), Work("r", "b", "b1", 100, held=2), Work("r", "c", "c1", 200, held=3)],
+        "c1", weights={"b": 1.5, "c": 4.0}),
+}
+
+
+def _python_pick(case: Case) -> str | None:
+    """The SQLite queue's inputs to `pick`: one candidate per waiting (route, batch), use per (route, team)
+    and per batch."""
+    team_used: Counter[tuple[str, str]] = Counter()
+    batch_used: Counter[str] = Counter()
+    for w in case.work:
+        team_used[w.route, w.team] += w.held
+        batch_used[w.batch] += w.held
+    candidates = [Candidate(w.team, w.batch, w.deadline, scope=w.route) for w in case.work
+                  if w.waiting and w.team not in case.skip_teams and w.batch not in case.skip_batches]
+    chosen = pick(candidates, team_used, batch_used, case.weights)
+    return chosen.batch_id if chosen is not None else None
+
+
+@pytest.mark.parametrize("name", PICKS)
+def test_the_fair_pick_in_lua_and_in_python(redis_server: RedisServer, name: str) -> None:
+    case = PICKS[name]
+    keys = Keys()
+    routes = sorted({w.route for w in case.work})
+
+    async def lua_pick() -> str | None:
+        with redis_server.client() as c:
+            c.flushall()
+        client = connect_redis(redis_server.url)
+        try:
+            queue = RedisStreamQueue(client, routes, consumer="me")
+            for w in case.work:
+                for i in range(w.held + w.waiting):
+                    await queue.put(Shard(w.batch, i, w.route, 1, team=w.team, deadline=w.deadline))
+                if w.held:  # another worker holds these (read, not acked)
+                    await client.xreadgroup(GROUP, "other", {keys.stream(w.route, w.team, w.batch): ">"}, count=w.held)
+            claim = client.register_script(scripts.CLAIM)
+            opts = json.dumps({"skip": case.skip_teams, "skip_batches": case.skip_batches, "weights": case.weights})
+            got = await claim(keys=[keys.teams(r) for r in routes], args=[GROUP, "me", 32, opts])
+            return str(got[0]).rpartition(":")[2] if got else None
+        finally:
+            await client.aclose()
+
+    assert (asyncio.run(lua_pick()), _python_pick(case)) == (case.expected, case.expected)

@@ -1,0 +1,58 @@
+"""The endpoint table (`gateway.config.endpoints`) is the one home of endpoint facts: every reader agrees with it."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.config.endpoints import ENDPOINTS, NATIVE_JOBS, NATIVE_PROVIDERS, UPSTREAM_ENDPOINTS, WIRE_ENDPOINTS
+from gateway.config.routes import native_refusal
+from gateway.config.urls import normalise_url
+from gateway.pipeline.body_fields import upstream_fields
+from gateway.records import Endpoint
+from providers.native import jobs_class
+
+# endpoint: (url tail, served upstream in real time, as bytes on OpenAI-wire routes, never by a local engine)
+KINDS = [
+    (Endpoint.CHAT, "chat/completions", True, True, False),
+    (Endpoint.COMPLETIONS, "completions", True, True, False),
+    (Endpoint.EMBEDDINGS, "embeddings", True, True, False),
+    (Endpoint.RESPONSES, "responses", True, True, False),
+    (Endpoint.SCORE, "score", False, False, False),
+    (Endpoint.RERANK, "rerank", True, False, False),
+    (Endpoint.MODERATIONS, "moderations", True, True, True),
+    (Endpoint.IMAGES, "images/generations", True, True, True),
+    (Endpoint.TRANSCRIPTIONS, "audio/transcriptions", False, False, False),
+    (Endpoint.TRANSLATIONS, "audio/translations", False, False, False),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "tail", "upstream", "wire", "never_local"), KINDS)
+def test_what_each_route_kind_serves(endpoint: Endpoint, tail: str, upstream: bool, wire: bool,
+                                     never_local: bool) -> None:
+    rule = ENDPOINTS[endpoint]
+    assert (rule.tail, endpoint in UPSTREAM_ENDPOINTS, endpoint in WIRE_ENDPOINTS, rule.never_local is not None) == (
+        tail, upstream, wire, never_local)
+    for form in (f"/v1/{tail}", f"/{tail}", tail, f"/openai/v1/{tail}", f"/openai/deployments/d/{tail}?api-version=x"):
+        normal = normalise_url(form)
+        assert normal is not None and normal.endpoint is endpoint, form
+    if upstream:  # the Router method's required arguments: one set
+        assert len(rule.required) == 1
+        assert upstream_fields(endpoint) >= set(rule.required[0])
+    else:
+        assert upstream_fields(endpoint) == frozenset()
+
+
+def test_every_endpoint_has_one_row() -> None:
+    assert set(ENDPOINTS) == set(Endpoint) == {row[0] for row in KINDS}
+
+
+@pytest.mark.parametrize("provider", NATIVE_PROVIDERS)
+def test_every_native_provider_has_its_jobs_class(provider: str) -> None:
+    cls = jobs_class(provider)
+    assert cls is not None and cls.endpoints == NATIVE_JOBS[provider].endpoints
+    assert native_refusal(f"{provider}/some-model") is None
+
+
+@pytest.mark.parametrize("provider", ["bedrock", "vertex_ai", "hosted_vllm"])
+def test_other_providers_run_no_native_jobs(provider: str) -> None:
+    assert jobs_class(provider) is None and native_refusal(f"{provider}/m") is not None

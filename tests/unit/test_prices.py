@@ -1,0 +1,52 @@
+"""The one pricing module: per-token prices from the config, at batch rates, and what a usage costs at them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.config.prices import DeploymentPrices, Prices, batch_prices, cost_of, route_prices
+from gateway.records import Usage
+
+USAGE = Usage(input_tokens=1000, output_tokens=100)
+
+
+@pytest.mark.parametrize(("info", "expected"), [
+    ({}, None),
+    ({"input_cost_per_token": 1e-6}, Prices(1e-6, 0.0)),
+    ({"input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6}, Prices(1e-6, 2e-6)),
+])
+def test_a_routes_prices_are_its_model_info(info: dict[str, Any], expected: Prices | None) -> None:
+    assert route_prices(info) == expected
+
+
+MAP = {"gpt-x": {"input_cost_per_token": 4e-6, "output_cost_per_token": 8e-6},
+       "gpt-b": {"input_cost_per_token_batches": 1e-6, "output_cost_per_token_batches": 3e-6}}
+
+
+@pytest.mark.parametrize(("info", "candidates", "expected"), [
+    ({}, ["gpt-x"], Prices(2e-6, 4e-6)),  # the price map's, halved: the batch discount
+    ({}, ["gpt-b"], Prices(1e-6, 3e-6)),  # the map's batch rates, as they are
+    ({"input_cost_per_token": 2e-6}, ["gpt-x"], Prices(1e-6, 0.0)),  # the config first
+    ({"input_cost_per_token_batches": 5e-6}, ["gpt-x"], Prices(5e-6, 0.0)),
+    ({}, ["", "unknown"], None),
+])
+def test_batch_prices(info: dict[str, Any], candidates: list[str], expected: Prices | None) -> None:
+    assert batch_prices(info, MAP, candidates) == expected
+
+
+def test_what_a_usage_costs() -> None:
+    assert cost_of(USAGE, None) is None
+    assert cost_of(USAGE, Prices(1e-6, 2e-6)) == pytest.approx(1000 * 1e-6 + 100 * 2e-6)
+
+
+def test_a_deployments_configured_prices_win_and_only_numbers_count() -> None:
+    prices = DeploymentPrices([
+        {"model_info": {"id": "a", "input_cost_per_token": 1e-6}, "litellm_params": {"output_cost_per_token": 3e-6}},
+        {"model_info": {"id": "b", "input_cost_per_token": "1e-6"}, "litellm_params": {"model": "nowhere/none"}},
+    ])
+    assert prices.prices("a") == Prices(1e-6, 3e-6)
+    assert prices.prices("b") is None  # a string is no price, and the price map has none for it
+    assert prices.for_deployment("a", {"usage": {"prompt_tokens": 1000, "completion_tokens": 100}}) == (
+        pytest.approx(1000 * 1e-6 + 100 * 3e-6))
