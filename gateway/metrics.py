@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge, Histogram
     from prometheus_client.registry import Collector
 
-    from gateway.store.base import Store
+    from gateway.store.protocols import Store
 
 log = logging.getLogger("batchyard.metrics")
 

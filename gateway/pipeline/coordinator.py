@@ -28,8 +28,9 @@ from typing import Any, Protocol
 from gateway.pipeline.finalizer import Finalizer
 from gateway.pipeline.lifecycle import Announce, announce_nothing, for_queue
 from gateway.records import BatchStatus
-from gateway.store.base import BatchRecord, Coordination, Queue, Store, now
-from gateway.store.quota import GRACE_SECONDS, QuotaLedger
+from gateway.store.objects import BatchRecord, now
+from gateway.store.protocols import Coordination, Queue, QuotaLedger, Store
+from gateway.store.quota import GRACE_SECONDS
 
 log = logging.getLogger("batchyard.coordinator")
 

@@ -32,7 +32,7 @@ from gateway.json_codec import dumps
 from gateway.records import BatchRequest, Result
 
 if TYPE_CHECKING:  # handed in by the runner: scheduling sits below the store
-    from gateway.store.rates import RateWindows
+    from gateway.store.protocols import RateWindows
 
 GRANT_MAX = 16  # requests asked of the window at once (one store call per this many)
 _RECHECK_SECONDS = 0.25  # a paced shard asks again at least this often (tokens reported meanwhile are flushed)

@@ -22,14 +22,14 @@ import yaml
 from gateway.config.schema import parse_config
 from gateway.records import BatchStatus
 from gateway.runtime.root import open_shared
-from gateway.store.base import BatchRecord
+from gateway.store.objects import BatchRecord
 from gateway.store.redis.keys import Keys
 from gateway.store.webhook_deliveries import PENDING, WebhookDelivery
+from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.webhook_receiver import Receiver
 from tests.support.server_helpers import REPO_ROOT, Gateway, chat_line, gateway_config, submit, wait_batch
 from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer
 from tests.support.team_helpers import start_shared
-from tests.fakes.upstream import Upstream, start_upstream
-from tests.fakes.webhook_receiver import Receiver
 
 MASTER = "sk-master-names-0123456789"
 # Named after the fixed keys, old (`batches:active`, `webhooks:all`, `webhooks:due`) and new

@@ -25,14 +25,14 @@ import pytest
 from gateway.config.schema import parse_config
 from gateway.pipeline.budget import Budgets, spending_for
 from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard, new_id
-from gateway.store.base import BatchRecord, now
+from gateway.store.objects import BatchRecord, now
 from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend
+from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream_app import BAD_USAGE
 from tests.support.server_helpers import Gateway, gateway_config, read_jsonl, start_gateway, submit
 from tests.support.services import HAVE_REDIS, RedisServer, start_worker
 from tests.support.team_helpers import MODES, finished, lines, metric, serve, start_shared, until
-from tests.fakes.upstream import Upstream, start_upstream
-from tests.fakes.upstream_app import BAD_USAGE
 
 PRICE = 0.001  # USD per token, in and out, on every priced route
 ROUTES = ("gpt-mini", "gpt-azure")  # LiteLLM's pass-through (OpenAI's wire) and its completion path (Azure)

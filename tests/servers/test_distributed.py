@@ -34,9 +34,10 @@ from gateway.config.schema import Config, parse_config
 from gateway.errors import ConfigError
 from gateway.records import BatchStatus
 from gateway.runtime.root import Runtime, open_shared
-from gateway.store.base import BatchRecord
+from gateway.store.objects import BatchRecord
 from gateway.store.redis.coordination import connect_redis
 from gateway.store.redis.keys import GROUP, Keys
+from tests.fakes.upstream import Upstream, start_upstream
 from tests.support.services import (
     HAVE_REDIS,
     NO_REDIS_REASON,
@@ -50,7 +51,6 @@ from tests.support.services import (
     start_worker,
     write_config,
 )
-from tests.fakes.upstream import Upstream, start_upstream
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)]
 
