@@ -34,7 +34,7 @@ from gateway.pipeline.budget import over_budget_now
 from gateway.pipeline.lifecycle import OVER_BUDGET, stop_reason
 from gateway.pipeline.media_urls import refused_media
 from gateway.records import BatchRequest, Endpoint, Result, Shard, Usage, new_id
-from gateway.store.base import Store
+from gateway.store.protocols import Store
 from providers.openai_batches import (
     TERMINAL,
     Part,

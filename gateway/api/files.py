@@ -22,7 +22,7 @@ from gateway.pipeline.batch_params import ExpiresAfter
 
 if TYPE_CHECKING:
     from gateway.runtime.root import Runtime
-    from gateway.store.base import FileRecord
+    from gateway.store.objects import FileRecord
 
 router = APIRouter()
 

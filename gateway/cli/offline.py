@@ -31,7 +31,7 @@ from gateway.config.schema import Config
 from gateway.records import BatchStatus
 from gateway.runtime.root import Runtime, open_embedded
 from gateway.runtime.supervisor import WorkerPool, default_workers
-from gateway.store.base import BatchOptions, BatchRecord
+from gateway.store.objects import BatchOptions, BatchRecord
 
 EXIT_OK, EXIT_INPUT, EXIT_DELIVERY = 0, 1, 3
 _BOM = b"\xef\xbb\xbf"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.cli.console import log_path, say, terminal
-from gateway.store.base import BatchRecord
+from gateway.store.objects import BatchRecord
 
 MAX_ERRORS_SHOWN = 20
 
@@ -23,7 +23,7 @@ def report_invalid(batch: BatchRecord) -> None:
 def summarise(batch: BatchRecord, seconds: float, engine_seconds: float | None) -> None:
     """Counts by model and status, then by route (tokens, cost), native upstream ids, token totals, the log."""
     out = terminal()
-    summary = batch.routes.get("summary") or {}
+    summary = batch.summary or {}
     total = batch.counts.total
     usage = summary.get("usage", {})
     say(f"{total} requests in {seconds:.1f}s: {summary.get('succeeded', 0)} succeeded, "
@@ -66,8 +66,8 @@ def throughput(requests: int, output_tokens: int, seconds: float, engine_seconds
     return f"throughput: {rates} over {running:.1f}s of running{start}"
 
 
-def _routes(routes: dict[str, Any], out: Any) -> None:
-    priced = {n: r for n, r in routes.items() if n != "summary" and isinstance(r, dict) and "requests" in r}
+def _routes(routes: dict[str, dict[str, Any]], out: Any) -> None:
+    priced = {n: r for n, r in routes.items() if "requests" in r}
     if priced:
         width = max(len(m) for m in priced) + 2
         print("  " + "route".ljust(width) + "requests".rjust(10) + "tokens in".rjust(12) + "tokens out".rjust(12)

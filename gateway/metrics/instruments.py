@@ -24,7 +24,7 @@ from gateway.records import MAX_USAGE_TOKENS, Result, billable
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge, Histogram
 
-    from gateway.store.base import Store
+    from gateway.store.protocols import Store
 
 log = logging.getLogger("batchyard.metrics")
 

@@ -13,7 +13,7 @@ from gateway.metrics.instruments import UNROUTED
 from gateway.records import BatchStatus
 
 if TYPE_CHECKING:
-    from gateway.store.base import Store
+    from gateway.store.protocols import Store
 
 ACTIVE_STATUSES = [s for s in BatchStatus if not s.finished]
 

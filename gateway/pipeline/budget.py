@@ -19,7 +19,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 
 from gateway.config.schema import Config
-from gateway.store.quota import QuotaLedger, SpendTo, budget_period
+from gateway.store.protocols import QuotaLedger
+from gateway.store.quota import SpendTo, budget_period
 
 
 class Budgets:

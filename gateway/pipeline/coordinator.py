@@ -29,7 +29,8 @@ from gateway.pipeline.finalizer import Finalizer
 from gateway.pipeline.intake import BatchService
 from gateway.pipeline.lifecycle import for_queue
 from gateway.records import BatchStatus
-from gateway.store.base import BatchRecord, Coordination, Queue, Store, now
+from gateway.store.objects import BatchRecord, now
+from gateway.store.protocols import Coordination, Queue, Store
 from gateway.store.quota import GRACE_SECONDS
 
 log = logging.getLogger("batchyard.coordinator")

@@ -36,7 +36,9 @@ from gateway.pipeline.merge import seal_shard
 from gateway.records import BatchRequest, Result, Shard
 from gateway.scheduling.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
 from gateway.scheduling.pacing import Pacer, pacing_with
-from gateway.store.base import Blobs, Delivery, Queue, Store, read_lines
+from gateway.store.lines import read_lines
+from gateway.store.objects import Delivery
+from gateway.store.protocols import Blobs, Queue, Store
 
 log = logging.getLogger("batchyard.runner")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from gateway.backends.interface import RouteReporter
 from gateway.pipeline.lifecycle import (
@@ -25,7 +24,8 @@ from gateway.pipeline.lifecycle import (
 )
 from gateway.pipeline.merge import merge_shards, seal_shard
 from gateway.records import BatchStatus, Shard
-from gateway.store.base import Blobs, Coordination, FileRecord, Store, now
+from gateway.store.objects import BatchFields, FileRecord, now
+from gateway.store.protocols import Blobs, Coordination, Store
 
 log = logging.getLogger("batchyard.finalizer")
 
@@ -72,14 +72,14 @@ class Finalizer:
         expires_at = expiry(batch.output_expires_after, created, "output_expires_after")
         if expires_at is None and self._file_expiry is not None:
             expires_at = created + self._file_expiry
-        routes: dict[str, Any] = {**batch.routes, "summary": summary.to_json()}
+        routes = dict(batch.routes)
         for name, stats in (await self.store.ledger.route_stats(batch_id)).items():
             if name:
                 routes[name] = {**routes.get(name, {}), **stats.to_json()}
         reporters = self._reporters(shards)
         for name, reporter in reporters.items():
             routes[name] = {**routes.get(name, {}), **await reporter.route_summary(batch_id, name)}
-        fields: dict[str, Any] = {"routes": routes}
+        fields: BatchFields = {"routes": routes, "summary": summary.to_json()}
         for file_id, count, what in ((output_id, n_out, "output"), (error_id, n_err, "error")):
             if file_id is None:
                 continue
@@ -90,13 +90,16 @@ class Finalizer:
             size = await self.blobs.size(key) or 0
             await self.store.files.put(FileRecord(file_id, batch.owner, size, created, f"{batch_id}_{what}.jsonl",
                                                  "batch_output", expires_at, key))
-            fields[f"{what}_file_id"] = file_id
+            if what == "output":
+                fields["output_file_id"] = file_id
+            else:
+                fields["error_file_id"] = file_id
         if reason is CANCELLED:
-            fields.update(status=BatchStatus.CANCELLED, cancelled_at=now())
+            fields.update({"status": BatchStatus.CANCELLED, "cancelled_at": now()})
         elif reason is EXPIRED:
-            fields.update(status=BatchStatus.EXPIRED, expired_at=batch.expired_at or now())
+            fields.update({"status": BatchStatus.EXPIRED, "expired_at": batch.expired_at or now()})
         else:
-            fields.update(status=BatchStatus.COMPLETED, completed_at=now())
+            fields.update({"status": BatchStatus.COMPLETED, "completed_at": now()})
         await self._announce(batch.owner, batch_id, fields["status"])
         await self.store.batches.update(batch_id, fields)
         await self.blobs.delete_prefix(f"batches/{batch_id}")

@@ -32,17 +32,9 @@ from gateway.pipeline.lifecycle import NO_EXPIRY, Announce, announce_nothing, ex
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
 from gateway.pipeline.validate import LINE_SLACK, count_routes
 from gateway.records import BatchStatus, Endpoint, Shard, new_id
-from gateway.store.base import (
-    BatchOptions,
-    BatchRecord,
-    Blobs,
-    Coordination,
-    FileRecord,
-    Queue,
-    Store,
-    now,
-)
 from gateway.store.lines import Overlong, split_lines
+from gateway.store.objects import BatchOptions, BatchRecord, FileRecord, RequestCounts, now
+from gateway.store.protocols import Blobs, Coordination, Queue, Store
 from gateway.store.quota import MAX_ACTIVE_BATCHES, MODEL_MAX_ENQUEUED_REQUESTS, TeamLimits, over_model
 from gateway.store.storage import StorageMeter
 
@@ -324,8 +316,8 @@ class BatchService:
             await self.store.ledger.record_answered(outcome.answered, outcome.answered_statuses.total())
             metrics.observe_statuses(batch.owner, outcome.answered.route, outcome.answered_statuses)
         model = next(iter(outcome.models)) if len(outcome.models) == 1 else None
-        await self.store.batches.update(batch_id, {"counts": {"total": outcome.total, "completed": 0, "failed": 0},
-                                                 "model": model, "shards_total": len(shards)})
+        await self.store.batches.update(batch_id, {"counts": RequestCounts(total=outcome.total), "model": model,
+                                                 "shards_total": len(shards)})
         started = await self.store.batches.update(
             batch_id, {"status": BatchStatus.IN_PROGRESS, "in_progress_at": now()},
             if_status={BatchStatus.VALIDATING},

@@ -21,7 +21,7 @@ from typing import Any
 
 from gateway.pipeline.batch_params import ExpiresAfter, checked
 from gateway.records import BatchStatus, Shard
-from gateway.store.base import BatchRecord, now
+from gateway.store.objects import BatchRecord, now
 
 # (owner, batch id, the final status about to be set): called before the status is written, so an
 # event recorded there survives a crash between the two (the finalizer runs again and records it again).

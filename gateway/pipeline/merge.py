@@ -18,7 +18,8 @@ from typing import Any
 from gateway import metrics
 from gateway.json_codec import dumps, loads
 from gateway.records import BatchRequest, Result, Shard, Usage
-from gateway.store.base import Blobs, Store, read_lines
+from gateway.store.lines import read_lines
+from gateway.store.protocols import Blobs, Store
 
 
 async def seal_shard(

@@ -14,7 +14,7 @@ from collections.abc import Collection
 from gateway.backends.interface import Backend, BackendUnavailable, RouteReporter
 from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import Config
-from gateway.store.base import Store
+from gateway.store.protocols import Store
 
 
 class BackendPool:

@@ -39,8 +39,8 @@ from gateway.pipeline.finalizer import Finalizer
 from gateway.pipeline.intake import BatchService
 from gateway.runtime.pool import BackendPool
 from gateway.runtime.validation_processes import ValidationProcesses
-from gateway.store.base import Blobs, Coordination, Queue, Store
 from gateway.store.blobs.place import S3_ENDPOINT_ENV, BlobPlace
+from gateway.store.protocols import Blobs, Coordination, Queue, Store
 from gateway.webhooks.sender import WebhookSender
 from gateway.webhooks.targets import retry_schedule, webhook_targets
 
@@ -179,7 +179,8 @@ async def open_embedded(
     processes it starts are not owners. `validation_processes`: plan new batches in that many processes
     of their own (0: in this one).
     """
-    from gateway.store.sqlite.queue import SQLiteCoordination, SQLiteQueue
+    from gateway.store.sqlite.coordination import SQLiteCoordination
+    from gateway.store.sqlite.queue import SQLiteQueue
     from gateway.store.sqlite.store import SQLiteStore
 
     data_dir.mkdir(parents=True, exist_ok=True)

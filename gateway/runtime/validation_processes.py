@@ -27,8 +27,8 @@ from concurrent.futures.process import BrokenProcessPool
 
 from gateway.config.schema import Config
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
-from gateway.store.base import Blobs
 from gateway.store.blobs.place import BlobPlace
+from gateway.store.protocols import Blobs
 
 log = logging.getLogger("batchyard.validation")
 

@@ -1,38 +1,4 @@
-"""Storage: the `Store` (files, batches, the shard ledger, backend state), `Blobs` and `Queue` interfaces
-and their implementations."""
-
-from gateway.store.base import (
-    BackendState,
-    BatchOptions,
-    BatchRecord,
-    BatchStore,
-    Blobs,
-    Delivery,
-    FileRecord,
-    FileStore,
-    Page,
-    Queue,
-    RequestCounts,
-    ShardLedger,
-    Store,
-    read_lines,
-    write_lines,
-)
-
-__all__ = [
-    "BackendState",
-    "BatchOptions",
-    "BatchRecord",
-    "BatchStore",
-    "Blobs",
-    "Delivery",
-    "FileRecord",
-    "FileStore",
-    "Page",
-    "Queue",
-    "RequestCounts",
-    "ShardLedger",
-    "Store",
-    "read_lines",
-    "write_lines",
-]
+"""Storage, by backend: `protocols` (every protocol the runtime's parts see), `objects` (the records they
+hold), `sqlite` (the embedded store, queue and coordination), `redis` (the shared ones), `blobs` (file bytes:
+a directory or S3). The rules both backends apply sit beside their records: `quota`, `rates`, `storage`,
+`webhook_deliveries`; `leases` and `lines` serve both."""

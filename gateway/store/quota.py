@@ -17,9 +17,8 @@ is the cost of: see `SpendTo`.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 MAX_ENQUEUED_REQUESTS = "max_enqueued_requests"
 MODEL_MAX_ENQUEUED_REQUESTS = "model_max_enqueued_requests"
@@ -54,21 +53,6 @@ class SpendTo:
     period: int = 0
 
 
-class QuotaLedger(Protocol):
-    async def admit(self, team: str, batch_id: str, requests: int, limits: TeamLimits,
-                    by_model: Mapping[str, int] | None = None) -> str | None:
-        """Count the batch against its team's quotas if it fits all of them; else the name of the first
-        quota it would exceed (`MAX_ACTIVE_BATCHES`, `MAX_ENQUEUED_REQUESTS`, `MODEL_MAX_ENQUEUED_REQUESTS`),
-        and nothing is counted. `by_model`: the batch's requests per model_name (when the team has
-        per-model limits)."""
-    async def usage(self, team: str) -> TeamUsage: ...
-    async def admitted(self) -> dict[str, float]:
-        """Every batch counted now -> when it was admitted (epoch seconds)."""
-    async def release(self, batch_ids: Collection[str]) -> None: ...
-    async def spend(self, team: str, period: int) -> float:
-        """The team's spend in the budget period that starts at `period` (see `SpendTo`)."""
-
-
 def budget_period(duration: int | None, at: float) -> int:
     """The start of the budget period `at` falls in: periods of `duration` seconds from the epoch (0: one
     period for ever)."""
@@ -100,7 +84,6 @@ __all__ = [
     "MAX_ACTIVE_BATCHES",
     "MAX_ENQUEUED_REQUESTS",
     "MODEL_MAX_ENQUEUED_REQUESTS",
-    "QuotaLedger",
     "SpendTo",
     "TeamLimits",
     "TeamUsage",

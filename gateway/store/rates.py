@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol
 
 DEFAULT_WINDOW_SECONDS = 60
 
@@ -23,19 +22,6 @@ DEFAULT_WINDOW_SECONDS = 60
 class Grant:
     granted: int  # requests that may start now
     wait: float  # seconds until the current window ends (when `granted` is 0, when to ask again)
-
-
-class RateWindows(Protocol):
-    window_seconds: float
-
-    async def take(self, team: str, route: str, want: int, rpm: int | None, tpm: int | None,
-                   estimate: int = 0) -> Grant:
-        """Start up to `want` requests of `team` on `route` in the current window (`grantable`), and reserve
-        `estimate` tokens for each one granted."""
-    async def add_tokens(self, team: str, route: str, tokens: int) -> None:
-        """Count tokens in the current window (negative: a reservation that was too large, given back)."""
-    async def used(self, team: str, route: str) -> tuple[int, int]:
-        """(requests, tokens) counted in the current window."""
 
 
 def window_of(window_seconds: float, at: float | None = None) -> tuple[int, float]:
@@ -58,4 +44,4 @@ def grantable(want: int, requests: int, tokens: int, rpm: int | None, tpm: int |
     return granted
 
 
-__all__ = ["DEFAULT_WINDOW_SECONDS", "Grant", "RateWindows", "grantable", "window_of"]
+__all__ = ["DEFAULT_WINDOW_SECONDS", "Grant", "grantable", "window_of"]

@@ -18,27 +18,12 @@ the next check drops it.
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator
-from typing import Protocol
 
 from gateway.errors import OverQuota
+from gateway.store.protocols import StorageLedger
 
 STALE_SECONDS = 3600.0  # a pending entry older than this with no file record was left by a crash
 MIN_STEP, MAX_STEP = 64 * 1024, 4 * 1024 * 1024  # bytes streamed between two checks of a running upload
-
-
-class StorageLedger(Protocol):
-    async def reserve(self, team: str, file_id: str, size: int, limit: int) -> bool:
-        """Hold `size` bytes for the file being uploaded (pending) if the team's other files and uploads plus
-        `size` fit `limit`; else drop the file's entry and return False (in one atomic step)."""
-    async def settle(self, team: str, file_id: str, size: int) -> None:
-        """The file is stored with `size` bytes: counted until `release`."""
-    async def hold(self, team: str, file_id: str) -> None:
-        """The file is about to be deleted: its entry (if any) goes pending, so a crash before `release`
-        cannot leave it counted for ever."""
-    async def release(self, team: str, file_id: str) -> None:
-        """Forget the file (deleted, or its upload refused or aborted)."""
-    async def used(self, team: str) -> int:
-        """The team's counted bytes: stored files and running uploads."""
 
 
 def over_limit(team: str, limit: int, used: int) -> OverQuota:
@@ -89,4 +74,4 @@ class StorageMeter:
         return over_limit(self.team, self.limit, await self.ledger.used(self.team))
 
 
-__all__ = ["MAX_STEP", "MIN_STEP", "STALE_SECONDS", "StorageLedger", "StorageMeter", "over_limit"]
+__all__ = ["MAX_STEP", "MIN_STEP", "STALE_SECONDS", "StorageMeter", "over_limit"]

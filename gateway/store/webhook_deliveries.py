@@ -10,7 +10,7 @@ modes: `SQLiteWebhookDeliveries` (embedded) and `RedisWebhookDeliveries` (shared
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any
 
 PENDING, DELIVERED, FAILED, SUPERSEDED = "pending", "delivered", "failed", "superseded"
 STATES = (PENDING, DELIVERED, FAILED, SUPERSEDED)
@@ -39,22 +39,4 @@ class WebhookDelivery:
         return cls(**data)
 
 
-class WebhookDeliveries(Protocol):
-    async def add(self, delivery: WebhookDelivery) -> bool:
-        """Record a new delivery; False (and nothing changed) when one with its id exists."""
-        ...
-
-    async def due(self, now: float, limit: int) -> list[WebhookDelivery]:
-        """PENDING deliveries whose `next_at` has come, soonest first."""
-        ...
-
-    async def save(self, delivery: WebhookDelivery) -> None:
-        """Write back an attempt's outcome (state, attempts, next_at, last_*)."""
-        ...
-
-    async def recent(self, owner: str | None, limit: int) -> list[WebhookDelivery]:
-        """The newest deliveries of one team (None: every team), newest first."""
-        ...
-
-
-__all__ = ["DELIVERED", "FAILED", "PENDING", "STATES", "SUPERSEDED", "WebhookDeliveries", "WebhookDelivery"]
+__all__ = ["DELIVERED", "FAILED", "PENDING", "STATES", "SUPERSEDED", "WebhookDelivery"]

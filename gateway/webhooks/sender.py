@@ -27,14 +27,8 @@ from typing import Any, Protocol
 import httpx
 
 from gateway.records import BatchStatus
-from gateway.store.webhook_deliveries import (
-    DELIVERED,
-    FAILED,
-    PENDING,
-    SUPERSEDED,
-    WebhookDeliveries,
-    WebhookDelivery,
-)
+from gateway.store.protocols import WebhookDeliveries
+from gateway.store.webhook_deliveries import DELIVERED, FAILED, PENDING, SUPERSEDED, WebhookDelivery
 from gateway.webhooks.events import EVENT_TYPES, WebhookTarget, event_ids, payload, signed_headers
 
 log = logging.getLogger("batchyard.webhooks")

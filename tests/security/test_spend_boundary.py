@@ -25,7 +25,7 @@ import pytest
 from gateway.config.schema import parse_config
 from gateway.pipeline.budget import Budgets, spending_for
 from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard, new_id
-from gateway.store.base import BatchRecord, now
+from gateway.store.objects import BatchRecord, now
 from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend
 from tests.fakes.upstream import Upstream, start_upstream

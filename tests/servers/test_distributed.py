@@ -34,7 +34,7 @@ from gateway.config.schema import Config, parse_config
 from gateway.errors import ConfigError
 from gateway.records import BatchStatus
 from gateway.runtime.root import Runtime, open_shared
-from gateway.store.base import BatchRecord
+from gateway.store.objects import BatchRecord
 from gateway.store.redis.coordination import connect_redis
 from gateway.store.redis.keys import GROUP, Keys
 from tests.fakes.upstream import Upstream, start_upstream

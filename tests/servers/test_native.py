@@ -19,7 +19,8 @@ from gateway.config.routes import Route
 from gateway.config.schema import Config, parse_config
 from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard, new_id
 from gateway.runtime.root import open_embedded
-from gateway.store.base import BatchRecord, Store, now
+from gateway.store.objects import BatchRecord, now
+from gateway.store.protocols import Store
 from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend, native_route_summary
 from providers.openai_batches import cost_meta_key, plan_parts, shard_meta_key

@@ -23,7 +23,7 @@ from gateway.config.schema import Config, parse_config
 from gateway.errors import ConfigError
 from gateway.records import BatchRequest, BatchStatus, Endpoint, Result
 from gateway.runtime.root import open_embedded
-from gateway.store.base import now
+from gateway.store.objects import now
 from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend, jobs_class, native_route_summary
 from providers.openai_batches import shard_meta_key

@@ -3,16 +3,15 @@
 - Each part of the `Store` (files, batches, the shard ledger, backend state, the teams' quota and rate
   windows) runs one scenario on `SQLiteStore` and on `RedisStore`: the transcripts of what came back are
   equal, step by step. The team's spend moves with the journal (`record_results`), each line's cost once.
+- A shard's results after its seal (`drop_journal`) count nothing, in both.
 - `RedisStore` counts each result once when writers race, and `if_status` transitions are atomic.
-- `Blobs`: `LocalBlobs` and `S3Blobs` (moto) answer alike, `writing` included (a block that raises
-  leaves no blob behind); `S3Blobs` alone: single PUT, multipart, abort, streamed read, prefix delete.
+The `Blobs` are in `test_blobs_parity.py`, the `Queue` and `Coordination` in `test_queue_parity.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -21,22 +20,15 @@ from typing import Any
 import pytest
 
 from gateway.records import BatchStatus, Result, Shard
-from gateway.store.base import BatchOptions, BatchRecord, Blobs, FileRecord, Store
-from gateway.store.blobs.directory import LocalBlobs
-from gateway.store.blobs.s3 import S3Blobs
+from gateway.store.objects import BatchOptions, BatchRecord, FileRecord, RequestCounts
+from gateway.store.protocols import Store
 from gateway.store.quota import SpendTo, TeamLimits
 from gateway.store.redis.coordination import connect_redis
 from gateway.store.redis.store import RedisStore
 from gateway.store.sqlite.store import SQLiteStore
-from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, MotoS3, RedisServer
+from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)]
-
-
-@pytest.fixture(autouse=True)
-def s3_env(s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in s3.env().items():
-        monkeypatch.setenv(key, value)
 
 
 @contextlib.asynccontextmanager
@@ -114,8 +106,8 @@ async def _batches(store: Store) -> list[Any]:
                                     if_status={BatchStatus.VALIDATING}))
     out.append(await batches.update("batch_1", {"status": BatchStatus.FAILED},
                                     if_status={BatchStatus.VALIDATING, BatchStatus.CANCELLING}))
-    out.append(await batches.update("batch_1", {"counts": {"total": 5, "completed": 0, "failed": 0},
-                                                "model": "m", "shards_total": 3, "routes": {"a": [1, 2.5]}}))
+    out.append(await batches.update("batch_1", {"counts": RequestCounts(total=5), "model": "m", "shards_total": 3,
+                                                "routes": {"a": {"n": [1, 2.5]}}, "summary": {"failed": 1}}))
     out.append(await batches.update("missing", {"model": "m"}))
     rec = await batches.get("batch_1")
     assert rec is not None
@@ -124,7 +116,9 @@ async def _batches(store: Store) -> list[Any]:
     out.append([b.id for b in await batches.active()])
     out.append(await batches.update("batch_2", {"status": BatchStatus.COMPLETED, "completed_at": 9}))
     out.append([b.id for b in await batches.active()])
-    out.append(await batches.update("batch_2", {"status": "cancelling"}))
+    out.append(await batches.update("batch_2", {"status": BatchStatus.CANCELLING}))
+    with pytest.raises(TypeError, match="not an updatable batch field: modle"):
+        await batches.update("batch_2", {"modle": "m"})  # type: ignore[typeddict-unknown-key]
     out.append([b.id for b in await batches.active()])
     return out
 
@@ -133,7 +127,7 @@ async def _ledger(store: Store) -> list[Any]:
     """Every `ShardLedger` call: shards, attempts, the journal, and the counters it moves in the batch."""
     ledger, out = store.ledger, []
     await store.batches.put(_batch("batch_1", "team", 1000))
-    await store.batches.update("batch_1", {"counts": {"total": 5, "completed": 0, "failed": 0}, "shards_total": 3})
+    await store.batches.update("batch_1", {"counts": RequestCounts(total=5), "shards_total": 3})
     shards = [Shard("batch_1", 0, "m", 2), Shard("batch_1", 1, "m", 2), Shard("batch_1", 2, "", 1)]
     await ledger.put_shards("batch_1", shards)
     await ledger.put_shards("batch_1", [Shard("batch_1", 0, "changed", 9)])  # ignored: already there
@@ -148,6 +142,13 @@ async def _ledger(store: Store) -> list[Any]:
     out.append([r.to_json() for r in sorted(await ledger.journal(shards[1]), key=lambda r: r.line)])
     out.append(sorted(await ledger.recorded_lines(shards[1])))
     await ledger.drop_journal(shards[1])
+    sealed = await store.batches.get("batch_1")
+    # after the seal: the same shard run again (a worker taken for dead) counts nothing, new lines or not
+    await ledger.record_results(shards[1], [_result(3, 200, 9), _result(5, 200, 1)], SpendTo("team"))
+    again = await store.batches.get("batch_1")
+    assert sealed is not None and again is not None
+    assert (again.counts, again.usage) == (sealed.counts, sealed.usage)
+    assert await store.quota.spend("team", 0) == 0
     out.append([await ledger.journal(shards[1]), sorted(await ledger.recorded_lines(shards[0]))])
     out.append([await ledger.finish_shard(shards[0]), await ledger.finish_shard(shards[0]),
                 await ledger.finish_shard(Shard("batch_1", 9, "m", 1))])
@@ -287,111 +288,3 @@ async def test_rate_windows_grant_rpm_once_under_concurrency_and_reopen(redis_se
 
 def _rates_left(store: Store) -> float:
     return 1 - time.time() % store.rates.window_seconds + 0.01
-
-
-# -- Blobs ----------------------------------------------------------------------------------
-
-
-class _Boom(Exception):
-    pass
-
-
-async def _blobs(blobs: Blobs) -> list[Any]:
-    """What a `Blobs` answers: `writing` commits at the end of its block, leaves nothing if it raises."""
-    out: list[Any] = []
-
-    async def read(key: str) -> bytes:
-        return b"".join([chunk async for chunk in blobs.read(key, chunk_size=3)])
-
-    async with blobs.writing("files/a") as w:
-        await w.write(b"hello\n")
-        out.append(await blobs.size("files/a"))  # nothing visible before the block ends
-        await w.write(b"world\n")
-    out.append([await blobs.size("files/a"), await read("files/a")])
-    with pytest.raises(_Boom):
-        async with blobs.writing("files/b") as w:
-            await w.write(b"half")
-            raise _Boom
-    out.append(await blobs.size("files/b"))
-    async with blobs.writing("batches/b1/x") as w:
-        await w.write(b"1")
-    async with blobs.writing("batches/b10/x") as w:
-        await w.write(b"10")
-    async with blobs.writing("files/empty"):
-        pass
-    out.append([await blobs.size("files/empty"), await read("files/empty")])
-    await blobs.delete_prefix("batches/b1")
-    out.append([await blobs.size("batches/b1/x"), await blobs.size("batches/b10/x")])
-    await blobs.delete("files/a")
-    out.append(await blobs.size("files/a"))
-    with pytest.raises(FileNotFoundError):
-        await read("files/a")
-    with pytest.raises(ValueError):
-        blobs.writing("../escape")
-    return out
-
-
-async def test_s3_blobs_answer_as_local_blobs_do(s3: MotoS3, tmp_path: Path) -> None:
-    local, shared = LocalBlobs(tmp_path / "blobs"), S3Blobs.from_url(s3.storage("parity"), endpoint_url=s3.url)
-    try:
-        expected = await _blobs(local)
-        got = await _blobs(shared)
-        client = await shared.client()
-        assert not (await client.list_multipart_uploads(Bucket=s3.bucket)).get("Uploads")
-    finally:
-        await local.aclose()
-        await shared.aclose()
-    assert expected[0] is None and expected[1] == [12, b"hello\nworld\n"]
-    for i, (e, g) in enumerate(zip(expected, got, strict=True)):
-        assert g == e, f"step {i}"
-
-
-async def _read_all(blobs: S3Blobs, key: str) -> bytes:
-    return b"".join([chunk async for chunk in blobs.read(key)])
-
-
-async def test_s3_blobs_put_multipart_abort_and_prefix_delete(s3: MotoS3) -> None:
-    blobs = S3Blobs.from_url(s3.storage("unit"), endpoint_url=s3.url, part_size=5 * 1024 * 1024)
-    try:
-        w = blobs.writer("files/small")
-        await w.write(b"hello\n")
-        await w.write(b"world\n")
-        assert await blobs.size("files/small") is None  # nothing visible before commit
-        assert await w.commit() == 12
-        assert await _read_all(blobs, "files/small") == b"hello\nworld\n"
-        assert await blobs.size("files/small") == 12
-
-        big = hashlib.sha256()
-        w = blobs.writer("batches/b1/shards/000000.results.jsonl")
-        for i in range(12):  # 12 MiB in 1 MiB writes: three parts
-            chunk = bytes([i]) * (1 << 20)
-            big.update(chunk)
-            await w.write(chunk)
-        assert await w.commit() == 12 << 20
-        got = hashlib.sha256()
-        async for chunk in blobs.read("batches/b1/shards/000000.results.jsonl", chunk_size=1 << 18):
-            got.update(chunk)
-        assert got.hexdigest() == big.hexdigest()
-
-        w = blobs.writer("files/aborted")
-        await w.write(b"x" * (6 << 20))  # a part went out already
-        await w.abort()
-        client = await blobs.client()
-        uploads = await client.list_multipart_uploads(Bucket=s3.bucket)
-        assert not uploads.get("Uploads")
-        assert await blobs.size("files/aborted") is None
-
-        w = blobs.writer("batches/b10/x")
-        await w.write(b"keep")
-        await w.commit()
-        await blobs.delete_prefix("batches/b1")
-        assert await blobs.size("batches/b1/shards/000000.results.jsonl") is None
-        assert await blobs.size("batches/b10/x") == 4  # a sibling with a longer name stays
-        await blobs.delete("files/small")
-        assert await blobs.size("files/small") is None
-        with pytest.raises(FileNotFoundError):
-            await _read_all(blobs, "files/small")
-        with pytest.raises(ValueError):
-            blobs.writer("../escape")
-    finally:
-        await blobs.aclose()

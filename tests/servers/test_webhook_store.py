@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
+from gateway.store.protocols import WebhookDeliveries
 from gateway.store.redis.coordination import connect_redis
 from gateway.store.redis.keys import Keys
 from gateway.store.redis.webhooks import RedisWebhookDeliveries
 from gateway.store.sqlite.store import SQLiteStore
-from gateway.store.webhook_deliveries import DELIVERED, FAILED, PENDING, WebhookDeliveries, WebhookDelivery
+from gateway.store.webhook_deliveries import DELIVERED, FAILED, PENDING, WebhookDelivery
 from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer
 
 

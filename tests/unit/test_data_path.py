@@ -16,8 +16,9 @@ from gateway.json_codec import loads
 from gateway.pipeline.merge import seal_shard
 from gateway.pipeline.plan import Planner
 from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard, Usage
-from gateway.store.base import BatchRecord, read_lines
 from gateway.store.blobs.directory import LocalBlobs
+from gateway.store.lines import read_lines
+from gateway.store.objects import BatchRecord
 from gateway.store.sqlite.store import SQLiteStore
 from tests.support.services import shared_config
 

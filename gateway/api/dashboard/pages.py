@@ -28,7 +28,8 @@ from gateway.api.dashboard.webhooks import install_json, recent_deliveries
 from gateway.api.deps import bad_request, runtime_of
 from gateway.api.http_errors import ApiError
 from gateway.api.teams_view import team_states
-from gateway.store.base import BatchRecord, Page, Store
+from gateway.store.objects import BatchRecord, Page
+from gateway.store.protocols import Store
 
 PREFIX = "/ui"
 COOKIE = "batchyard_key"

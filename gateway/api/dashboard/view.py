@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.records import BatchStatus, RouteStats, Usage
-from gateway.store.base import BatchRecord
+from gateway.store.objects import BatchRecord
 
 # Route key under which the store counts lines answered at validation (no call made).
 VALIDATION_ROUTE = ""

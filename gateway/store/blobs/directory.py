@@ -14,7 +14,8 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import BinaryIO
 
-from gateway.store.base import BlobWriter, commit_or_abort
+from gateway.store.blobs import commit_or_abort
+from gateway.store.protocols import BlobWriter
 
 
 class LocalBlobWriter:

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.store.base import Blobs
+from gateway.store.protocols import Blobs
 
 S3_ENDPOINT_ENV = "BATCHYARD_S3_ENDPOINT_URL"
 

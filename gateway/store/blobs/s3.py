@@ -25,7 +25,8 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import ClientError
 
-from gateway.store.base import BlobWriter, commit_or_abort
+from gateway.store.blobs import commit_or_abort
+from gateway.store.protocols import BlobWriter
 
 MIN_PART_SIZE = 5 * 1024 * 1024
 _MISSING = {"404", "NoSuchKey", "NotFound"}

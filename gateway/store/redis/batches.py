@@ -18,7 +18,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 
 from gateway.records import BatchStatus, Usage
-from gateway.store.base import BatchRecord, Page, RequestCounts
+from gateway.store.objects import BatchFields, BatchRecord, Page, RequestCounts, batch_fields
 from gateway.store.redis.keys import Keys
 
 _COUNTERS = ("completed", "failed", "input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens")
@@ -115,8 +115,9 @@ class RedisBatches:
         return Page(data=data[:limit], has_more=len(data) > limit)
 
     async def update(
-        self, batch_id: str, fields: dict[str, Any], *, if_status: Collection[BatchStatus] | None = None
+        self, batch_id: str, fields: BatchFields, *, if_status: Collection[BatchStatus] | None = None
     ) -> bool:
+        encoded = batch_fields(fields)
         args: list[str] = [batch_id]
         if if_status is None:
             args.append("-1")
@@ -126,9 +127,9 @@ class RedisBatches:
         if status is None:
             args.append("")
         else:
-            args.append("finished" if BatchStatus(status).finished else "active")
-        for name, value in fields.items():
-            args += [name, _encode(value)]
+            args.append("finished" if status.finished else "active")
+        for name, value in encoded.items():
+            args += [name, json.dumps(value)]
         applied = await self._update_batch(keys=[self._k.batch(batch_id), self._k.active], args=args)
         return bool(applied)
 

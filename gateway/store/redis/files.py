@@ -12,7 +12,7 @@ from typing import cast
 
 import redis.asyncio as aioredis
 
-from gateway.store.base import FileRecord, Page
+from gateway.store.objects import FileRecord, Page
 from gateway.store.redis.keys import Keys
 
 

@@ -50,7 +50,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from gateway.records import Shard
-from gateway.store.base import Delivery
+from gateway.store.objects import Delivery
 from gateway.store.redis import scripts
 from gateway.store.redis.keys import GROUP, STREAM_FIELD, Keys
 
@@ -133,17 +133,19 @@ class RedisStreamQueue:
             return None
         if self._refresher is None:
             self._refresher = asyncio.create_task(self._refresh_loop(), name=f"queue-refresh-{self.consumer}")
-        if time.monotonic() - self._claimed_at >= self.claim_idle / 4:
-            self._claimed_at = time.monotonic()
-            # A stranded shard is taken whatever its team (a full worker asked for a newcomer's only:
-            # taking a stranded one instead overflows by one shard, once).
-            if (claimed := await self._reclaim(wanted)) is not None:
-                return claimed
         deadline = time.monotonic() + timeout
         pause = _POLL_FIRST
         opts = json.dumps({"skip": sorted(skip_teams), "skip_batches": sorted(skip_batches), "weights": self.weights})
         teams = [self._k.teams(r) for r in wanted]
         while True:
+            # Every claim_idle / 4, in a long poll too (a shard handed back or left by a dead worker is
+            # taken within that, as the embedded queue takes it at its next poll).
+            if time.monotonic() - self._claimed_at >= self.claim_idle / 4:
+                self._claimed_at = time.monotonic()
+                # A stranded shard is taken whatever its team (a full worker asked for a newcomer's only:
+                # taking a stranded one instead overflows by one shard, once).
+                if (claimed := await self._reclaim(wanted)) is not None:
+                    return claimed
             got = await self._claim(keys=teams, args=[GROUP, self.consumer, _EARLIEST, opts])
             if got:
                 return self._deliver(got[0], got[1], got[2])

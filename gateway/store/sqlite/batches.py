@@ -8,12 +8,12 @@ moves as it records results, are the truth for `request_counts` and `usage`.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Collection, Sequence
 from typing import Any
 
 from gateway.records import BatchStatus, Usage
-from gateway.store.base import BatchRecord, Page, RequestCounts
+from gateway.store.objects import BatchFields, BatchRecord, Page, RequestCounts, batch_fields
+from gateway.store.sqlite.db import Database, immediate, off_loop
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS batches (
@@ -39,23 +39,26 @@ def _row_to_batch(row: Sequence[Any]) -> BatchRecord:
 
 
 class SQLiteBatches:
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
+    def __init__(self, sql: Database) -> None:
+        self.sql, self._db = sql, sql.conn
 
-    async def put(self, rec: BatchRecord) -> None:
+    @off_loop
+    def put(self, rec: BatchRecord) -> None:
         self._db.execute(
             "INSERT INTO batches (id, owner, created_at, seq, status, data) "
             "VALUES (?, ?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM batches), ?, ?)",
             (rec.id, rec.owner, rec.created_at, rec.status.value, json.dumps(rec.to_json())),
         )
 
-    async def get(self, batch_id: str, owner: str | None = None) -> BatchRecord | None:
+    @off_loop
+    def get(self, batch_id: str, owner: str | None = None) -> BatchRecord | None:
         row = self._db.execute(f"SELECT owner, {_COLUMNS} FROM batches WHERE id = ?", (batch_id,)).fetchone()
         if row is None or (owner is not None and row[0] != owner):
             return None
         return _row_to_batch(row[1:])
 
-    async def page(self, owner: str, *, limit: int, after: str | None) -> Page:
+    @off_loop
+    def page(self, owner: str, *, limit: int, after: str | None) -> Page:
         where, args = "owner = ?", [owner]
         if after:
             anchor = self._db.execute("SELECT seq FROM batches WHERE id = ? AND owner = ?", (after, owner)).fetchone()
@@ -67,31 +70,26 @@ class SQLiteBatches:
         ).fetchall()
         return Page(data=[_row_to_batch(r) for r in rows[:limit]], has_more=len(rows) > limit)
 
-    async def update(
-        self, batch_id: str, fields: dict[str, Any], *, if_status: Collection[BatchStatus] | None = None
+    @off_loop
+    def update(
+        self, batch_id: str, fields: BatchFields, *, if_status: Collection[BatchStatus] | None = None
     ) -> bool:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        encoded = batch_fields(fields)
+        with immediate(self._db):
             row = self._db.execute("SELECT data FROM batches WHERE id = ?", (batch_id,)).fetchone()
             if row is None:
-                self._db.execute("ROLLBACK")
                 return False
             data = json.loads(row[0])
             if if_status is not None and BatchStatus(data["status"]) not in if_status:
-                self._db.execute("ROLLBACK")
                 return False
-            for key, value in fields.items():
-                data[key] = value.value if isinstance(value, BatchStatus) else value
+            data.update(encoded)
             self._db.execute(
                 "UPDATE batches SET data = ?, status = ? WHERE id = ?", (json.dumps(data), data["status"], batch_id)
             )
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         return True
 
-    async def active(self) -> list[BatchRecord]:
+    @off_loop
+    def active(self) -> list[BatchRecord]:
         marks = ",".join("?" * len(_ACTIVE))
         rows = self._db.execute(
             f"SELECT {_COLUMNS} FROM batches WHERE status IN ({marks}) ORDER BY seq", _ACTIVE

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 
-from gateway.store.base import FileRecord, Page
+from gateway.store.objects import FileRecord, Page
+from gateway.store.sqlite.db import Database, off_loop
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -16,22 +16,25 @@ CREATE INDEX IF NOT EXISTS files_owner ON files(owner, created_at, id);
 
 
 class SQLiteFiles:
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
+    def __init__(self, sql: Database) -> None:
+        self.sql, self._db = sql, sql.conn
 
-    async def put(self, rec: FileRecord) -> None:
+    @off_loop
+    def put(self, rec: FileRecord) -> None:
         self._db.execute(
             "INSERT OR REPLACE INTO files (id, owner, purpose, created_at, data) VALUES (?, ?, ?, ?, ?)",
             (rec.id, rec.owner, rec.purpose, rec.created_at, json.dumps(rec.to_json())),
         )
 
-    async def get(self, file_id: str, owner: str | None = None) -> FileRecord | None:
+    @off_loop
+    def get(self, file_id: str, owner: str | None = None) -> FileRecord | None:
         row = self._db.execute("SELECT owner, data FROM files WHERE id = ?", (file_id,)).fetchone()
         if row is None or (owner is not None and row[0] != owner):
             return None
         return FileRecord.from_json(json.loads(row[1]))
 
-    async def page(self, owner: str, *, purpose: str | None, limit: int, order: str, after: str | None) -> Page:
+    @off_loop
+    def page(self, owner: str, *, purpose: str | None, limit: int, order: str, after: str | None) -> Page:
         where, args = ["owner = ?"], [owner]
         if purpose:
             where.append("purpose = ?")
@@ -52,14 +55,16 @@ class SQLiteFiles:
         data = [FileRecord.from_json(json.loads(r[0])) for r in rows[:limit]]
         return Page(data=data, has_more=len(rows) > limit)
 
-    async def delete(self, file_id: str, owner: str | None = None) -> bool:
+    @off_loop
+    def delete(self, file_id: str, owner: str | None = None) -> bool:
         if owner is None:
             cur = self._db.execute("DELETE FROM files WHERE id = ?", (file_id,))
         else:
             cur = self._db.execute("DELETE FROM files WHERE id = ? AND owner = ?", (file_id, owner))
         return cur.rowcount > 0
 
-    async def expired(self, at: int, limit: int = 100) -> list[FileRecord]:
+    @off_loop
+    def expired(self, at: int, limit: int = 100) -> list[FileRecord]:
         rows = self._db.execute(
             "SELECT data FROM files WHERE json_extract(data, '$.expires_at') < ? "
             "ORDER BY json_extract(data, '$.expires_at') LIMIT ?", (at, limit)

@@ -4,17 +4,19 @@
 `record_results` is one transaction over the journal, the batch's counter
 columns (in `batches`, see `gateway.store.sqlite.batches`), the route stats and
 the team's spend (`team_spend`, see `gateway.store.sqlite.quota`): a line's
-result is counted only when its journal row is new.
+result is counted only when its journal row is new. Once a shard is `sealed`
+(`drop_journal`: its results are in a blob; `record_answered`), results for it
+are ignored, as in Redis: a shard run twice never counts a line twice.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 
 from gateway.json_codec import dumps, loads
 from gateway.records import Result, RouteStats, Shard, Usage, billable
 from gateway.store.quota import SpendTo
+from gateway.store.sqlite.db import Database, immediate, off_loop
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS shards (
@@ -26,6 +28,7 @@ CREATE TABLE IF NOT EXISTS journal (
     PRIMARY KEY (batch_id, line)
 );
 CREATE INDEX IF NOT EXISTS journal_shard ON journal(batch_id, shard);
+CREATE TABLE IF NOT EXISTS sealed (batch_id TEXT NOT NULL, shard INTEGER NOT NULL, PRIMARY KEY (batch_id, shard));
 CREATE TABLE IF NOT EXISTS route_stats (
     batch_id TEXT NOT NULL, route TEXT NOT NULL, completed INTEGER NOT NULL DEFAULT 0,
     failed INTEGER NOT NULL DEFAULT 0, input_tokens INTEGER NOT NULL DEFAULT 0,
@@ -35,21 +38,24 @@ CREATE TABLE IF NOT EXISTS route_stats (
 
 
 class SQLiteLedger:
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
+    def __init__(self, sql: Database) -> None:
+        self.sql, self._db = sql, sql.conn
 
     # -- shards --------------------------------------------------------------
 
-    async def put_shards(self, batch_id: str, shards: Sequence[Shard]) -> None:
+    @off_loop
+    def put_shards(self, batch_id: str, shards: Sequence[Shard]) -> None:
         self._db.executemany(
             "INSERT OR IGNORE INTO shards (batch_id, idx, route, size) VALUES (?, ?, ?, ?)",
             [(batch_id, s.index, s.route, s.size) for s in shards],
         )
 
-    async def get_shards(self, batch_id: str) -> list[Shard]:
+    @off_loop
+    def get_shards(self, batch_id: str) -> list[Shard]:
         return self._shards("SELECT idx, route, size FROM shards WHERE batch_id = ? ORDER BY idx", batch_id)
 
-    async def unfinished_shards(self, batch_id: str) -> list[Shard]:
+    @off_loop
+    def unfinished_shards(self, batch_id: str) -> list[Shard]:
         return self._shards(
             "SELECT idx, route, size FROM shards WHERE batch_id = ? AND finished = 0 ORDER BY idx", batch_id
         )
@@ -57,30 +63,34 @@ class SQLiteLedger:
     def _shards(self, sql: str, batch_id: str) -> list[Shard]:
         return [Shard(batch_id, i, r, n) for i, r, n in self._db.execute(sql, (batch_id,)).fetchall()]
 
-    async def begin_attempt(self, shard: Shard) -> int:
+    @off_loop
+    def begin_attempt(self, shard: Shard) -> int:
         (count,) = self._db.execute(
             "UPDATE shards SET attempts = attempts + 1 WHERE batch_id = ? AND idx = ? RETURNING attempts",
             (shard.batch_id, shard.index),
         ).fetchone() or (1,)
         return int(count)
 
-    async def finish_shard(self, shard: Shard) -> int:
-        self._db.execute("BEGIN IMMEDIATE")
-        self._db.execute("UPDATE shards SET finished = 1 WHERE batch_id = ? AND idx = ?", (shard.batch_id, shard.index))
-        (left,) = self._db.execute(
-            "SELECT COUNT(*) FROM shards WHERE batch_id = ? AND finished = 0", (shard.batch_id,)
-        ).fetchone()
-        self._db.execute("COMMIT")
+    @off_loop
+    def finish_shard(self, shard: Shard) -> int:
+        with immediate(self._db):
+            self._db.execute("UPDATE shards SET finished = 1 WHERE batch_id = ? AND idx = ?",
+                             (shard.batch_id, shard.index))
+            (left,) = self._db.execute(
+                "SELECT COUNT(*) FROM shards WHERE batch_id = ? AND finished = 0", (shard.batch_id,)
+            ).fetchone()
         return int(left)
 
     # -- journal -------------------------------------------------------------
 
-    async def record_results(self, shard: Shard, results: Sequence[Result], spend: SpendTo | None = None) -> None:
+    @off_loop
+    def record_results(self, shard: Shard, results: Sequence[Result], spend: SpendTo | None = None) -> None:
         completed = failed = 0
         usage = Usage()
         route = RouteStats()
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(self._db):
+            if self._sealed(shard):
+                return  # its results are in a blob: nothing is left to dedupe a late one against
             for r in results:
                 cur = self._db.execute(
                     "INSERT OR IGNORE INTO journal (batch_id, shard, line, data) VALUES (?, ?, ?, ?)",
@@ -118,50 +128,60 @@ class SQLiteLedger:
             if spend is not None and billable(route.cost_usd):
                 self._db.execute("INSERT INTO team_spend VALUES (?, ?, ?) ON CONFLICT (team, period) DO UPDATE SET "
                                  "usd = usd + MAX(excluded.usd, 0)", (spend.team, spend.period, route.cost_usd))
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
 
-    async def record_answered(self, shard: Shard, count: int) -> None:
+    @off_loop
+    def record_answered(self, shard: Shard, count: int) -> None:
         if count <= 0:
             return
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            # Once per shard: the first call marks the shard's attempts (a shard of answered lines is
-            # never run), a second finds the mark and counts nothing.
-            first = self._db.execute(
+        with immediate(self._db):
+            # Once per shard: the first call seals it, a later one (or one after `drop_journal`) counts nothing.
+            # Before the `sealed` table the mark was the shard's attempts (-1: a shard of answered lines is
+            # never run): a data directory from then keeps its marks.
+            sealed_now = self._db.execute("INSERT OR IGNORE INTO sealed (batch_id, shard) VALUES (?, ?)",
+                                          (shard.batch_id, shard.index)).rowcount == 1
+            unmarked = self._db.execute(
                 "UPDATE shards SET attempts = -1 WHERE batch_id = ? AND idx = ? AND attempts = 0 RETURNING idx",
                 (shard.batch_id, shard.index),
-            ).fetchone()
-            if first is not None:
+            ).fetchone() is not None
+            if sealed_now and unmarked:
                 self._db.execute("UPDATE batches SET failed = failed + ? WHERE id = ?", (count, shard.batch_id))
                 self._db.execute(
                     "INSERT INTO route_stats (batch_id, route, failed) VALUES (?, ?, ?) "
                     "ON CONFLICT (batch_id, route) DO UPDATE SET failed = failed + excluded.failed",
                     (shard.batch_id, shard.route, count),
                 )
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
 
-    async def journal(self, shard: Shard) -> list[Result]:
+    @off_loop
+    def journal(self, shard: Shard) -> list[Result]:
         rows = self._db.execute(
             "SELECT data FROM journal WHERE batch_id = ? AND shard = ?", (shard.batch_id, shard.index)
         ).fetchall()
         return [Result.from_json(loads(r[0])) for r in rows]
 
-    async def recorded_lines(self, shard: Shard) -> set[int]:
+    @off_loop
+    def recorded_lines(self, shard: Shard) -> set[int]:
         rows = self._db.execute(
             "SELECT line FROM journal WHERE batch_id = ? AND shard = ?", (shard.batch_id, shard.index)
         ).fetchall()
         return {r[0] for r in rows}
 
-    async def drop_journal(self, shard: Shard) -> None:
-        self._db.execute("DELETE FROM journal WHERE batch_id = ? AND shard = ?", (shard.batch_id, shard.index))
+    @off_loop
+    def drop_journal(self, shard: Shard) -> None:
+        # The shard is sealed: a result that comes later (the same shard run twice, by a worker taken
+        # for dead) must not count again, though no journal is left to dedupe it (as in Redis).
+        with immediate(self._db):
+            self._db.execute("DELETE FROM journal WHERE batch_id = ? AND shard = ?", (shard.batch_id, shard.index))
+            self._seal(shard)
 
-    async def route_stats(self, batch_id: str) -> dict[str, RouteStats]:
+    def _seal(self, shard: Shard) -> None:
+        self._db.execute("INSERT OR IGNORE INTO sealed (batch_id, shard) VALUES (?, ?)", (shard.batch_id, shard.index))
+
+    def _sealed(self, shard: Shard) -> bool:
+        return self._db.execute("SELECT 1 FROM sealed WHERE batch_id = ? AND shard = ?",
+                                (shard.batch_id, shard.index)).fetchone() is not None
+
+    @off_loop
+    def route_stats(self, batch_id: str) -> dict[str, RouteStats]:
         rows = self._db.execute(
             "SELECT route, completed, failed, input_tokens, output_tokens, cost_usd FROM route_stats "
             "WHERE batch_id = ?", (batch_id,)

@@ -1,8 +1,9 @@
-"""The embedded `Queue` and `Coordination`: tables in the embedded SQLite file.
+"""The embedded `Queue`: a table in the embedded SQLite file.
 
-They let the processes of one machine (the API process and its worker
-processes, or `batchyard run` and its helpers) share shards, leases and
-heartbeats through the same file as the `SQLiteStore`, with no server.
+It lets the processes of one machine (the API process and its worker
+processes, or `batchyard run` and its helpers) share shards through the same
+file as the `SQLiteStore`, with no server; the heartbeats it checks are those
+of the embedded `Coordination` (`gateway.store.sqlite.coordination`).
 
 - `queue`: one row per shard carried, with its team, batch and deadline. `get`
   claims a row of the routes asked for that nobody holds, or that a worker holds
@@ -13,8 +14,6 @@ heartbeats through the same file as the `SQLiteStore`, with no server.
   shards each (route, team) and each batch holds; within a batch, input order.
   `ack` deletes it. Nothing pushes: an idle `get` polls (every 20 ms at first,
   backing off to 200 ms), and a `put` in the same process wakes it at once.
-- `leases`: a row per lease with its holder and expiry, renewed while held.
-- `workers`: a row per live worker with its heartbeat's expiry.
 """
 
 from __future__ import annotations
@@ -22,17 +21,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
 from gateway.records import Shard
 from gateway.scheduling.fairness import Candidate, pick
-from gateway.store.base import Delivery
-from gateway.store.leases import hold
-from gateway.store.sqlite.store import connect
+from gateway.store.objects import Delivery
+from gateway.store.sqlite import coordination
+from gateway.store.sqlite.db import Database, immediate, off_loop
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS queue (
@@ -41,11 +42,7 @@ CREATE TABLE IF NOT EXISTS queue (
     deadline INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS queue_route ON queue(route, seq);
-CREATE TABLE IF NOT EXISTS leases (what TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS workers (name TEXT PRIMARY KEY, info TEXT NOT NULL, expires_at REAL NOT NULL);
 """
-
-LEASE_SECONDS = 30.0
 _POLL_FIRST, _POLL_MAX = 0.02, 0.2
 
 
@@ -54,14 +51,13 @@ _ADDED = {"team": "TEXT NOT NULL DEFAULT ''", "batch": "TEXT NOT NULL DEFAULT ''
           "deadline": "INTEGER NOT NULL DEFAULT 0"}
 
 
-def _ensure_schema(path: Path) -> Any:
-    db = connect(path)
+def _ensure_schema(db: sqlite3.Connection) -> None:
     db.executescript(_SCHEMA)
+    db.executescript(coordination.SCHEMA)  # a claim reads the workers' heartbeats
     have = {row[1] for row in db.execute("PRAGMA table_info(queue)").fetchall()}
     for name, kind in _ADDED.items():
         if name not in have:
             db.execute(f"ALTER TABLE queue ADD COLUMN {name} {kind}")
-    return db
 
 
 _INSERT = ("INTO queue (key, seq, route, shard, consumer, claimed_at, team, batch, deadline) "
@@ -70,7 +66,9 @@ _INSERT = ("INTO queue (key, seq, route, shard, consumer, claimed_at, team, batc
 
 class SQLiteQueue:
     def __init__(self, path: Path, consumer: str, weights: Mapping[str, float] | None = None) -> None:
-        self._db = _ensure_schema(path)
+        self.sql = Database(path)
+        self._db = self.sql.conn
+        _ensure_schema(self._db)
         self.consumer = consumer
         self.weights = dict(weights or {})  # team -> weight (default 1)
         self._put_here = asyncio.Event()
@@ -80,13 +78,17 @@ class SQLiteQueue:
         return (shard.key, shard.route, json.dumps(shard.to_json()), shard.team, shard.batch_id, shard.deadline)
 
     async def put(self, shard: Shard) -> None:
-        self._db.execute(f"INSERT OR REPLACE {_INSERT}", self._row(shard))
+        await self._insert("INSERT OR REPLACE", shard)
         self._put_here.set()
 
     async def put_missing(self, shard: Shard) -> bool:
-        cur = self._db.execute(f"INSERT OR IGNORE {_INSERT}", self._row(shard))
+        added = await self._insert("INSERT OR IGNORE", shard)
         self._put_here.set()
-        return cur.rowcount == 1
+        return added
+
+    @off_loop
+    def _insert(self, verb: str, shard: Shard) -> bool:
+        return self._db.execute(f"{verb} {_INSERT}", self._row(shard)).rowcount == 1
 
     def _claim(self, routes: Collection[str] | None, skip_teams: Collection[str],
                skip_batches: Collection[str]) -> Delivery | None:
@@ -105,16 +107,11 @@ class SQLiteQueue:
                 f"(SELECT name FROM workers WHERE expires_at > ?))){where}")
         if self._db.execute(f"SELECT 1 FROM queue WHERE {free} LIMIT 1", (self.consumer, at, *args)).fetchone() is None:
             return None  # nothing to take: an idle poll reads, and never holds the write lock
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(self._db):
             row = self._pick(free, (self.consumer, at, *args))  # again, under the lock
             if row is not None:
                 self._db.execute("UPDATE queue SET consumer = ?, claimed_at = ? WHERE key = ?",
                                  (self.consumer, at, row[0]))
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         return None if row is None else Delivery(shard=Shard.from_json(json.loads(row[1])), token=row[0])
 
     def _pick(self, free: str, args: tuple[Any, ...]) -> tuple[str, str] | None:
@@ -145,7 +142,12 @@ class SQLiteQueue:
         pause = _POLL_FIRST
         while True:
             self._put_here.clear()
-            delivery = self._claim(routes, skip_teams, skip_batches)
+            claim = asyncio.ensure_future(self.sql.run(partial(self._claim, routes, skip_teams, skip_batches)))
+            try:
+                delivery = await asyncio.shield(claim)
+            except asyncio.CancelledError:
+                claim.add_done_callback(self._hand_back_unseen)  # a shard claimed for no one: back at once
+                raise
             if delivery is not None:
                 return delivery
             left = deadline - time.monotonic()
@@ -156,22 +158,34 @@ class SQLiteQueue:
                     await self._put_here.wait()
             pause = min(pause * 2, _POLL_MAX)
 
-    async def ack(self, delivery: Delivery) -> None:
+    def _hand_back_unseen(self, claim: asyncio.Future[Delivery | None]) -> None:
+        if not claim.cancelled() and claim.exception() is None and (delivery := claim.result()) is not None:
+            self.sql.later(partial(self._unclaim, delivery.token))
+
+    @off_loop
+    def ack(self, delivery: Delivery) -> None:
         self._db.execute("DELETE FROM queue WHERE key = ? AND consumer = ?", (delivery.token, self.consumer))
 
-    async def hand_back(self, delivery: Delivery) -> None:
-        self._db.execute("UPDATE queue SET consumer = NULL, claimed_at = NULL WHERE key = ? AND consumer = ?",
-                         (delivery.token, self.consumer))
+    @off_loop
+    def hand_back(self, delivery: Delivery) -> None:
+        self._unclaim(delivery.token)
 
-    async def release(self, consumer: str) -> int:
+    def _unclaim(self, key: str) -> None:
+        self._db.execute("UPDATE queue SET consumer = NULL, claimed_at = NULL WHERE key = ? AND consumer = ?",
+                         (key, self.consumer))
+
+    @off_loop
+    def release(self, consumer: str) -> int:
         """Hand back every shard `consumer` holds (it died: its supervisor saw it go)."""
         cur = self._db.execute("UPDATE queue SET consumer = NULL, claimed_at = NULL WHERE consumer = ?", (consumer,))
         return cur.rowcount
 
-    async def queued(self) -> Collection[str]:
+    @off_loop
+    def queued(self) -> Collection[str]:
         return {r[0] for r in self._db.execute("SELECT key FROM queue").fetchall()}
 
-    async def counts(self) -> tuple[dict[str, int], dict[str, int]]:
+    @off_loop
+    def counts(self) -> tuple[dict[str, int], dict[str, int]]:
         waiting: dict[str, int] = {}
         held: dict[str, int] = {}
         rows = self._db.execute(
@@ -189,56 +203,7 @@ class SQLiteQueue:
         return None  # a dead consumer's rows are taken by the next `get`; nothing else is left behind
 
     async def aclose(self) -> None:
-        self._db.close()
+        await self.sql.aclose()
 
 
-class SQLiteCoordination:
-    def __init__(self, path: Path, holder: str, ttl: float = LEASE_SECONDS) -> None:
-        self._db = _ensure_schema(path)
-        self.holder, self.ttl = holder, ttl
-
-    async def acquire(self, what: str, ttl: float | None = None) -> bool:
-        at = time.time()
-        cur = self._db.execute(
-            "INSERT INTO leases (what, holder, expires_at) VALUES (?, ?, ?) ON CONFLICT (what) DO UPDATE SET "
-            "holder = excluded.holder, expires_at = excluded.expires_at WHERE leases.expires_at < ?",
-            (what, self.holder, at + (ttl or self.ttl), at),
-        )
-        return cur.rowcount == 1
-
-    async def release(self, what: str) -> None:
-        self._db.execute("DELETE FROM leases WHERE what = ? AND holder = ?", (what, self.holder))
-
-    async def held(self, what: str) -> bool:
-        row = self._db.execute("SELECT 1 FROM leases WHERE what = ? AND expires_at >= ?", (what, time.time()))
-        return row.fetchone() is not None
-
-    async def renew(self, what: str) -> None:
-        self._db.execute("UPDATE leases SET expires_at = ? WHERE what = ? AND holder = ?",
-                         (time.time() + self.ttl, what, self.holder))
-
-    def lease(self, what: str) -> contextlib.AbstractAsyncContextManager[bool]:
-        return hold(self, what)
-
-    async def reset(self) -> None:
-        """Forget every lease and heartbeat: the owner of the data directory is starting, so whoever
-        held them is gone (its worker processes end with it)."""
-        self._db.execute("DELETE FROM leases")
-        self._db.execute("DELETE FROM workers")
-
-    async def beat(self, name: str, info: dict[str, Any], ttl: float) -> None:
-        self._db.execute("INSERT OR REPLACE INTO workers (name, info, expires_at) VALUES (?, ?, ?)",
-                         (name, json.dumps(info), time.time() + ttl))
-
-    async def gone(self, name: str) -> None:
-        self._db.execute("DELETE FROM workers WHERE name = ?", (name,))
-
-    async def live_workers(self) -> list[dict[str, Any]]:
-        rows = self._db.execute("SELECT info FROM workers WHERE expires_at > ? ORDER BY name", (time.time(),))
-        return [json.loads(r[0]) for r in rows.fetchall()]
-
-    async def aclose(self) -> None:
-        self._db.close()
-
-
-__all__ = ["SQLiteCoordination", "SQLiteQueue"]
+__all__ = ["SQLiteQueue"]

@@ -4,11 +4,11 @@ transaction that journals the results."""
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Collection, Mapping
 
 from gateway.store.quota import TeamLimits, TeamUsage, exceeded
+from gateway.store.sqlite.db import Database, immediate, off_loop
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS quota_admissions (
@@ -27,8 +27,8 @@ CREATE TABLE IF NOT EXISTS team_spend (
 
 
 class SQLiteQuotaLedger:
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
+    def __init__(self, sql: Database) -> None:
+        self.sql, self._db = sql, sql.conn
 
     def _usage(self, team: str) -> TeamUsage:
         n, total = self._db.execute("SELECT COUNT(*), COALESCE(SUM(requests), 0) FROM quota_admissions "
@@ -37,41 +37,36 @@ class SQLiteQuotaLedger:
                                   (team,)).fetchall()
         return TeamUsage(int(n), int(total), {str(m): int(r) for m, r in models})
 
-    async def admit(self, team: str, batch_id: str, requests: int, limits: TeamLimits,
-                    by_model: Mapping[str, int] | None = None) -> str | None:
+    @off_loop
+    def admit(self, team: str, batch_id: str, requests: int, limits: TeamLimits,
+              by_model: Mapping[str, int] | None = None) -> str | None:
         by_model = by_model or {}
-        self._db.execute("BEGIN IMMEDIATE")  # the check and the write under one lock: no two pass the last place
-        try:
+        with immediate(self._db):  # the check and the write under one lock: no two pass the last place
             refused = exceeded(self._usage(team), requests, by_model, limits)
             if refused is None:
                 self._db.execute("INSERT OR REPLACE INTO quota_admissions VALUES (?, ?, ?, ?)",
                                  (batch_id, team, requests, time.time()))
                 self._db.executemany("INSERT OR REPLACE INTO quota_models VALUES (?, ?, ?, ?)",
                                      [(batch_id, team, m, n) for m, n in by_model.items()])
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         return refused
 
-    async def usage(self, team: str) -> TeamUsage:
+    @off_loop
+    def usage(self, team: str) -> TeamUsage:
         return self._usage(team)
 
-    async def admitted(self) -> dict[str, float]:
+    @off_loop
+    def admitted(self) -> dict[str, float]:
         return dict(self._db.execute("SELECT batch_id, admitted_at FROM quota_admissions").fetchall())
 
-    async def release(self, batch_ids: Collection[str]) -> None:
+    @off_loop
+    def release(self, batch_ids: Collection[str]) -> None:
         rows = [(b,) for b in batch_ids]
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(self._db):
             self._db.executemany("DELETE FROM quota_admissions WHERE batch_id = ?", rows)
             self._db.executemany("DELETE FROM quota_models WHERE batch_id = ?", rows)
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
 
-    async def spend(self, team: str, period: int) -> float:
+    @off_loop
+    def spend(self, team: str, period: int) -> float:
         row = self._db.execute("SELECT usd FROM team_spend WHERE team = ? AND period = ?", (team, period)).fetchone()
         return float(row[0]) if row else 0.0
 

@@ -3,9 +3,8 @@ transaction (see `gateway.store.rates`)."""
 
 from __future__ import annotations
 
-import sqlite3
-
 from gateway.store.rates import DEFAULT_WINDOW_SECONDS, Grant, grantable, window_of
+from gateway.store.sqlite.db import Database, immediate, off_loop
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rate_windows (
@@ -16,8 +15,8 @@ CREATE TABLE IF NOT EXISTS rate_windows (
 
 
 class SQLiteRates:
-    def __init__(self, db: sqlite3.Connection, window_seconds: float = DEFAULT_WINDOW_SECONDS) -> None:
-        self._db = db
+    def __init__(self, sql: Database, window_seconds: float = DEFAULT_WINDOW_SECONDS) -> None:
+        self.sql, self._db = sql, sql.conn
         self.window_seconds = window_seconds
 
     def _row(self, team: str, route: str, window: int) -> tuple[int, int]:
@@ -25,11 +24,11 @@ class SQLiteRates:
                                "window = ?", (team, route, window)).fetchone()
         return (int(row[0]), int(row[1])) if row else (0, 0)
 
-    async def take(self, team: str, route: str, want: int, rpm: int | None, tpm: int | None,
-                   estimate: int = 0) -> Grant:
+    @off_loop
+    def take(self, team: str, route: str, want: int, rpm: int | None, tpm: int | None,
+             estimate: int = 0) -> Grant:
         window, left = window_of(self.window_seconds)
-        self._db.execute("BEGIN IMMEDIATE")  # the check and the count under one lock, across processes
-        try:
+        with immediate(self._db):  # the check and the count under one lock, across processes
             self._db.execute("DELETE FROM rate_windows WHERE team = ? AND route = ? AND window < ?",
                              (team, route, window))
             requests, tokens = self._row(team, route, window)
@@ -39,20 +38,18 @@ class SQLiteRates:
                                  "(?, ?, ?, ?, ?) ON CONFLICT (team, route, window) DO UPDATE SET requests = "
                                  "requests + excluded.requests, tokens = tokens + excluded.tokens",
                                  (team, route, window, granted, granted * estimate))
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         return Grant(granted, left)
 
-    async def add_tokens(self, team: str, route: str, tokens: int) -> None:
+    @off_loop
+    def add_tokens(self, team: str, route: str, tokens: int) -> None:
         if tokens:
             window, _ = window_of(self.window_seconds)
             self._db.execute("INSERT INTO rate_windows (team, route, window, tokens) VALUES (?, ?, ?, ?) "
                              "ON CONFLICT (team, route, window) DO UPDATE SET tokens = tokens + excluded.tokens",
                              (team, route, window, tokens))
 
-    async def used(self, team: str, route: str) -> tuple[int, int]:
+    @off_loop
+    def used(self, team: str, route: str) -> tuple[int, int]:
         return self._row(team, route, window_of(self.window_seconds)[0])
 
 

@@ -3,24 +3,28 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any
+
+from gateway.store.sqlite.db import Database, off_loop
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, data TEXT NOT NULL);"
 
 
 class SQLiteBackendState:
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
+    def __init__(self, sql: Database) -> None:
+        self.sql, self._db = sql, sql.conn
 
-    async def put(self, key: str, value: dict[str, Any]) -> None:
+    @off_loop
+    def put(self, key: str, value: dict[str, Any]) -> None:
         self._db.execute("INSERT OR REPLACE INTO meta (key, data) VALUES (?, ?)", (key, json.dumps(value)))
 
-    async def get(self, key: str) -> dict[str, Any] | None:
+    @off_loop
+    def get(self, key: str) -> dict[str, Any] | None:
         row = self._db.execute("SELECT data FROM meta WHERE key = ?", (key,)).fetchone()
         return json.loads(row[0]) if row else None
 
-    async def delete(self, key: str) -> None:
+    @off_loop
+    def delete(self, key: str) -> None:
         self._db.execute("DELETE FROM meta WHERE key = ?", (key,))
 
 

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 
+from gateway.store.sqlite.db import Database, off_loop
 from gateway.store.webhook_deliveries import PENDING, WebhookDelivery
 
 SCHEMA = """
@@ -19,30 +19,34 @@ CREATE INDEX IF NOT EXISTS webhook_owner ON webhook_deliveries(owner, seq);
 
 
 class SQLiteWebhookDeliveries:
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
+    def __init__(self, sql: Database) -> None:
+        self.sql, self._db = sql, sql.conn
 
-    async def add(self, delivery: WebhookDelivery) -> bool:
+    @off_loop
+    def add(self, delivery: WebhookDelivery) -> bool:
         cur = self._db.execute(
             "INSERT OR IGNORE INTO webhook_deliveries (id, owner, state, next_at, data) VALUES (?, ?, ?, ?, ?)",
             (delivery.id, delivery.owner, delivery.state, delivery.next_at, json.dumps(delivery.to_json())),
         )
         return cur.rowcount == 1
 
-    async def due(self, now: float, limit: int) -> list[WebhookDelivery]:
+    @off_loop
+    def due(self, now: float, limit: int) -> list[WebhookDelivery]:
         rows = self._db.execute(
             "SELECT data FROM webhook_deliveries WHERE state = ? AND next_at <= ? ORDER BY next_at, seq LIMIT ?",
             (PENDING, now, limit),
         ).fetchall()
         return [WebhookDelivery.from_json(json.loads(r[0])) for r in rows]
 
-    async def save(self, delivery: WebhookDelivery) -> None:
+    @off_loop
+    def save(self, delivery: WebhookDelivery) -> None:
         self._db.execute(
             "UPDATE webhook_deliveries SET state = ?, next_at = ?, data = ? WHERE id = ?",
             (delivery.state, delivery.next_at, json.dumps(delivery.to_json()), delivery.id),
         )
 
-    async def recent(self, owner: str | None, limit: int) -> list[WebhookDelivery]:
+    @off_loop
+    def recent(self, owner: str | None, limit: int) -> list[WebhookDelivery]:
         if owner is None:
             rows = self._db.execute("SELECT data FROM webhook_deliveries ORDER BY seq DESC LIMIT ?", (limit,))
         else:

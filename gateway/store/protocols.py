@@ -1,187 +1,32 @@
-"""The storage interfaces and the records they hold.
+"""Every storage interface: the protocols the runtime's parts see, whatever backs them.
 
-- `Store`: the records, in parts by concept: `files` (`FileStore`),
-  `batches` (`BatchStore`), the shard `ledger` (`ShardLedger`: shards,
-  attempts, the result journal - results recorded per request, so a retried
-  shard skips finished ones - and route stats), `backend_state`, `webhooks`,
-  the teams' `quota` (`gateway.store.quota`), `rates` (`gateway.store.rates`) and `storage`
-  (`gateway.store.storage`).
+- `Store`: the records, in parts by concept: `files` (`FileStore`), `batches` (`BatchStore`), the shard
+  `ledger` (`ShardLedger`: shards, attempts, the result journal - results recorded per request, so a
+  retried shard skips finished ones - and route stats), `backend_state`, `webhooks` (`WebhookDeliveries`),
+  the teams' `quota` (`QuotaLedger`), `rates` (`RateWindows`) and `storage` (`StorageLedger`).
 - `Blobs`: file bytes by key (uploads, shard files, outputs).
 - `Queue`: shards waiting for a worker, and the ones workers hold.
 - `Coordination`: leases and worker heartbeats, for the steps two processes
   must not do at once and for knowing which workers are alive.
 
-Each has an embedded implementation (SQLite, local directory, a SQLite queue
-that works across the processes of one machine) and a shared one (Redis, S3,
-Redis Streams). The runtime's parts see only these protocols.
+Each has an embedded implementation (`gateway.store.sqlite`: SQLite, with a queue that works across the
+processes of one machine; `gateway.store.blobs.directory`: a local directory) and a shared one
+(`gateway.store.redis`: Redis, Redis Streams; `gateway.store.blobs.s3`: S3). The records they hold are in
+`gateway.store.objects`; the rules both backends apply sit beside the records they rule (`quota.exceeded`,
+`rates.grantable`, the `storage` meter, the webhook delivery states).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Collection, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import asdict, dataclass, field
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-from gateway.records import BatchStatus, Result, RouteStats, Shard, Usage
-from gateway.store.lines import split_lines
-from gateway.store.quota import QuotaLedger, SpendTo
-from gateway.store.rates import RateWindows
-from gateway.store.storage import StorageLedger
-from gateway.store.webhook_deliveries import WebhookDeliveries
-
-
-def now() -> int:
-    return int(time.time())
-
-
-@dataclass(slots=True)
-class FileRecord:
-    id: str
-    owner: str  # team id; "" when auth is off
-    bytes: int
-    created_at: int
-    filename: str
-    purpose: str
-    expires_at: int | None = None
-    blob_key: str = ""
-
-    def to_openai(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "file",
-            "bytes": self.bytes,
-            "created_at": self.created_at,
-            "filename": self.filename,
-            "purpose": self.purpose,
-            "status": "processed",
-            "expires_at": self.expires_at,
-            "status_details": None,
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> FileRecord:
-        return cls(**data)
-
-
-@dataclass(slots=True)
-class RequestCounts:
-    total: int = 0
-    completed: int = 0
-    failed: int = 0
-
-
-@dataclass(slots=True)
-class BatchOptions:
-    """How a batch is run: the server follows OpenAI, the CLI follows vLLM's run_batch."""
-
-    # Validation problems fail the whole batch (OpenAI); otherwise only bad
-    # JSON/missing fields/duplicates do, and the rest become per-line errors.
-    strict: bool = True
-    # Failed requests go to a separate error file (OpenAI); otherwise inline.
-    split_errors: bool = True
-    # The models this batch's owner may use; None: all.
-    allowed_models: list[str] | None = None
-    # Error replies written as vLLM's run_batch writes them (`response.body`
-    # null, the error body in `error`): `batchyard run --model`, the drop-in.
-    run_batch_errors: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> BatchOptions:
-        return cls(**data)
-
-
-@dataclass(slots=True)
-class BatchRecord:
-    id: str
-    owner: str
-    endpoint: str
-    input_file_id: str
-    completion_window: str
-    status: BatchStatus
-    created_at: int
-    expires_at: int
-    metadata: dict[str, str] | None = None
-    output_file_id: str | None = None
-    error_file_id: str | None = None
-    in_progress_at: int | None = None
-    finalizing_at: int | None = None
-    completed_at: int | None = None
-    failed_at: int | None = None
-    expired_at: int | None = None
-    cancelling_at: int | None = None
-    cancelled_at: int | None = None
-    errors: list[dict[str, Any]] = field(default_factory=list)
-    counts: RequestCounts = field(default_factory=RequestCounts)
-    usage: Usage = field(default_factory=Usage)
-    model: str | None = None
-    options: BatchOptions = field(default_factory=BatchOptions)
-    shards_total: int = 0
-    output_expires_after: dict[str, Any] | None = None
-    # Per-route facts for summaries and native batches (token totals, upstream ids, cost).
-    routes: dict[str, Any] = field(default_factory=dict)
-
-    def to_openai(self, live_routes: dict[str, RouteStats] | None = None) -> dict[str, Any]:
-        """OpenAI's batch object, plus batchyard's `routes`: per route (model name) `requests`, `completed`,
-        `failed`, tokens and `cost_usd` (and a native route's `upstream_batch_ids`). `live_routes`: the
-        store's running counts, for a batch not yet finalized."""
-        routes = {name: dict(facts) for name, facts in self.routes.items()
-                  if name != "summary" and isinstance(facts, dict)}
-        for name, stats in (live_routes or {}).items():
-            if name:
-                routes[name] = {**routes.get(name, {}), **stats.to_json()}
-        return {
-            "id": self.id,
-            "object": "batch",
-            "endpoint": self.endpoint,
-            "errors": {"object": "list", "data": self.errors} if self.errors else None,
-            "input_file_id": self.input_file_id,
-            "completion_window": self.completion_window,
-            "status": self.status.value,
-            "output_file_id": self.output_file_id,
-            "error_file_id": self.error_file_id,
-            "created_at": self.created_at,
-            "in_progress_at": self.in_progress_at,
-            "expires_at": self.expires_at,
-            "finalizing_at": self.finalizing_at,
-            "completed_at": self.completed_at,
-            "failed_at": self.failed_at,
-            "expired_at": self.expired_at,
-            "cancelling_at": self.cancelling_at,
-            "cancelled_at": self.cancelled_at,
-            "request_counts": asdict(self.counts),
-            "metadata": self.metadata,
-            "model": self.model,
-            "usage": self.usage.to_openai(),
-            "routes": routes,
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["status"] = self.status.value
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> BatchRecord:
-        data = dict(data)
-        data["status"] = BatchStatus(data["status"])
-        data["counts"] = RequestCounts(**data["counts"])
-        data["usage"] = Usage(**data["usage"])
-        data["options"] = BatchOptions.from_json(data["options"])
-        return cls(**data)
-
-
-@dataclass(slots=True)
-class Page:
-    data: list[Any]
-    has_more: bool
+from gateway.records import BatchStatus, Result, RouteStats, Shard
+from gateway.store.objects import BatchFields, BatchRecord, Delivery, FileRecord, Page
+from gateway.store.quota import SpendTo, TeamLimits, TeamUsage
+from gateway.store.rates import Grant
+from gateway.store.webhook_deliveries import WebhookDelivery
 
 
 class FileStore(Protocol):
@@ -205,7 +50,7 @@ class BatchStore(Protocol):
     async def page(self, owner: str, *, limit: int, after: str | None) -> Page:
         """Newest first (by creation, not `created_at`), as OpenAI lists them."""
     async def update(
-        self, batch_id: str, fields: dict[str, Any], *, if_status: Collection[BatchStatus] | None = None
+        self, batch_id: str, fields: BatchFields, *, if_status: Collection[BatchStatus] | None = None
     ) -> bool:
         """Set record fields; with `if_status`, only when the status is one of those (atomic). True if applied."""
     async def active(self) -> list[BatchRecord]:
@@ -238,7 +83,8 @@ class ShardLedger(Protocol):
     async def journal(self, shard: Shard) -> list[Result]: ...
     async def recorded_lines(self, shard: Shard) -> set[int]: ...
     async def drop_journal(self, shard: Shard) -> None:
-        """The shard is sealed: its results are in a blob now."""
+        """The shard is sealed: its results are in a blob now. A result recorded for it later (the shard run
+        twice, by a worker taken for dead) is ignored: no journal is left to dedupe it against."""
     async def route_stats(self, batch_id: str) -> dict[str, RouteStats]:
         """Per route (model_name; "" for lines answered at validation): counts, tokens and cost so far."""
 
@@ -251,13 +97,75 @@ class BackendState(Protocol):
     async def delete(self, key: str) -> None: ...
 
 
+class WebhookDeliveries(Protocol):
+    """The teams' webhook deliveries (`gateway.store.webhook_deliveries`)."""
+
+    async def add(self, delivery: WebhookDelivery) -> bool:
+        """Record a new delivery; False (and nothing changed) when one with its id exists."""
+    async def due(self, now: float, limit: int) -> list[WebhookDelivery]:
+        """PENDING deliveries whose `next_at` has come, soonest first."""
+    async def save(self, delivery: WebhookDelivery) -> None:
+        """Write back an attempt's outcome (state, attempts, next_at, last_*)."""
+    async def recent(self, owner: str | None, limit: int) -> list[WebhookDelivery]:
+        """The newest deliveries of one team (None: every team), newest first."""
+
+
+class QuotaLedger(Protocol):
+    """The teams' admitted batches and spend (`gateway.store.quota`)."""
+
+    async def admit(self, team: str, batch_id: str, requests: int, limits: TeamLimits,
+                    by_model: Mapping[str, int] | None = None) -> str | None:
+        """Count the batch against its team's quotas if it fits all of them; else the name of the first
+        quota it would exceed (`MAX_ACTIVE_BATCHES`, `MAX_ENQUEUED_REQUESTS`, `MODEL_MAX_ENQUEUED_REQUESTS`),
+        and nothing is counted. `by_model`: the batch's requests per model_name (when the team has
+        per-model limits)."""
+    async def usage(self, team: str) -> TeamUsage: ...
+    async def admitted(self) -> dict[str, float]:
+        """Every batch counted now -> when it was admitted (epoch seconds)."""
+    async def release(self, batch_ids: Collection[str]) -> None: ...
+    async def spend(self, team: str, period: int) -> float:
+        """The team's spend in the budget period that starts at `period` (see `SpendTo`)."""
+
+
+class RateWindows(Protocol):
+    """The teams' rpm/tpm windows per route (`gateway.store.rates`)."""
+
+    window_seconds: float
+
+    async def take(self, team: str, route: str, want: int, rpm: int | None, tpm: int | None,
+                   estimate: int = 0) -> Grant:
+        """Start up to `want` requests of `team` on `route` in the current window (`grantable`), and reserve
+        `estimate` tokens for each one granted."""
+    async def add_tokens(self, team: str, route: str, tokens: int) -> None:
+        """Count tokens in the current window (negative: a reservation that was too large, given back)."""
+    async def used(self, team: str, route: str) -> tuple[int, int]:
+        """(requests, tokens) counted in the current window."""
+
+
+class StorageLedger(Protocol):
+    """The bytes of the teams' uploads (`gateway.store.storage`)."""
+
+    async def reserve(self, team: str, file_id: str, size: int, limit: int) -> bool:
+        """Hold `size` bytes for the file being uploaded (pending) if the team's other files and uploads plus
+        `size` fit `limit`; else drop the file's entry and return False (in one atomic step)."""
+    async def settle(self, team: str, file_id: str, size: int) -> None:
+        """The file is stored with `size` bytes: counted until `release`."""
+    async def hold(self, team: str, file_id: str) -> None:
+        """The file is about to be deleted: its entry (if any) goes pending, so a crash before `release`
+        cannot leave it counted for ever."""
+    async def release(self, team: str, file_id: str) -> None:
+        """Forget the file (deleted, or its upload refused or aborted)."""
+    async def used(self, team: str) -> int:
+        """The team's counted bytes: stored files and running uploads."""
+
+
 class Store(Protocol):
     """The records, by concept. One object hands out the parts because they share one connection
     (one SQLite file, one Redis client) and the ledger writes the batches' counters atomically with its
     journal; a caller names the concept at each call (`store.ledger.record_results(...)`). `webhooks`:
     the teams' webhook deliveries (`gateway.store.webhook_deliveries`); `quota`: the teams' admitted
-    batches and spend (`gateway.store.quota`); `rates`: their rpm/tpm windows (`gateway.store.rates`); `storage`:
-    the bytes of their uploads (`gateway.store.storage`)."""
+    batches and spend (`gateway.store.quota`); `rates`: their rpm/tpm windows (`gateway.store.rates`);
+    `storage`: the bytes of their uploads (`gateway.store.storage`)."""
 
     @property
     def files(self) -> FileStore: ...
@@ -295,12 +203,6 @@ class Blobs(Protocol):
     async def delete(self, key: str) -> None: ...
     async def delete_prefix(self, prefix: str) -> None: ...
     async def aclose(self) -> None: ...
-
-
-@dataclass(slots=True)
-class Delivery:
-    shard: Shard
-    token: str  # the queue's handle for ack
 
 
 class Queue(Protocol):
@@ -346,30 +248,18 @@ class Coordination(Protocol):
     async def aclose(self) -> None: ...
 
 
-async def read_lines(blobs: Blobs, key: str) -> AsyncIterator[bytes]:
-    """The lines of a blob, streamed, without their line ends (in linear time: `split_lines`)."""
-    async for line in split_lines(blobs.read(key)):
-        if isinstance(line, bytes):  # always, without a cap
-            yield line
-
-
-@asynccontextmanager
-async def commit_or_abort(writer: BlobWriter) -> AsyncIterator[BlobWriter]:
-    """`Blobs.writing`, for every implementation: commit when the block ends, abort when it raises
-    (a half-written blob never appears, and a multipart upload is not left behind)."""
-    try:
-        yield writer
-    except BaseException:
-        await writer.abort()
-        raise
-    await writer.commit()
-
-
-async def write_lines(blobs: Blobs, key: str, lines: AsyncIterable[bytes]) -> int:
-    """Write the lines (each given without its line end); returns the blob's size."""
-    size = 0
-    async with blobs.writing(key) as w:
-        async for line in lines:
-            await w.write(line + b"\n")
-            size += len(line) + 1
-    return size
+__all__ = [
+    "BackendState",
+    "BatchStore",
+    "BlobWriter",
+    "Blobs",
+    "Coordination",
+    "FileStore",
+    "Queue",
+    "QuotaLedger",
+    "RateWindows",
+    "ShardLedger",
+    "StorageLedger",
+    "Store",
+    "WebhookDeliveries",
+]

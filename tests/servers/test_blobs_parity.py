@@ -1,0 +1,126 @@
+"""`S3Blobs` (moto) answers as `LocalBlobs` does, `writing` included (a block that raises leaves no blob
+behind); `S3Blobs` alone: single PUT, multipart, abort, streamed read, prefix delete."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.store.blobs.directory import LocalBlobs
+from gateway.store.blobs.s3 import S3Blobs
+from gateway.store.protocols import Blobs
+from tests.support.services import MotoS3
+
+
+@pytest.fixture(autouse=True)
+def s3_env(s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+
+
+class _Boom(Exception):
+    pass
+
+
+async def _blobs(blobs: Blobs) -> list[Any]:
+    """What a `Blobs` answers: `writing` commits at the end of its block, leaves nothing if it raises."""
+    out: list[Any] = []
+
+    async def read(key: str) -> bytes:
+        return b"".join([chunk async for chunk in blobs.read(key, chunk_size=3)])
+
+    async with blobs.writing("files/a") as w:
+        await w.write(b"hello\n")
+        out.append(await blobs.size("files/a"))  # nothing visible before the block ends
+        await w.write(b"world\n")
+    out.append([await blobs.size("files/a"), await read("files/a")])
+    with pytest.raises(_Boom):
+        async with blobs.writing("files/b") as w:
+            await w.write(b"half")
+            raise _Boom
+    out.append(await blobs.size("files/b"))
+    async with blobs.writing("batches/b1/x") as w:
+        await w.write(b"1")
+    async with blobs.writing("batches/b10/x") as w:
+        await w.write(b"10")
+    async with blobs.writing("files/empty"):
+        pass
+    out.append([await blobs.size("files/empty"), await read("files/empty")])
+    await blobs.delete_prefix("batches/b1")
+    out.append([await blobs.size("batches/b1/x"), await blobs.size("batches/b10/x")])
+    await blobs.delete("files/a")
+    out.append(await blobs.size("files/a"))
+    with pytest.raises(FileNotFoundError):
+        await read("files/a")
+    with pytest.raises(ValueError):
+        blobs.writing("../escape")
+    return out
+
+
+async def test_s3_blobs_answer_as_local_blobs_do(s3: MotoS3, tmp_path: Path) -> None:
+    local, shared = LocalBlobs(tmp_path / "blobs"), S3Blobs.from_url(s3.storage("parity"), endpoint_url=s3.url)
+    try:
+        expected = await _blobs(local)
+        got = await _blobs(shared)
+        client = await shared.client()
+        assert not (await client.list_multipart_uploads(Bucket=s3.bucket)).get("Uploads")
+    finally:
+        await local.aclose()
+        await shared.aclose()
+    assert expected[0] is None and expected[1] == [12, b"hello\nworld\n"]
+    for i, (e, g) in enumerate(zip(expected, got, strict=True)):
+        assert g == e, f"step {i}"
+
+
+async def _read_all(blobs: S3Blobs, key: str) -> bytes:
+    return b"".join([chunk async for chunk in blobs.read(key)])
+
+
+async def test_s3_blobs_put_multipart_abort_and_prefix_delete(s3: MotoS3) -> None:
+    blobs = S3Blobs.from_url(s3.storage("unit"), endpoint_url=s3.url, part_size=5 * 1024 * 1024)
+    try:
+        w = blobs.writer("files/small")
+        await w.write(b"hello\n")
+        await w.write(b"world\n")
+        assert await blobs.size("files/small") is None  # nothing visible before commit
+        assert await w.commit() == 12
+        assert await _read_all(blobs, "files/small") == b"hello\nworld\n"
+        assert await blobs.size("files/small") == 12
+
+        big = hashlib.sha256()
+        w = blobs.writer("batches/b1/shards/000000.results.jsonl")
+        for i in range(12):  # 12 MiB in 1 MiB writes: three parts
+            chunk = bytes([i]) * (1 << 20)
+            big.update(chunk)
+            await w.write(chunk)
+        assert await w.commit() == 12 << 20
+        got = hashlib.sha256()
+        async for chunk in blobs.read("batches/b1/shards/000000.results.jsonl", chunk_size=1 << 18):
+            got.update(chunk)
+        assert got.hexdigest() == big.hexdigest()
+
+        w = blobs.writer("files/aborted")
+        await w.write(b"x" * (6 << 20))  # a part went out already
+        await w.abort()
+        client = await blobs.client()
+        uploads = await client.list_multipart_uploads(Bucket=s3.bucket)
+        assert not uploads.get("Uploads")
+        assert await blobs.size("files/aborted") is None
+
+        w = blobs.writer("batches/b10/x")
+        await w.write(b"keep")
+        await w.commit()
+        await blobs.delete_prefix("batches/b1")
+        assert await blobs.size("batches/b1/shards/000000.results.jsonl") is None
+        assert await blobs.size("batches/b10/x") == 4  # a sibling with a longer name stays
+        await blobs.delete("files/small")
+        assert await blobs.size("files/small") is None
+        with pytest.raises(FileNotFoundError):
+            await _read_all(blobs, "files/small")
+        with pytest.raises(ValueError):
+            blobs.writer("../escape")
+    finally:
+        await blobs.aclose()
