@@ -38,7 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.fakes.upstream import start_upstream  # noqa: E402
+from tests.fakes.upstream.server import start_upstream  # noqa: E402
 from tests.support.server_helpers import Gateway, gateway_config, start_gateway  # noqa: E402
 from tests.support.services import RedisServer, process_env, start_worker  # noqa: E402
 from tests.support.team_helpers import start_shared  # noqa: E402

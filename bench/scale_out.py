@@ -1,6 +1,6 @@
 """Scale-out: one upstream batch run by 1, 2 and 4 `batchyard worker` processes.
 
-Everything runs on this machine: a loopback upstream (tests/fakes/upstream.py), a
+Everything runs on this machine: a loopback upstream (tests/fakes/upstream/server.py), a
 `redis-server`, the workers, and the API side (a `Runtime` from `open_shared`
 in this process, hosting no routes). For each worker count it submits one
 batch, times it from `create_batch` to `completed`, and reads Redis' INFO
@@ -32,7 +32,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from gateway.config.schema import parse_config  # noqa: E402
 from gateway.runtime.root import open_shared  # noqa: E402
-from tests.fakes.upstream import start_upstream  # noqa: E402
+from tests.fakes.upstream.server import start_upstream  # noqa: E402
 from tests.support.services import MotoS3, RedisServer, shared_config, start_worker, write_config  # noqa: E402
 
 MODEL = "gpt-mini"

@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from gateway.config.schema import parse_config  # noqa: E402
 from gateway.runtime.supervisor import default_workers  # noqa: E402
-from tests.fakes.upstream import start_upstream  # noqa: E402
+from tests.fakes.upstream.server import start_upstream  # noqa: E402
 from tests.support.server_helpers import Gateway, gateway_config, start_gateway  # noqa: E402
 
 

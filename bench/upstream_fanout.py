@@ -3,7 +3,7 @@
     .venv/bin/python bench/upstream_fanout.py [--requests 20000] [--small 1000] [--concurrency 64] [--repeat 3]
 
 Both peers run as whole processes (imports included) against one loopback
-upstream (tests/fakes/upstream.py), alternating, and the medians are compared. Also
+upstream (tests/fakes/upstream/server.py), alternating, and the medians are compared. Also
 prints batchyard's peak RSS at 1k lines and at N lines (flat memory means the
 ratio stays near 1), and CPU seconds per 1,000 requests (user + sys of each
 peer's whole process tree, worker processes included): unlike throughput, that
@@ -33,7 +33,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.fakes.upstream import start_upstream  # noqa: E402
+from tests.fakes.upstream.server import start_upstream  # noqa: E402
 
 _PEER = """
 import asyncio, json, sys

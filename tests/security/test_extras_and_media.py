@@ -23,7 +23,7 @@ import pytest
 
 from gateway.config.schema import parse_config
 from gateway.errors import ConfigError
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.engine_helpers import ENGINE_MARKS, REPO, built_tiny_models, engine_env
 
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"

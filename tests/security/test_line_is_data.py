@@ -24,7 +24,7 @@ import pytest
 from scripts.gen_litellm_names import litellm_names
 from scripts.gen_litellm_names import main as check_generated
 from tests.fakes.stub_process import Stub, start_stub
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import Gateway, read_jsonl, start_gateway, submit, wait_batch
 from tests.support.team_helpers import metric
 

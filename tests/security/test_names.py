@@ -25,7 +25,7 @@ from gateway.runtime.root import open_shared
 from gateway.store.objects import BatchRecord
 from gateway.store.redis.keys import Keys
 from gateway.store.webhook_deliveries import PENDING, WebhookDelivery
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.fakes.webhook_receiver import Receiver
 from tests.support.server_helpers import REPO_ROOT, Gateway, chat_line, gateway_config, submit, wait_batch
 from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer

@@ -28,8 +28,8 @@ from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard, 
 from gateway.store.objects import BatchRecord, now
 from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend
-from tests.fakes.upstream import Upstream, start_upstream
-from tests.fakes.upstream_app import BAD_USAGE
+from tests.fakes.upstream.app import BAD_USAGE
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import Gateway, gateway_config, read_jsonl, start_gateway, submit
 from tests.support.services import HAVE_REDIS, RedisServer, start_worker
 from tests.support.team_helpers import MODES, finished, lines, metric, serve, start_shared, until

@@ -29,7 +29,7 @@ from gateway.config.schema import parse_config
 from gateway.errors import ConfigError
 from gateway.store.redis.keys import Keys
 from gateway.store.sqlite.files import SCHEMA as FILES_SCHEMA
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import Gateway, gateway_config, jsonl, wait_batch
 from tests.support.team_helpers import MODEL, MODES, lines, serve
 from tests.support.waiting import eventually

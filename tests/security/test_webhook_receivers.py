@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from gateway.webhooks.sender import MAX_REPLY_BYTES
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.fakes.webhook_receiver import Receiver
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, start_gateway, submit, wait_batch
 from tests.support.waiting import eventually, free_port

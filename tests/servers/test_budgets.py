@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from gateway.api.dashboard.pages import COOKIE
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import gateway_config, submit
 from tests.support.services import HAVE_REDIS, RedisServer
 from tests.support.team_helpers import MODEL, MODES, finished, lines, metric, serve, start_shared, until

@@ -20,7 +20,7 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from gateway.api.dashboard.view import fmt_usd
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import (
     REPO_ROOT,
     Gateway,

@@ -37,7 +37,7 @@ from gateway.runtime.root import Runtime, open_shared
 from gateway.store.objects import BatchRecord
 from gateway.store.redis.coordination import connect_redis
 from gateway.store.redis.keys import GROUP, Keys
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.services import (
     HAVE_REDIS,
     NO_REDIS_REASON,

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fakes.upstream import start_upstream
+from tests.fakes.upstream.server import start_upstream
 from tests.support.server_helpers import API_VERSION, Gateway, chat_line, gateway_config, jsonl, start_gateway
 
 KEY = "sk-team-0123456789"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import Gateway, gateway_config, submit
 from tests.support.team_helpers import MODEL, MODES, metric, serve
 from tests.support.team_helpers import done as _done

@@ -1,4 +1,4 @@
-"""Upstream-native batches (`providers.native`) against the real loopback upstream (tests/fakes/upstream.py):
+"""Upstream-native batches (`providers.native`) against the real loopback upstream (tests/fakes/upstream/server.py):
 LiteLLM's own file and batch functions talk HTTP to it, for OpenAI's and Azure's forms. Nothing is mocked."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from gateway.store.protocols import Store
 from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend, native_route_summary
 from providers.openai_batches import cost_meta_key, plan_parts, shard_meta_key
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.waiting import eventually_async
 
 API_VERSION = "2024-10-21"

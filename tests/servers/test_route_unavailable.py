@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import chat_line, gateway_config, read_jsonl, start_gateway, submit, wait_batch
 from tests.support.waiting import eventually
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 
 REPO = Path(__file__).resolve().parents[2]
 SEEDS = REPO / "tests" / "data" / "seeds"  # copies of ../shared/seeds: the public documents we started from

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import REPO_ROOT, Gateway, gateway_config, jsonl, start_gateway, wait_batch
 from tests.support.waiting import eventually
 

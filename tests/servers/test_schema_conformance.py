@@ -13,7 +13,7 @@ import schemathesis
 from schemathesis import checks
 from schemathesis.config import SchemathesisConfig
 
-from tests.fakes.upstream import start_upstream
+from tests.fakes.upstream.server import start_upstream
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, jsonl, start_gateway
 
 SPEC = Path(__file__).resolve().parents[1] / "data" / "openai_files_batches.yaml"

@@ -1,6 +1,6 @@
 """The HTTP front door, end to end: a real `batchyard` server process, the real
 `openai` SDK (OpenAI and AzureOpenAI forms) and LiteLLM as clients, and the
-loopback upstream (tests/fakes/upstream.py) behind it."""
+loopback upstream (tests/fakes/upstream/server.py) behind it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import openai
 import pytest
 from openai import AzureOpenAI, OpenAI
 
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import (
     API_VERSION,
     Gateway,

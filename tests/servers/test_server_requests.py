@@ -18,7 +18,7 @@ from openai import OpenAI
 from gateway.config.schema import parse_config
 from gateway.runtime.root import open_embedded
 from gateway.store.objects import FileRecord
-from tests.fakes.upstream import Upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, jsonl, start_gateway, submit, wait_batch
 from tests.support.team_gateway import BETA, GAMMA, MAX_FILE_BYTES, MAX_LINES, alpha, assert_error, beta, gw, upstream
 from tests.support.waiting import eventually

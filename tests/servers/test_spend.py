@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import Gateway, gateway_config, start_gateway, submit
 from tests.support.services import RedisServer, start_worker
 from tests.support.team_helpers import MODEL, MODES, done, finished, lines, metric, start_shared, until

@@ -17,7 +17,7 @@ import pytest
 from gateway.config.schema import parse_config
 from gateway.records import BatchRequest, Endpoint, Result
 from providers.litellm_backend import LiteLLMBackend
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 
 KEY = "sk-passthrough"
 PRICE_IN, PRICE_OUT = 0.001, 0.002

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import gateway_config, read_jsonl, start_gateway, submit, wait_batch
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The loopback OpenAI/Azure stand-in (tests/fakes/upstream.py), checked with the real `openai` SDK."""
+"""The loopback OpenAI/Azure stand-in (tests/fakes/upstream/server.py), checked with the real `openai` SDK."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import openai
 import pytest
 from openai import AzureOpenAI, OpenAI
 
-from tests.fakes.upstream import Upstream, embedding_vector, start_upstream
+from tests.fakes.upstream.server import Upstream, embedding_vector, start_upstream
 
 API_VERSION = "2024-10-21"
 

@@ -21,7 +21,7 @@ import pytest
 from openai import OpenAI
 from openai.types import Batch
 
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import Gateway, gateway_config, start_gateway
 from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, MotoS3, RedisServer
 from tests.support.team_helpers import MODEL, finished, start_shared, until

@@ -21,7 +21,7 @@ from gateway.config.schema import parse_config
 from gateway.records import BatchStatus
 from gateway.runtime.root import open_embedded
 from gateway.store.objects import BatchRecord
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.fakes.webhook_receiver import Receiver
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, start_gateway, submit, wait_batch
 from tests.support.waiting import eventually

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.runtime.supervisor import WORKER_NICENESS
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import chat_line, gateway_config, start_gateway, submit, wait_batch
 
 

@@ -25,7 +25,7 @@ import yaml
 from openai import OpenAI
 from openai.types import Batch
 
-from tests.fakes.upstream import Upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.waiting import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

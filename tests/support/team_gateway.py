@@ -1,6 +1,6 @@
 """A team-shaped gateway for the server tests: one real `batchyard` server process with three teams
 (alpha limited to some models, beta, gamma), a master key and small limits, over the loopback
-upstream (tests/fakes/upstream.py). Module-scoped fixtures: each test module that imports them gets its own."""
+upstream (tests/fakes/upstream/server.py). Module-scoped fixtures: each test module that imports them gets its own."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.fakes.upstream import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import Gateway, gateway_config, start_gateway
 
 MASTER, ALPHA, BETA, GAMMA = "sk-master-0123456789", "sk-alpha-0123456789", "sk-beta-0123456789", "sk-gamma-012345"

@@ -1,7 +1,7 @@
 """The test suite's stand-in for OpenAI and Azure OpenAI: a real HTTP server on loopback.
 
 Tests and benchmarks never mock HTTP. They start this server as a subprocess
-(`start_upstream()`, or `python -m tests.fakes.upstream --port P`) and point LiteLLM,
+(`start_upstream()`, or `python -m tests.fakes.upstream.server --port P`) and point LiteLLM,
 the `openai` SDK or the gateway at it, exactly as they would at api.openai.com
 or an Azure resource. It answers deterministically and cheaply (plain Starlette,
 no pydantic), so thousands of requests a second fit on two cores.
@@ -34,7 +34,7 @@ Directives in the request text (last user message, prompt, input, query):
 - `#sleep:MS`  wait MS milliseconds before answering (real-time only)
 - `#count`     count calls per exact text in `stats()["by_custom"]`
 - `#extra`     add fields OpenAI's types don't know to a success reply (`x_provider`, `prompt_logprobs`)
-- `#usage:NAME` a success reply's `usage` is a bad one (`tests.fakes.upstream_app.BAD_USAGE`: negative, huge,
+- `#usage:NAME` a success reply's `usage` is a bad one (`tests.fakes.upstream.app.BAD_USAGE`: negative, huge,
   float, string, bool, nested, list)
 
 Files and Batches API under `/v1`, `/openai` (`?api-version=`) and `/openai/v1`.
@@ -44,9 +44,9 @@ real-time endpoints (directives apply per line, sleeps excepted; non-2xx lines
 go to the error file). Input lines containing `#batch:fail` make the batch
 `failed`, `#batch:expire` make it `expired`. Cancel: cancelling → cancelled.
 
-The parts: this module (the process and the handle tests hold), `tests.fakes.upstream_app`
-(the ASGI app: real-time and control endpoints), `tests.fakes.upstream_batches` (Files and
-Batches API), `tests.fakes.upstream_state` (state and shared helpers), `tests.fakes.upstream_replies`
+The parts: this module (the process and the handle tests hold), `tests.fakes.upstream.app`
+(the ASGI app: real-time and control endpoints), `tests.fakes.upstream.batches` (Files and
+Batches API), `tests.fakes.upstream.state` (state and shared helpers), `tests.fakes.upstream.replies`
 (the replies themselves).
 
 Control endpoints (no auth): `GET /_health`, `GET /_stats`, `POST /_reset`.
@@ -68,15 +68,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tests.fakes.stub_process import LoopbackProcess
-from tests.fakes.upstream_app import Options, build_app
-from tests.fakes.upstream_replies import EMBEDDING_DIM, ApiError, embedding_vector, error_body, relevance, request_text
+from tests.fakes.upstream.app import Options, build_app
+from tests.fakes.upstream.replies import EMBEDDING_DIM, ApiError, embedding_vector, error_body, relevance, request_text
 
 __all__ = ["EMBEDDING_DIM", "ApiError", "Upstream", "embedding_vector", "error_body", "relevance", "request_text",
            "start_upstream"]
 
 
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 # --------------------------------------------------------------------------- the process and its handle
@@ -138,7 +138,7 @@ def start_upstream(
     log_fd, log_path = tempfile.mkstemp(prefix="upstream-", suffix=".log")
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tests.fakes.upstream", *args, *extra_args],
+            [sys.executable, "-m", "tests.fakes.upstream.server", *args, *extra_args],
             cwd=REPO_ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -174,7 +174,7 @@ def _wait_healthy(upstream: Upstream, timeout: float) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.fakes.upstream",
+    parser = argparse.ArgumentParser(prog="python -m tests.fakes.upstream.server",
                                      description="OpenAI/Azure stand-in for tests.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)

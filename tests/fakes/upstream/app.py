@@ -1,6 +1,6 @@
 """The loopback upstream's ASGI app: the real-time endpoints, control endpoints, and the Files/Batches mixin.
 
-The process and the handle tests hold are in `tests.fakes.upstream`; replies in `tests.fakes.upstream_replies`.
+The process and the handle tests hold are in `tests.fakes.upstream.server`; replies in `tests.fakes.upstream.replies`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tests.fakes.upstream_batches import FilesAndBatches
-from tests.fakes.upstream_replies import (
+from tests.fakes.upstream.batches import FilesAndBatches
+from tests.fakes.upstream.replies import (
     _BUILDERS,
     _RETRY_HEADERS,
     ApiError,
@@ -26,7 +26,7 @@ from tests.fakes.upstream_replies import (
     error_body,
     request_text,
 )
-from tests.fakes.upstream_state import (
+from tests.fakes.upstream.state import (
     JSON,
     BatchJob,
     Counters,

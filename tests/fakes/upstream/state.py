@@ -10,7 +10,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from tests.fakes.upstream_replies import ApiError, _dumps, _id, _invalid, _loads, _now, request_text
+from tests.fakes.upstream.replies import ApiError, _dumps, _id, _invalid, _loads, _now, request_text
 
 JSON = dict[str, Any]
 Reply = tuple[int, JSON, dict[str, str] | None]

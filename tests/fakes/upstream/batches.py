@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tests.fakes.upstream_replies import (
+from tests.fakes.upstream.replies import (
     ApiError,
     _dumps,
     _id,
@@ -27,7 +27,7 @@ from tests.fakes.upstream_replies import (
     error_body,
     request_text,
 )
-from tests.fakes.upstream_state import (
+from tests.fakes.upstream.state import (
     FILE_PURPOSES,
     JSON,
     BatchJob,

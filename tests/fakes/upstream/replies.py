@@ -1,4 +1,4 @@
-"""What the loopback upstream (tests/fakes/upstream.py) answers: request texts, replies and error bodies.
+"""What the loopback upstream (tests/fakes/upstream/server.py) answers: request texts, replies and error bodies.
 
 Pure functions of the request body, shared by the real-time endpoints and the
 Batches API's lines. Token counts are whitespace word counts.
