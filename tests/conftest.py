@@ -6,7 +6,15 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.services import MotoS3, RedisServer
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Upstream]:
+    """The loopback OpenAI/Azure stand-in, any key accepted (a module that needs another one defines its own)."""
+    with start_upstream() as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

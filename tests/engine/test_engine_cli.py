@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.engine_helpers import ENGINE_FLAGS, ENGINE_MARKS, REPO, built_tiny_models, engine_env
 
 pytestmark = ENGINE_MARKS
@@ -25,12 +24,6 @@ ENV = engine_env(LITELLM_LOCAL_MODEL_COST_MAP="True")
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return built_tiny_models(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as up:
-        yield up
 
 
 def chat(cid: str, model: str, text: str, url: str = "/v1/chat/completions", **extra: Any) -> dict[str, Any]:

@@ -31,19 +31,13 @@ from openai import OpenAI
 
 from gateway.errors import SHOWN_CHARS
 from gateway.pipeline.validate import MAX_LINE_DEPTH
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, start_gateway, wait_batch
 
 MASTER, OPEN, QUOTA = "sk-admin-0123456789", "sk-open-0123456789", "sk-quota-0123456789"
 MAX_LINE_BYTES = 1024 * 1024
 MAX_ERRORS_LISTED = 20
 JSON_WORDING = "This line is not parseable as valid JSON."
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -29,17 +29,11 @@ import pytest
 import yaml
 
 from gateway.config.schema import parse_config
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import REPO_ROOT, Gateway, gateway_config, start_gateway
 
 CHART = REPO_ROOT / "charts" / "batchyard"
 MASTER, TEAM = "sk-master-deploy-0123456789", "sk-team-deploy-0123456789"
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
 
 
 # -- /health -------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import pytest
 
 from gateway.config.schema import parse_config
 from gateway.errors import ConfigError
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.engine_helpers import ENGINE_MARKS, REPO, built_tiny_models, engine_env
 
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -49,12 +49,6 @@ def media_server() -> Iterator[tuple[str, list[str]]]:
     yield f"{server.server_address[1]}", hits
     server.shutdown()
     server.server_close()
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
 
 
 def _line(cid: str, model: str, content: Any = "hello", **extra: Any) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from gateway.runtime.root import open_shared
 from gateway.store.objects import BatchRecord
 from gateway.store.redis.keys import Keys
 from gateway.store.webhook_deliveries import PENDING, WebhookDelivery
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.fakes.webhook_receiver import Receiver
 from tests.support.server_helpers import REPO_ROOT, Gateway, chat_line, gateway_config, submit, wait_batch
 from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer
@@ -75,12 +75,6 @@ def test_a_team_id_in_the_pattern_loads(team_id: str) -> None:
 
 
 # -- teams named after the fixed keys, in Redis mode ---------------------------------------------------
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
-
 
 @pytest.fixture(scope="module")
 def receivers() -> Iterator[dict[str, Receiver]]:

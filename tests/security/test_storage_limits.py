@@ -29,7 +29,7 @@ from gateway.config.schema import parse_config
 from gateway.errors import ConfigError
 from gateway.store.redis.keys import Keys
 from gateway.store.sqlite.files import SCHEMA as FILES_SCHEMA
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import Gateway, gateway_config, jsonl, wait_batch
 from tests.support.team_helpers import MODEL, MODES, lines, serve
 from tests.support.waiting import eventually
@@ -43,12 +43,6 @@ TEAMS = [{"team_id": "small", "api_keys": [SMALL], "max_file_storage_bytes": QUO
 KEEP = {"anchor": "created_at", "seconds": 3600}  # uploads that must outlive the tiny default expiry
 OLD_ID = "file-0123456789abcdef0123456789abcdef"
 OLD_BYTES = b'{"old": true}\n'
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
 
 
 @pytest.fixture(scope="module", params=MODES)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from gateway.webhooks.sender import MAX_REPLY_BYTES
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.fakes.webhook_receiver import Receiver
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, start_gateway, submit, wait_batch
 from tests.support.waiting import eventually, free_port
@@ -101,12 +101,6 @@ class HostileReceiver:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ store, so a restarted gateway still refuses it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import openai
 import pytest
 
 from gateway.api.dashboard.pages import COOKIE
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import gateway_config, submit
 from tests.support.services import HAVE_REDIS, RedisServer
 from tests.support.team_helpers import MODEL, MODES, finished, lines, metric, serve, start_shared, until
@@ -25,12 +24,6 @@ PRICE = 0.001  # USD per token, in and out: the upstream's reply to a line is 3 
 BUDGET = 0.1  # about 14 lines
 TEAMS = [{"team_id": "thrifty", "api_keys": ["sk-thrifty"], "max_budget": BUDGET},
          {"team_id": "other", "api_keys": ["sk-other"]}]
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
 
 
 def _config(upstream: Upstream) -> dict[str, Any]:

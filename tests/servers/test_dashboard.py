@@ -20,7 +20,7 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from gateway.api.dashboard.view import fmt_usd
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import (
     REPO_ROOT,
     Gateway,
@@ -51,12 +51,6 @@ def _need_chromium() -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(reason)
     pytest.skip(reason)
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ from gateway.runtime.root import Runtime, open_shared
 from gateway.store.objects import BatchRecord
 from gateway.store.redis.coordination import connect_redis
 from gateway.store.redis.keys import GROUP, Keys
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.services import (
     HAVE_REDIS,
     NO_REDIS_REASON,
@@ -62,12 +62,6 @@ MODEL = "gpt-mini"
 def s3_env(s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in s3.env().items():
         monkeypatch.setenv(key, value)
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as up:
-        yield up
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import Gateway, gateway_config, submit
 from tests.support.team_helpers import MODEL, MODES, metric, serve
 from tests.support.team_helpers import done as _done
@@ -27,12 +27,6 @@ from tests.support.team_helpers import until as _until
 SLOTS = 6  # max_concurrency: the request slots a worker process divides between the teams
 TEAMS = [{"team_id": "alpha", "api_keys": ["sk-alpha"]}, {"team_id": "beta", "api_keys": ["sk-beta"]},
          {"team_id": "gamma", "api_keys": ["sk-gamma"], "weight": 2}]
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
 
 
 def _config(upstream: Upstream) -> dict[str, Any]:

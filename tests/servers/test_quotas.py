@@ -12,18 +12,12 @@ from typing import Any
 import openai
 import pytest
 
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import Gateway, gateway_config, submit
 from tests.support.team_helpers import MODEL, MODES, finished, lines, metric, serve, until
 
 TEAMS = [{"team_id": "one-at-a-time", "api_keys": ["sk-one"], "max_active_batches": 1},
          {"team_id": "ten-requests", "api_keys": ["sk-ten"], "max_enqueued_requests": 10}]
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
 
 
 @pytest.fixture(scope="module", params=MODES)

@@ -8,20 +8,11 @@ finishes. Before, the worker exited at start, was started again every 10 s, and 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import chat_line, gateway_config, read_jsonl, start_gateway, submit, wait_batch
 from tests.support.waiting import eventually
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
 
 
 def test_a_local_route_that_cannot_start_fails_its_lines_and_nothing_else(upstream: Upstream, tmp_path: Path) -> None:

@@ -14,17 +14,11 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 
 REPO = Path(__file__).resolve().parents[2]
 SEEDS = REPO / "tests" / "data" / "seeds"  # copies of ../shared/seeds: the public documents we started from
 BATCHYARD = [sys.executable, "-m", "gateway.cli"]
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as up:
-        yield up
 
 
 def write_config(path: Path, upstream: Upstream, extra: str = "") -> Path:

@@ -8,25 +8,18 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import Gateway, gateway_config, start_gateway, submit
 from tests.support.services import RedisServer, start_worker
 from tests.support.team_helpers import MODEL, MODES, done, finished, lines, metric, start_shared, until
 
 PRICE = 0.001  # USD per token, in and out: the upstream's reply to a line is 3 + 4 tokens, 0.007 USD
 LINES = 60
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
 
 
 def _config(upstream: Upstream) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import Gateway, gateway_config, read_jsonl, start_gateway, submit
 from tests.support.services import RedisServer, start_worker
 from tests.support.team_helpers import MODEL, MODES, finished, lines, metric, start_shared, until
@@ -35,12 +35,6 @@ TEAMS = [
     {"team_id": "free", "api_keys": ["sk-free"]},
     {"team_id": "models", "api_keys": ["sk-models"], "model_max_enqueued_requests": {MODEL: 5}},
 ]
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
 
 
 @contextlib.contextmanager

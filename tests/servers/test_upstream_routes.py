@@ -10,24 +10,17 @@ import os
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import gateway_config, read_jsonl, start_gateway, submit, wait_batch
 
 REPO = Path(__file__).resolve().parents[2]
 PRICE_IN, PRICE_OUT = 0.001, 0.002
 LEAKS = ("Unclosed client session", "Unclosed connector", "Task was destroyed", "coroutine was never awaited")
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as up:
-        yield up
 
 
 def write_config(path: Path, up: Upstream, extra: str = "", router: str = "{num_retries: 2, retry_after: 0}") -> Path:

@@ -12,7 +12,6 @@ import signal
 import statistics
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import pytest
 from openai import OpenAI
 from openai.types import Batch
 
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import Gateway, gateway_config, start_gateway
 from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, MotoS3, RedisServer
 from tests.support.team_helpers import MODEL, finished, start_shared, until
@@ -29,12 +28,6 @@ from tests.support.waiting import eventually
 
 LINES = 100_000
 TEAMS = [{"team_id": "big", "api_keys": ["sk-big"]}, {"team_id": "small", "api_keys": ["sk-small"]}]
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
 
 
 def _big_file(lines: int = LINES) -> bytes:

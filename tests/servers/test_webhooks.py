@@ -21,7 +21,7 @@ from gateway.config.schema import parse_config
 from gateway.records import BatchStatus
 from gateway.runtime.root import open_embedded
 from gateway.store.objects import BatchRecord
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.fakes.webhook_receiver import Receiver
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, start_gateway, submit, wait_batch
 from tests.support.waiting import eventually
@@ -47,12 +47,6 @@ def secrets_in_env() -> Iterator[None]:
     yield
     for name in names:
         os.environ.pop(name, None)
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

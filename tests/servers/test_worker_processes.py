@@ -9,20 +9,11 @@ never wait behind a big batch's shards.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from gateway.runtime.supervisor import WORKER_NICENESS
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import chat_line, gateway_config, start_gateway, submit, wait_batch
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
 
 
 def test_workers_ignore_a_gateway_folder_in_the_current_directory(upstream: Upstream, tmp_path: Path) -> None:
