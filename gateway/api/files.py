@@ -174,6 +174,11 @@ def _expires_after(fields: dict[str, str]) -> ExpiresAfter | None:
         extra = [f"expires_after.{shown(key)}" for key in value if key not in _EXPIRY_KEYS]
         if extra:
             raise unknown_parameters(extra)
+        seconds = value.get("seconds")
+        if seconds is not None and type(seconds) is not int:
+            # JSON has integers: "7200" or 7200.0 here is the wrong type (only a form field's text is parsed)
+            raise bad_request(f"Invalid type for 'expires_after.seconds': expected an integer, but got "
+                              f"{type(seconds).__name__} instead.", param="expires_after.seconds", code="invalid_type")
         return parse_body(ExpiresAfter, value, "expires_after")
     given = {name: fields[key] for name in ("anchor", "seconds") if (key := f"expires_after[{name}]") in fields}
     return parse_body(ExpiresAfter, given, "expires_after") if given else None

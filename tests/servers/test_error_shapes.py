@@ -129,6 +129,11 @@ def test_an_upload_refuses_a_field_the_spec_does_not_name(gw: Gateway) -> None:
     assert caught.value.param == "expires_after[days]" and caught.value.code == "unknown_parameter"
 
     expiry = '{"anchor": "created_at", "seconds": 3600, "days": 1, "hours": 2}'  # one JSON field, as encoders send
+    for seconds in ('"7200"', "7200.0", "true"):  # JSON has integers: a string or a float is the wrong type
+        error = _error(_upload(gw, "/v1", {"purpose": "batch",
+                                           "expires_after": f'{{"anchor": "created_at", "seconds": {seconds}}}'}),
+                       "expires_after.seconds")
+        assert error["code"] == "invalid_type", error
     error = _error(_upload(gw, "/v1", {"purpose": "batch", "expires_after": expiry}), "expires_after.days")
     assert error["message"] == "Unknown parameters: 'expires_after.days', 'expires_after.hours'."
     error = _error(_upload(gw, "/v1", {"purpose": "batch", "colour": "blue", "size": "L"}), "colour")
