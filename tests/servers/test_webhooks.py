@@ -156,7 +156,8 @@ def test_a_pending_delivery_survives_a_restart(upstream: Upstream, tmp_path: Pat
         with start_gateway(config, data_dir) as again:
             events = receiver.wait_for(lambda events: bool(events))
             assert [(e.type, e.data.id) for e in events] == [("batch.completed", batch.id)]
-            assert "delivered" in again.log()
+            # the sender logs the delivery once the receiver has answered: a moment after it got the event
+            eventually(lambda: "delivered" in again.log(), 10, "the delivery logged", detail=again.log)
     finally:
         receiver.stop()
 
