@@ -25,6 +25,7 @@ from gateway.store.objects import FileRecord
 
 if TYPE_CHECKING:
     from gateway.runtime.root import Runtime
+    from gateway.store.idempotency import IdempotencyEntry
 
 router = APIRouter()
 
@@ -46,7 +47,9 @@ FORM_FIELDS = frozenset({"file", "purpose", "expires_after", *(f"expires_after[{
 async def create_file(request: Request, caller: Caller) -> JSONResponse:
     runtime = runtime_of(request)
     body = Body(request.receive)
-    claim, first, ours = None, None, False
+    claim: idempotency.Claim | None = None
+    first: IdempotencyEntry | None = None  # the entry of the first request with the key: this one replays it
+    ours = False  # the key is reserved for this request: it goes if the upload fails
     try:
         _check_declared_size(request, runtime.config.batch.limits.max_file_bytes)
         claim = idempotency.claim_for(request, caller.owner)

@@ -163,9 +163,9 @@ def test_concurrent_creates_with_one_key_make_one_object(served: Served) -> None
 
 
 def test_another_team_with_the_same_key_gets_its_own_objects(served: Served) -> None:
-    key = _key("shared-text")
+    key, file_key = _key("shared-text"), _key("shared-file")
     a, b = served.gateway.client("sk-a"), served.gateway.client("sk-b")
-    file_a, file_b = _upload(a, "team.jsonl", key), _upload(b, "team.jsonl", key)
+    file_a, file_b = _upload(a, "team.jsonl", file_key), _upload(b, "team.jsonl", file_key)
     assert file_a.id != file_b.id
     assert _files_named(a, "team.jsonl") == [file_a.id] and _files_named(b, "team.jsonl") == [file_b.id]
     batch_a = a.batches.create(**_body(file_a.id), extra_headers={HEADER: key})
