@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from gateway.api import idempotency
 from gateway.api.deps import Caller, bad_request, check_id, check_limit, list_reply, parse_body, runtime_of
 from gateway.api.form import Body
 from gateway.api.http_errors import ApiError
 from gateway.errors import not_found, shown
 from gateway.json_codec import loads_checked
 from gateway.pipeline.batch_params import CreateBatch
+
+if TYPE_CHECKING:
+    from gateway.api.auth import Principal
+    from gateway.store.objects import BatchRecord
 
 router = APIRouter()
 
@@ -24,8 +29,26 @@ MAX_BODY_DEPTH = 32
 
 @router.post("/batches")
 async def create_batch(request: Request, caller: Caller) -> JSONResponse:
-    body = parse_body(CreateBatch, await _json_object(request))
-    rec = await runtime_of(request).service.create_batch(
+    data = await _json_object(request)
+    # Llama Stack's clients send the key in the body: it is no parameter of the batch (nor of its fingerprint).
+    claim = idempotency.claim_for(request, caller.owner, data.pop(idempotency.BODY_FIELD, None))
+    body = parse_body(CreateBatch, data)
+    if claim is None:
+        return JSONResponse((await _create(request, caller, body)).to_openai())
+    fingerprint = idempotency.fingerprint("batch", data)
+    first = await claim.take(idempotency.BATCH_HOLD, fingerprint)
+    if first is not None:
+        return await claim.replay(first, fingerprint, lambda batch_id: _current(request, caller, batch_id))
+    try:
+        rec = await _create(request, caller, body)
+    except BaseException:
+        await claim.drop()
+        raise
+    return await claim.made(fingerprint, "batch", rec.id, rec.to_openai())
+
+
+async def _create(request: Request, caller: Principal, body: CreateBatch) -> BatchRecord:
+    return await runtime_of(request).service.create_batch(
         caller.owner,
         input_file_id=check_id(body.input_file_id, "file", "input_file_id"),
         endpoint=body.endpoint,
@@ -34,7 +57,11 @@ async def create_batch(request: Request, caller: Caller) -> JSONResponse:
         output_expires_after=body.output_expires_after,
         allowed_models=caller.allowed_models,
     )
-    return JSONResponse(rec.to_openai())
+
+
+async def _current(request: Request, caller: Principal, batch_id: str) -> dict[str, Any] | None:
+    rec = await runtime_of(request).store.batches.get(batch_id, caller.owner)
+    return rec.to_openai() if rec is not None else None
 
 
 @router.get("/batches")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 import unicodedata
 from collections.abc import AsyncIterator
@@ -13,16 +14,18 @@ from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from gateway.api import idempotency
 from gateway.api.deps import Caller, bad_request, check_id, check_limit, list_reply, parse_body, runtime_of
 from gateway.api.form import Body, Event, Field, FileData, FileEnd, FileStart, FormReader
 from gateway.api.http_errors import ApiError
 from gateway.errors import GatewayError, not_found, shown
 from gateway.json_codec import loads_checked
 from gateway.pipeline.batch_params import ExpiresAfter
+from gateway.store.objects import FileRecord
 
 if TYPE_CHECKING:
     from gateway.runtime.root import Runtime
-    from gateway.store.objects import FileRecord
+    from gateway.store.idempotency import IdempotencyEntry
 
 router = APIRouter()
 
@@ -44,15 +47,37 @@ FORM_FIELDS = frozenset({"file", "purpose", "expires_after", *(f"expires_after[{
 async def create_file(request: Request, caller: Caller) -> JSONResponse:
     runtime = runtime_of(request)
     body = Body(request.receive)
+    claim: idempotency.Claim | None = None
+    first: IdempotencyEntry | None = None  # the entry of the first request with the key: this one replays it
+    ours = False  # the key is reserved for this request: it goes if the upload fails
     try:
         _check_declared_size(request, runtime.config.batch.limits.max_file_bytes)
+        claim = idempotency.claim_for(request, caller.owner)
+        if claim is not None:
+            first = await claim.take(idempotency.FILE_HOLD)  # before a byte is stored; the fingerprint comes last
+            ours = first is None
         reader = FormReader(request.headers.get("content-type", ""), body)
+        # A replay's bytes are read for their fingerprint only: nothing is stored twice.
+        upload = _Upload(runtime, caller.owner, hashing=claim is not None) if first is None else \
+            _Probe(runtime, caller.owner)
         async with aclosing(reader.events()) as events:
-            rec = await _Upload(runtime, caller.owner).run(events)
-    except (ApiError, GatewayError):
-        await body.drain(_DRAIN_LIMIT)
+            rec = await upload.run(events)
+    except BaseException as exc:
+        if ours and claim is not None:
+            await claim.drop()
+        if isinstance(exc, ApiError | GatewayError):
+            await body.drain(_DRAIN_LIMIT)
         raise
-    return JSONResponse(file_object(rec))
+    if claim is None:
+        return JSONResponse(file_object(rec))
+    if first is not None:
+        return await claim.replay(first, upload.fingerprint(), lambda file_id: _current(runtime, caller.owner, file_id))
+    return await claim.made(upload.fingerprint(), "file", rec.id, file_object(rec))
+
+
+async def _current(runtime: Runtime, owner: str, file_id: str) -> dict[str, Any] | None:
+    rec = await runtime.store.files.get(file_id, owner)
+    return file_object(rec) if rec is not None else None
 
 
 @router.get("/files")
@@ -192,11 +217,13 @@ class _Upload:
     are spooled (memory, then a temporary file) until the fields are known.
     """
 
-    def __init__(self, runtime: Runtime, owner: str) -> None:
+    def __init__(self, runtime: Runtime, owner: str, *, hashing: bool = False) -> None:
         self.runtime, self.owner = runtime, owner
         self.limit = runtime.config.batch.limits.max_file_bytes
         self.fields: dict[str, str] = {}
         self.late: dict[str, str] = {}  # fields after a file already stored
+        self.filename = ""
+        self.digest = hashlib.sha256() if hashing else None  # of the file's bytes, for `fingerprint`
 
     async def run(self, events: AsyncIterator[Event]) -> FileRecord:
         rec: FileRecord | None = None
@@ -211,16 +238,17 @@ class _Upload:
                 if unknown:  # named before the file: refused before a byte is stored
                     raise unknown_parameters(unknown)
                 chunks = self._file_chunks(events)
+                self.filename = _filename(event.filename)
                 if "purpose" in self.fields:
-                    rec = await self._store(_filename(event.filename), chunks)
+                    rec = await self._store(self.filename, chunks)
                 else:
-                    spool = (_filename(event.filename), await self._spool(chunks))
+                    spool = (self.filename, await self._spool(chunks))
             # a second `file` part: its FileStart/FileData/FileEnd events are skipped
         if unknown:  # named after the file: what was kept of it goes
             if spool is not None:
                 spool[1].close()
             if rec is not None:
-                await self.runtime.service.delete_file(rec.id, self.owner)
+                await self._discard(rec)
             raise unknown_parameters(unknown)
         if spool is not None:
             filename, file = spool
@@ -234,6 +262,19 @@ class _Upload:
         purpose, expiry = _purpose(self.fields), _expires_after(self.fields)
         return await self.runtime.service.upload_file(self.owner, filename, purpose, chunks, expires_after=expiry)
 
+    async def _discard(self, rec: FileRecord) -> None:
+        await self.runtime.service.delete_file(rec.id, self.owner)
+
+    def fingerprint(self) -> str:
+        """The upload as `Idempotency-Key` compares it (after `run`, with `hashing`): its purpose, filename,
+        the expiry that applies (a late one wins, as in `_apply_late_expiry`) and its bytes' sha256."""
+        given = self.late if _names_expiry(self.late) else self.fields
+        expiry = _expires_after(given)
+        return idempotency.fingerprint("file", {
+            "purpose": self.fields.get("purpose", "").strip(), "filename": self.filename,
+            "expires_after": expiry.model_dump() if expiry else None,
+            "sha256": self.digest.hexdigest() if self.digest else ""})
+
     async def _file_chunks(self, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
         size = 0
         async for event in events:
@@ -243,6 +284,8 @@ class _Upload:
                 size += len(event.data)
                 if size > self.limit:
                     raise _too_large(self.limit)
+                if self.digest is not None:
+                    self.digest.update(event.data)
                 yield event.data
 
     async def _spool(self, chunks: AsyncIterator[bytes]) -> Any:
@@ -257,7 +300,7 @@ class _Upload:
         return file
 
     async def _apply_late_expiry(self, rec: FileRecord) -> FileRecord:
-        if not any(k.startswith("expires_after") for k in self.late):
+        if not _names_expiry(self.late):
             return rec
         try:
             expiry = _expires_after(self.late)
@@ -267,6 +310,33 @@ class _Upload:
         if expiry is None:
             return rec
         return await self.runtime.service.set_file_expiry(rec, expiry)
+
+
+class _Probe(_Upload):
+    """A replayed upload (its key already made a file): read, checked and hashed as an upload is, for its
+    fingerprint, and never stored."""
+
+    def __init__(self, runtime: Runtime, owner: str) -> None:
+        super().__init__(runtime, owner, hashing=True)
+
+    async def _store(self, filename: str, chunks: AsyncIterator[bytes]) -> FileRecord:
+        purpose, _ = _purpose(self.fields), _expires_after(self.fields)
+        size = 0
+        async for chunk in chunks:
+            size += len(chunk)
+        return FileRecord("", self.owner, size, 0, filename, purpose)  # stands for the file, never kept
+
+    async def _discard(self, rec: FileRecord) -> None:
+        pass
+
+    async def _apply_late_expiry(self, rec: FileRecord) -> FileRecord:
+        if _names_expiry(self.late):
+            _expires_after(self.late)
+        return rec
+
+
+def _names_expiry(fields: dict[str, str]) -> bool:
+    return any(k.startswith("expires_after") for k in fields)
 
 
 async def _read_spool(file: Any) -> AsyncIterator[bytes]:

@@ -3,7 +3,8 @@
 - `Store`: the records, in parts by concept: `files` (`FileStore`), `batches` (`BatchStore`), the shard
   `ledger` (`ShardLedger`: shards, attempts, the result journal - results recorded per request, so a
   retried shard skips finished ones - and route stats), `backend_state`, `webhooks` (`WebhookDeliveries`),
-  the teams' `quota` (`QuotaLedger`), `rates` (`RateWindows`) and `storage` (`StorageLedger`).
+  the teams' `quota` (`QuotaLedger`), `rates` (`RateWindows`), `storage` (`StorageLedger`) and `idempotency`
+  (`IdempotencyKeys`).
 - `Blobs`: file bytes by key (uploads, shard files, outputs).
 - `Queue`: shards waiting for a worker, and the ones workers hold.
 - `Coordination`: leases and worker heartbeats, for the steps two processes
@@ -23,6 +24,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from gateway.records import BatchStatus, Result, RouteStats, Shard
+from gateway.store.idempotency import IdempotencyEntry
 from gateway.store.objects import BatchFields, BatchRecord, Delivery, FileRecord, Page
 from gateway.store.quota import SpendTo, TeamLimits, TeamUsage
 from gateway.store.rates import Grant
@@ -159,13 +161,27 @@ class StorageLedger(Protocol):
         """The team's counted bytes: stored files and running uploads."""
 
 
+class IdempotencyKeys(Protocol):
+    """The teams' `Idempotency-Key`s (`gateway.store.idempotency`), by team and key."""
+
+    async def reserve(self, team: str, key: str, token: str, fingerprint: str, hold: float) -> IdempotencyEntry | None:
+        """Reserve the key for the request `token` for `hold` seconds if no live entry has it (None: reserved;
+        an entry whose reservation has lapsed is taken over), in one atomic step; else the live entry."""
+    async def complete(self, team: str, key: str, token: str, fingerprint: str, result: dict[str, Any]) -> bool:
+        """The request `token` made its object: keep `result` and its fingerprint until `KEY_TTL_SECONDS`
+        after the entry was made. False (nothing changed) when the reservation is no longer the token's."""
+    async def release(self, team: str, key: str, token: str) -> None:
+        """The request `token` failed: its reservation (if still its own and not completed) goes."""
+
+
 class Store(Protocol):
     """The records, by concept. One object hands out the parts because they share one connection
     (one SQLite file, one Redis client) and the ledger writes the batches' counters atomically with its
     journal; a caller names the concept at each call (`store.ledger.record_results(...)`). `webhooks`:
     the teams' webhook deliveries (`gateway.store.webhook_deliveries`); `quota`: the teams' admitted
     batches and spend (`gateway.store.quota`); `rates`: their rpm/tpm windows (`gateway.store.rates`);
-    `storage`: the bytes of their uploads (`gateway.store.storage`)."""
+    `storage`: the bytes of their uploads (`gateway.store.storage`); `idempotency`: their idempotency keys
+    (`gateway.store.idempotency`)."""
 
     @property
     def files(self) -> FileStore: ...
@@ -183,6 +199,8 @@ class Store(Protocol):
     def rates(self) -> RateWindows: ...
     @property
     def storage(self) -> StorageLedger: ...
+    @property
+    def idempotency(self) -> IdempotencyKeys: ...
     async def aclose(self) -> None: ...
 
 
@@ -255,6 +273,7 @@ __all__ = [
     "Blobs",
     "Coordination",
     "FileStore",
+    "IdempotencyKeys",
     "Queue",
     "QuotaLedger",
     "RateWindows",

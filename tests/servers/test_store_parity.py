@@ -1,8 +1,8 @@
 """The shared store answers as the embedded one does, concept by concept, against a real redis-server.
 
-- Each part of the `Store` (files, batches, the shard ledger, backend state, the teams' quota and rate
-  windows) runs one scenario on `SQLiteStore` and on `RedisStore`: the transcripts of what came back are
-  equal, step by step. The team's spend moves with the journal (`record_results`), each line's cost once.
+- Each part of the `Store` (files, batches, the shard ledger, backend state, the teams' quota, rate
+  windows and idempotency keys) runs one scenario on `SQLiteStore` and on `RedisStore`: the transcripts of what
+  came back are equal, step by step. The team's spend moves with the journal (`record_results`), each line's cost once.
 - A shard's results after its seal (`drop_journal`) count nothing, in both.
 - `RedisStore` counts each result once when writers race, and `if_status` transitions are atomic.
 The `Blobs` are in `test_blobs_parity.py`, the `Queue` and `Coordination` in `test_queue_parity.py`.
@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from gateway.records import BatchStatus, Result, Shard
+from gateway.store.idempotency import IdempotencyEntry
 from gateway.store.objects import BatchOptions, BatchRecord, FileRecord, RequestCounts
 from gateway.store.protocols import Store
 from gateway.store.quota import SpendTo, TeamLimits
@@ -232,9 +233,38 @@ async def _rates(store: Store) -> list[Any]:
     return out
 
 
+async def _idempotency(store: Store) -> list[Any]:
+    """Every `IdempotencyKeys` call: one reservation of racing ones; only its token completes or releases it;
+    a completed entry answers every later reserve; a failed one goes; a lapsed one is taken over; per team."""
+    keys, out = store.idempotency, []
+
+    def seen(entry: IdempotencyEntry | None) -> Any:
+        return None if entry is None else [entry.token, entry.fingerprint, entry.done, entry.result,
+                                           entry.created_at > 0]
+
+    out.append(seen(await keys.reserve("t", "k:1", "a", "fp-a", 60)))
+    out.append([seen(e) for e in await asyncio.gather(*(keys.reserve("t", "k:1", f"b{i}", "fp-b", 60)
+                                                         for i in range(4)))])
+    out.append(seen(await keys.reserve("u", "k:1", "c", "fp", 60)))  # another team's key of the same text
+    out.append(await keys.complete("t", "k:1", "b0", "fp-b", {"id": "no"}))  # not its reservation
+    await keys.release("t", "k:1", "b0")
+    result = {"kind": "batch", "id": "batch_1", "status": 200, "body": {"id": "batch_1", "n": 1.5}}
+    out.append([await keys.complete("t", "k:1", "a", "fp-final", result),
+                await keys.complete("t", "k:1", "a", "again", {})])  # once
+    await keys.release("t", "k:1", "a")  # completed: kept
+    out.append(seen(await keys.reserve("t", "k:1", "d", "fp-d", 60)))
+    await keys.release("u", "k:1", "c")  # its request failed: the key is free
+    out.append(seen(await keys.reserve("u", "k:1", "e", "fp", 0.2)))
+    await asyncio.sleep(0.3)
+    out.append([seen(await keys.reserve("u", "k:1", "f", "fp", 60)),  # e's lapsed: taken over
+                await keys.complete("u", "k:1", "e", "fp", result), seen(await keys.reserve("u", "k:1", "g", "", 60))])
+    assert out[1] == [["a", "fp-a", False, None, True]] * 4 and out[5][:4] == ["a", "fp-final", True, result]
+    return out
+
+
 SCENARIOS: dict[str, Callable[[Store], Awaitable[list[Any]]]] = {
     "files": _files, "batches": _batches, "ledger": _ledger, "backend_state": _backend_state, "quota": _quota,
-    "rates": _rates,
+    "rates": _rates, "idempotency": _idempotency,
 }
 
 

@@ -9,7 +9,7 @@ family, and no fixed key has that shape (a fixed key has no `:` after the prefix
 `active-batches`, `webhooks-all`, `webhooks-due`). Team ids match
 `gateway.config.sections.TEAM_ID_PATTERN` (checked at config load: no `:`), so
 `files:{team}` and `files:{team}:{purpose}` cannot meet either. Keys that hold a
-team id next to other names (`stream:`, `ready:`, `rate:`) carry lengths.
+team id next to other names (`stream:`, `ready:`, `rate:`, `idempotency:`) carry lengths.
 Earlier versions kept the three fixed sets at `batches:active`, `webhooks:all`
 and `webhooks:due`, the keys a team named `active`, `all` or `due` reads:
 `gateway.store.redis.layout` moves them at start.
@@ -60,6 +60,11 @@ quotas (`RedisQuotaLedger`, `RedisRates`, `RedisStorageLedger`)
     rate:{n}:{team}:{route}:{window}
                               hash    `requests`, `tokens` started/reported in one rate window (RedisRates;
                                       expires two windows after it starts)
+    idempotency:{n}:{team}:{key}
+                              hash    one team's `Idempotency-Key` (`RedisIdempotencyKeys`,
+                                      gateway.store.idempotency): token, fingerprint, created_at, result
+                                      JSON once done; expires when its reservation lapses, or 24 h after
+                                      it was made once done (the caller's key last: any text, no ambiguity)
 
 coordination (`RedisCoordination`, for `gateway.pipeline.coordinator`)
     worker:{name}             string  heartbeat JSON (routes, pid, host), with a TTL
@@ -183,6 +188,9 @@ class Keys:
 
     def rate(self, team: str, route: str, window: int) -> str:
         return f"{self.prefix}rate:{len(team)}:{team}:{route}:{window}"
+
+    def idempotency(self, team: str, key: str) -> str:
+        return f"{self.prefix}idempotency:{len(team)}:{team}:{key}"
 
     # -- upkeep ------------------------------------------------------------------
     def worker(self, name: str) -> str:

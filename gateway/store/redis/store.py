@@ -15,7 +15,8 @@ the parts share one client:
 - `RedisQuotaLedger` (`gateway.store.redis.quota`): the teams' admitted batches
   and spend;
 - `RedisRates` (`gateway.store.redis.rates`): the teams' rpm/tpm windows;
-- `RedisStorageLedger` (`gateway.store.redis.storage`): the bytes of the teams' uploads.
+- `RedisStorageLedger` (`gateway.store.redis.storage`): the bytes of the teams' uploads;
+- `RedisIdempotencyKeys` (`gateway.store.redis.idempotency`): the teams' idempotency keys.
 
 Key names live in `gateway.store.redis.keys`. Not for Redis Cluster: scripts touch a
 batch's keys and the global indexes together.
@@ -28,6 +29,7 @@ import redis.asyncio as aioredis
 from gateway.store.rates import DEFAULT_WINDOW_SECONDS
 from gateway.store.redis.batches import RedisBatches
 from gateway.store.redis.files import RedisFiles
+from gateway.store.redis.idempotency import RedisIdempotencyKeys
 from gateway.store.redis.keys import Keys
 from gateway.store.redis.ledger import RedisLedger
 from gateway.store.redis.quota import RedisQuotaLedger
@@ -51,6 +53,7 @@ class RedisStore:
         self.quota = RedisQuotaLedger(client, keys)
         self.rates = RedisRates(client, keys, rate_window_seconds)
         self.storage = RedisStorageLedger(client, keys)
+        self.idempotency = RedisIdempotencyKeys(client, keys)
 
     async def aclose(self) -> None:
         if self._owns_client:

@@ -2,9 +2,9 @@
 
 One connection per process, used from its own thread (off the event loop: `gateway.store.sqlite.db`) and
 shared by the parts (`SQLiteFiles`, `SQLiteBatches`, `SQLiteLedger`, `SQLiteWebhookDeliveries`,
-`SQLiteBackendState`, `SQLiteQuotaLedger`, `SQLiteRates`, `SQLiteStorageLedger`): each call is a
-short transaction, so a call is atomic with respect to every other, in this process and in the others on the same
-file (the API process and its worker processes). WAL mode lets readers
+`SQLiteBackendState`, `SQLiteQuotaLedger`, `SQLiteRates`, `SQLiteStorageLedger`,
+`SQLiteIdempotencyKeys`): each call is a short transaction, so a call is atomic with respect to every other,
+in this process and in the others on the same file (the API process and its worker processes). WAL mode lets readers
 (status polls) go on while a worker writes; a writer waits for another's short
 transaction (`busy_timeout`). WAL with synchronous=NORMAL survives a killed
 process (SIGKILL) without losing a committed write; only a power cut could
@@ -16,10 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from gateway.store.rates import DEFAULT_WINDOW_SECONDS
-from gateway.store.sqlite import batches, files, ledger, quota, rates, state, storage, webhooks
+from gateway.store.sqlite import batches, files, idempotency, ledger, quota, rates, state, storage, webhooks
 from gateway.store.sqlite.batches import SQLiteBatches
 from gateway.store.sqlite.db import Database
 from gateway.store.sqlite.files import SQLiteFiles
+from gateway.store.sqlite.idempotency import SQLiteIdempotencyKeys
 from gateway.store.sqlite.ledger import SQLiteLedger
 from gateway.store.sqlite.quota import SQLiteQuotaLedger
 from gateway.store.sqlite.rates import SQLiteRates
@@ -31,7 +32,7 @@ from gateway.store.sqlite.webhooks import SQLiteWebhookDeliveries
 class SQLiteStore:
     def __init__(self, path: Path, *, rate_window_seconds: float = DEFAULT_WINDOW_SECONDS) -> None:
         self._sql = sql = Database(path)
-        for part in (files, batches, ledger, state, webhooks, quota, rates, storage):
+        for part in (files, batches, ledger, state, webhooks, quota, rates, storage, idempotency):
             sql.conn.executescript(part.SCHEMA)
         self.files = SQLiteFiles(sql)
         self.batches = SQLiteBatches(sql)
@@ -41,6 +42,7 @@ class SQLiteStore:
         self.quota = SQLiteQuotaLedger(sql)
         self.rates = SQLiteRates(sql, rate_window_seconds)
         self.storage = SQLiteStorageLedger(sql)
+        self.idempotency = SQLiteIdempotencyKeys(sql)
 
     async def aclose(self) -> None:
         await self._sql.aclose()
