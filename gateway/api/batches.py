@@ -1,5 +1,5 @@
 """Batches: create, list, get, cancel; and our extensions, a batch's results so far and a retry of its
-lines without a 2xx reply (`gateway.pipeline.results`, `gateway.pipeline.retry`)."""
+lines without a 2xx reply (`gateway.pipeline.results`, `gateway.pipeline.retry_failed`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from gateway.errors import not_found, shown
 from gateway.json_codec import loads_checked
 from gateway.pipeline.batch_params import CreateBatch
 from gateway.pipeline.results import Cursor, results_page
-from gateway.pipeline.retry import retry_batch
+from gateway.pipeline.retry_failed import retry_batch
 
 router = APIRouter()
 

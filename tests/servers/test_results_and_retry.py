@@ -10,6 +10,7 @@ raw verbs as the client, as the docs show them).
   first time; cancelled before they ran), with their custom_ids, in input order, `metadata.retry_of`;
   it completes them. A running batch is 409 `batch_not_finished`, one with nothing left 409
   `nothing_to_retry`; another team's batch is 404 on both.
+- The dashboard links a batch's results (its own team's only).
 """
 
 from __future__ import annotations
@@ -173,6 +174,17 @@ def test_retry_completes_lines_that_failed_the_first_time(gateway: Gateway, requ
     assert sorted(ids(read_jsonl(client, finished.output_file_id))) == sorted(ids(retried))
     page, _, more, _ = results(client, again.id)
     assert not more and ids(page) == ids(retried) and {x["kind"] for x in page} == {"output"}
+
+    # The dashboard links each batch's results, for its own team only.
+    with httpx.Client(base_url=gateway.url, timeout=30) as browser:
+        assert browser.post("/ui/login", data={"api_key": "sk-alpha"}).status_code == 303
+        link = f"/ui/batches/{again.id}/results"
+        assert f'href="{link}"' in browser.get("/ui").text
+        shown = browser.get(link)
+        assert shown.status_code == 200 and [json.loads(x) for x in shown.text.splitlines()] == page
+    with httpx.Client(base_url=gateway.url, timeout=30) as stranger:
+        stranger.post("/ui/login", data={"api_key": "sk-beta"})
+        assert stranger.get(f"/ui/batches/{again.id}/results").status_code == 404
 
     with pytest.raises(openai.ConflictError) as nothing:
         retry(client, again.id)
