@@ -90,7 +90,7 @@ def check_kinds(lines: list[dict[str, Any]]) -> None:
 def test_results_while_running_then_after_cancel_and_retry(gateway: Gateway, request: pytest.FixtureRequest) -> None:
     tag = f"run-{request.node.callspec.id}"
     client, other = gateway.client("sk-alpha"), gateway.client("sk-beta")
-    n = 24
+    n = 40  # 10 shards of 0.7 s lines: it runs for seconds after the first results
     batch = submit(client, [line(tag, i, "#sleep:700") for i in range(n)])
 
     with pytest.raises(openai.ConflictError) as running:

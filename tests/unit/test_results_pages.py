@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.json_codec import loads
+from gateway.json_codec import dumps, loads
 from gateway.pipeline.finalizer import Finalizer
 from gateway.pipeline.merge import order_key
 from gateway.pipeline.results import Cursor, results_page
-from gateway.records import BatchStatus, Result, Shard
+from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard
 from gateway.store.blobs.directory import LocalBlobs
 from gateway.store.lines import read_lines
 from gateway.store.objects import BatchRecord, RequestCounts
@@ -50,6 +50,11 @@ async def test_pages_while_running_then_after_cancel(tmp_path: Path) -> None:
                                             status=BatchStatus.IN_PROGRESS, created_at=1, expires_at=10**10))
         shards = [Shard(BATCH, 0, "m", 3), Shard(BATCH, 1, "m", 3)]  # lines 1-3, 4-6
         await store.ledger.put_shards(BATCH, shards)
+        for shard in shards:  # the planner's requests blobs: the finalizer reads the lines that never ran there
+            async with blobs.writing(shard.requests_key) as writer:
+                for line in range(3 * shard.index + 1, 3 * shard.index + 4):
+                    request = BatchRequest(line, f"c{line}", Endpoint.CHAT, {"model": "m"})
+                    await writer.write(dumps(request.to_json()) + b"\n")
         await store.batches.update(BATCH, {"counts": RequestCounts(total=6), "shards_total": 2})
         assert await _page(store, blobs, None, 2) == ([], "0", False)
         await store.ledger.record_results(shards[0], [_result(2, 200)])
