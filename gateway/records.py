@@ -203,6 +203,9 @@ class Result:
     # What the request cost, when known (LiteLLM's price for an upstream call, the
     # config's per-token prices otherwise); None: not priced.
     cost_usd: float | None = None
+    # Where the result stands in its batch's result log (1, 2, …, in the order results were journaled; 0: never
+    # journaled, a line answered at validation): the cursor of `GET /v1/batches/{id}/results` counts by it.
+    seq: int = 0
     # Token counts of a successful reply, read from its body once, when the result is built (every
     # way of building one, `from_json` included, goes through `__post_init__`): the journal, the
     # counters, route stats, metrics and pricing all read it.
@@ -253,6 +256,8 @@ class Result:
         data["model"] = self.model
         if self.cost_usd is not None:
             data["cost_usd"] = self.cost_usd
+        if self.seq:
+            data["seq"] = self.seq
         return data
 
     @classmethod
@@ -268,6 +273,7 @@ class Result:
             id=data["id"],
             model=data.get("model", ""),
             cost_usd=data.get("cost_usd"),
+            seq=data.get("seq", 0),
         )
 
 

@@ -1,11 +1,12 @@
-"""Batches: create, list, get, cancel."""
+"""Batches: create, list, get, cancel; and our extensions, a batch's results so far and a retry of its
+lines without a 2xx reply (`gateway.pipeline.results`, `gateway.pipeline.retry_failed`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from gateway.api import idempotency
 from gateway.api.deps import Caller, bad_request, check_id, check_limit, list_reply, parse_body, runtime_of
@@ -14,6 +15,8 @@ from gateway.api.http_errors import ApiError
 from gateway.errors import not_found, shown
 from gateway.json_codec import loads_checked
 from gateway.pipeline.batch_params import CreateBatch
+from gateway.pipeline.results import Cursor, results_page
+from gateway.pipeline.retry_failed import retry_batch
 
 if TYPE_CHECKING:
     from gateway.api.auth import Principal
@@ -25,6 +28,7 @@ _MAX_BODY = 1024 * 1024
 # Containers a create body may nest: its deepest parameter (metadata, output_expires_after) is two levels in;
 # the slack is for keys OpenAI's API has that we ignore.
 MAX_BODY_DEPTH = 32
+_RESULTS_LIMIT, _MAX_RESULTS_LIMIT = 1000, 10_000  # lines per page of results: the page is what is held
 
 
 @router.post("/batches")
@@ -83,6 +87,29 @@ async def get_batch(request: Request, caller: Caller, batch_id: str) -> JSONResp
 @router.post("/batches/{batch_id}/cancel")
 async def cancel_batch(request: Request, caller: Caller, batch_id: str) -> JSONResponse:
     rec = await runtime_of(request).service.cancel_batch(check_id(batch_id, "batch", "batch_id"), caller.owner)
+    return JSONResponse(rec.to_openai())
+
+
+@router.get("/batches/{batch_id}/results")
+async def batch_results(
+    request: Request, caller: Caller, batch_id: str, after: str | None = None, limit: int = _RESULTS_LIMIT
+) -> Response:
+    """The results recorded so far, as JSONL, one page; `x-next-cursor` is the next page's `after`."""
+    runtime = runtime_of(request)
+    rec = await runtime.store.batches.get(check_id(batch_id, "batch", "batch_id"), caller.owner)
+    if rec is None:
+        raise not_found("batch", batch_id)
+    page = await results_page(runtime.store, runtime.blobs, rec, Cursor.parse(after),
+                              check_limit(limit, _MAX_RESULTS_LIMIT))
+    headers = {"x-next-cursor": str(page.cursor), "x-has-more": "true" if page.has_more else "false",
+               "x-batch-status": rec.status.value}
+    return Response(b"".join(page.lines), media_type="application/jsonl", headers=headers)
+
+
+@router.post("/batches/{batch_id}/retry")
+async def retry(request: Request, caller: Caller, batch_id: str) -> JSONResponse:
+    rec = await retry_batch(runtime_of(request).service, check_id(batch_id, "batch", "batch_id"), caller.owner,
+                            caller.allowed_models)
     return JSONResponse(rec.to_openai())
 
 

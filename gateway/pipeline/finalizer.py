@@ -22,7 +22,7 @@ from gateway.pipeline.lifecycle import (
     expiry,
     stop_reason,
 )
-from gateway.pipeline.merge import merge_shards, seal_shard
+from gateway.pipeline.merge import merge_shards, order_key, seal_shard
 from gateway.records import BatchStatus, Shard
 from gateway.store.objects import BatchFields, FileRecord, now
 from gateway.store.protocols import Blobs, Coordination, Store
@@ -66,7 +66,7 @@ class Finalizer:
         error_id = derived_id("file", batch_id, "errors") if batch.options.split_errors else None
         summary, n_out, n_err = await merge_shards(
             self.blobs, shards, f"files/{output_id}", f"files/{error_id}" if error_id else None,
-            run_batch_errors=batch.options.run_batch_errors,
+            run_batch_errors=batch.options.run_batch_errors, index_key=order_key(batch_id),
         )
         created = now()
         expires_at = expiry(batch.output_expires_after, created, "output_expires_after")
@@ -102,6 +102,7 @@ class Finalizer:
             fields.update({"status": BatchStatus.COMPLETED, "completed_at": now()})
         await self._announce(batch.owner, batch_id, fields["status"])
         await self.store.batches.update(batch_id, fields)
+        await self.store.ledger.drop_log(batch_id)  # after the update: a reader that saw it running still finds it
         await self.blobs.delete_prefix(f"batches/{batch_id}")
         for reporter in reporters.values():  # after the record holds the summary: a re-run still finds the state
             await reporter.forget_batch(batch_id)

@@ -46,7 +46,8 @@ async def seal_shard(
         failures = [Result.failure(r.line, r.custom_id, missing[0], missing[1], model=r.model) for r in unrun]
         await store.ledger.record_results(shard, failures)
         metrics.observe_results(await metrics.team_of(store, shard.batch_id), shard.route, failures)
-        done.update((f.line, f) for f in failures)
+        # Read back for the `seq` the ledger gave each (the results endpoint's cursor counts by it).
+        done = {f.line: f for f in failures} | {r.line: r for r in await store.ledger.journal(shard)}
     async with blobs.writing(shard.results_key) as writer:
         for req in requests:
             await writer.write(dumps(done[req.line].to_json()) + b"\n")
@@ -86,10 +87,18 @@ async def _results(blobs: Blobs, shard: Shard) -> AsyncIterator[Result]:
             yield Result.from_json(loads(raw))
 
 
+def order_key(batch_id: str) -> str:
+    """The blob beside a finished batch's output files: one `{line} {seq} {o|e}` per result, in input order
+    (`o`: a 2xx reply, `e`: anything else), for the results endpoint's cursor and the retry's lines."""
+    return f"results/{batch_id}.order"
+
+
 async def merge_shards(
-    blobs: Blobs, shards: Sequence[Shard], output_key: str, error_key: str | None, *, run_batch_errors: bool = False
+    blobs: Blobs, shards: Sequence[Shard], output_key: str, error_key: str | None, *, run_batch_errors: bool = False,
+    index_key: str | None = None,
 ) -> tuple[Summary, int, int]:
-    """Merge sealed shards by line into `output_key` (and failures into `error_key` when given).
+    """Merge sealed shards by line into `output_key` (and failures into `error_key` when given), and with
+    `index_key` each result's line, seq and kind there (`order_key`).
 
     Returns the summary and the number of lines written to each file.
     """
@@ -105,6 +114,7 @@ async def merge_shards(
     async with contextlib.AsyncExitStack() as stack:
         out = await stack.enter_async_context(blobs.writing(output_key))
         err = await stack.enter_async_context(blobs.writing(error_key)) if error_key else None
+        index = await stack.enter_async_context(blobs.writing(index_key)) if index_key else None
         while heap:
             _, i, result = heapq.heappop(heap)
             summary.add(result)
@@ -115,6 +125,8 @@ async def merge_shards(
             else:
                 await out.write(data)
                 n_out += 1
+            if index is not None:
+                await index.write(b"%d %d %s\n" % (result.line, result.seq, b"o" if result.ok else b"e"))
             following = await anext(streams[i], None)
             if following is not None:
                 heapq.heappush(heap, (following.line, i, following))

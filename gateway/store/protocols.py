@@ -89,6 +89,12 @@ class ShardLedger(Protocol):
         twice, by a worker taken for dead) is ignored: no journal is left to dedupe it against."""
     async def route_stats(self, batch_id: str) -> dict[str, RouteStats]:
         """Per route (model_name; "" for lines answered at validation): counts, tokens and cost so far."""
+    async def logged(self, batch_id: str, after: int, limit: int) -> list[Result]:
+        """The batch's result log: each result `record_results` journaled, in that order, numbered by its
+        `seq` (1, 2, …, set by the ledger as it journals it, and kept in the journal's copy too): those
+        after `after`, at most `limit`. It outlives the shards' journals, until `drop_log`."""
+    async def drop_log(self, batch_id: str) -> None:
+        """The batch is finished: its results are in its output files (the log's order with them)."""
 
 
 class BackendState(Protocol):

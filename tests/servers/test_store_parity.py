@@ -3,7 +3,8 @@
 - Each part of the `Store` (files, batches, the shard ledger, backend state, the teams' quota, rate
   windows and idempotency keys) runs one scenario on `SQLiteStore` and on `RedisStore`: the transcripts of what
   came back are equal, step by step. The team's spend moves with the journal (`record_results`), each line's cost once.
-- A shard's results after its seal (`drop_journal`) count nothing, in both.
+- A shard's results after its seal (`drop_journal`) count nothing, in both; the result log numbers each
+  line's first result in the order journaled (`logged`, `drop_log`).
 - `RedisStore` counts each result once when writers race, and `if_status` transitions are atomic.
 The `Blobs` are in `test_blobs_parity.py`, the `Queue` and `Coordination` in `test_queue_parity.py`.
 """
@@ -167,6 +168,11 @@ async def _ledger(store: Store) -> list[Any]:
     out.append([rec.to_json(), rec.to_openai(await ledger.route_stats("batch_1"))])
     out.append([await ledger.finish_shard(shards[1]), await ledger.finish_shard(shards[2])])
     out.append([await ledger.get_shards("missing"), await ledger.unfinished_shards("missing")])
+    # The result log: each line's first result, numbered in the order journaled (none after the seal).
+    out.append([(r.seq, r.line) for r in await ledger.logged("batch_1", 0, 100)])
+    out.append([r.to_json() for r in await ledger.logged("batch_1", 2, 1)])
+    await ledger.drop_log("batch_1")
+    out.append([await ledger.logged("batch_1", 0, 100), [r.to_json() for r in await ledger.logged("missing", 0, 9)]])
     return out
 
 

@@ -1,4 +1,4 @@
-"""The dashboard's pages: login, the team's batches with live progress, file downloads.
+"""The dashboard's pages: login, the team's batches with live progress, file downloads, results so far.
 
 The API key given at login is kept in an HttpOnly, SameSite=Strict cookie
 scoped to /ui, and checked on every request with the app's `Authenticator`,
@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from gateway.api import files
+from gateway.api import batches, files
 from gateway.api.auth import Authenticator, Principal
 from gateway.api.dashboard.view import FILTERS, BatchView, batch_view
 from gateway.api.dashboard.webhooks import install_json, recent_deliveries
@@ -226,3 +226,12 @@ async def file_content(request: Request, file_id: str) -> Response:
     if viewer is None:
         return _to_login()
     return await files.file_content(request, viewer, file_id)
+
+
+@router.get("/batches/{batch_id}/results", response_model=None)
+async def batch_results(request: Request, batch_id: str, after: str | None = None, limit: int = 1000) -> Response:
+    """A batch's results so far, as `GET /v1/batches/{id}/results` gives them: the viewer's own batches only."""
+    viewer = _viewer(request)
+    if viewer is None:
+        return _to_login()
+    return await batches.batch_results(request, viewer, batch_id, after, limit)

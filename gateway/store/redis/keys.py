@@ -31,6 +31,8 @@ records (`RedisStore`: files, batches, ledger, backend state)
     journal:{batch}:{shard}   hash    line -> Result JSON (HSETNX: one result per line)
     route-stats:{batch}       hash    "{route}:{completed|failed|input_tokens|output_tokens|cost_usd}" -> number
     sealed:{batch}            set     shard indexes whose journal was dropped (sealed): late results are ignored
+    results:{batch}           stream  entry `0-{seq}` -> {"r": Result JSON}: every journaled result in order, until
+                                      the batch is finalized (`GET /v1/batches/{id}/results` reads it)
     meta:{key}                string  backend state JSON
     webhook:{id}              string  WebhookDelivery JSON (expires 30 days after its last write)
     webhooks-due              zset    pending delivery ids, score = when next tried
@@ -127,6 +129,9 @@ class Keys:
 
     def sealed(self, batch_id: str) -> str:
         return f"{self.prefix}sealed:{batch_id}"
+
+    def results_log(self, batch_id: str) -> str:
+        return f"{self.prefix}results:{batch_id}"
 
     def meta(self, key: str) -> str:
         return f"{self.prefix}meta:{key}"

@@ -1,8 +1,9 @@
 """The shared `ShardLedger`: shards, attempts, the result journal and route stats in Redis
 (see `gateway.store.redis.store`).
 
-- `record_results` is a Lua script: HSETNX per line into the shard's journal
-  hash, and the batch's counters (in its hash, see `gateway.store.redis.batches`)
+- `record_results` is a Lua script: one entry per new line into the shard's journal
+  hash (and, numbered, into the batch's result log stream), and the batch's counters
+  (in its hash, see `gateway.store.redis.batches`)
   and route stats (and the team's spend, `spend:{team}`) move only for lines
   not yet recorded, in the same step.
   One deliberate difference from SQLite: after `drop_journal` (the shard is
@@ -30,15 +31,20 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('SADD', KEYS[2],
 return redis.call('HLEN', KEYS[1]) - redis.call('SCARD', KEYS[2])
 """
 
-# KEYS: journal, batch, sealed set, route stats, the team's spend. ARGV: shard index, route, spend period ('':
-# none), then 8 values per result: line, json, ok (0/1), input, output, cached, reasoning tokens, cost (USD; only
-# a positive one counts: the spend never falls within its period)
+# KEYS: journal, batch, sealed set, route stats, the team's spend, the batch's result log. ARGV: shard index,
+# route, spend period ('': none), then 8 values per result: line, json, ok (0/1), input, output, cached,
+# reasoning tokens, cost (USD; only a positive one counts: the spend never falls within its period)
 _RECORD_RESULTS = """
 if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return 0 end
 local c = {0, 0, 0, 0, 0, 0}
 local cost = 0
 for i = 4, #ARGV, 8 do
-  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then
+    -- The next seq (the log is only appended to until it is dropped), spliced into the JSON object's front.
+    local seq = redis.call('XLEN', KEYS[6]) + 1
+    local data = '{"seq":' .. seq .. ',' .. string.sub(ARGV[i + 1], 2)
+    redis.call('HSET', KEYS[1], ARGV[i], data)
+    redis.call('XADD', KEYS[6], '0-' .. seq, 'r', data)
     if ARGV[i + 2] == '1' then
       c[1] = c[1] + 1
       for k = 3, 6 do c[k] = c[k] + tonumber(ARGV[i + k]) end
@@ -132,11 +138,13 @@ class RedisLedger:
         args: list[str | int | float] = [shard.index, shard.route, "" if spend is None else spend.period]
         for r in results:
             u = r.usage
-            args += [r.line, dumps(r.to_json()).decode(), 1 if r.ok else 0,
+            row = r.to_json()
+            row.pop("seq", None)  # the script numbers it
+            args += [r.line, dumps(row).decode(), 1 if r.ok else 0,
                      u.input_tokens, u.output_tokens, u.cached_tokens, u.reasoning_tokens, billable(r.cost_usd)]
         keys = [self._k.journal(shard.batch_id, shard.index), self._k.batch(shard.batch_id),
                 self._k.sealed(shard.batch_id), self._k.route_stats(shard.batch_id),
-                self._k.spend(spend.team if spend is not None else "")]
+                self._k.spend(spend.team if spend is not None else ""), self._k.results_log(shard.batch_id)]
         await self._record_results(keys=keys, args=args)
 
     async def record_answered(self, shard: Shard, count: int) -> None:
@@ -159,6 +167,14 @@ class RedisLedger:
             tx.delete(self._k.journal(shard.batch_id, shard.index))
             tx.sadd(self._k.sealed(shard.batch_id), shard.index)
             await tx.execute()
+
+    async def logged(self, batch_id: str, after: int, limit: int) -> list[Result]:
+        entries = cast(list[tuple[str, dict[str, str]]],
+                       await self._r.xrange(self._k.results_log(batch_id), min=f"0-{after + 1}", count=limit))
+        return [Result.from_json(loads(fields["r"])) for _, fields in entries]
+
+    async def drop_log(self, batch_id: str) -> None:
+        await self._r.delete(self._k.results_log(batch_id))
 
     async def route_stats(self, batch_id: str) -> dict[str, RouteStats]:
         raw = cast(dict[str, str], await self._r.hgetall(self._k.route_stats(batch_id)))

@@ -1,5 +1,5 @@
 """The embedded `ShardLedger`: the `shards`, `journal` and `route_stats` tables of the SQLite store
-(see `gateway.store.sqlite.store`).
+(see `gateway.store.sqlite.store`), and the `results_log` a batch's results are read from while it runs.
 
 `record_results` is one transaction over the journal, the batch's counter
 columns (in `batches`, see `gateway.store.sqlite.batches`), the route stats and
@@ -29,6 +29,9 @@ CREATE TABLE IF NOT EXISTS journal (
 );
 CREATE INDEX IF NOT EXISTS journal_shard ON journal(batch_id, shard);
 CREATE TABLE IF NOT EXISTS sealed (batch_id TEXT NOT NULL, shard INTEGER NOT NULL, PRIMARY KEY (batch_id, shard));
+CREATE TABLE IF NOT EXISTS results_log (
+    batch_id TEXT NOT NULL, seq INTEGER NOT NULL, data TEXT NOT NULL, PRIMARY KEY (batch_id, seq)
+);
 CREATE TABLE IF NOT EXISTS route_stats (
     batch_id TEXT NOT NULL, route TEXT NOT NULL, completed INTEGER NOT NULL DEFAULT 0,
     failed INTEGER NOT NULL DEFAULT 0, input_tokens INTEGER NOT NULL DEFAULT 0,
@@ -91,13 +94,21 @@ class SQLiteLedger:
         with immediate(self._db):
             if self._sealed(shard):
                 return  # its results are in a blob: nothing is left to dedupe a late one against
+            (seq,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM results_log WHERE batch_id = ?",
+                                      (shard.batch_id,)).fetchone()
             for r in results:
+                row = r.to_json()
+                row["seq"] = seq + 1
+                data = dumps(row).decode()
                 cur = self._db.execute(
                     "INSERT OR IGNORE INTO journal (batch_id, shard, line, data) VALUES (?, ?, ?, ?)",
-                    (shard.batch_id, shard.index, r.line, dumps(r.to_json()).decode()),
+                    (shard.batch_id, shard.index, r.line, data),
                 )
                 if cur.rowcount != 1:
                     continue  # already recorded: counted once only
+                seq += 1
+                self._db.execute("INSERT INTO results_log (batch_id, seq, data) VALUES (?, ?, ?)",
+                                 (shard.batch_id, seq, data))
                 route.add(r)
                 if r.ok:
                     completed += 1
@@ -179,6 +190,17 @@ class SQLiteLedger:
     def _sealed(self, shard: Shard) -> bool:
         return self._db.execute("SELECT 1 FROM sealed WHERE batch_id = ? AND shard = ?",
                                 (shard.batch_id, shard.index)).fetchone() is not None
+
+    @off_loop
+    def logged(self, batch_id: str, after: int, limit: int) -> list[Result]:
+        rows = self._db.execute(
+            "SELECT data FROM results_log WHERE batch_id = ? AND seq > ? ORDER BY seq LIMIT ?", (batch_id, after, limit)
+        ).fetchall()
+        return [Result.from_json(loads(r[0])) for r in rows]
+
+    @off_loop
+    def drop_log(self, batch_id: str) -> None:
+        self._db.execute("DELETE FROM results_log WHERE batch_id = ?", (batch_id,))
 
     @off_loop
     def route_stats(self, batch_id: str) -> dict[str, RouteStats]:

@@ -1,0 +1,133 @@
+"""A batch's results so far, a page at a time, for `GET /v1/batches/{id}/results` (our extension).
+
+While the batch runs its results come from the store's result log (`ShardLedger.logged`), in the order
+they were journaled; once it is finished, from its output and error files, in input order, walked beside
+the order blob the finalizer wrote with them (`merge.order_key`: each line's number, seq and kind). Each
+line is the output file's line with a `"kind"` in front: `"output"` (a 2xx reply) or `"error"` (anything
+else: the error file's line).
+
+The cursor counts by `seq` (the ledger numbers each journaled result 1, 2, …). `"{seq}"` (from the log):
+every result with a larger seq is new. `"{seq}.{pos}"` (from the files): the order blob's entries from
+`pos` on whose seq is larger, or 0 (a line answered at validation never enters the log, so no reader saw
+it while the batch ran). A cursor taken while the batch ran carries over to its files: only the results
+it had not seen come. Memory: one page (`limit` lines) and one line of each file, whatever the batch holds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from gateway.errors import Conflict, InvalidRequest
+from gateway.json_codec import dumps, loads
+from gateway.pipeline.merge import order_key
+from gateway.store.lines import read_lines
+from gateway.store.objects import BatchRecord
+from gateway.store.protocols import Blobs, Store
+
+_CURSOR = re.compile(r"(\d{1,18})(?:\.(\d{1,18}))?")
+_Lines = AsyncIterator[bytes]
+_OUTPUT, _ERROR = b'{"kind":"output",', b'{"kind":"error",'
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    seq: int = 0  # results up to this seq were read
+    pos: int | None = None  # entries of the order blob read (None: the cursor came from the log)
+
+    @classmethod
+    def parse(cls, text: str | None) -> Cursor:
+        if text is None or text == "":
+            return cls()
+        found = _CURSOR.fullmatch(text)
+        if found is None:
+            raise InvalidRequest(f"Invalid 'after': {text[:64]!r}. Pass the x-next-cursor of the previous page.",
+                                 param="after", code="invalid_cursor")
+        return cls(int(found[1]), int(found[2]) if found[2] is not None else None)
+
+    def __str__(self) -> str:
+        return str(self.seq) if self.pos is None else f"{self.seq}.{self.pos}"
+
+
+@dataclass(slots=True)
+class ResultsPage:
+    lines: list[bytes]  # JSON lines, each with its "\n"
+    cursor: Cursor  # where the next page starts
+    has_more: bool  # more results are recorded already (a running batch may record more later)
+
+
+async def results_page(store: Store, blobs: Blobs, batch: BatchRecord, after: Cursor, limit: int) -> ResultsPage:
+    if not batch.status.finished:
+        # The finalizer drops the log only after the batch reads finished: a reader that saw it running finds
+        # the log, or (if it lost the race) an empty page and the same cursor, and the files next time.
+        logged = await store.ledger.logged(batch.id, after.seq, limit + 1)
+        page = logged[:limit]
+        errors_inline = batch.options.run_batch_errors
+        lines = [_marked(r.ok, dumps(r.output_line(errors_inline))) for r in page]
+        return ResultsPage(lines, Cursor(page[-1].seq) if page else Cursor(after.seq), len(logged) > limit)
+    return await _from_files(store, blobs, batch, after, limit)
+
+
+def _marked(ok: bool, line: bytes) -> bytes:
+    return (_OUTPUT if ok else _ERROR) + line[1:] + b"\n"
+
+
+async def _from_files(store: Store, blobs: Blobs, batch: BatchRecord, after: Cursor, limit: int) -> ResultsPage:
+    start = after.pos or 0
+    out = await _file_lines(store, batch, batch.output_file_id, blobs)
+    err = await _file_lines(store, batch, batch.error_file_id, blobs)
+    lines: list[bytes] = []
+    index = 0
+    async for seq, ok in _order(blobs, batch):
+        fresh = index >= start and (seq == 0 or seq > after.seq)
+        if fresh and len(lines) >= limit:
+            return ResultsPage(lines, Cursor(after.seq, index), True)
+        # Every entry moves its file on, read or not: the files hold the entries' lines in the same order.
+        source = out if ok or not batch.options.split_errors else err
+        line = await anext(source, None) if source is not None else None
+        if line is None:
+            raise Conflict(f"The output files of batch {batch.id} were deleted: its results are gone.",
+                           code="results_deleted")
+        if fresh:
+            lines.append(_marked(ok, line))
+        index += 1
+    return ResultsPage(lines, Cursor(after.seq, max(index, start)), False)
+
+
+async def _order(blobs: Blobs, batch: BatchRecord) -> AsyncIterator[tuple[int, bool]]:
+    """(seq, ok) per result in input order; for a batch finished before the order blob existed (or one
+    that never ran: cancelled or expired while validating, failed), its files' lines, output first."""
+    key = order_key(batch.id)
+    if await blobs.size(key) is not None:
+        async for raw in read_lines(blobs, key):
+            if raw:
+                _, seq, kind = raw.split()
+                yield int(seq), kind == b"o"
+        return
+    for file_id, ok in ((batch.output_file_id, True), (batch.error_file_id, False)):
+        if file_id is not None:
+            async for raw in read_lines(blobs, f"files/{file_id}"):
+                if raw:
+                    yield 0, ok and _replied_2xx(raw)  # without the order blob, read from the line
+
+
+async def _file_lines(store: Store, batch: BatchRecord, file_id: str | None, blobs: Blobs) -> _Lines | None:
+    rec = await store.files.get(file_id, batch.owner) if file_id is not None else None
+    return _nonblank(read_lines(blobs, rec.blob_key)) if rec is not None else None
+
+
+async def _nonblank(lines: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async for line in lines:
+        if line:
+            yield line
+
+
+def _replied_2xx(raw: bytes) -> bool:
+    data = loads(raw)
+    response = data.get("response") if isinstance(data, dict) else None
+    status = response.get("status_code") if isinstance(response, dict) else None
+    return isinstance(status, int) and 200 <= status < 300
+
+
+__all__ = ["Cursor", "ResultsPage", "results_page"]

@@ -1,0 +1,89 @@
+"""A batch's results so far, a page at a time (`gateway.pipeline.results`), on the embedded store in process.
+
+- While the batch runs, pages come from the result log in the order results were journaled; the cursor
+  fetches only what is new.
+- The finalizer writes the order blob (line, seq, kind) beside the output files; a cursor taken while the
+  batch ran then brings only the lines it had not seen (here: the ones cancelled before they ran), in
+  input order; from scratch, every line in input order, each marked `output` or `error`.
+- A cursor that is not ours is refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.errors import InvalidRequest
+from gateway.json_codec import dumps, loads
+from gateway.pipeline.finalizer import Finalizer
+from gateway.pipeline.merge import order_key
+from gateway.pipeline.results import Cursor, results_page
+from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard
+from gateway.store.blobs.directory import LocalBlobs
+from gateway.store.lines import read_lines
+from gateway.store.objects import BatchRecord, RequestCounts
+from gateway.store.sqlite.coordination import SQLiteCoordination
+from gateway.store.sqlite.store import SQLiteStore
+
+BATCH = "batch_r"
+
+
+def _result(line: int, status: int) -> Result:
+    return Result(line=line, custom_id=f"c{line}", status_code=status, body={"n": line}, model="m")
+
+
+async def _page(store: SQLiteStore, blobs: LocalBlobs, after: str | None, limit: int) -> tuple[list[str], str, bool]:
+    batch = await store.batches.get(BATCH)
+    assert batch is not None
+    page = await results_page(store, blobs, batch, Cursor.parse(after), limit)
+    marks = [f"{(d := loads(raw))['kind'][0]}{d['custom_id']}" for raw in page.lines]
+    return marks, str(page.cursor), page.has_more
+
+
+async def test_pages_while_running_then_after_cancel(tmp_path: Path) -> None:
+    store, blobs = SQLiteStore(tmp_path / "s.sqlite3"), LocalBlobs(tmp_path / "blobs")
+    coordination = SQLiteCoordination(tmp_path / "c.sqlite3", holder="test")
+    try:
+        await store.batches.put(BatchRecord(id=BATCH, owner="team", endpoint="/v1/chat/completions",
+                                            input_file_id="file_x", completion_window="24h",
+                                            status=BatchStatus.IN_PROGRESS, created_at=1, expires_at=10**10))
+        shards = [Shard(BATCH, 0, "m", 3), Shard(BATCH, 1, "m", 3)]  # lines 1-3, 4-6
+        await store.ledger.put_shards(BATCH, shards)
+        for shard in shards:  # the planner's requests blobs: the finalizer reads the lines that never ran there
+            async with blobs.writing(shard.requests_key) as writer:
+                for line in range(3 * shard.index + 1, 3 * shard.index + 4):
+                    request = BatchRequest(line, f"c{line}", Endpoint.CHAT, {"model": "m"})
+                    await writer.write(dumps(request.to_json()) + b"\n")
+        await store.batches.update(BATCH, {"counts": RequestCounts(total=6), "shards_total": 2})
+        assert await _page(store, blobs, None, 2) == ([], "0", False)
+        await store.ledger.record_results(shards[0], [_result(2, 200)])
+        await store.ledger.record_results(shards[1], [_result(5, 500)])
+        await store.ledger.record_results(shards[0], [_result(1, 200), _result(2, 200)])  # 2 again: not new
+        assert await _page(store, blobs, None, 2) == (["oc2", "ec5"], "2", True)
+        assert await _page(store, blobs, "2", 2) == (["oc1"], "3", False)
+        assert await _page(store, blobs, "3", 2) == ([], "3", False)
+
+        # Cancelled: the finalizer seals lines 3, 4 and 6 as cancelled (seq 4, 5, 6) and merges.
+        await store.batches.update(BATCH, {"status": BatchStatus.CANCELLING})
+        await Finalizer(store, blobs, coordination, lambda route: None).finalize(BATCH)
+        order = [raw async for raw in read_lines(blobs, order_key(BATCH)) if raw]
+        assert order == [b"1 3 o", b"2 1 o", b"3 4 e", b"4 5 e", b"5 2 e", b"6 6 e"]
+        assert await store.ledger.logged(BATCH, 0, 10) == []  # the log is dropped once the files hold it
+        assert await _page(store, blobs, "3", 2) == (["ec3", "ec4"], "3.5", True)
+        assert await _page(store, blobs, "3.5", 2) == (["ec6"], "3.6", False)
+        assert await _page(store, blobs, "3.6", 2) == ([], "3.6", False)
+        assert await _page(store, blobs, None, 10) == (["oc1", "oc2", "ec3", "ec4", "ec5", "ec6"], "0.6", False)
+    finally:
+        await store.aclose()
+        await coordination.aclose()
+
+
+@pytest.mark.parametrize("text", ["x", "-1", "1.", "1.2.3", "1e3", "9" * 19])
+def test_a_cursor_not_ours_is_refused(text: str) -> None:
+    with pytest.raises(InvalidRequest):
+        Cursor.parse(text)
+
+
+def test_cursors_read_back() -> None:
+    assert [str(Cursor.parse(t)) for t in (None, "", "7", "7.3")] == ["0", "0", "7", "7.3"]
