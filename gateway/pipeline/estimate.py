@@ -138,7 +138,9 @@ def _shown(value: int | None) -> str:
 
 
 def _money(value: float | None, unpriced: bool) -> str:
-    return "unpriced" if unpriced else "unknown" if value is None else f"{value:.6f}"
+    if unpriced or value is None:
+        return "unpriced" if unpriced else "unknown"
+    return f"{value:.6f}" if value == 0 or value >= 0.001 else f"{value:.3e}"  # a small cost keeps its digits
 
 
 async def estimate_file(config: Config, blobs: Blobs, job: EstimateJob) -> Estimate:

@@ -142,16 +142,16 @@ def test_bad_lines_are_listed_as_the_batch_lists_them_and_another_teams_file_is_
     assert wrong.json()["error"]["param"] == "endpoint"
 
 
-def _dry_run(config: dict[str, Any], lines: list[dict[str, Any]], tmp_path: Path) -> tuple[int, str, Path]:
+def _dry_run(config: dict[str, Any], text: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`batchyard run --dry-run -q` on `text` as the input file; (the finished process, the output path)."""
     cfg, inp, out = tmp_path / "config.yaml", tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     cfg.write_text(yaml.safe_dump(config))
-    inp.write_bytes(jsonl(lines))
+    inp.write_text(text)
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     proc = subprocess.run([sys.executable, "-m", "gateway.cli", "run", "-i", str(inp), "-o", str(out), "--config",
                            str(cfg), "--dry-run", "-q"], capture_output=True, text=True, timeout=120, env=env,
                           cwd=Path(__file__).resolve().parents[2])
-    assert proc.returncode == 0, proc.stderr
-    return proc.returncode, proc.stdout, out
+    return proc, out
 
 
 def _rows(table: str) -> dict[str, list[str]]:
@@ -162,8 +162,10 @@ def test_dry_run_prints_the_table_and_sends_nothing(upstream: Upstream, tmp_path
     before = upstream.stats()
     lines = _lines()
     config = _config(upstream)
-    _, table, out = _dry_run(config, lines, tmp_path)
+    proc, out = _dry_run(config, jsonl(lines).decode(), tmp_path)
     after = upstream.stats()
+    assert proc.returncode == 0, proc.stderr
+    table = proc.stdout
     assert after == before  # not one request, no upstream file or batch
     assert not out.exists()
     rows = _rows(table)
@@ -185,7 +187,9 @@ def test_dry_run_counts_a_local_route_with_its_own_tokenizer(tmp_path: Path) -> 
         "model_info": {"input_cost_per_token": price, "output_cost_per_token": price}}]}
     lines = [chat_line(f"t{i}", "tiny", f"tell me about the number {i} " * (i + 1)) for i in range(3)]
     lines.append(chat_line("capped", "tiny", "short", max_tokens=10))
-    _, table, out = _dry_run(config, lines, tmp_path)
+    proc, out = _dry_run(config, jsonl(lines).decode(), tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    table = proc.stdout
     assert not out.exists()
     tokenizer = AutoTokenizer.from_pretrained(str(TINY_LLAMA))
     counts = [len(tokenizer.encode(tokenizer.apply_chat_template(line["body"]["messages"], add_generation_prompt=True,
@@ -199,13 +203,7 @@ def test_dry_run_counts_a_local_route_with_its_own_tokenizer(tmp_path: Path) -> 
 
 
 def test_dry_run_lists_the_lines_that_would_fail(upstream: Upstream, tmp_path: Path) -> None:
-    cfg, inp, out = tmp_path / "config.yaml", tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    cfg.write_text(yaml.safe_dump(_config(upstream)))
-    inp.write_text(json.dumps(chat_line("a", "gpt-mini", "fine")) + "\n{broken\n")
-    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "run", "-i", str(inp), "-o", str(out), "--config",
-                           str(cfg), "--dry-run", "-q"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
-                          cwd=Path(__file__).resolve().parents[2])
+    proc, out = _dry_run(_config(upstream), json.dumps(chat_line("a", "gpt-mini", "fine")) + "\n{broken\n", tmp_path)
     assert proc.returncode == 1, proc.stderr  # the run would fail on the file: bad input
     assert "1 line(s) would fail the batch:" in proc.stdout and "line 2: invalid_json_line" in proc.stdout
     assert not out.exists()
