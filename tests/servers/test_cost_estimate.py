@@ -1,7 +1,7 @@
 """`GET /v1/files/{id}/cost_estimate` and `batchyard run --dry-run` on real processes: the estimate at the prices
-each route charges (an upstream route's config prices, a native route's batch prices, a local route's
-model_info prices with its own tokenizer), the errors a bad file would hit as its batch reports them, another
-team's file a 404, and a dry run that sends nothing and writes nothing."""
+each route charges (an upstream route's config prices, a native route's batch prices; a local route's, with
+its own tokenizer, is in tests/engine/test_cost_estimate_local.py), the errors a bad file would hit as its
+batch reports them, another team's file a 404, and a dry run that sends nothing and writes nothing."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from tests.support.team_helpers import MODES, serve
 
 CHEAP = (1e-6, 3e-6)  # gpt-mini's config prices (USD per input, output token)
 DEAR = (2e-6, 8e-6)  # gpt-4o's, and gpt-native's before the batch discount
-TINY_LLAMA = Path(os.environ.get("BATCHYARD_TINY_LLAMA", "/work/main/.batchyard/models/tiny-llama"))
 
 
 def _deployment(upstream: Upstream, name: str, **info: Any) -> dict[str, Any]:
@@ -174,32 +173,6 @@ def test_dry_run_prints_the_table_and_sends_nothing(upstream: Upstream, tmp_path
     assert rows["gpt-native"][1:3] == ["native", "2"]
     assert rows["total"][1] == "7"
     assert float(rows["gpt-mini"][6]) == pytest.approx(_guess(lines[:3]) * CHEAP[0], abs=1e-6)
-
-
-@pytest.mark.skipif(not (TINY_LLAMA / "tokenizer.json").exists(), reason="the tiny model is not built")
-def test_dry_run_counts_a_local_route_with_its_own_tokenizer(tmp_path: Path) -> None:
-    from transformers import AutoTokenizer  # the reference count: the model's own tokenizer and chat template
-
-    price = 1e-4
-    config = {"model_list": [{
-        "model_name": "tiny", "litellm_params": {"model": f"vllm/{TINY_LLAMA}"},
-        "engine_args": {"max_model_len": 256},
-        "model_info": {"input_cost_per_token": price, "output_cost_per_token": price}}]}
-    lines = [chat_line(f"t{i}", "tiny", f"tell me about the number {i} " * (i + 1)) for i in range(3)]
-    lines.append(chat_line("capped", "tiny", "short", max_tokens=10))
-    proc, out = _dry_run(config, jsonl(lines).decode(), tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    table = proc.stdout
-    assert not out.exists()
-    tokenizer = AutoTokenizer.from_pretrained(str(TINY_LLAMA))
-    counts = [len(tokenizer.encode(tokenizer.apply_chat_template(line["body"]["messages"], add_generation_prompt=True,
-                                                                 tokenize=False), add_special_tokens=False))
-              for line in lines]
-    bound = sum(256 - n for n in counts[:3]) + 10  # the context less the input, or the line's own max_tokens
-    row = _rows(table)["tiny"]
-    assert row[:6] == ["tiny", "local", "4", str(sum(counts)), "exact", str(bound)]
-    assert float(row[6]) == pytest.approx(sum(counts) * price, abs=1e-6)
-    assert float(row[7]) == pytest.approx((sum(counts) + bound) * price, abs=1e-6)
 
 
 def test_dry_run_lists_the_lines_that_would_fail(upstream: Upstream, tmp_path: Path) -> None:
