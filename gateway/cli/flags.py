@@ -31,8 +31,8 @@ def refused_run_flag(args: argparse.Namespace, extra: Sequence[str]) -> str | No
     elif args.model and args.workers is not None:
         return "--workers does not apply with --model (one local engine runs every line; workers run upstream routes)"
     if args.dry_run:
-        given = (("--data-dir", args.data_dir), ("--workers", args.workers))
-        kept = [flag for flag, value in given if value is not None]
+        unused = (("--data-dir", args.data_dir), ("--workers", args.workers))
+        kept = [flag for flag, value in unused if value is not None]
         if kept:
             return f"{', '.join(kept)}: does not apply with --dry-run (nothing runs, no state is kept)"
     return None
