@@ -17,7 +17,8 @@ ENGINE_OPTIONS = ("dtype", "max_model_len", "enforce_eager", "trust_remote_code"
 
 
 def refused_run_flag(args: argparse.Namespace, extra: Sequence[str]) -> str | None:
-    """`run --config` takes no engine flag (they configure --model's engine), `run --model` no --workers."""
+    """`run --config` takes no engine flag (they configure --model's engine), `run --model` no --workers,
+    `run --dry-run` neither --data-dir nor --workers."""
     if args.config:
         declared = [f"--{name.replace('_', '-')}" for name in ("served_model_name", *ENGINE_OPTIONS)
                     if getattr(args, name) is not None]
@@ -29,6 +30,11 @@ def refused_run_flag(args: argparse.Namespace, extra: Sequence[str]) -> str | No
             return f"unrecognized arguments: {' '.join(extra)}"
     elif args.model and args.workers is not None:
         return "--workers does not apply with --model (one local engine runs every line; workers run upstream routes)"
+    if args.dry_run:
+        unused = (("--data-dir", args.data_dir), ("--workers", args.workers))
+        kept = [flag for flag, value in unused if value is not None]
+        if kept:
+            return f"{', '.join(kept)}: does not apply with --dry-run (nothing runs, no state is kept)"
     return None
 
 

@@ -70,6 +70,10 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
                    help="extra worker processes for the upstream routes, started when the file has at least 2000 "
                    "upstream requests (default: one per free core: the usable cores less one for this process, "
                    "one per local model and those the load average says are busy; 0: none; with --config only)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the file and print what it would cost per model (lines, input tokens, the output-token "
+                   "bound, cost low and high) and the errors it would hit; send nothing, start no engine, write no "
+                   "output (exit status 1 when the file would fail)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
@@ -313,7 +317,7 @@ def _run_file(args: argparse.Namespace, extra: list[str], heap: StartupHeap | No
         output_tmp_dir=Path(args.output_tmp_dir) if args.output_tmp_dir else None,
         progress=not (args.no_progress or args.quiet), summary=not args.quiet,
         run_batch_errors=bool(args.model),  # the drop-in writes errors as run_batch does
-        config_path=args.config, workers=args.workers, verbose=args.verbose,
+        config_path=args.config, workers=args.workers, verbose=args.verbose, dry_run=args.dry_run,
         on_started=heap.freeze if heap is not None else None,
     )
     try:

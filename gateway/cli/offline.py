@@ -28,9 +28,12 @@ from gateway.cli.report import report_invalid, summarise
 from gateway.cli.transfer import Reader, TransferError, deliver, is_url, read_source, source_name
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
+from gateway.pipeline.estimate import estimate_lines
+from gateway.pipeline.validate import LINE_SLACK
 from gateway.records import BatchStatus
 from gateway.runtime.root import Runtime, open_embedded
 from gateway.runtime.supervisor import WorkerPool, default_workers
+from gateway.store.lines import split_lines
 from gateway.store.objects import BatchOptions, BatchRecord
 
 EXIT_OK, EXIT_INPUT, EXIT_DELIVERY = 0, 1, 3
@@ -57,9 +60,12 @@ class RunOptions:
     # Called once when start-up is over (engines ready, input stored), before any request runs: the command
     # freezes the start-up heap there (`gateway.cli.heap`).
     on_started: Callable[[], None] | None = None
+    dry_run: bool = False  # print the cost estimate and the errors; send nothing, start no engine, write nothing
 
 
 async def run_batch_file(config: Config, opts: RunOptions) -> int:
+    if opts.dry_run:
+        return await dry_run(config, opts)
     tmp = None
     if opts.data_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="batchyard-", dir=opts.output_tmp_dir)
@@ -137,6 +143,23 @@ async def _run(runtime: Runtime, opts: RunOptions) -> int:
     if opts.summary:
         summarise(batch, time.monotonic() - started, engine_seconds)
     return code
+
+
+async def dry_run(config: Config, opts: RunOptions) -> int:
+    """`--dry-run`: the file's cost estimate as a table on stdout, read straight from the input (no store, no
+    engine, no request); exit status 1 when the run would fail on the file's errors."""
+    offline_for_local_models(config)  # a local model's tokenizer is read from its directory, never fetched
+    cap = config.batch.limits.max_line_bytes + LINE_SLACK
+    try:
+        # the run's own rules: a line that can't run is answered in place, not a failure
+        estimate = await estimate_lines(config, split_lines(read_source(opts.input), cap), strict=False)
+    except (TransferError, OSError) as exc:
+        say(str(exc))
+        return EXIT_INPUT
+    out = stdout_bytes()
+    out.write(estimate.table().encode())
+    out.flush()
+    return EXIT_INPUT if estimate.error_count else EXIT_OK
 
 
 async def _peek(chunks: AsyncIterator[bytes]) -> tuple[bytes | None, AsyncIterator[bytes]]:

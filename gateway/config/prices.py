@@ -122,6 +122,17 @@ class DeploymentPrices:
         return cost if cost is not None and math.isfinite(cost) and cost >= 0 else None
 
 
+def deployment_prices(deployment: Mapping[str, Any]) -> Prices | None:
+    """One upstream deployment's per-token prices as `DeploymentPrices` reads them: the config's (`model_info`,
+    else `litellm_params`), else the price map's; None when neither gives one (the cost estimate's rule)."""
+    info = deployment.get("model_info") or {}
+    params = deployment.get("litellm_params") or {}
+    found = [_price(info.get(k, params.get(k))) for k in _KEYS]
+    if any(p is not None for p in found):
+        return Prices(found[0] or 0.0, found[1] or 0.0)
+    return _price_map(dict(deployment))
+
+
 def _price_map(deployment: dict[str, Any]) -> Prices | None:
     """The deployment's per-token prices in LiteLLM's local price map, or None when it has none."""
     import litellm

@@ -26,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from gateway.config.schema import Config
+from gateway.pipeline.estimate import Estimate, EstimateJob, estimate_file
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
 from gateway.store.blobs.place import BlobPlace
 from gateway.store.protocols import Blobs
@@ -65,6 +66,18 @@ class ValidationProcesses:
         except BrokenProcessPool:
             log.warning("a validation process died while planning batch %s; the sweep validates it again",
                         job.batch_id)
+            if self._executor is executor:
+                self._executor = None
+                executor.shutdown(wait=False, cancel_futures=True)
+            raise
+
+    async def estimate(self, job: EstimateJob) -> Estimate:
+        """A file's cost estimate (`GET /v1/files/{id}/cost_estimate`), in one of the processes: the same CPU
+        work as a validation, kept off the API's event loop the same way (each process loads a tokenizer once)."""
+        executor = self._pool()
+        try:
+            return await asyncio.wrap_future(executor.submit(_estimate_in_child, job))
+        except BrokenProcessPool:
             if self._executor is executor:
                 self._executor = None
                 executor.shutdown(wait=False, cancel_futures=True)
@@ -124,6 +137,16 @@ def _plan_in_child(job: PlanJob) -> PlanOutcome:
         return loop.run_until_complete(plan_batch(config, blobs, job))
     except Exception as exc:
         log.exception("planning batch %s failed", job.batch_id)  # the traceback stays in this process's log
+        raise PlanFailed(f"{type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def _estimate_in_child(job: EstimateJob) -> Estimate:
+    assert _child is not None, "the pool's initializer sets up the child"
+    config, blobs, loop = _child
+    try:
+        return loop.run_until_complete(estimate_file(config, blobs, job))
+    except Exception as exc:
+        log.exception("estimating %s failed", job.input_key)
         raise PlanFailed(f"{type(exc).__name__}: {str(exc)[:200]}") from None
 
 

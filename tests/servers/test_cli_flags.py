@@ -62,6 +62,7 @@ REFUSED_VALUES = [
      "--config, set them in the config's model_list[].engine_args"),
     ([*RUN, "--config", "c.yaml", "stray"], "unrecognized arguments: stray"),
     ([*RUN, "--model", "m", "--workers", "2"], "--workers does not apply with --model"),
+    ([*RUN, "--config", "c.yaml", "--dry-run", "--data-dir", "d"], "--data-dir: does not apply with --dry-run"),
     ([*RUN, "--config", "c.yaml", "--workers", "-1"], "argument --workers: -1: must be 0 or more"),
     ([*RUN, "--model", "m", "--max-model-len", "0"], "argument --max-model-len: 0: must be a positive integer"),
     (["serve", "--config", "c.yaml", "--redis-url", "redis://127.0.0.1:1/0", "--claim-idle", "0"],

@@ -31,8 +31,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("gateway.cli",),
 ]
 # The pipeline's stages in the order a batch meets them: a stage imports only earlier ones, even lazily.
-STAGES = ["batch_params", "lifecycle", "budget", "body_fields", "media_urls", "validate", "plan", "intake", "merge",
-          "execute", "finalizer", "coordinator", "results", "retry_failed"]  # the last two read what finalizing left
+STAGES = ["batch_params", "lifecycle", "budget", "body_fields", "media_urls", "validate", "plan", "tokens", "estimate",
+          "intake", "merge", "execute", "finalizer", "coordinator",
+          "results", "retry_failed"]  # the last two read what finalizing left
 
 
 def _modules() -> dict[str, Path]:
