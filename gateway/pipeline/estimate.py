@@ -24,13 +24,12 @@ from gateway.config.prices import Prices, batch_prices, deployment_prices, route
 from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import Config
 from gateway.errors import LineCode, LineError
+from gateway.pipeline.plan import chunks
 from gateway.pipeline.tokens import TokenCounter, counter_for, output_bound, price_map, price_names
 from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem
 from gateway.records import BatchRequest, Endpoint
 from gateway.store.lines import Overlong, split_lines
 from gateway.store.protocols import Blobs
-
-_CHUNK_LINES, _CHUNK_BYTES = 2_000, 1 << 20  # lines checked per thread hop, as validation does
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,18 +156,10 @@ async def estimate_lines(
     """The estimate of a stream of lines (cut off at the line limit as they are read: `split_lines`). `strict`:
     a line that can't run fails the batch (the API's); otherwise it is answered in place (`batchyard run`)."""
     estimator = _Estimator(config, allowed_models, endpoint, strict)
-    chunk: list[bytes | Overlong] = []
-    size = 0
-    async for raw in lines:
-        chunk.append(raw)
-        size += len(raw) if isinstance(raw, bytes) else 0
-        if len(chunk) >= _CHUNK_LINES or size >= _CHUNK_BYTES:
-            # The CPU work (JSON, checks, tokenizers) in a thread, so that the caller's loop keeps turning.
-            if not await asyncio.to_thread(estimator.feed, chunk):
-                break
-            chunk, size = [], 0
-    if chunk:
-        await asyncio.to_thread(estimator.feed, chunk)
+    async for chunk in chunks(lines):  # the chunks validation checks, one thread hop each
+        # The CPU work (JSON, checks, tokenizers) in a thread, so that the caller's loop keeps turning.
+        if not await asyncio.to_thread(estimator.feed, chunk):
+            break
     return estimator.finish()
 
 

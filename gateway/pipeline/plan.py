@@ -81,7 +81,8 @@ Checked = BatchRequest | LineError | LineProblem
 _CHUNK_LINES, _CHUNK_BYTES = 2_000, 1 << 20  # lines checked per thread hop (whichever comes first)
 
 
-async def _chunks(lines: AsyncIterator[bytes | Overlong]) -> AsyncIterator[list[bytes | Overlong]]:
+async def chunks(lines: AsyncIterator[bytes | Overlong]) -> AsyncIterator[list[bytes | Overlong]]:
+    """The lines in lists of `_CHUNK_LINES` or `_CHUNK_BYTES` (whichever comes first): one thread hop each."""
     chunk: list[bytes | Overlong] = []
     size = 0
     async for raw in lines:
@@ -149,7 +150,7 @@ class Planner:
     async def _read(self, lines: AsyncIterator[bytes | Overlong]) -> None:
         limits = self._config.batch.limits
         number = 0
-        async for chunk in _chunks(lines):
+        async for chunk in chunks(lines):
             # The CPU work (JSON, checks, the shard line's bytes) in a thread, so that a process planning in
             # place (`batchyard run`, a worker's sweep) keeps its event loop turning. The API's runtime plans in
             # a process of its own: a thread still holds the GIL against the API's loop. Lines keep their numbers.
