@@ -19,9 +19,7 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ import pytest
 import yaml
 
 from gateway.config.schema import parse_config
+from tests.fakes.bucket import Bucket
 from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import REPO_ROOT, Gateway, gateway_config, start_gateway
 
@@ -159,44 +158,20 @@ def test_compose_binds_the_s3_stand_in_to_loopback_and_says_its_credentials_are_
 SIGNATURE = "presigned-secret-signature-4711"
 
 
-class _Bucket(BaseHTTPRequestHandler):
-    """A presigned-URL bucket on loopback: GET and PUT by path, the query (the signature) ignored."""
-
-    store: dict[str, bytes] = {}
-
-    def do_GET(self) -> None:
-        body = self.store.get(self.path.split("?")[0])
-        self.send_response(200 if body is not None else 404)
-        self.send_header("Content-Length", str(len(body or b"")))
-        self.end_headers()
-        self.wfile.write(body or b"")
-
-    def do_PUT(self) -> None:
-        self.store[self.path.split("?")[0]] = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture()
-def bucket() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Bucket)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+def bucket() -> Iterator[Bucket]:
+    server = Bucket()
+    yield server
+    server.close()
 
 
-def test_batchyard_run_stores_no_presigned_urls_query(upstream: Upstream, bucket: str, tmp_path: Path) -> None:
+def test_batchyard_run_stores_no_presigned_urls_query(upstream: Upstream, bucket: Bucket, tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"model_list": [{"model_name": "gpt-mini", "litellm_params": {
         "model": "openai/gpt-mini", "api_key": "sk-upstream", "api_base": upstream.v1_url}}]}))
     lines = [{"custom_id": f"p{i}", "method": "POST", "url": "/v1/chat/completions",
               "body": {"model": "gpt-mini", "messages": [{"role": "user", "content": f"hi {i}"}]}} for i in range(3)]
-    _Bucket.store["/in.jsonl"] = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    bucket.store["/in.jsonl"] = "".join(json.dumps(x) + "\n" for x in lines).encode()
     data_dir, log = tmp_path / "data", tmp_path / "run.log"
     query = f"?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature={SIGNATURE}"
     done = subprocess.run(
@@ -206,7 +181,7 @@ def test_batchyard_run_stores_no_presigned_urls_query(upstream: Upstream, bucket
         cwd=REPO_ROOT, capture_output=True, timeout=300,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
     assert done.returncode == 0, done.stderr.decode()
-    assert [json.loads(x)["custom_id"] for x in _Bucket.store["/out.jsonl"].splitlines()] == ["p0", "p1", "p2"]
+    assert [json.loads(x)["custom_id"] for x in bucket.store["/out.jsonl"].splitlines()] == ["p0", "p1", "p2"]
     kept = {str(p): p.read_bytes() for p in data_dir.rglob("*") if p.is_file()}  # the SQLite files too
     assert kept and log.exists()
     kept[str(log)] = log.read_bytes()

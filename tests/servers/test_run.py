@@ -6,14 +6,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.fakes.bucket import Bucket
 from tests.fakes.upstream.server import Upstream
 
 REPO = Path(__file__).resolve().parents[2]
@@ -178,66 +177,31 @@ def test_order_and_exactly_once_on_5000_lines(upstream: Upstream, tmp_path: Path
     assert sum(r["response"]["status_code"] == 404 for r in results) == 1250
 
 
-class _Bucket(BaseHTTPRequestHandler):
-    """A presigned-URL stand-in: GET serves the input, PUT stores the output (after `fail_puts` 503s)."""
-
-    store: dict[str, bytes] = {}
-    fail_puts = 0
-    lengths: list[str | None] = []
-
-    def do_GET(self) -> None:
-        data = self.store.get(self.path.split("?")[0])
-        self.send_response(200 if data is not None else 404)
-        self.send_header("Content-Length", str(len(data or b"")))
-        self.end_headers()
-        self.wfile.write(data or b"")
-
-    def do_PUT(self) -> None:
-        length = self.headers.get("Content-Length")
-        type(self).lengths.append(length)
-        body = self.rfile.read(int(length or 0))
-        if type(self).fail_puts > 0:
-            type(self).fail_puts -= 1
-            self.send_response(503)
-        else:
-            self.store[self.path.split("?")[0]] = body
-            self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture()
-def bucket() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Bucket)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    _Bucket.store.clear()
-    _Bucket.lengths.clear()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+def bucket() -> Iterator[Bucket]:
+    server = Bucket()
+    yield server
+    server.close()
 
 
-def test_http_input_and_presigned_put_output(upstream: Upstream, tmp_path: Path, bucket: str) -> None:
+def test_http_input_and_presigned_put_output(upstream: Upstream, tmp_path: Path, bucket: Bucket) -> None:
     cfg = write_config(tmp_path / "c.yaml", upstream)
-    _Bucket.store["/in.jsonl"] = "\n".join(line(f"u{i}", "gpt-4o-mini", f"x{i}") for i in range(20)).encode()
-    _Bucket.fail_puts = 2  # retried with backoff; only a 2xx counts
+    bucket.store["/in.jsonl"] = "\n".join(line(f"u{i}", "gpt-4o-mini", f"x{i}") for i in range(20)).encode()
+    bucket.fail_puts = 2  # retried with backoff; only a 2xx counts
     proc = run("-i", f"{bucket}/in.jsonl?X-Amz-Signature=secret", "-o", f"{bucket}/out.jsonl?X-Amz-Signature=secret",
                "--config", str(cfg), "--no-progress")
     assert proc.returncode == 0, proc.stderr.decode()
-    out = [json.loads(x) for x in _Bucket.store["/out.jsonl"].decode().splitlines()]
+    out = [json.loads(x) for x in bucket.store["/out.jsonl"].decode().splitlines()]
     assert [r["custom_id"] for r in out] == [f"u{i}" for i in range(20)]
-    assert all(n is not None for n in _Bucket.lengths)  # S3 needs Content-Length, not chunked
+    assert all(n is not None for n in bucket.lengths)  # S3 needs Content-Length, not chunked
     assert b"secret" not in proc.stderr  # a presigned URL's signature is a credential
 
 
-def test_failed_upload_keeps_results_locally(upstream: Upstream, tmp_path: Path, bucket: str) -> None:
+def test_failed_upload_keeps_results_locally(upstream: Upstream, tmp_path: Path, bucket: Bucket) -> None:
     cfg = write_config(tmp_path / "c.yaml", upstream)
     src = tmp_path / "in.jsonl"
     src.write_text(line("k1", "gpt-4o-mini", "keep me"))
-    _Bucket.fail_puts = 100
+    bucket.fail_puts = 100
     env_cwd = tmp_path
     proc = subprocess.run(
         [*BATCHYARD, "run", "-i", str(src), "-o", f"{bucket}/out.jsonl", "--config", str(cfg), "--no-progress"],
