@@ -12,7 +12,6 @@ The store's part on its own (both stores alike) is in `test_store_parity.py`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 import time
@@ -34,6 +33,7 @@ from gateway.store.redis.coordination import connect_redis
 from gateway.store.redis.store import RedisStore
 from gateway.store.sqlite.store import SQLiteStore
 from tests.fakes.upstream.server import Upstream
+from tests.support.loops import run_apart
 from tests.support.server_helpers import Gateway, gateway_config, jsonl
 from tests.support.team_helpers import MODEL, MODES, lines, serve
 
@@ -217,7 +217,7 @@ def _hold_elsewhere(served: Served, key: str, hold: float) -> None:
         async with _keys(served) as keys:
             assert await keys.reserve("team-a", key, "another-process", "", hold) is None
 
-    asyncio.run(reserve())
+    run_apart(reserve())
 
 
 def test_a_key_held_elsewhere_waits_then_409s_and_a_lapsed_hold_is_taken_over(served: Served) -> None:

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections import Counter
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ from gateway.store.redis.keys import GROUP, Keys
 from gateway.store.redis.queue import RedisStreamQueue
 from gateway.store.redis.quota import RedisQuotaLedger
 from gateway.store.sqlite.store import SQLiteStore
+from tests.support.loops import run_apart
 from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)]
@@ -81,7 +81,7 @@ def test_the_quota_rule_in_lua_and_in_python(
             await client.aclose()
             await sqlite.aclose()
 
-    assert asyncio.run(scenario()) == (expected, expected, expected)
+    assert run_apart(scenario()) == (expected, expected, expected)
 
 
 # -- the fair pick -------------------------------------------------------------------------------------
@@ -171,4 +171,4 @@ def test_the_fair_pick_in_lua_and_in_python(redis_server: RedisServer, name: str
         finally:
             await client.aclose()
 
-    assert (asyncio.run(lua_pick()), _python_pick(case)) == (case.expected, case.expected)
+    assert (run_apart(lua_pick()), _python_pick(case)) == (case.expected, case.expected)

@@ -15,6 +15,7 @@ import pytest
 from openai import AzureOpenAI, OpenAI
 
 from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.support.loops import run_apart
 from tests.support.server_helpers import (
     API_VERSION,
     Gateway,
@@ -133,7 +134,7 @@ def test_litellm_client(gw: Gateway) -> None:
         content = await litellm.afile_content(file_id=batch.output_file_id, **common)
         return batch, content.content
 
-    batch, content = asyncio.run(flow())
+    batch, content = run_apart(flow())
     assert batch.status == "completed"
     assert [json.loads(x)["custom_id"] for x in content.splitlines()] == ["ll0", "ll1", "ll2"]
 

@@ -4,7 +4,6 @@ error shape and wording, `x-request-id` on every reply, and the root paths LiteL
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from gateway.config.schema import parse_config
 from gateway.runtime.root import open_embedded
 from gateway.store.objects import FileRecord
 from tests.fakes.upstream.server import Upstream
+from tests.support.loops import run_apart
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, jsonl, start_gateway, submit, wait_batch
 from tests.support.team_gateway import BETA, GAMMA, MAX_FILE_BYTES, MAX_LINES, alpha, assert_error, beta, gw, upstream
 from tests.support.waiting import eventually
@@ -324,7 +324,7 @@ def test_older_file_ids_keep_working(upstream: Upstream, tmp_path: Path) -> None
         finally:
             await runtime.aclose()
 
-    asyncio.run(put_legacy_file())
+    run_apart(put_legacy_file())
     with start_gateway(gateway_config(upstream), data_dir) as gw:
         client = gw.client(None)
         assert client.files.retrieve(legacy).id == legacy and client.files.content(legacy).content == content

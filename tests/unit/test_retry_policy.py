@@ -17,6 +17,7 @@ import pytest
 from openai._models import FinalRequestOptions
 
 from providers.retry_policy import job_call_retrying, retry_after, retry_delay, should_retry, wire_retried
+from tests.support.loops import run_apart
 
 SDK = openai.AsyncOpenAI(api_key="unused", base_url="http://127.0.0.1/")  # never sends
 
@@ -105,7 +106,7 @@ def test_the_pass_through_retries_num_retries_times(outcomes: list[Outcome], cal
         made.append(outcomes[len(made)])
         return made[-1]
 
-    answer = asyncio.run(wire_retried(attempt, floor=0.0))
+    answer = run_apart(wire_retried(attempt, floor=0.0))
     assert len(made) == calls and answer is made[-1]
 
 
@@ -137,8 +138,8 @@ def test_a_batch_api_call_retries_transient_errors(errors: list[BaseException], 
     for how in (call, lambda: call()):  # an async function, or a plain one that makes the coroutine
         made.clear()
         if raised is None:
-            assert asyncio.run(job_call_retrying(how, attempts=2)) == "ok"
+            assert run_apart(job_call_retrying(how, attempts=2)) == "ok"
         else:
             with pytest.raises(raised):
-                asyncio.run(job_call_retrying(how, attempts=2))
+                run_apart(job_call_retrying(how, attempts=2))
         assert len(made) == calls
