@@ -45,6 +45,7 @@ class Endpoint(str, enum.Enum):
     IMAGES = "/v1/images/generations"
     TRANSCRIPTIONS = "/v1/audio/transcriptions"
     TRANSLATIONS = "/v1/audio/translations"
+    MESSAGES = "/v1/messages"  # Anthropic's Messages: the lines of a Message Batch (gateway.anthropic)
 
 
 class BatchStatus(str, enum.Enum):

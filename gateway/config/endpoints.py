@@ -85,6 +85,11 @@ ENDPOINTS: dict[Endpoint, EndpointRule] = {
     # audio takes a URL (vLLM's run_batch) or the file
     Endpoint.TRANSCRIPTIONS: EndpointRule("audio/transcriptions", (("file_url",), ("file",))),
     Endpoint.TRANSLATIONS: EndpointRule("audio/translations", (("file_url",), ("file",))),
+    # Anthropic's Messages, the requests of a Message Batch; its documented fields are the `anthropic` SDK's.
+    Endpoint.MESSAGES: EndpointRule(
+        "messages", (("messages", "max_tokens"),), {"messages": ((list,), "an array")},
+        sdk_params="anthropic.types.message_create_params:MessageCreateParamsBase",
+        router_method="aanthropic_messages"),
 }
 
 UPSTREAM_ENDPOINTS = frozenset(e for e, rule in ENDPOINTS.items() if rule.router_method is not None)

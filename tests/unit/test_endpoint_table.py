@@ -23,6 +23,7 @@ KINDS = [
     (Endpoint.IMAGES, "images/generations", True, True, True),
     (Endpoint.TRANSCRIPTIONS, "audio/transcriptions", False, False, False),
     (Endpoint.TRANSLATIONS, "audio/translations", False, False, False),
+    (Endpoint.MESSAGES, "messages", True, False, False),
 ]
 
 
