@@ -28,6 +28,7 @@ from gateway.api.dashboard.webhooks import install_json, recent_deliveries
 from gateway.api.deps import bad_request, runtime_of
 from gateway.api.http_errors import ApiError
 from gateway.api.teams_view import team_states
+from gateway.pipeline.coordinator import unavailable_routes
 from gateway.store.objects import BatchRecord, Page
 from gateway.store.protocols import Store
 
@@ -185,14 +186,16 @@ async def _batches(
 ) -> tuple[Page, list[BatchView]]:
     """One page of the viewer's batches (newest first), and views of those to render: all but the
     finished ones named in `skip`."""
-    store = runtime_of(request).store
+    runtime = runtime_of(request)
+    store = runtime.store
     page = await store.batches.page(viewer.owner, limit=limit, after=after)
     records: list[BatchRecord] = page.data
     wanted = [r for r in records if not (r.status.finished and r.id in skip)]
     stats = await asyncio.gather(*(store.ledger.route_stats(r.id) for r in wanted))
     planned = await asyncio.gather(*(_planned(store, r) for r in wanted))
+    unavailable = unavailable_routes(await runtime.coordination.live_workers()) if wanted else {}
     now = time.time()
-    return page, [batch_view(r, s, p, now) for r, s, p in zip(wanted, stats, planned, strict=True)]
+    return page, [batch_view(r, s, p, now, unavailable) for r, s, p in zip(wanted, stats, planned, strict=True)]
 
 
 async def _planned(store: Store, rec: BatchRecord) -> dict[str, int] | None:
