@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator
 
 from gateway.cli.console import say
-from gateway.cli.offline import EXIT_INPUT, EXIT_OK, RunOptions, _deliver, _options_key, _previous, _watch
+from gateway.cli.offline import EXIT_INPUT, RunOptions, _deliver, _options_key, _previous, _watch
 from gateway.cli.report import report_invalid
 from gateway.cli.transfer import TransferError, read_source
 from gateway.config.routes import RouteKind
