@@ -1,4 +1,5 @@
-"""The `batchyard` command: `run` (offline, a drop-in for vLLM's run_batch), `serve`, `worker`."""
+"""The `batchyard` command: `run` (offline, a drop-in for vLLM's run_batch), `serve`, `worker`, `submit` (a
+client of a gateway)."""
 
 from __future__ import annotations
 
@@ -121,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     _run_parser(sub)
     _serve_parser(sub)
     _worker_parser(sub)
+    from gateway.cli.submit import add_parser as _submit_parser  # its own module: the client side
+
+    _submit_parser(sub)
     return parser
 
 
@@ -272,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_worker_command(args)
         if args.command == "serve":
             return _serve_command(args)
+        if args.command == "submit":
+            from gateway.cli.submit import submit_command
+
+            return submit_command(args)
     except ConfigError as exc:
         console.say(f"config error: {exc}")
         return EXIT_USAGE
