@@ -209,7 +209,7 @@ def _finish(client: OpenAI, args: argparse.Namespace, batch: Any, interrupted: b
 
 
 class _Progress:
-    """A tqdm bar on a terminal; plain lines on stderr otherwise (when the counts change, at most every 5 s)."""
+    """A tqdm bar on a terminal; plain lines on stderr otherwise (when the counts change, at most every 2 s)."""
 
     def __init__(self, enabled: bool):
         self.enabled, self.last, self.said_at = enabled, (-1, -1), 0.0
@@ -228,7 +228,7 @@ class _Progress:
                 self.bar = tqdm(total=counts.total, unit="req", desc=batch.id[-12:], file=sys.stderr)
             self.bar.update(done - self.bar.n)
             self.bar.set_postfix_str(f"{batch.status}, {counts.failed} failed", refresh=False)
-        elif (done, counts.total) != self.last and time.monotonic() - self.said_at >= 5:
+        elif (done, counts.total) != self.last and time.monotonic() - self.said_at >= 2:
             self.last, self.said_at = (done, counts.total), time.monotonic()
             say(f"batch {batch.id} {batch.status}: {done}/{counts.total} answered ({counts.failed} failed)")
 

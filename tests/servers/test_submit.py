@@ -140,3 +140,17 @@ def test_a_key_the_gateway_refuses_is_a_usage_error(gateway: Gateway, tmp_path: 
     missing = _submit(gateway, src, out, key=None)
     assert missing.returncode == 2 and "OPENAI_API_KEY" in missing.stderr and "Traceback" not in missing.stderr
     assert not out.exists()
+
+
+def test_ctrl_c_without_a_terminal_leaves_the_batch_running(gateway: Gateway, tmp_path: Path) -> None:
+    """No terminal to ask on: Ctrl-C leaves the batch running, says its id and how to go on, exit status 130."""
+    src, out = _input(tmp_path / "ctrl-c.jsonl", 24, sleep_ms=150), tmp_path / "out.jsonl"
+    proc = subprocess.Popen(_args(gateway, src, out), cwd=REPO, env=_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    eventually(lambda: Path(f"{out}.batchyard-submit.json").exists(), what="the batch created")
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    [batch_id] = _batches_named(gateway, src.name)
+    assert proc.returncode == 130 and f"left running: batch {batch_id}" in stderr and "Traceback" not in stderr
+    assert gateway.client("sk-alpha").batches.retrieve(batch_id).status in ("validating", "in_progress")
+    gateway.client("sk-alpha").batches.cancel(batch_id)  # not to hold the one shard slot for the next test
