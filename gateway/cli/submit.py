@@ -43,6 +43,12 @@ exit status: 0 done (per-line errors are in the output), 1 the file is invalid o
 """
 
 
+def _pair(text: str) -> str:
+    if "=" not in text or not text.partition("=")[0]:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
+    return text
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "submit", help="submit one batch file to a gateway, follow it, write the merged output",
@@ -60,7 +66,7 @@ def add_parser(sub: Any) -> None:
                    "$OPENAI_BASE_URL, else the openai SDK's own)")
     p.add_argument("--endpoint", help="the batch's endpoint (default: the url of the file's first line)")
     p.add_argument("--completion-window", default="24h", help="the batch's completion window (default: 24h)")
-    p.add_argument("--metadata", action="append", metavar="KEY=VALUE",
+    p.add_argument("--metadata", action="append", metavar="KEY=VALUE", type=_pair,
                    help="a metadata pair of the batch; repeat for more (default: none)")
     p.add_argument("--detach", action="store_true",
                    help="print the batch id and return once it is created (the same command without it follows it)")

@@ -7,6 +7,8 @@ inside it, the loopback upstream behind the gateway):
   the output holds every line once, in input order; with its state file lost too, the idempotency keys
   still find the same file and batch;
 - `--detach` prints the batch id and returns; the same command without it follows that batch to the end;
+- Ctrl-C: on a terminal it asks, and `y` cancels the batch and leaves what finished (exit status 130);
+  without a terminal it leaves the batch running and says how to go on;
 - a key the gateway refuses: exit status 2 and a message that names the key; none at all: the same.
 """
 
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
@@ -86,6 +90,7 @@ def test_submit_leaves_the_merged_output_in_input_order(gateway: Gateway, tmp_pa
     proc = _submit(gateway, src, out, *(["--error-file", str(err)] if split else []))
     assert proc.returncode == 0, proc.stderr
     assert "completed: 10 requests, 8 succeeded, 2 failed" in proc.stderr and "Traceback" not in proc.stderr
+    assert "/10 answered" in proc.stderr  # the progress, as plain lines: stderr is no terminal here
     rows = _rows(out)
     if split:
         assert [r["custom_id"] for r in rows] == [f"r{i}" for i in range(10) if i not in (2, 7)]
@@ -154,3 +159,49 @@ def test_ctrl_c_without_a_terminal_leaves_the_batch_running(gateway: Gateway, tm
     assert proc.returncode == 130 and f"left running: batch {batch_id}" in stderr and "Traceback" not in stderr
     assert gateway.client("sk-alpha").batches.retrieve(batch_id).status in ("validating", "in_progress")
     gateway.client("sk-alpha").batches.cancel(batch_id)  # not to hold the one shard slot for the next test
+
+
+def test_ctrl_c_on_a_terminal_asks_and_y_cancels_and_writes_what_finished(gateway: Gateway, tmp_path: Path) -> None:
+    """On a terminal Ctrl-C asks whether to cancel; `y` cancels the batch, waits for it to end and leaves its
+    output: every line once, those that never ran as `batch_cancelled` errors; exit status 130."""
+    src, out = _input(tmp_path / "ctrl-c-y.jsonl", 24, sleep_ms=300), tmp_path / "out.jsonl"
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(_args(gateway, src, out, "--no-progress"), cwd=REPO, env=_env(), stdin=follower,
+                            stdout=follower, stderr=follower)
+    os.close(follower)
+    said = bytearray()
+
+    def read_some() -> bytes:
+        """What the command wrote to its terminal so far (an ended command's terminal reads as an error)."""
+        while select.select([leader], [], [], 0.05)[0]:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            said.extend(chunk)
+        return bytes(said)
+
+    def ended() -> bool:
+        read_some()  # keep the terminal drained: a full one would block the command
+        return proc.poll() is not None
+
+    try:
+        eventually(lambda: b"created batch" in read_some(), what="the batch created")
+        proc.send_signal(signal.SIGINT)
+        eventually(lambda: b"[y/N]" in read_some(), what="the question")
+        os.write(leader, b"y\n")
+        eventually(ended, what="the command to end")
+        read_some()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        os.close(leader)
+    text = said.decode(errors="replace")
+    assert proc.returncode == 130, text
+    assert "cancelling batch" in text and "cancelled" in text and "Traceback" not in text
+    rows = _rows(out)
+    assert [r["custom_id"] for r in rows] == [f"r{i}" for i in range(24)]
+    assert any((r["error"] or {}).get("code") == "batch_cancelled" for r in rows)
