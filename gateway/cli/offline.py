@@ -125,7 +125,7 @@ async def _run(runtime: Runtime, opts: RunOptions) -> int:
     pool = None
     try:
         pool = await _start_workers(runtime, batch.id, opts)
-        batch = await _watch(runtime, batch.id, opts.progress)
+        batch = await watch_run(runtime, batch.id, opts.progress)
     except asyncio.CancelledError:
         if opts.data_dir is None:
             # Ctrl-C with nothing to resume from: cancel the batch (upstream batch jobs included).
@@ -139,7 +139,7 @@ async def _run(runtime: Runtime, opts: RunOptions) -> int:
     if batch.status is BatchStatus.FAILED:
         report_invalid(batch)
         return EXIT_INPUT
-    code = await _deliver(runtime, batch, opts)
+    code = await deliver_run(runtime, batch, opts)
     if opts.summary:
         summarise(batch, time.monotonic() - started, engine_seconds)
     return code
@@ -185,7 +185,7 @@ async def _hashed(chunks: AsyncIterator[bytes], digest: Any) -> AsyncIterator[by
         yield chunk
 
 
-def _options_key(opts: RunOptions) -> str:
+def options_key(opts: RunOptions) -> str:
     # A resumed run must have been started with the same options, or its output would differ.
     return f"split={opts.error_file is not None},run_batch={opts.run_batch_errors}"
 
@@ -200,8 +200,8 @@ async def _submit(runtime: Runtime, opts: RunOptions, chunks: AsyncIterator[byte
     except (TransferError, OSError) as exc:
         say(str(exc))
         return None
-    key = _options_key(opts)
-    if opts.data_dir is not None and (batch := await _previous(runtime, digest.hexdigest(), key)) is not None:
+    key = options_key(opts)
+    if opts.data_dir is not None and (batch := await previous_run(runtime, digest.hexdigest(), key)) is not None:
         await runtime.service.delete_file(source.id, None)
         done = batch.counts.completed + batch.counts.failed
         say(f"resuming batch {batch.id} from {opts.data_dir}: {done} of {batch.counts.total} requests already "
@@ -215,7 +215,7 @@ async def _submit(runtime: Runtime, opts: RunOptions, chunks: AsyncIterator[byte
     )
 
 
-async def _previous(runtime: Runtime, input_sha256: str, key: str) -> BatchRecord | None:
+async def previous_run(runtime: Runtime, input_sha256: str, key: str) -> BatchRecord | None:
     after = None
     while True:
         page = await runtime.store.batches.page("", limit=100, after=after)
@@ -299,7 +299,7 @@ async def _cancel(runtime: Runtime, batch_id: str) -> None:
             await runtime.service.wait(batch_id)
 
 
-async def _watch(runtime: Runtime, batch_id: str, progress: bool) -> BatchRecord:
+async def watch_run(runtime: Runtime, batch_id: str, progress: bool) -> BatchRecord:
     bar: Any = None
     try:
         while True:
@@ -321,7 +321,7 @@ async def _watch(runtime: Runtime, batch_id: str, progress: bool) -> BatchRecord
             bar.close()
 
 
-async def _deliver(runtime: Runtime, batch: BatchRecord, opts: RunOptions) -> int:
+async def deliver_run(runtime: Runtime, batch: BatchRecord, opts: RunOptions) -> int:
     blobs = runtime.blobs
     pairs = [(batch.output_file_id, opts.output)]
     if opts.error_file is not None:

@@ -1,10 +1,10 @@
 """`batchyard run … --data-dir D --retry-failed`: the lines of the finished run in D without a 2xx, again.
 
-The run is found as a resumed run finds it (the input's hash and the run's options, `offline._previous`).
+The run is found as a resumed run finds it (the input's hash and the run's options, `offline.previous_run`).
 Its lines without a 2xx reply (failed, expired, cancelled before they ran) are chosen by the server's own
 retry (`pipeline.retry_failed.retry_batch`): a new batch in D whose metadata says `retry_of`. When that
 batch ends, the run's output (and error) files are rewritten beside the order blob the finalizer wrote
-(`merge.order_key`): every line once, in input order, a retried line's new result in its place. Rewritten in
+(`lifecycle.order_key`): every line once, in input order, a retried line's new result in its place. Rewritten in
 place, so the same command without `--retry-failed` delivers the merged files too, and a second
 `--retry-failed` retries what still failed. Memory: one line of each file, whatever the run holds.
 
@@ -21,13 +21,13 @@ import time
 from collections.abc import AsyncIterator
 
 from gateway.cli.console import say
-from gateway.cli.offline import EXIT_INPUT, RunOptions, _deliver, _options_key, _previous, _watch
+from gateway.cli.offline import EXIT_INPUT, RunOptions, deliver_run, options_key, previous_run, watch_run
 from gateway.cli.report import report_invalid
 from gateway.cli.transfer import TransferError, read_source
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
 from gateway.errors import Conflict
-from gateway.pipeline.merge import order_key
+from gateway.pipeline.lifecycle import order_key
 from gateway.pipeline.retry_failed import retry_batch
 from gateway.records import BatchStatus
 from gateway.runtime.root import Runtime, open_embedded
@@ -54,7 +54,7 @@ async def retry_failed_run(config: Config, opts: RunOptions) -> int:
 
 async def _retry(runtime: Runtime, opts: RunOptions, input_sha256: str) -> int:
     started = time.monotonic()
-    first = await _previous(runtime, input_sha256, _options_key(opts))
+    first = await previous_run(runtime, input_sha256, options_key(opts))
     if first is None:
         say(f"no run of this input with these options in {opts.data_dir}: run it first (without --retry-failed; "
             "--error-file must be given, or not, as it was then)")
@@ -70,7 +70,7 @@ async def _retry(runtime: Runtime, opts: RunOptions, input_sha256: str) -> int:
         except Conflict as exc:
             if exc.code == "nothing_to_retry":
                 say(f"nothing to retry: every line of the run in {opts.data_dir} has a 2xx reply")
-                return await _deliver(runtime, first, opts)
+                return await deliver_run(runtime, first, opts)
             say(exc.message)
             return EXIT_INPUT
         say(f"retrying {first.id}'s lines without a 2xx reply as batch {retry.id}")
@@ -84,7 +84,7 @@ async def _retry(runtime: Runtime, opts: RunOptions, input_sha256: str) -> int:
     ok, failed = await _merge_in(runtime.blobs, first, retry)
     say(f"retried {ok + failed} lines in {time.monotonic() - started:.1f}s: {ok} now succeeded, {failed} "
         "still failed; the output holds every line once, in input order")
-    return await _deliver(runtime, first, opts)
+    return await deliver_run(runtime, first, opts)
 
 
 async def _pending_retry(runtime: Runtime, first_id: str) -> BatchRecord | None:
@@ -109,7 +109,7 @@ async def _run_to_end(runtime: Runtime, batch_id: str, opts: RunOptions) -> Batc
         await runtime.backends.start_local()
     await runtime.start()
     try:
-        return await _watch(runtime, batch_id, opts.progress)
+        return await watch_run(runtime, batch_id, opts.progress)
     except asyncio.CancelledError:
         say(f"interrupted; the same command continues the retry (state in {opts.data_dir})")
         raise

@@ -2,7 +2,7 @@
 
 While the batch runs its results come from the store's result log (`ShardLedger.logged`), in the order
 they were journaled; once it is finished, from its output and error files, in input order, walked beside
-the order blob the finalizer wrote with them (`merge.order_key`: each line's number, seq and kind). Each
+the order blob the finalizer wrote with them (`lifecycle.order_key`: each line's number, seq and kind). Each
 line is the output file's line with a `"kind"` in front: `"output"` (a 2xx reply) or `"error"` (anything
 else: the error file's line).
 

@@ -4,7 +4,7 @@ The new batch's input file holds exactly the original input lines whose result w
 (failed, expired, or cancelled before they ran), byte for byte with their custom_ids, in input order. It
 is uploaded and created through the intake (`BatchService.upload_file`, `create_batch`), so the team's
 storage, quotas and budget and the validation apply as to any batch. Which lines: the order blob the
-finalizer wrote beside the output files (`merge.order_key`), walked beside the input file; memory: one
+finalizer wrote beside the output files (`lifecycle.order_key`), walked beside the input file; memory: one
 line, whatever the file holds.
 """
 
