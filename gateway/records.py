@@ -23,6 +23,9 @@ def new_id(prefix: str, sep: str = "_") -> str:
     return f"{prefix}{sep}{secrets.token_hex(16)}"
 
 
+# The id kind of Anthropic's Message Batches (`msgbatch_…`): the batches of one API family are not the other's.
+MESSAGE_BATCH_KIND = "msgbatch"
+
 _fast = random.Random(secrets.randbits(128))
 
 
