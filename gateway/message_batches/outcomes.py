@@ -21,7 +21,10 @@ from gateway.message_batches.wire import error_body, error_type
 from gateway.store.objects import BatchRecord
 
 EXPIRED_CODE, CANCELLED_CODE = "batch_expired", "batch_cancelled"  # the pipeline's stop reasons
-_VALIDATION = frozenset(c.value for c in LineCode)
+# Codes of a request refused before it was sent: the checks' (`LineCode`) and a route's that cannot honour
+# a parameter (`unknown_parameter`, `unsupported_parameter`, `unsupported_value`).
+_VALIDATION = frozenset({*(c.value for c in LineCode), "unknown_parameter", "unsupported_parameter",
+                         "unsupported_value"})
 # Error codes of lines without any reply: what each means in Anthropic's types.
 _CODE_TYPES = {"budget_exceeded": "billing_error", "model_unavailable": "overloaded_error",
                "rate_limit_exceeded": "rate_limit_error"}
