@@ -139,7 +139,8 @@ class Usage:
 
     @classmethod
     def from_body(cls, body: dict[str, Any] | None) -> Usage:
-        """Read token counts from a response body (chat, completions, embeddings or responses shape)."""
+        """Read token counts from a response body (chat, completions, embeddings, responses or Anthropic's
+        `message` shape)."""
         return cls.read(body)[0]
 
     @classmethod
@@ -175,6 +176,18 @@ class Usage:
                 counts[i] = value
             else:
                 refused = True
+        if "cache_read_input_tokens" in raw or "cache_creation_input_tokens" in raw:
+            # Anthropic's `message` usage: its `input_tokens` leave out the prompt tokens read from and written
+            # to the cache; counted here as OpenAI counts them (all in the input, the reads also as cached).
+            for name, into in (("cache_read_input_tokens", (0, 2)), ("cache_creation_input_tokens", (0,))):
+                value = raw.get(name)
+                if value is None:
+                    continue
+                if type(value) is int and 0 <= value <= MAX_USAGE_TOKENS:
+                    for i in into:
+                        counts[i] += value
+                else:
+                    refused = True
         return cls(*counts), refused
 
     def to_openai(self) -> dict[str, Any]:
