@@ -20,10 +20,10 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from gateway.api import batches, dashboard, estimate, files, scrape
-from gateway.api.message_batches import message_batches_app
 from gateway.api.auth import Authenticator, current_principal, log_auth_mode
 from gateway.api.deps import Caller, check_api_version, runtime_of
 from gateway.api.http_errors import ApiError, error_response, install_error_handlers
+from gateway.api.message_batches import message_batches_app
 from gateway.api.request_id import RequestIdMiddleware
 
 if TYPE_CHECKING:

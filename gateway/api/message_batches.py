@@ -200,7 +200,7 @@ async def _unrun_lines(runtime: Runtime, rec: BatchRecord) -> AsyncIterator[byte
     source = await runtime.store.files.get(rec.input_file_id, _input_owner(rec.owner))
     if source is None:
         return _empty()
-    result = {"type": kind} if kind else {"type": "errored", "error": error_body(
+    result: dict[str, Any] = {"type": kind} if kind else {"type": "errored", "error": error_body(
         "api_error", "; ".join(str(e.get("message")) for e in rec.errors) or "The batch failed.")}
 
     async def lines() -> AsyncIterator[bytes]:
@@ -249,7 +249,7 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    first = next(iter(exc.errors()), {})
+    first: dict[str, Any] = next(iter(exc.errors()), {})
     where = ".".join(str(p) for p in first.get("loc", ())[1:]) or "request"
     return _reply(400, f"{where}: {first.get('msg', 'invalid')}")
 

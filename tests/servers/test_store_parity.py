@@ -292,7 +292,8 @@ async def _idempotency(store: Store) -> list[Any]:
 
 
 SCENARIOS: dict[str, Callable[[Store], Awaitable[list[Any]]]] = {
-    "files": _files, "batches": _batches, "batch_kinds": _batch_kinds, "ledger": _ledger, "backend_state": _backend_state, "quota": _quota,
+    "files": _files, "batches": _batches, "batch_kinds": _batch_kinds, "ledger": _ledger,
+    "backend_state": _backend_state, "quota": _quota,
     "rates": _rates, "idempotency": _idempotency,
 }
 
