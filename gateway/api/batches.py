@@ -100,8 +100,13 @@ async def batch_results(
     request: Request, caller: Caller, batch_id: str, after: str | None = None, limit: int = _RESULTS_LIMIT
 ) -> Response:
     """The results recorded so far, as JSONL, one page; `x-next-cursor` is the next page's `after`."""
+    return await results_reply(request, caller, _batch_id(batch_id), after, limit)
+
+
+async def results_reply(request: Request, caller: Principal, batch_id: str, after: str | None, limit: int) -> Response:
+    """A batch's results so far, of either family (the dashboard shows Message Batches too)."""
     runtime = runtime_of(request)
-    rec = await runtime.store.batches.get(_batch_id(batch_id), caller.owner)
+    rec = await runtime.store.batches.get(batch_id, caller.owner)
     if rec is None:
         raise not_found("batch", batch_id)
     page = await results_page(runtime.store, runtime.blobs, rec, Cursor.parse(after),

@@ -171,6 +171,9 @@ def test_dashboard_and_metrics_count_a_message_batch(alpha: Anthropic, gateway: 
     assert after == before + 3
     board = httpx.get(gateway.url + "/ui/api/batches", cookies={"batchyard_key": ALPHA}, timeout=10)
     assert board.status_code == 200 and batch.id in board.json()["ids"]
+    assert f"/ui/batches/{batch.id}/results" in board.json()["cards"][batch.id]
+    shown = httpx.get(f"{gateway.url}/ui/batches/{batch.id}/results", cookies={"batchyard_key": ALPHA}, timeout=10)
+    assert shown.status_code == 200 and len(shown.text.splitlines()) == 3
 
 
 def test_delete_only_an_ended_batch(alpha: Anthropic, gateway: Gateway) -> None:
