@@ -161,7 +161,7 @@ def anthropic_error(status: int, body: dict[str, Any] | None) -> dict[str, Any]:
     error body in OpenAI's shape (`provider_error`) or Anthropic's own: the provider's words, Anthropic's type
     for the status (an Anthropic type the provider named is kept)."""
     inner = (body or {}).get("error")
-    inner = inner if isinstance(inner, dict) else {}
+    inner = inner if isinstance(inner, dict) else (body or {})  # an older vLLM's error object is the body
     said = inner.get("type")
     if said in ANTHROPIC_ERROR_TYPES.values() or said == "api_error":
         type_ = str(said)
