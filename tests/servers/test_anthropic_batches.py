@@ -247,3 +247,15 @@ def test_cancel_keeps_finished_results(alpha: Anthropic) -> None:
     assert [got[f"slow{i}"].type for i in range(3)] == ["canceled"] * 3
     again = alpha.messages.batches.cancel(batch.id)  # an ended batch stays as it ended
     assert again.processing_status == "ended" and again.request_counts == counts
+
+
+def test_cancel_at_once_cancels_every_request(alpha: Anthropic) -> None:
+    """A batch cancelled as soon as it is created (before any shard exists, or before any request was
+    answered) ends with every request `canceled`, and its results say so."""
+    reqs = [request(f"c{i}", f"#sleep:20000 never {i}") for i in range(4)]
+    created = alpha.messages.batches.create(requests=reqs)  # type: ignore[arg-type]
+    alpha.messages.batches.cancel(created.id)
+    batch = ended(alpha, created.id)
+    assert batch.request_counts.canceled == 4 and batch.request_counts.processing == 0, batch
+    got = results(alpha, batch.id)
+    assert list(got) == [r["custom_id"] for r in reqs] and {r.type for r in got.values()} == {"canceled"}
