@@ -23,6 +23,9 @@ def new_id(prefix: str, sep: str = "_") -> str:
     return f"{prefix}{sep}{secrets.token_hex(16)}"
 
 
+# The id kind of Anthropic's Message Batches (`msgbatch_…`): the batches of one API family are not the other's.
+MESSAGE_BATCH_KIND = "msgbatch"
+
 _fast = random.Random(secrets.randbits(128))
 
 
@@ -136,7 +139,8 @@ class Usage:
 
     @classmethod
     def from_body(cls, body: dict[str, Any] | None) -> Usage:
-        """Read token counts from a response body (chat, completions, embeddings or responses shape)."""
+        """Read token counts from a response body (chat, completions, embeddings, responses or Anthropic's
+        `message` shape)."""
         return cls.read(body)[0]
 
     @classmethod
@@ -172,6 +176,18 @@ class Usage:
                 counts[i] = value
             else:
                 refused = True
+        if "cache_read_input_tokens" in raw or "cache_creation_input_tokens" in raw:
+            # Anthropic's `message` usage: its `input_tokens` leave out the prompt tokens read from and written
+            # to the cache; counted here as OpenAI counts them (all in the input, the reads also as cached).
+            for name, into in (("cache_read_input_tokens", (0, 2)), ("cache_creation_input_tokens", (0,))):
+                value = raw.get(name)
+                if value is None:
+                    continue
+                if type(value) is int and 0 <= value <= MAX_USAGE_TOKENS:
+                    for i in into:
+                        counts[i] += value
+                else:
+                    refused = True
         return cls(*counts), refused
 
     def to_openai(self) -> dict[str, Any]:

@@ -204,11 +204,22 @@ class ServingLayer:
             routes[Endpoint.RERANK] = _Route(RerankRequest.model_validate, scores, _fields_of(RerankRequest))
 
         routes.update(_audio_routes(state, args))
+        routes.update(_messages_route(state))
         names = tuple(m.name for m in state.openai_serving_models.base_model_paths)
         return cls(args, state, routes, names, engine.vllm_config.scheduler_config.max_num_seqs)
 
     async def reply(self, url: Endpoint, body: dict[str, Any]) -> Reply:
-        """Run one request; never raises except for cancellation."""
+        """Run one request; never raises except for cancellation. An Anthropic Messages line's error is in
+        Anthropic's shape (`vllm serve` answers `/v1/messages` errors in it too, with vLLM's type names; ours
+        are Anthropic's, by status)."""
+        status, answer = await self._reply(url, body)
+        if url is Endpoint.MESSAGES and status >= 400:
+            from providers.upstream_errors import anthropic_error
+
+            return status, anthropic_error(status, answer)
+        return status, answer
+
+    async def _reply(self, url: Endpoint, body: dict[str, Any]) -> Reply:
         import pydantic
 
         route = self.routes.get(url)
@@ -267,6 +278,30 @@ def _audio_routes(state: Any, args: Namespace) -> dict[Endpoint, _Route]:
     return routes
 
 
+def _messages_route(state: Any) -> dict[Endpoint, _Route]:
+    """`/v1/messages` through vLLM's Anthropic serving layer (`AnthropicServingMessages`, built by
+    `init_app_state` beside the chat serving object): the request becomes a chat completion and the reply a
+    `message`, as `vllm serve` answers it."""
+    serving = getattr(state, "anthropic_serving_messages", None)
+    if serving is None:
+        return {}
+    from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest, AnthropicMessagesResponse
+
+    async def create(request: Any) -> Any:
+        response = await serving.create_messages(request)
+        if not isinstance(response, AnthropicMessagesResponse):
+            return response  # an ErrorResponse (or a stream, refused by `_to_reply`)
+        # `vllm serve`'s body (None dropped: the content blocks' unused fields, vLLM's transfer params), with
+        # the two keys Anthropic always sends
+        message: dict[str, Any] = response.model_dump(mode="json", exclude_none=True)
+        message.setdefault("stop_reason", None)
+        message.setdefault("stop_sequence", None)
+        return message
+
+    return {Endpoint.MESSAGES: _Route(AnthropicMessagesRequest.model_validate, create,
+                                      _fields_of(AnthropicMessagesRequest))}
+
+
 def _unsupported_message(url: Endpoint, names: tuple[str, ...]) -> str:
     model = names[0] if names else "this model"
     never = ENDPOINTS[url].never_local  # no vLLM model serves it: the 400 says where to send it instead
@@ -279,6 +314,8 @@ def _unsupported_message(url: Endpoint, names: tuple[str, ...]) -> str:
 async def _to_reply(response: Any) -> Reply:
     from pydantic import BaseModel
     from starlette.responses import Response, StreamingResponse
+    if isinstance(response, dict):  # a body made already (`_messages_route`)
+        return 200, response
     if isinstance(response, vllm_compat.load("ErrorResponse")):
         return response.error.code, response.model_dump(mode="json")
     if isinstance(response, BaseModel):

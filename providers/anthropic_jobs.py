@@ -1,11 +1,15 @@
-"""Anthropic's Message Batches (`UpstreamJobs`): chat lines translated by LiteLLM, results translated back.
+"""Anthropic's Message Batches (`UpstreamJobs`): Messages lines as they are; chat lines translated by LiteLLM.
 
 Anthropic takes no file: one `POST /v1/messages/batches` carries `requests: [{custom_id, params}]`, where
 `params` is a Messages API body. LiteLLM 1.106.2 polls (`aretrieve_batch`) but does not create or cancel,
 and reads results (`GET .../results`, Anthropic's JSONL) only whole, so those three go over HTTP with
 LiteLLM's own URL and header helpers, the results streamed. Each line is translated with LiteLLM's
 Anthropic chat transformation (the one its real-time calls use), and each result back into a
-`chat.completion` body with usage, so callers see OpenAI's shape.
+`chat.completion` body with usage, so callers see OpenAI's shape. A `/v1/messages` line (Anthropic's own
+request, a Message Batch's) goes as it is, only its model named as the deployment's, and its result comes
+back as Anthropic sent it: the `message`, or the `{"type": "error", "error": {...}}` of an errored request.
+Its upstream custom_id says which it was (`m<line>` for a Messages line, `l<line>` for a chat line), so a
+restarted process reads a job's results back the same way.
 
 Limits (Anthropic's docs): 100,000 requests or 256 MB per batch; a batch ends within 24 hours, and the
 requests it did not reach come back `expired`. Per-request outcomes keep Anthropic's words as codes:
@@ -22,11 +26,15 @@ from typing import Any
 
 from gateway.config.endpoints import NATIVE_JOBS
 from gateway.records import BatchRequest, Endpoint, Result
-from providers.openai_batches import Part, call_with_retries, detached, upstream_custom_id
+from providers.openai_batches import Part, call_with_retries, detached, line_of, upstream_custom_id
+from providers.upstream_errors import ANTHROPIC_ERROR_TYPES
 from providers.upstream_jobs import JobState, Save, http_json, http_lines
+
+ANTHROPIC_STATUS = {type_: status for status, type_ in ANTHROPIC_ERROR_TYPES.items()}  # Anthropic's own (529)
 
 # OpenAI chat fields that are the request itself, not parameters to map.
 _BODY_FIELDS = frozenset({"model", "messages"})
+_MESSAGES_ID = "m"  # the upstream custom_id's prefix of a Messages line (`l`: a chat line, `upstream_custom_id`)
 
 
 def _origin(api_base: str | None) -> str | None:
@@ -71,11 +79,17 @@ class AnthropicJobs:
         return params
 
     def line(self, req: BatchRequest) -> bytes:
-        entry = {"custom_id": upstream_custom_id(req.line), "params": self._params(req.body)}
+        if req.url is Endpoint.MESSAGES:  # already Anthropic's request: the deployment's model, nothing else
+            entry = {"custom_id": f"{_MESSAGES_ID}{req.line}", "params": {**req.body, "model": self._model}}
+        else:
+            entry = {"custom_id": upstream_custom_id(req.line), "params": self._params(req.body)}
         return json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
     def reject(self, req: BatchRequest) -> Result | None:
-        """A parameter Anthropic has no counterpart for, or messages it cannot take: a 400 for that line."""
+        """A parameter Anthropic has no counterpart for, or messages it cannot take: a 400 for that line. A
+        Messages line is Anthropic's own request (its fields checked against Anthropic's by the backend)."""
+        if req.url is Endpoint.MESSAGES:
+            return None
         unknown = sorted(k for k in req.body if k not in _BODY_FIELDS and k not in self._supported)
         param, message = (unknown[0], f"{unknown[0]} is not supported by {self._model} in Anthropic batches") \
             if unknown else (None, "")
@@ -133,7 +147,19 @@ class AnthropicJobs:
                 item = json.loads(raw)
                 custom_id, result = item.get("custom_id"), item.get("result") or {}
                 kind = result.get("type")
-                if kind == "succeeded":
+                messages = isinstance(custom_id, str) and custom_id.startswith(_MESSAGES_ID)
+                if messages:  # our line's number, as `line_of` reads it
+                    custom_id = "l" + custom_id.removeprefix(_MESSAGES_ID)
+                    messages = line_of(custom_id) is not None
+                if messages and kind in ("succeeded", "errored"):  # as Anthropic sent it
+                    message = result.get("message") or {}
+                    body = message if kind == "succeeded" else (result.get("error") or {})
+                    error_type = str((body.get("error") or {}).get("type") or "api_error")
+                    status = 200 if kind == "succeeded" else ANTHROPIC_STATUS.get(
+                        error_type, ANTHROPIC_ERROR_STATUS_CODE_MAP.get(error_type, 500))
+                    yield {"custom_id": custom_id, "response": {"status_code": status, "body": body,
+                                                                "request_id": message.get("id")}}
+                elif kind == "succeeded":
                     message = result.get("message") or {}
                     body = dict(translate(anthropic_message=message, anthropic_config=self._chat))
                     yield {"custom_id": custom_id, "response": {"status_code": 200, "request_id": message.get("id"),

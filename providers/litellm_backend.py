@@ -30,7 +30,7 @@ from gateway.records import BatchRequest, Endpoint, Result
 from gateway.scheduling.fairness import FairSlots
 from providers import litellm_setup
 from providers.passthrough import PassThrough, wire_provider
-from providers.upstream_errors import UPSTREAM_ERROR, provider_error
+from providers.upstream_errors import UPSTREAM_ERROR, anthropic_error, provider_error
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price map at import
 
@@ -131,7 +131,10 @@ class LiteLLMBackend:
             err = provider_error(exc, model)
             if err.body is None:
                 return Result.failure(req.line, req.custom_id, str(err.code), str(err.message), model=model)
-            return Result(line=req.line, custom_id=req.custom_id, status_code=err.status, body=err.body, model=model)
+            assert err.status is not None  # a provider error with a body has its status
+            # an Anthropic Messages line gets the error in Anthropic's shape, whatever provider answered
+            body = anthropic_error(err.status, err.body) if req.url is Endpoint.MESSAGES else err.body
+            return Result(line=req.line, custom_id=req.custom_id, status_code=err.status, body=body, model=model)
         if reply is None:
             # LiteLLM returns None when a provider keeps answering 422 after it dropped the
             # parameters it could (drop_params): the provider's reply is lost inside LiteLLM.
@@ -194,10 +197,12 @@ _SPARSE = frozenset({Endpoint.MODERATIONS, Endpoint.IMAGES})
 
 
 def _to_body(reply: Any, exclude_none: bool = False) -> dict[str, Any]:
-    if isinstance(reply, dict):
-        return reply
-    dump = getattr(reply, "model_dump", None)
-    data: dict[str, Any] = dump(exclude_none=exclude_none) if dump is not None else dict(reply)
+    data: dict[str, Any]
+    if isinstance(reply, dict):  # the Anthropic-messages adapter's reply: a dict with LiteLLM's keys in it
+        data = dict(reply)
+    else:
+        dump = getattr(reply, "model_dump", None)
+        data = dump(exclude_none=exclude_none) if dump is not None else dict(reply)
     # LiteLLM's bookkeeping fields are not part of the provider's reply
     for key in ("_hidden_params", "_response_headers"):
         data.pop(key, None)

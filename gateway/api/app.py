@@ -3,7 +3,8 @@
 One router, mounted where each client family looks for it: `/v1` (OpenAI,
 LiteLLM), the root (`/files`, `/batches`: LiteLLM's clients and its proxy),
 `/openai` (AzureOpenAI; `?api-version=` is accepted and ignored), `/openai/v1`
-(Azure's v1 form) and `/azure/v1` (LiteLLM's Azure form). Every response
+(Azure's v1 form) and `/azure/v1` (LiteLLM's Azure form). Anthropic's Message Batches are mounted at
+`/v1/messages` (`gateway.api.message_batches`). Every response
 carries an `x-request-id` (`gateway.api.request_id`).
 """
 
@@ -22,6 +23,7 @@ from gateway.api import batches, dashboard, estimate, files, scrape
 from gateway.api.auth import Authenticator, current_principal, log_auth_mode
 from gateway.api.deps import Caller, check_api_version, runtime_of
 from gateway.api.http_errors import ApiError, error_response, install_error_handlers
+from gateway.api.message_batches import message_batches_app
 from gateway.api.request_id import RequestIdMiddleware
 
 if TYPE_CHECKING:
@@ -136,6 +138,8 @@ def create_app(runtime: Runtime, *, manage_runtime: bool = False, workers: Worke
     app.state.started_at = int(time.time())
     install_error_handlers(app)
     app.add_middleware(RequestIdMiddleware)
+    # Anthropic's Message Batches: an app of its own, so that its errors are Anthropic's
+    app.mount("/v1/messages", message_batches_app(app))
     api = _api_router()
     for prefix in PREFIXES:
         app.include_router(api, prefix=prefix)

@@ -2,8 +2,8 @@
 
 Keys come from `general_settings.master_key` (an admin: owner "", every model)
 and `batch_settings.teams[].api_keys` (owner = the team id, models = the team's
-list). A key is sent as `Authorization: Bearer K` (OpenAI) or `api-key: K`
-(Azure). With no key configured the gateway is open and every caller is owner "".
+list). A key is sent as `Authorization: Bearer K` (OpenAI), `api-key: K`
+(Azure) or `x-api-key: K` (Anthropic). With no key configured the gateway is open and every caller is owner "".
 Keys are compared in constant time and never logged.
 """
 
@@ -79,7 +79,7 @@ def _key_from(request: Request) -> str | None:
         scheme, _, value = auth.strip().partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             return value.strip()
-    api_key = request.headers.get("api-key")
+    api_key = request.headers.get("api-key") or request.headers.get("x-api-key")
     return api_key.strip() if api_key else None
 
 

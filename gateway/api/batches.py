@@ -12,11 +12,13 @@ from gateway.api import idempotency
 from gateway.api.deps import Caller, bad_request, check_id, check_limit, list_reply, parse_body, runtime_of
 from gateway.api.form import Body
 from gateway.api.http_errors import ApiError
-from gateway.errors import not_found, shown
+from gateway.config.urls import normalise_endpoint
+from gateway.errors import invalid_value, not_found, shown
 from gateway.json_codec import loads_checked
 from gateway.pipeline.batch_params import CreateBatch
 from gateway.pipeline.results import Cursor, results_page
 from gateway.pipeline.retry_failed import retry_batch
+from gateway.records import MESSAGE_BATCH_KIND, Endpoint
 
 if TYPE_CHECKING:
     from gateway.api.auth import Principal
@@ -52,6 +54,8 @@ async def create_batch(request: Request, caller: Caller) -> JSONResponse:
 
 
 async def _create(request: Request, caller: Principal, body: CreateBatch) -> BatchRecord:
+    if normalise_endpoint(body.endpoint) is Endpoint.MESSAGES:  # Anthropic's: its batches have their own API
+        raise invalid_value(body.endpoint, [e.value for e in Endpoint if e is not Endpoint.MESSAGES], "endpoint")
     return await runtime_of(request).service.create_batch(
         caller.owner,
         input_file_id=check_id(body.input_file_id, "file", "input_file_id"),
@@ -70,14 +74,15 @@ async def _current(request: Request, caller: Principal, batch_id: str) -> dict[s
 
 @router.get("/batches")
 async def list_batches(request: Request, caller: Caller, limit: int = 20, after: str | None = None) -> JSONResponse:
-    page = await runtime_of(request).store.batches.page(caller.owner, limit=check_limit(limit, 100), after=after)
+    page = await runtime_of(request).store.batches.page(caller.owner, limit=check_limit(limit, 100), after=after,
+                                                        kind="batch")
     return JSONResponse(list_reply([b.to_openai() for b in page.data], page.has_more))
 
 
 @router.get("/batches/{batch_id}")
 async def get_batch(request: Request, caller: Caller, batch_id: str) -> JSONResponse:
     store = runtime_of(request).store
-    rec = await store.batches.get(check_id(batch_id, "batch", "batch_id"), caller.owner)
+    rec = await store.batches.get(_batch_id(batch_id), caller.owner)
     if rec is None:
         raise not_found("batch", batch_id)
     live = None if rec.status.finished else await store.ledger.route_stats(rec.id)
@@ -86,7 +91,7 @@ async def get_batch(request: Request, caller: Caller, batch_id: str) -> JSONResp
 
 @router.post("/batches/{batch_id}/cancel")
 async def cancel_batch(request: Request, caller: Caller, batch_id: str) -> JSONResponse:
-    rec = await runtime_of(request).service.cancel_batch(check_id(batch_id, "batch", "batch_id"), caller.owner)
+    rec = await runtime_of(request).service.cancel_batch(_batch_id(batch_id), caller.owner)
     return JSONResponse(rec.to_openai())
 
 
@@ -95,8 +100,13 @@ async def batch_results(
     request: Request, caller: Caller, batch_id: str, after: str | None = None, limit: int = _RESULTS_LIMIT
 ) -> Response:
     """The results recorded so far, as JSONL, one page; `x-next-cursor` is the next page's `after`."""
+    return await results_reply(request, caller, _batch_id(batch_id), after, limit)
+
+
+async def results_reply(request: Request, caller: Principal, batch_id: str, after: str | None, limit: int) -> Response:
+    """A batch's results so far, of either family (the dashboard shows Message Batches too)."""
     runtime = runtime_of(request)
-    rec = await runtime.store.batches.get(check_id(batch_id, "batch", "batch_id"), caller.owner)
+    rec = await runtime.store.batches.get(batch_id, caller.owner)
     if rec is None:
         raise not_found("batch", batch_id)
     page = await results_page(runtime.store, runtime.blobs, rec, Cursor.parse(after),
@@ -108,9 +118,16 @@ async def batch_results(
 
 @router.post("/batches/{batch_id}/retry")
 async def retry(request: Request, caller: Caller, batch_id: str) -> JSONResponse:
-    rec = await retry_batch(runtime_of(request).service, check_id(batch_id, "batch", "batch_id"), caller.owner,
+    rec = await retry_batch(runtime_of(request).service, _batch_id(batch_id), caller.owner,
                             caller.allowed_models)
     return JSONResponse(rec.to_openai())
+
+
+def _batch_id(batch_id: str) -> str:
+    """An OpenAI batch's id; a Message Batch's (`msgbatch_…`) is unknown here, as any other family's would be."""
+    if batch_id.startswith(MESSAGE_BATCH_KIND + "_"):
+        raise not_found("batch", batch_id)
+    return check_id(batch_id, "batch", "batch_id")
 
 
 async def _json_object(request: Request) -> dict[str, Any]:

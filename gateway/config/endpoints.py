@@ -113,7 +113,7 @@ _OPENAI_BATCH = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDI
 NATIVE_JOBS: dict[str, NativeJobs] = {
     "openai": NativeJobs("providers.openai_jobs:OpenAIJobs", _OPENAI_BATCH),
     "azure": NativeJobs("providers.openai_jobs:OpenAIJobs", _OPENAI_BATCH),
-    "anthropic": NativeJobs("providers.anthropic_jobs:AnthropicJobs", frozenset({Endpoint.CHAT})),
+    "anthropic": NativeJobs("providers.anthropic_jobs:AnthropicJobs", frozenset({Endpoint.CHAT, Endpoint.MESSAGES})),
     "mistral": NativeJobs("providers.mistral_jobs:MistralJobs", frozenset({Endpoint.CHAT, Endpoint.EMBEDDINGS})),
 }
 NATIVE_PROVIDERS = tuple(NATIVE_JOBS)

@@ -110,7 +110,9 @@ class DeploymentPrices:
     def cost(self, reply: Any, body: dict[str, Any]) -> float | None:
         """A completion-path reply's cost: as `for_deployment` for the deployment the Router chose; LiteLLM's
         `response_cost` only for a deployment with no per-token price anywhere (see the module docs)."""
-        hidden = getattr(reply, "_hidden_params", None) or {}
+        # an object's attribute; a key of the dict the Anthropic-messages adapter returns
+        hidden = reply.get("_hidden_params") if isinstance(reply, dict) else getattr(reply, "_hidden_params", None)
+        hidden = hidden or {}
         if not isinstance(hidden, dict):
             hidden = dict(hidden) if hasattr(hidden, "keys") else {}
         deployment_id = str(hidden.get("model_id", ""))  # set by the Router from the config's deployment

@@ -146,10 +146,13 @@ class BatchService:
         metadata: Mapping[str, str] | None = None,
         output_expires_after: ExpiresAfter | Mapping[str, Any] | None = None,
         allowed_models: list[str] | None = None, options: BatchOptions | None = None,
+        kind: str = "batch", input_owner: str | None = None,
     ) -> BatchRecord:
         """A new batch in `validating`; validation goes on in the background.
 
-        `endpoint=None` and `completion_window=None` are the CLI's: any url, no expiry.
+        `endpoint=None` and `completion_window=None` are the CLI's: any url, no expiry. `kind`: the id's
+        prefix (`msgbatch` for Anthropic's Message Batches); `input_owner`: the owner of the input file when
+        it is not the batch's (a Message Batch's own file, kept out of the team's files list).
         """
         if endpoint is not None and normalise_endpoint(endpoint) is None:
             raise invalid_value(endpoint, [e.value for e in Endpoint], "endpoint")
@@ -160,7 +163,7 @@ class BatchService:
         else:
             raise invalid_value(completion_window, list(self.config.batch.completion_windows), "completion_window")
         meta = checked_metadata(metadata)
-        source = await self.store.files.get(input_file_id, owner)
+        source = await self.store.files.get(input_file_id, owner if input_owner is None else input_owner)
         if source is None:
             raise not_found("file", input_file_id, "input_file_id")
         if source.purpose != "batch":
@@ -172,7 +175,7 @@ class BatchService:
         opts = options or BatchOptions()
         opts.allowed_models = allowed_models
         batch = BatchRecord(
-            id=new_id("batch"), owner=owner, endpoint=endpoint or "*", input_file_id=input_file_id,
+            id=new_id(kind), owner=owner, endpoint=endpoint or "*", input_file_id=input_file_id,
             completion_window=completion_window or "none", status=BatchStatus.VALIDATING, created_at=created,
             expires_at=created + window, metadata=meta, options=opts,
             output_expires_after=output_expiry.model_dump() if output_expiry else None,

@@ -27,7 +27,7 @@ from gateway.records import Endpoint
 
 log = logging.getLogger(__name__)
 
-_GENERATIVE = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES})
+_GENERATIVE = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES, Endpoint.MESSAGES})
 _BOUND_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 _OPENAI_PROVIDERS = frozenset({"openai", "azure", "text-completion-openai"})
 _MESSAGE_TOKENS = 4  # the estimate's overhead per chat message (role, separators), as OpenAI counts it
@@ -248,6 +248,9 @@ def _texts(endpoint: Endpoint, body: Mapping[str, Any]) -> tuple[list[str], int]
     elif endpoint is Endpoint.RESPONSES:
         take(body.get("instructions"))
         take(body.get("input"))
+    elif endpoint is Endpoint.MESSAGES:  # Anthropic's: a top-level system prompt, then the turns
+        take(body.get("system"))
+        take(body.get("messages"))
     elif endpoint in (Endpoint.EMBEDDINGS, Endpoint.MODERATIONS):
         take(body.get("input"))
     else:  # score, rerank, images, audio: the body's JSON less its model, as text

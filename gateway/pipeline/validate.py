@@ -134,12 +134,13 @@ class LineChecker:
                 f"The URL provided for this request does not match the batch endpoint ({self._endpoint.value}).",
                 "url",
             )
-        if model is None:
-            return LineError(
-                LineCode.MISSING_REQUIRED_PARAMETER, "Missing required parameter: 'body.model'.", line, "body.model"
-            )
-        if not isinstance(model, str) or not model:
-            return LineError(LineCode.INVALID_REQUEST, "body.model must be a non-empty string", line, "body.model")
+        if model is None or not isinstance(model, str) or not model:
+            missing = model is None
+            error = LineError(LineCode.MISSING_REQUIRED_PARAMETER if missing else LineCode.INVALID_REQUEST,
+                              "Missing required parameter: 'body.model'." if missing
+                              else "body.model must be a non-empty string", line, "body.model")
+            # A Message Batch's params are checked per request (Anthropic answers each one): never the batch's end.
+            return problem(error.code, error.message, "body.model") if normal.endpoint is Endpoint.MESSAGES else error
         wrong = check_body(normal.endpoint, body, line)
         if wrong is not None:
             # fails a strict batch (the API's); answered in place elsewhere, as run_batch answers it

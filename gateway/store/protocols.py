@@ -49,12 +49,18 @@ class BatchStore(Protocol):
 
     async def put(self, rec: BatchRecord) -> None: ...
     async def get(self, batch_id: str, owner: str | None = None) -> BatchRecord | None: ...
-    async def page(self, owner: str, *, limit: int, after: str | None) -> Page:
-        """Newest first (by creation, not `created_at`), as OpenAI lists them."""
+    async def page(self, owner: str, *, limit: int, after: str | None, before: str | None = None,
+                   kind: str | None = None) -> Page:
+        """Newest first (by creation, not `created_at`), as OpenAI lists them: those created before `after`
+        or, with `before`, the `limit` created just after it (Anthropic's `before_id`). `kind`: only ids of
+        that kind (`batch`, `msgbatch`: one API family's); None: every kind (the dashboard)."""
     async def update(
         self, batch_id: str, fields: BatchFields, *, if_status: Collection[BatchStatus] | None = None
     ) -> bool:
         """Set record fields; with `if_status`, only when the status is one of those (atomic). True if applied."""
+    async def delete(self, batch_id: str, owner: str) -> bool:
+        """Remove a finished batch's record (Anthropic's `DELETE`); False when there is none of the owner's
+        or it is not finished."""
     async def active(self) -> list[BatchRecord]:
         """Batches not yet finished (for recovery and expiry)."""
 

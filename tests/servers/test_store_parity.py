@@ -125,6 +125,29 @@ async def _batches(store: Store) -> list[Any]:
     return out
 
 
+async def _batch_kinds(store: Store) -> list[Any]:
+    """A page of one kind of id (`batch`, `msgbatch`: one API family's) or all, either way from a cursor
+    (`after`: older, `before`: newer); `delete` takes only a finished batch of its owner's."""
+    batches, out = store.batches, []
+    ids = ["batch_1", "msgbatch_1", "batch_2", "msgbatch_2", "msgbatch_3", "batch_3"]
+    for i, bid in enumerate(ids):
+        await batches.put(_batch(bid, "team", 1000 + i))
+    await batches.put(_batch("msgbatch_o", "other", 5))
+    for kind in (None, "batch", "msgbatch"):
+        for cursor in (None, "msgbatch_1", "batch_2", "msgbatch_3"):
+            for limit in (1, 2, 5):
+                out.append([kind, cursor, limit, _page(await batches.page("team", limit=limit, after=cursor,
+                                                                          kind=kind)),
+                            _page(await batches.page("team", limit=limit, after=None, before=cursor, kind=kind))])
+    await batches.update("msgbatch_2", {"status": BatchStatus.COMPLETED, "completed_at": 9})
+    out.append([await batches.delete("msgbatch_1", "team"), await batches.delete("msgbatch_2", "other"),
+                await batches.delete("missing", "team")])  # running, another's, none
+    out.append([await batches.delete("msgbatch_2", "team"), await batches.get("msgbatch_2")])
+    out.append([_page(await batches.page("team", limit=10, after=None, kind="msgbatch")),
+                [b.id for b in await batches.active()]])
+    return out
+
+
 async def _ledger(store: Store) -> list[Any]:
     """Every `ShardLedger` call: shards, attempts, the journal, and the counters it moves in the batch."""
     ledger, out = store.ledger, []
@@ -269,7 +292,8 @@ async def _idempotency(store: Store) -> list[Any]:
 
 
 SCENARIOS: dict[str, Callable[[Store], Awaitable[list[Any]]]] = {
-    "files": _files, "batches": _batches, "ledger": _ledger, "backend_state": _backend_state, "quota": _quota,
+    "files": _files, "batches": _batches, "batch_kinds": _batch_kinds, "ledger": _ledger,
+    "backend_state": _backend_state, "quota": _quota,
     "rates": _rates, "idempotency": _idempotency,
 }
 

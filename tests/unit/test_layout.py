@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gateway.scheduling",),
     ("gateway.store", "gateway.metrics"),
     ("gateway.backends", "gateway.webhooks"),
-    ("gateway.pipeline", "providers", "local_engine"),
+    ("gateway.pipeline", "gateway.message_batches", "providers", "local_engine"),
     ("gateway.runtime",),
     ("gateway.api",),
     ("gateway.cli",),

@@ -50,3 +50,24 @@ def test_a_deployments_configured_prices_win_and_only_numbers_count() -> None:
     assert prices.prices("b") is None  # a string is no price, and the price map has none for it
     assert prices.for_deployment("a", {"usage": {"prompt_tokens": 1000, "completion_tokens": 100}}) == (
         pytest.approx(1000 * 1e-6 + 100 * 3e-6))
+
+
+def test_anthropic_usage_counts_as_openai_counts_it() -> None:
+    """An Anthropic `message`'s usage leaves cache reads and writes out of `input_tokens`: they count as input
+    (the reads also as cached), so a budget and a tpm limit see every prompt token."""
+    body = {"type": "message", "usage": {"input_tokens": 10, "output_tokens": 7, "cache_read_input_tokens": 100,
+                                         "cache_creation_input_tokens": 5}}
+    assert Usage.read(body) == (Usage(input_tokens=115, output_tokens=7, cached_tokens=100), False)
+    assert Usage.read({"usage": {"input_tokens": 3, "output_tokens": 4, "cache_read_input_tokens": None}}) == (
+        Usage(input_tokens=3, output_tokens=4), False)
+    assert Usage.read({"usage": {"input_tokens": 3, "output_tokens": 4, "cache_read_input_tokens": -1}})[1]
+
+
+def test_an_adapter_replys_deployment_prices_it() -> None:
+    """LiteLLM's Anthropic-messages adapter answers a dict with `_hidden_params` in it: the deployment it names
+    is the one whose prices apply."""
+    prices = DeploymentPrices([{"model_name": "m", "litellm_params": {"model": "openai/x"},
+                                "model_info": {"id": "d1", "input_cost_per_token": 0.5,
+                                               "output_cost_per_token": 1.0}}])
+    body = {"type": "message", "usage": {"input_tokens": 2, "output_tokens": 3}}
+    assert prices.cost({**body, "_hidden_params": {"model_id": "d1"}}, body) == 4.0

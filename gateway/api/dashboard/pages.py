@@ -29,6 +29,7 @@ from gateway.api.deps import bad_request, runtime_of
 from gateway.api.http_errors import ApiError
 from gateway.api.teams_view import team_states
 from gateway.pipeline.coordinator import unavailable_routes
+from gateway.records import MESSAGE_BATCH_KIND
 from gateway.store.objects import BatchRecord, Page
 from gateway.store.protocols import Store
 
@@ -237,4 +238,6 @@ async def batch_results(request: Request, batch_id: str, after: str | None = Non
     viewer = _viewer(request)
     if viewer is None:
         return _to_login()
+    if batch_id.startswith(MESSAGE_BATCH_KIND + "_"):  # a Message Batch's: its id, checked as any other
+        return await batches.results_reply(request, viewer, batch_id, after, limit)
     return await batches.batch_results(request, viewer, batch_id, after, limit)

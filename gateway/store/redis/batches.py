@@ -23,6 +23,7 @@ from gateway.store.redis.keys import Keys
 
 _COUNTERS = ("completed", "failed", "input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens")
 _RECORD_FIELDS = tuple(f.name for f in dataclass_fields(BatchRecord))
+_WINDOW = 500  # ids read per step while a page picks one kind of id out of the owner's index
 
 _PUT_BATCH = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return redis.error_reply('batch ' .. ARGV[1] .. ' exists') end
@@ -56,6 +57,17 @@ return 1
 """
 
 
+# KEYS: the batch, its owner's index; ARGV: batch id, owner (JSON), the unfinished statuses (JSON)
+_DELETE_BATCH = """
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[2] then return 0 end
+local status = redis.call('HGET', KEYS[1], 'status')
+for j = 3, #ARGV do if ARGV[j] == status then return 0 end end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"""
+
+
 def _encode(value: Any) -> str:
     return json.dumps(value.value if isinstance(value, BatchStatus) else value)
 
@@ -75,6 +87,7 @@ class RedisBatches:
         self._r, self._k = client, keys
         self._put_batch = client.register_script(_PUT_BATCH)
         self._update_batch = client.register_script(_UPDATE_BATCH)
+        self._delete_batch = client.register_script(_DELETE_BATCH)
 
     async def put(self, rec: BatchRecord) -> None:
         data = rec.to_json()
@@ -103,16 +116,35 @@ class RedisBatches:
             raws = await p.execute()
         return [_decode_batch(raw) for raw in raws if raw]
 
-    async def page(self, owner: str, *, limit: int, after: str | None) -> Page:
+    async def page(self, owner: str, *, limit: int, after: str | None, before: str | None = None,
+                   kind: str | None = None) -> Page:
         index = self._k.batches(owner)
-        anchor = await self._r.zscore(index, after) if after else None
-        if anchor is None:
-            ids = await self._r.zrevrange(index, 0, limit)
-        else:
-            ids = await self._r.zrevrangebyscore(index, f"({int(anchor)}", "-inf", start=0, num=limit + 1)
+        newer = bool(before)
+        cursor = before if newer else after
+        anchor = await self._r.zscore(index, cursor) if cursor else None
+        # One index per owner holds every kind: a kind's ids are picked from it by prefix, a window of ids
+        # at a time (ids only: no record is read for an id of another kind).
+        prefix = f"{kind}_" if kind is not None else ""
+        ids: list[str] = []
+        low, high = ("-inf", "+inf") if anchor is None else ((f"({int(anchor)}", "+inf") if newer
+                                                                 else ("-inf", f"({int(anchor)}"))
+        start, window = 0, max(limit + 1, _WINDOW)
+        while len(ids) <= limit:
+            if newer:
+                got = await self._r.zrangebyscore(index, low, high, start=start, num=window)
+            else:
+                got = await self._r.zrevrangebyscore(index, high, low, start=start, num=window)
+            ids += [i for i in cast(list[str], got) if i.startswith(prefix)]
+            if len(got) < window:
+                break
+            start += window
         # an index names ids; the records say whose they are: only the owner's are listed
-        data = [b for b in await self._batches(cast(list[str], ids)) if b.owner == owner]
-        return Page(data=data[:limit], has_more=len(data) > limit)
+        data = [b for b in await self._batches(ids[:limit + 1]) if b.owner == owner]
+        has_more = len(data) > limit
+        data = data[:limit]
+        if newer:  # the page just after the cursor, still listed newest first
+            data.reverse()
+        return Page(data=data, has_more=has_more)
 
     async def update(
         self, batch_id: str, fields: BatchFields, *, if_status: Collection[BatchStatus] | None = None
@@ -132,6 +164,11 @@ class RedisBatches:
             args += [name, json.dumps(value)]
         applied = await self._update_batch(keys=[self._k.batch(batch_id), self._k.active], args=args)
         return bool(applied)
+
+    async def delete(self, batch_id: str, owner: str) -> bool:
+        unfinished = [_encode(s) for s in BatchStatus if not s.finished]
+        keys = [self._k.batch(batch_id), self._k.batches(owner)]
+        return bool(await self._delete_batch(keys=keys, args=[batch_id, _encode(owner), *unfinished]))
 
     async def active(self) -> list[BatchRecord]:
         ids = await self._r.zrange(self._k.active, 0, -1)

@@ -58,17 +58,26 @@ class SQLiteBatches:
         return _row_to_batch(row[1:])
 
     @off_loop
-    def page(self, owner: str, *, limit: int, after: str | None) -> Page:
+    def page(self, owner: str, *, limit: int, after: str | None, before: str | None = None,
+             kind: str | None = None) -> Page:
         where, args = "owner = ?", [owner]
-        if after:
-            anchor = self._db.execute("SELECT seq FROM batches WHERE id = ? AND owner = ?", (after, owner)).fetchone()
+        if kind is not None:  # ids are `{kind}_{hex}`: `_` is LIKE's wildcard, escaped
+            where += " AND id LIKE ? ESCAPE '\\'"
+            args.append(f"{kind}\\_%")
+        cursor, newer = (before, True) if before else (after, False)
+        if cursor:
+            anchor = self._db.execute("SELECT seq FROM batches WHERE id = ? AND owner = ?", (cursor, owner)).fetchone()
             if anchor is not None:
-                where += " AND seq < ?"
+                where += " AND seq > ?" if newer else " AND seq < ?"
                 args.append(anchor[0])
         rows = self._db.execute(
-            f"SELECT {_COLUMNS} FROM batches WHERE {where} ORDER BY seq DESC LIMIT ?", (*args, limit + 1)
+            f"SELECT {_COLUMNS} FROM batches WHERE {where} ORDER BY seq {'ASC' if newer else 'DESC'} LIMIT ?",
+            (*args, limit + 1),
         ).fetchall()
-        return Page(data=[_row_to_batch(r) for r in rows[:limit]], has_more=len(rows) > limit)
+        kept = rows[:limit]
+        if newer:  # the page just after the cursor, still listed newest first
+            kept.reverse()
+        return Page(data=[_row_to_batch(r) for r in kept], has_more=len(rows) > limit)
 
     @off_loop
     def update(
@@ -87,6 +96,14 @@ class SQLiteBatches:
                 "UPDATE batches SET data = ?, status = ? WHERE id = ?", (json.dumps(data), data["status"], batch_id)
             )
         return True
+
+    @off_loop
+    def delete(self, batch_id: str, owner: str) -> bool:
+        marks = ",".join("?" * len(_ACTIVE))
+        with immediate(self._db):
+            gone = self._db.execute(f"DELETE FROM batches WHERE id = ? AND owner = ? AND status NOT IN ({marks})",
+                                    (batch_id, owner, *_ACTIVE))
+        return gone.rowcount > 0
 
     @off_loop
     def active(self) -> list[BatchRecord]:

@@ -1,0 +1,281 @@
+"""Anthropic's Message Batches API (`/v1/messages/batches`), as the anthropic SDK calls it.
+
+A sub-application mounted at `/v1/messages`, so that every reply under it, auth failures and unknown
+paths included, is in Anthropic's error shape (`{"type": "error", "error": {"type", "message"}}`), never
+OpenAI's. A batch's `requests` become the pipeline's input lines (`/v1/messages` calls) in an input file
+of its own, kept out of the team's files list, and the batch is created through the same intake as an
+OpenAI batch: same shards, workers, finalizer, quotas, budgets, deadlines, dashboard and metrics. Its
+params are checked per request (the intake's non-strict mode): a bad one is that request's `errored`
+result. The words (envelope, batch object, results) are `gateway.message_batches`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from gateway.api.auth import Principal
+from gateway.api.deps import Caller, runtime_of
+from gateway.api.form import Body
+from gateway.api.http_errors import ApiError
+from gateway.errors import Conflict, GatewayError, NotFound, OverQuota, TooLarge, shown
+from gateway.json_codec import dumps, loads, loads_checked
+from gateway.message_batches.outcomes import message_result, request_counts
+from gateway.message_batches.wire import (
+    COMPLETION_WINDOW,
+    MAX_BODY_BYTES,
+    CreateMessageBatch,
+    EnvelopeError,
+    batch_object,
+    error_body,
+    error_type,
+    input_line,
+    parse_create,
+)
+from gateway.records import MESSAGE_BATCH_KIND, BatchStatus, Endpoint
+from gateway.store.lines import read_lines
+from gateway.store.objects import BatchOptions, BatchRecord, RequestCounts
+
+if TYPE_CHECKING:
+    from gateway.runtime.root import Runtime
+
+log = logging.getLogger(__name__)
+
+router = APIRouter()
+
+_MAX_DEPTH = 160  # containers a create body may nest: a request's params (tool schemas) under two levels
+_LINES_PER_CHUNK = 500  # input lines written per chunk of the internal input file
+_MAX_LIST = 1000  # Anthropic's bound on `limit`
+
+
+class AnthropicError(Exception):
+    def __init__(self, status: int, message: str, type_: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type = status, message, type_ or error_type(status)
+
+
+def _input_owner(owner: str) -> str:
+    """The owner of a Message Batch's input file: not the team's, so the team's OpenAI files list (and its
+    ids) never show it; the batch record names it."""
+    return f"{owner}\x1f{MESSAGE_BATCH_KIND}"
+
+
+def _not_found(batch_id: str) -> AnthropicError:
+    return AnthropicError(404, f"Message Batch '{shown(batch_id)}' not found.")
+
+
+async def _batch(request: Request, caller: Principal, batch_id: str) -> BatchRecord:
+    """The caller's Message Batch: an OpenAI batch's id, another team's or an unknown one is a 404."""
+    if not batch_id.startswith(MESSAGE_BATCH_KIND + "_"):
+        raise _not_found(batch_id)
+    rec = await runtime_of(request).store.batches.get(batch_id, caller.owner)
+    if rec is None:
+        raise _not_found(batch_id)
+    return rec
+
+
+def _object(request: Request, rec: BatchRecord) -> dict[str, Any]:
+    url = str(request.url.replace(path=f"/v1/messages/batches/{rec.id}/results", query=""))
+    return batch_object(rec, request_counts(rec), url)
+
+
+@router.post("/batches")
+async def create(request: Request, caller: Caller) -> JSONResponse:
+    raw = bytearray()
+    async for chunk in Body(request.receive).chunks():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise AnthropicError(413, f"Request exceeds the maximum allowed number of bytes ({MAX_BODY_BYTES}).")
+    body = await asyncio.to_thread(_parse, bytes(raw))  # seconds of CPU for a full batch: off the API's loop
+    del raw
+    runtime = runtime_of(request)
+    service = runtime.service
+
+    async def lines() -> AsyncIterator[bytes]:
+        for start in range(0, len(body.requests), _LINES_PER_CHUNK):
+            yield b"".join(dumps(input_line(r)) + b"\n" for r in body.requests[start:start + _LINES_PER_CHUNK])
+
+    hidden = _input_owner(caller.owner)
+    source = await service.upload_file(hidden, "message_batch_requests.jsonl", "batch", lines())
+    try:
+        rec = await service.create_batch(
+            caller.owner, input_file_id=source.id, endpoint=Endpoint.MESSAGES.value,
+            completion_window=COMPLETION_WINDOW, allowed_models=caller.allowed_models,
+            options=BatchOptions(strict=False, split_errors=False), kind=MESSAGE_BATCH_KIND, input_owner=hidden,
+        )
+    except BaseException:
+        await service.delete_file(source.id, hidden)
+        raise
+    # Known now: `request_counts.processing` from the first GET, before validation has counted the lines.
+    await runtime.store.batches.update(rec.id, {"counts": RequestCounts(total=len(body.requests))})
+    rec.counts.total = len(body.requests)
+    return JSONResponse(_object(request, rec))
+
+
+def _parse(raw: bytes) -> CreateMessageBatch:
+    try:
+        data = loads_checked(raw, _MAX_DEPTH)
+    except ValueError as exc:
+        raise AnthropicError(400, f"The request body is not valid JSON ({shown(exc)}).") from None
+    try:
+        return parse_create(data)
+    except EnvelopeError as exc:
+        raise AnthropicError(400, str(exc)) from None
+
+
+@router.get("/batches")
+async def list_batches(request: Request, caller: Caller, limit: int = 20, before_id: str | None = None,
+                       after_id: str | None = None) -> JSONResponse:
+    if not 1 <= limit <= _MAX_LIST:
+        raise AnthropicError(400, f"limit: Input should be between 1 and {_MAX_LIST}")
+    if before_id and after_id:
+        raise AnthropicError(400, "Only one of before_id and after_id may be given.")
+    page = await runtime_of(request).store.batches.page(caller.owner, limit=limit, after=after_id, before=before_id,
+                                                        kind=MESSAGE_BATCH_KIND)
+    data = [_object(request, rec) for rec in page.data]
+    return JSONResponse({"data": data, "has_more": page.has_more,
+                         "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None})
+
+
+@router.get("/batches/{batch_id}")
+async def retrieve(request: Request, caller: Caller, batch_id: str) -> JSONResponse:
+    return JSONResponse(_object(request, await _batch(request, caller, batch_id)))
+
+
+@router.post("/batches/{batch_id}/cancel")
+async def cancel(request: Request, caller: Caller, batch_id: str) -> JSONResponse:
+    rec = await _batch(request, caller, batch_id)
+    if not rec.status.finished:
+        rec = await runtime_of(request).service.cancel_batch(rec.id, caller.owner)
+    return JSONResponse(_object(request, rec))  # an ended batch stays as it ended, as Anthropic's
+
+
+@router.delete("/batches/{batch_id}")
+async def delete(request: Request, caller: Caller, batch_id: str) -> JSONResponse:
+    rec = await _batch(request, caller, batch_id)
+    if not rec.status.finished:
+        raise AnthropicError(400, f"Message Batch '{rec.id}' is still being processed and cannot be deleted; "
+                                  "cancel it first, and delete it once it has ended.")
+    runtime = runtime_of(request)
+    if not await runtime.store.batches.delete(rec.id, caller.owner):
+        raise _not_found(batch_id)
+    await _forget_files(runtime, rec)
+    return JSONResponse({"id": rec.id, "type": "message_batch_deleted"})
+
+
+async def _forget_files(runtime: Runtime, rec: BatchRecord) -> None:
+    """A deleted batch's files: its input, its output (the results) and the order index beside it."""
+    await runtime.service.delete_file(rec.input_file_id, _input_owner(rec.owner))
+    for file_id in (rec.output_file_id, rec.error_file_id):
+        if file_id:
+            await runtime.service.delete_file(file_id, rec.owner)
+    await runtime.blobs.delete(f"results/{rec.id}.order")
+
+
+@router.get("/batches/{batch_id}/results")
+async def results(request: Request, caller: Caller, batch_id: str) -> Response:
+    """The results as JSONL, one line per request in input order, streamed (one line held at a time)."""
+    rec = await _batch(request, caller, batch_id)
+    if not rec.status.finished:
+        raise AnthropicError(400, f"Message Batch '{rec.id}' has not ended yet; its results are available once "
+                                  "its processing_status is 'ended'.")
+    runtime = runtime_of(request)
+    output = await runtime.store.files.get(rec.output_file_id, rec.owner) if rec.output_file_id else None
+    lines = _result_lines(runtime, output.blob_key) if output is not None else await _unrun_lines(runtime, rec)
+    return StreamingResponse(lines, media_type="application/binary")
+
+
+async def _result_lines(runtime: Runtime, key: str) -> AsyncIterator[bytes]:
+    async for raw in read_lines(runtime.blobs, key):
+        if raw:
+            yield dumps(message_result(loads(raw))) + b"\n"
+
+
+async def _unrun_lines(runtime: Runtime, rec: BatchRecord) -> AsyncIterator[bytes]:
+    """A batch that ended before any request ran (cancelled, expired or failed while validating) has no
+    output: each request's result is what ended it, read from its input file."""
+    kind = {BatchStatus.CANCELLED: "canceled", BatchStatus.EXPIRED: "expired"}.get(rec.status)
+    source = await runtime.store.files.get(rec.input_file_id, _input_owner(rec.owner))
+    if source is None:
+        return _empty()
+    result: dict[str, Any] = {"type": kind} if kind else {"type": "errored", "error": error_body(
+        "api_error", "; ".join(str(e.get("message")) for e in rec.errors) or "The batch failed.")}
+
+    async def lines() -> AsyncIterator[bytes]:
+        async for raw in read_lines(runtime.blobs, source.blob_key):
+            if raw:
+                yield dumps({"custom_id": loads(raw).get("custom_id"), "result": result}) + b"\n"
+
+    return lines()
+
+
+async def _empty() -> AsyncIterator[bytes]:
+    return
+    yield b""
+
+
+# -- errors, in Anthropic's shape ---------------------------------------------------------------------------
+
+def _reply(status: int, message: str, type_: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(type_ or error_type(status), message), status_code=status)
+
+
+async def _anthropic_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, AnthropicError)
+    return _reply(exc.status, exc.message, exc.type)
+
+
+async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return _reply(exc.status, exc.message)  # a 401 is an authentication_error, a 413 request_too_large
+
+
+_STATUS: list[tuple[type[GatewayError], int]] = [(NotFound, 404), (TooLarge, 413), (OverQuota, 429), (Conflict, 400)]
+
+
+async def _gateway_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, GatewayError)
+    return _reply(next((s for kind, s in _STATUS if isinstance(exc, kind)), 400), exc.message)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return _reply(404, f"Not found: {request.method} {request.url.path}")
+    return _reply(exc.status_code, str(exc.detail))
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    first: dict[str, Any] = next(iter(exc.errors()), {})
+    where = ".".join(str(p) for p in first.get("loc", ())[1:]) or "request"
+    return _reply(400, f"{where}: {first.get('msg', 'invalid')}")
+
+
+async def _unexpected(_: Request, __: Exception) -> JSONResponse:
+    return _reply(500, "Internal server error")
+
+
+def message_batches_app(parent: FastAPI) -> FastAPI:
+    """The sub-application to mount at `/v1/messages`: the parent's runtime and keys, Anthropic's errors."""
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.runtime = parent.state.runtime
+    app.state.auth = parent.state.auth
+    app.include_router(router)
+    app.add_exception_handler(AnthropicError, _anthropic_error)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(GatewayError, _gateway_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _unexpected)
+    return app
+
+
+__all__ = ["message_batches_app"]

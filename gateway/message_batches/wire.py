@@ -1,0 +1,120 @@
+"""Anthropic's Message Batches on the wire: what `POST /v1/messages/batches` accepts, the batch object the
+anthropic SDK's `MessageBatch` type reads, and Anthropic's error shape.
+
+Only the envelope is checked at create (`requests` within Anthropic's limits, each `custom_id` by its rule,
+`params` an object), as Anthropic checks it; each request's `params` are checked per request while the batch
+runs, and a bad one is that request's `errored` result, never a failed batch.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from gateway.records import BatchStatus
+from gateway.store.objects import BatchRecord
+
+MAX_REQUESTS = 100_000  # Anthropic's limits on one Message Batch
+MAX_BODY_BYTES = 256 * 1024 * 1024
+CUSTOM_ID_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+COMPLETION_WINDOW = "24h"  # a Message Batch expires 24 hours after it is created
+
+# Anthropic's error types by HTTP status (its "Errors" reference); anything else 5xx is an api_error.
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
+               403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+               429: "rate_limit_error", 500: "api_error", 503: "overloaded_error", 504: "timeout_error",
+               529: "overloaded_error"}
+
+
+def error_type(status: int) -> str:
+    return ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+def error_body(type_: str, message: str) -> dict[str, Any]:
+    """Anthropic's error shape: `{"type": "error", "error": {"type", "message"}}`."""
+    return {"type": "error", "error": {"type": type_, "message": message}}
+
+
+class MessageBatchRequest(BaseModel):
+    """One of `requests`: the SDK's `batch_create_params.Request`."""
+
+    model_config = ConfigDict(extra="forbid")
+    custom_id: Annotated[str, StringConstraints(strict=True, pattern=CUSTOM_ID_PATTERN)]
+    params: dict[str, Any]
+
+
+class CreateMessageBatch(BaseModel):
+    """The body of `POST /v1/messages/batches`."""
+
+    model_config = ConfigDict(extra="forbid")
+    requests: Annotated[list[MessageBatchRequest], Field(min_length=1, max_length=MAX_REQUESTS)]
+
+
+class EnvelopeError(ValueError):
+    """A create body Anthropic refuses whole (400 invalid_request_error); the message names the field."""
+
+
+def parse_create(data: Any) -> CreateMessageBatch:
+    """The create body checked as Anthropic checks it, or an `EnvelopeError` naming the first problem
+    (`requests.3.custom_id: String should match pattern …`, pydantic's words, as Anthropic's replies are)."""
+    try:
+        body = CreateMessageBatch.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise EnvelopeError(f"{where}: {first['msg']}") from None
+    seen: set[str] = set()
+    for i, request in enumerate(body.requests):
+        if request.custom_id in seen:
+            raise EnvelopeError(f"requests.{i}.custom_id: Duplicate custom_id '{request.custom_id}'; each "
+                                "request in a Message Batch needs a unique custom_id.")
+        seen.add(request.custom_id)
+    return body
+
+
+def input_line(request: MessageBatchRequest) -> dict[str, Any]:
+    """The pipeline's input line for one request: a `/v1/messages` call with its params as the body."""
+    return {"custom_id": request.custom_id, "method": "POST", "url": "/v1/messages", "body": request.params}
+
+
+def rfc3339(at: int | None) -> str | None:
+    return None if at is None else datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
+
+
+def processing_status(status: BatchStatus) -> str:
+    if status.finished:
+        return "ended"
+    return "canceling" if status is BatchStatus.CANCELLING else "in_progress"
+
+
+def ended_at(rec: BatchRecord) -> int | None:
+    if not rec.status.finished:
+        return None
+    return rec.completed_at or rec.cancelled_at or rec.expired_at or rec.failed_at or rec.finalizing_at \
+        or rec.cancelling_at or rec.created_at
+
+
+def batch_object(rec: BatchRecord, request_counts: dict[str, int], results_url: str) -> dict[str, Any]:
+    """The SDK's `MessageBatch`: `results_url` only once the batch has ended, as Anthropic's."""
+    ended = rec.status.finished
+    return {
+        "id": rec.id,
+        "type": "message_batch",
+        "processing_status": processing_status(rec.status),
+        "request_counts": request_counts,
+        "created_at": rfc3339(rec.created_at),
+        "expires_at": rfc3339(rec.expires_at),
+        "ended_at": rfc3339(ended_at(rec)),
+        "cancel_initiated_at": rfc3339(rec.cancelling_at),
+        "archived_at": None,
+        "results_url": results_url if ended else None,
+    }
+
+
+__all__ = [
+    "COMPLETION_WINDOW", "CUSTOM_ID_PATTERN", "ERROR_TYPES", "MAX_BODY_BYTES", "MAX_REQUESTS", "CreateMessageBatch",
+    "EnvelopeError", "MessageBatchRequest", "batch_object", "error_body", "error_type", "input_line",
+    "parse_create", "processing_status", "rfc3339",
+]
