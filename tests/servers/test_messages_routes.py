@@ -85,7 +85,7 @@ def test_messages_lines_on_upstream_routes(upstream: Upstream, claude: Stub, tmp
     lines = [
         msg("openai", "gpt", "hello there", system="Answer briefly."),
         msg("priced", "priced", "one two three", stop_sequences=["END"]),
-        msg("claude", "claude-now", "hi claude"),
+        msg("claude", "claude-now", "hi claude", metadata={"user_id": "u-1"}),
         msg("retried", "priced", "flaky #fail:503x1"),
         msg("bad", "priced", "no #fail:400"),
         msg("limited", "gpt", "slow down #fail:429"),
@@ -108,6 +108,7 @@ def test_messages_lines_on_upstream_routes(upstream: Upstream, claude: Stub, tmp
     assert after.get("/v1/chat/completions", 0) - before.get("/v1/chat/completions", 0) >= 5
     # anthropic/: its own Messages API (the overloaded line retried, as the Router retries a 529)
     assert claude.stats().get("messages", 0) - claude_before == 1 + 3
+    assert {"user_id": "u-1"} in [p.get("metadata") for p in claude.stats()["params_seen"]]  # Anthropic's, sent
 
     assert "Injected failure 400" in anthropic_error(out["bad"], 400, "invalid_request_error")
     anthropic_error(out["limited"], 429, "rate_limit_error")
@@ -128,8 +129,9 @@ def test_messages_lines_on_upstream_routes(upstream: Upstream, claude: Stub, tmp
 
 
 def test_a_line_carries_data_never_configuration(upstream: Upstream, claude: Stub, tmp_path: Path) -> None:
-    """A Messages line takes the fields Anthropic documents and nothing of LiteLLM's: a key, a URL, a mock or
-    headers is that line's 400 under our code, sent nowhere; so is a line without `max_tokens`, or streamed."""
+    """A Messages line takes the fields Anthropic documents and nothing of LiteLLM's: a key, a URL, a mock,
+    headers or metadata beyond Anthropic's `user_id` is that line's 400 under our code, sent nowhere; so is a
+    line without `max_tokens`, or streamed."""
     cfg = config(tmp_path / "c.yaml", upstream, claude)
     lines = [
         msg("api_base", "gpt", "hi", api_base="http://127.0.0.1:9/v1"),
@@ -137,6 +139,7 @@ def test_a_line_carries_data_never_configuration(upstream: Upstream, claude: Stu
         msg("extra_headers", "claude-now", "hi", extra_headers={"x-api-key": "stolen"}),
         req("no-max", "/v1/messages", model="gpt", messages=[{"role": "user", "content": "hi"}]),
         msg("streamed", "gpt", "hi", stream=True),
+        msg("litellm-metadata", "priced", "hi", metadata={"user_id": "u-1", "tags": ["cheap"]}),
     ]
     before = upstream.stats()["requests"]
     _, out = run(tmp_path, cfg, lines)
@@ -146,6 +149,9 @@ def test_a_line_carries_data_never_configuration(upstream: Upstream, claude: Stu
         assert response["body"]["error"]["code"] == "unknown_parameter" and response["body"]["error"]["param"] == name
     assert out["no-max"]["response"]["body"]["error"]["code"] == "missing_required_parameter"
     assert out["streamed"]["response"]["body"]["error"]["code"] == "streaming_unsupported"
+    # Anthropic's `metadata` is `user_id` alone (the claude line above sends one); more is LiteLLM's to read
+    own = out["litellm-metadata"]["response"]["body"]["error"]
+    assert (own["code"], own["param"]) == ("unsupported_parameter", "metadata")
     assert upstream.stats()["requests"] == before
 
 
