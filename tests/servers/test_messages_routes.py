@@ -40,6 +40,8 @@ model_list:
   - model_name: priced
     litellm_params: {{model: hosted_vllm/house-model, api_base: "{up.v1_url}"}}
     model_info: {{input_cost_per_token: {PRICE_IN}, output_cost_per_token: {PRICE_OUT}}}
+  - model_name: impatient
+    litellm_params: {{model: hosted_vllm/house-model, api_base: "{up.v1_url}", timeout: 0.5}}
   - model_name: claude-now
     litellm_params: {{model: anthropic/claude-haiku-4-5, api_key: sk-ant, api_base: "{claude.url}"}}
   - model_name: claude-batch
@@ -91,6 +93,7 @@ def test_messages_lines_on_upstream_routes(upstream: Upstream, claude: Stub, tmp
         msg("limited", "gpt", "slow down #fail:429"),
         msg("down", "priced", "down #fail:500"),
         msg("overloaded", "claude-now", "busy #fail:overloaded_error"),
+        msg("timed-out", "impatient", "too slow #sleep:3000"),
     ]
     before = upstream.stats()["by_path"]
     claude_before = claude.stats().get("messages", 0)
@@ -114,6 +117,8 @@ def test_messages_lines_on_upstream_routes(upstream: Upstream, claude: Stub, tmp
     anthropic_error(out["limited"], 429, "rate_limit_error")
     anthropic_error(out["down"], 500, "api_error")
     assert "overloaded_error" in anthropic_error(out["overloaded"], 529, "overloaded_error")
+    # no answer at all: no response, our code (as on every upstream line)
+    assert out["timed-out"]["response"] is None and out["timed-out"]["error"]["code"] == "upstream_timeout"
 
     # usage: Anthropic's input_tokens/output_tokens are the tokens counted and priced
     db = sqlite3.connect(tmp_path / "data" / "batchyard.sqlite3")
