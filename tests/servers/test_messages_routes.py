@@ -9,6 +9,7 @@ gateway refuses before sending it keeps our code.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -163,7 +164,8 @@ def test_a_line_carries_data_never_configuration(upstream: Upstream, claude: Stu
 def test_messages_lines_on_a_native_anthropic_route(upstream: Upstream, claude: Stub, tmp_path: Path) -> None:
     """On a native Anthropic route a Messages line goes into Anthropic's Message Batch as it is (the model the
     deployment names, nothing else changed) and its result comes back as Anthropic sent it; a chat line on the
-    same route is still translated both ways. Other providers' batch jobs take no Messages line: its 400."""
+    same route is still translated both ways; the tokens count at Anthropic's batch rates. Other providers'
+    batch jobs take no Messages line: its 400."""
     cfg = config(tmp_path / "c.yaml", upstream, claude)
     params = {"system": "Be brief.", "stop_sequences": ["END"], "metadata": {"user_id": "u-1"},
               "service_tier": "auto"}
@@ -205,3 +207,7 @@ def test_messages_lines_on_a_native_anthropic_route(upstream: Upstream, claude: 
     chat_usage = chat["body"]["usage"]
     assert (tokens_in, tokens_out) == (usage["input_tokens"] + chat_usage["prompt_tokens"],
                                        usage["output_tokens"] + chat_usage["completion_tokens"])
+    (data,), = db.execute("SELECT data FROM batches").fetchall()
+    routes = json.loads(data)["routes"]
+    assert routes["claude-batch"]["cost_usd"] == pytest.approx(tokens_in * HAIKU_BATCH[0] + tokens_out * HAIKU_BATCH[1])
+    assert len(routes["claude-batch"]["upstream_batch_ids"]) == 2  # the Messages lines' batch, the chat line's
