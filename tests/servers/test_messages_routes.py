@@ -195,7 +195,9 @@ def test_messages_lines_on_a_native_anthropic_route(upstream: Upstream, claude: 
 
     refused = out["openai-native"]["response"]
     assert refused["status_code"] == 400 and refused["body"]["error"]["code"] == "unsupported_endpoint"
-    assert refused["body"]["error"]["message"] == "/v1/messages is not supported in openai batches"
+    assert refused["body"]["error"]["message"] == (
+        "/v1/messages is not supported in openai batches; Anthropic's Messages run natively on anthropic/ "
+        "deployments, in real time on any")
     own = out["native-refused"]["response"]["body"]["error"]
     assert (own["code"], own["param"]) == ("unknown_parameter", "api_key")
 
