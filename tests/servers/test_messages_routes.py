@@ -21,6 +21,7 @@ import pytest
 from tests.fakes.stub_process import Stub, start_stub
 from tests.fakes.upstream.server import Upstream
 from tests.servers.test_upstream_routes import LEAKS, req, run
+from tests.support.server_helpers import read_jsonl, start_gateway, submit, wait_batch
 
 PRICE_IN, PRICE_OUT = 0.001, 0.002
 HAIKU_BATCH = (5e-7, 2.5e-6)  # claude-haiku-4-5's batch prices in LiteLLM's price map (per token)
@@ -213,3 +214,26 @@ def test_messages_lines_on_a_native_anthropic_route(upstream: Upstream, claude: 
     routes = json.loads(data)["routes"]
     assert routes["claude-batch"]["cost_usd"] == pytest.approx(tokens_in * HAIKU_BATCH[0] + tokens_out * HAIKU_BATCH[1])
     assert len(routes["claude-batch"]["upstream_batch_ids"]) == 2  # the Messages lines' batch, the chat line's
+
+
+def test_the_server_runs_messages_lines_in_its_pipeline(upstream: Upstream, claude: Stub, tmp_path: Path) -> None:
+    """The server's batch of Messages lines (what the Message Batches front door hands on) runs through the
+    same workers and finalizer: messages in the output file, Anthropic's errors in the error file."""
+    lines = [json.loads(msg("ok", "priced", "served")), json.loads(msg("bad", "priced", "no #fail:400")),
+             json.loads(msg("claude", "claude-now", "hi"))]
+    config = {"model_list": [
+        {"model_name": "priced", "litellm_params": {"model": "hosted_vllm/house-model", "api_base": upstream.v1_url}},
+        {"model_name": "claude-now", "litellm_params": {"model": "anthropic/claude-haiku-4-5", "api_key": "sk-ant",
+                                                        "api_base": claude.url}},
+    ], "router_settings": {"num_retries": 0}}
+    with start_gateway(config, tmp_path / "data") as gw:
+        client = gw.client(None)
+        done = wait_batch(client, submit(client, lines, endpoint="/v1/messages").id)
+        assert done.status == "completed", done
+        assert done.request_counts is not None and (done.request_counts.completed, done.request_counts.failed) == (
+            2, 1)
+        output = {x["custom_id"]: x for x in read_jsonl(client, done.output_file_id)}
+        errors = {x["custom_id"]: x for x in read_jsonl(client, done.error_file_id)}
+    assert message_of(output["ok"]).content[0].text == "echo: served"  # type: ignore[union-attr]
+    assert message_of(output["claude"]).id.startswith("msg_")
+    anthropic_error(errors["bad"], 400, "invalid_request_error")
