@@ -25,7 +25,8 @@ _LEADING_ROLES = ("system", "developer")
 
 
 def prefix_key(req: BatchRequest) -> tuple[str, str, bytes]:
-    """(model, endpoint, digest of the chat's leading system/developer messages); an empty digest when none."""
+    """(model, endpoint, digest of the chat's leading system/developer messages, or of an Anthropic Messages
+    line's `system`); an empty digest when none."""
     head: list[Any] = []
     if req.url is Endpoint.CHAT:
         messages = req.body.get("messages")
@@ -34,6 +35,8 @@ def prefix_key(req: BatchRequest) -> tuple[str, str, bytes]:
                 if not isinstance(message, dict) or message.get("role") not in _LEADING_ROLES:
                     break
                 head.append(message.get("content"))
+    elif req.url is Endpoint.MESSAGES and req.body.get("system") is not None:
+        head.append(req.body["system"])  # Anthropic's system prompt: a field of its own, ahead of the turns
     digest = hashlib.blake2b(dumps(head), digest_size=16).digest() if head else b""
     return req.model, req.url.value, digest
 

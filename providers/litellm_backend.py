@@ -160,6 +160,8 @@ class LiteLLMBackend:
         if wire:
             return None  # the provider gets the bytes: nothing in them is LiteLLM's, and it fetches media itself
         own = next((f for f in LITELLM_OWN_FIELDS if f in body), None)
+        if own == "metadata" and req.url is Endpoint.MESSAGES and _anthropic_metadata(body["metadata"]):
+            own = None  # Anthropic's own `metadata`; on this path the Router keeps its own in `litellm_metadata`
         if own is not None:
             return unsupported(req, own, "LiteLLM reads it for itself on this provider's path")
         return await refused_media(req, body, self._media_hosts.get(model, frozenset()))
@@ -189,6 +191,11 @@ class LiteLLMBackend:
     def _method(self, endpoint: Endpoint) -> Callable[..., Awaitable[Any]] | None:
         name = ENDPOINTS[endpoint].router_method
         return getattr(self._router, name) if name is not None else None
+
+
+def _anthropic_metadata(value: Any) -> bool:
+    """Anthropic's `metadata` as its API documents it: `user_id` and nothing else (nothing LiteLLM reads)."""
+    return isinstance(value, dict) and set(value) <= {"user_id"} and isinstance(value.get("user_id"), str | None)
 
 
 # LiteLLM's types for these replies add every field they know as null (moderation

@@ -160,8 +160,10 @@ class NativeBatchBackend:
             return
         for req in requests:
             if req.url not in jobs.endpoints:
+                where = ("; Anthropic's Messages run natively on anthropic/ deployments, in real time on any"
+                         if req.url is Endpoint.MESSAGES else "")
                 yield Result.http_error(req.line, req.custom_id, 400, f"{req.url.value} is not supported in "
-                                        f"{provider} batches", type_="invalid_request_error",
+                                        f"{provider} batches{where}", type_="invalid_request_error",
                                         code="unsupported_endpoint", model=req.model)
         parts = [Part.from_json(p) for p in state.get("parts", [])]
         parts = [p for p in parts if p.batch_id or (p.file_id and await self._find(jobs, p))]

@@ -9,6 +9,7 @@ gateway refuses before sending it keeps our code.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 from tests.fakes.stub_process import Stub, start_stub
 from tests.fakes.upstream.server import Upstream
 from tests.servers.test_upstream_routes import LEAKS, req, run
+from tests.support.server_helpers import read_jsonl, start_gateway, submit, wait_batch
 
 PRICE_IN, PRICE_OUT = 0.001, 0.002
 HAIKU_BATCH = (5e-7, 2.5e-6)  # claude-haiku-4-5's batch prices in LiteLLM's price map (per token)
@@ -40,6 +42,8 @@ model_list:
   - model_name: priced
     litellm_params: {{model: hosted_vllm/house-model, api_base: "{up.v1_url}"}}
     model_info: {{input_cost_per_token: {PRICE_IN}, output_cost_per_token: {PRICE_OUT}}}
+  - model_name: impatient
+    litellm_params: {{model: hosted_vllm/house-model, api_base: "{up.v1_url}", timeout: 0.5}}
   - model_name: claude-now
     litellm_params: {{model: anthropic/claude-haiku-4-5, api_key: sk-ant, api_base: "{claude.url}"}}
   - model_name: claude-batch
@@ -85,12 +89,13 @@ def test_messages_lines_on_upstream_routes(upstream: Upstream, claude: Stub, tmp
     lines = [
         msg("openai", "gpt", "hello there", system="Answer briefly."),
         msg("priced", "priced", "one two three", stop_sequences=["END"]),
-        msg("claude", "claude-now", "hi claude"),
+        msg("claude", "claude-now", "hi claude", metadata={"user_id": "u-1"}),
         msg("retried", "priced", "flaky #fail:503x1"),
         msg("bad", "priced", "no #fail:400"),
         msg("limited", "gpt", "slow down #fail:429"),
         msg("down", "priced", "down #fail:500"),
         msg("overloaded", "claude-now", "busy #fail:overloaded_error"),
+        msg("timed-out", "impatient", "too slow #sleep:3000"),
     ]
     before = upstream.stats()["by_path"]
     claude_before = claude.stats().get("messages", 0)
@@ -108,11 +113,14 @@ def test_messages_lines_on_upstream_routes(upstream: Upstream, claude: Stub, tmp
     assert after.get("/v1/chat/completions", 0) - before.get("/v1/chat/completions", 0) >= 5
     # anthropic/: its own Messages API (the overloaded line retried, as the Router retries a 529)
     assert claude.stats().get("messages", 0) - claude_before == 1 + 3
+    assert {"user_id": "u-1"} in [p.get("metadata") for p in claude.stats()["params_seen"]]  # Anthropic's, sent
 
     assert "Injected failure 400" in anthropic_error(out["bad"], 400, "invalid_request_error")
     anthropic_error(out["limited"], 429, "rate_limit_error")
     anthropic_error(out["down"], 500, "api_error")
     assert "overloaded_error" in anthropic_error(out["overloaded"], 529, "overloaded_error")
+    # no answer at all: no response, our code (as on every upstream line)
+    assert out["timed-out"]["response"] is None and out["timed-out"]["error"]["code"] == "upstream_timeout"
 
     # usage: Anthropic's input_tokens/output_tokens are the tokens counted and priced
     db = sqlite3.connect(tmp_path / "data" / "batchyard.sqlite3")
@@ -128,8 +136,9 @@ def test_messages_lines_on_upstream_routes(upstream: Upstream, claude: Stub, tmp
 
 
 def test_a_line_carries_data_never_configuration(upstream: Upstream, claude: Stub, tmp_path: Path) -> None:
-    """A Messages line takes the fields Anthropic documents and nothing of LiteLLM's: a key, a URL, a mock or
-    headers is that line's 400 under our code, sent nowhere; so is a line without `max_tokens`, or streamed."""
+    """A Messages line takes the fields Anthropic documents and nothing of LiteLLM's: a key, a URL, a mock,
+    headers or metadata beyond Anthropic's `user_id` is that line's 400 under our code, sent nowhere; so is a
+    line without `max_tokens`, or streamed."""
     cfg = config(tmp_path / "c.yaml", upstream, claude)
     lines = [
         msg("api_base", "gpt", "hi", api_base="http://127.0.0.1:9/v1"),
@@ -137,6 +146,7 @@ def test_a_line_carries_data_never_configuration(upstream: Upstream, claude: Stu
         msg("extra_headers", "claude-now", "hi", extra_headers={"x-api-key": "stolen"}),
         req("no-max", "/v1/messages", model="gpt", messages=[{"role": "user", "content": "hi"}]),
         msg("streamed", "gpt", "hi", stream=True),
+        msg("litellm-metadata", "priced", "hi", metadata={"user_id": "u-1", "tags": ["cheap"]}),
     ]
     before = upstream.stats()["requests"]
     _, out = run(tmp_path, cfg, lines)
@@ -146,13 +156,17 @@ def test_a_line_carries_data_never_configuration(upstream: Upstream, claude: Stu
         assert response["body"]["error"]["code"] == "unknown_parameter" and response["body"]["error"]["param"] == name
     assert out["no-max"]["response"]["body"]["error"]["code"] == "missing_required_parameter"
     assert out["streamed"]["response"]["body"]["error"]["code"] == "streaming_unsupported"
+    # Anthropic's `metadata` is `user_id` alone (the claude line above sends one); more is LiteLLM's to read
+    own = out["litellm-metadata"]["response"]["body"]["error"]
+    assert (own["code"], own["param"]) == ("unsupported_parameter", "metadata")
     assert upstream.stats()["requests"] == before
 
 
 def test_messages_lines_on_a_native_anthropic_route(upstream: Upstream, claude: Stub, tmp_path: Path) -> None:
     """On a native Anthropic route a Messages line goes into Anthropic's Message Batch as it is (the model the
     deployment names, nothing else changed) and its result comes back as Anthropic sent it; a chat line on the
-    same route is still translated both ways. Other providers' batch jobs take no Messages line: its 400."""
+    same route is still translated both ways; the tokens count at Anthropic's batch rates. Other providers'
+    batch jobs take no Messages line: its 400."""
     cfg = config(tmp_path / "c.yaml", upstream, claude)
     params = {"system": "Be brief.", "stop_sequences": ["END"], "metadata": {"user_id": "u-1"},
               "service_tier": "auto"}
@@ -182,7 +196,9 @@ def test_messages_lines_on_a_native_anthropic_route(upstream: Upstream, claude: 
 
     refused = out["openai-native"]["response"]
     assert refused["status_code"] == 400 and refused["body"]["error"]["code"] == "unsupported_endpoint"
-    assert refused["body"]["error"]["message"] == "/v1/messages is not supported in openai batches"
+    assert refused["body"]["error"]["message"] == (
+        "/v1/messages is not supported in openai batches; Anthropic's Messages run natively on anthropic/ "
+        "deployments, in real time on any")
     own = out["native-refused"]["response"]["body"]["error"]
     assert (own["code"], own["param"]) == ("unknown_parameter", "api_key")
 
@@ -194,3 +210,30 @@ def test_messages_lines_on_a_native_anthropic_route(upstream: Upstream, claude: 
     chat_usage = chat["body"]["usage"]
     assert (tokens_in, tokens_out) == (usage["input_tokens"] + chat_usage["prompt_tokens"],
                                        usage["output_tokens"] + chat_usage["completion_tokens"])
+    (data,), = db.execute("SELECT data FROM batches").fetchall()
+    routes = json.loads(data)["routes"]
+    assert routes["claude-batch"]["cost_usd"] == pytest.approx(tokens_in * HAIKU_BATCH[0] + tokens_out * HAIKU_BATCH[1])
+    assert len(routes["claude-batch"]["upstream_batch_ids"]) == 2  # the Messages lines' batch, the chat line's
+
+
+def test_the_server_runs_messages_lines_in_its_pipeline(upstream: Upstream, claude: Stub, tmp_path: Path) -> None:
+    """The server's batch of Messages lines (what the Message Batches front door hands on) runs through the
+    same workers and finalizer: messages in the output file, Anthropic's errors in the error file."""
+    lines = [json.loads(msg("ok", "priced", "served")), json.loads(msg("bad", "priced", "no #fail:400")),
+             json.loads(msg("claude", "claude-now", "hi"))]
+    config = {"model_list": [
+        {"model_name": "priced", "litellm_params": {"model": "hosted_vllm/house-model", "api_base": upstream.v1_url}},
+        {"model_name": "claude-now", "litellm_params": {"model": "anthropic/claude-haiku-4-5", "api_key": "sk-ant",
+                                                        "api_base": claude.url}},
+    ], "router_settings": {"num_retries": 0}}
+    with start_gateway(config, tmp_path / "data") as gw:
+        client = gw.client(None)
+        done = wait_batch(client, submit(client, lines, endpoint="/v1/messages").id)
+        assert done.status == "completed", done
+        assert done.request_counts is not None and (done.request_counts.completed, done.request_counts.failed) == (
+            2, 1)
+        output = {x["custom_id"]: x for x in read_jsonl(client, done.output_file_id)}
+        errors = {x["custom_id"]: x for x in read_jsonl(client, done.error_file_id)}
+    assert message_of(output["ok"]).content[0].text == "echo: served"  # type: ignore[union-attr]
+    assert message_of(output["claude"]).id.startswith("msg_")
+    anthropic_error(errors["bad"], 400, "invalid_request_error")

@@ -53,6 +53,16 @@ def test_the_key_is_model_endpoint_and_leading_system_messages() -> None:
     assert prefix_key(odd) == ("m", "/v1/chat/completions", b"")
 
 
+def test_an_anthropic_messages_lines_key_is_its_system_prompt() -> None:
+    def msg(line: int, system: str | None) -> BatchRequest:
+        body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": f"q {line}"}]}
+        return BatchRequest(line, f"m{line}", Endpoint.MESSAGES, {**body, "system": system} if system else body)
+
+    assert [r.line for r in group_by_prefix([msg(1, LONG_A), msg(2, LONG_B), msg(3, LONG_A), msg(4, None)])] == [
+        1, 3, 2, 4]
+    assert prefix_key(msg(1, None)) == ("m", "/v1/messages", b"")
+
+
 # -- where a moved vLLM name comes from -----------------------------------------------------------------------------
 
 
