@@ -29,6 +29,7 @@ from gateway.pipeline.media_urls import refused_media
 from gateway.records import BatchRequest, Endpoint, Result
 from gateway.scheduling.fairness import FairSlots
 from providers import litellm_setup
+from providers.messages_bridge import message_through_wire
 from providers.passthrough import PassThrough, wire_provider
 from providers.upstream_errors import UPSTREAM_ERROR, anthropic_error, provider_error
 
@@ -125,6 +126,8 @@ class LiteLLMBackend:
             return Result(line=req.line, custom_id=req.custom_id, status_code=400, body={"error": error}, model=model)
         if wire:
             return await self._pass_through(req, model)
+        if req.url is Endpoint.MESSAGES and self._wire is not None and model in self._wire_groups:
+            return await message_through_wire(req, model, body, self._pass_through)  # see providers.messages_bridge
         try:
             reply = await call(model=model, **body)
         except Exception as exc:  # a provider error is this line's result, never the batch's end
