@@ -42,6 +42,8 @@ class Instruments:
     in_flight: Gauge
     team_in_flight: Gauge
     latency: Histogram
+    paused: Gauge
+    machine_faults: Counter
 
 
 @functools.cache
@@ -69,6 +71,12 @@ def built() -> Instruments:
                              ["team", "route"], multiprocess_mode="livesum"),
         latency=Histogram("batchyard_request_duration_seconds", "Latency of each upstream or engine call, by route.",
                           ["route"], buckets=LATENCY_BUCKETS),
+        paused=Gauge("batchyard_paused", "1 while this process's shard runner pauses for a fault of the machine "
+                     "(reason: disk_full, disk_io_error, read_only, database_locked, redis_unreachable, "
+                     "s3_unavailable, s3_unreachable), else 0.", ["reason"], multiprocess_mode="livemax"),
+        machine_faults=Counter("batchyard_machine_faults", "Faults of the machine met by a shard or an upload, by "
+                               "kind (the reasons of batchyard_paused): the shard was handed back without "
+                               "spending an attempt.", ["kind"]),
     )
 
 
@@ -118,6 +126,16 @@ def observe_statuses(team: str, route: str, requests: Mapping[str, int]) -> None
         m.requests.labels(team, route, status).inc(n)
 
 
+def observe_machine_fault(kind: str) -> None:
+    """Count one fault of the machine (`gateway.store.faults`) met by this process."""
+    built().machine_faults.labels(kind).inc()
+
+
+def set_paused(reason: str, paused: bool) -> None:
+    """This process's runner pauses (or no longer) for a fault of the machine of that reason."""
+    built().paused.labels(reason).set(1 if paused else 0)
+
+
 _OWNERS: OrderedDict[str, str] = OrderedDict()
 _OWNERS_KEPT = 4096
 
@@ -165,6 +183,6 @@ class RequestMeter:
 
 
 __all__ = [
-    "LATENCY_BUCKETS", "UNROUTED", "Instruments", "RequestMeter", "built", "observe_results", "observe_statuses",
-    "team_of",
+    "LATENCY_BUCKETS", "UNROUTED", "Instruments", "RequestMeter", "built", "observe_machine_fault",
+    "observe_results", "observe_statuses", "set_paused", "team_of",
 ]
