@@ -46,6 +46,7 @@ from gateway.metrics.instruments import (
     observe_machine_fault,
     observe_results,
     observe_statuses,
+    prepare_instruments,
     set_paused,
     team_of,
 )
@@ -54,6 +55,6 @@ from gateway.metrics.shared_state import SharedState, TeamState, read_shared_sta
 
 __all__ = [
     "MULTIPROC_ENV", "RequestMeter", "SharedState", "TeamState", "multiprocess_dir", "observe_machine_fault",
-    "observe_results", "observe_statuses", "prepare_multiprocess_dir", "process_exited", "read_shared_state",
-    "render", "set_paused", "team_of",
+    "observe_results", "observe_statuses", "prepare_instruments", "prepare_multiprocess_dir", "process_exited",
+    "read_shared_state", "render", "set_paused", "team_of",
 ]

@@ -29,6 +29,7 @@ from gateway.pipeline.finalizer import Finalizer
 from gateway.pipeline.intake import BatchService
 from gateway.pipeline.lifecycle import for_queue
 from gateway.records import BatchStatus
+from gateway.store.faults import machine_fault, once_a_minute
 from gateway.store.objects import BatchRecord, now
 from gateway.store.protocols import Coordination, Queue, Store
 from gateway.store.quota import GRACE_SECONDS
@@ -74,7 +75,12 @@ class Coordinator:
             try:
                 await step()
             except Exception as exc:
-                log.warning("%s failed: %s", getattr(step, "__name__", step), exc)
+                fault = machine_fault(exc)
+                if fault is None:
+                    log.warning("%s failed: %s", getattr(step, "__name__", step), exc)
+                elif once_a_minute(fault.kind):  # the runner says it too: one line a minute is enough
+                    log.warning("%s unavailable (%s: %s); %s waits", fault.service, fault.words, fault.detail,
+                                getattr(step, "__name__", step))
 
     async def stop(self, hosting: bool) -> None:
         if hosting:

@@ -29,7 +29,7 @@ from gateway import metrics
 
 log = logging.getLogger("batchyard.faults")
 
-# kind -> (what is down, the words of the log line and the dashboard)
+# kind (one of metrics' FAULT_KINDS) -> (what is down, the words of the log line and the dashboard)
 KINDS: dict[str, tuple[str, str]] = {
     "disk_full": ("storage", "disk full"),
     "disk_io_error": ("storage", "disk I/O error"),
