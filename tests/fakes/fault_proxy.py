@@ -162,9 +162,11 @@ class FaultProxy:
                         if not chunk:
                             break
                         body += chunk
+            # A HEAD's answer has no body (S3 sends the status alone); the length is the body's all the same.
+            body_out = b"" if head.split(b" ", 1)[0].upper() == b"HEAD" else SLOWDOWN_BODY
             reply = (b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
                      b"Content-Length: " + str(len(SLOWDOWN_BODY)).encode() + b"\r\nConnection: close\r\n\r\n"
-                     + SLOWDOWN_BODY)
+                     + body_out)
             client.sendall(reply)
             self.answered_503 += 1
         except OSError:
