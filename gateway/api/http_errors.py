@@ -170,7 +170,7 @@ async def _storage_error(request: Request, exc: Exception) -> JSONResponse:
     if once_a_minute(f"api:{fault.kind}"):
         log.warning("%s unavailable (%s: %s); answering 503 to %s %s", fault.service, fault.words, fault.detail,
                     request.method, request.url.path)
-    return error_response(503, f"The server's {fault.service.lower()} is unavailable right now ({fault.words}); the "
+    return error_response(503, f"The server's {fault.service} is unavailable right now ({fault.words}); the "
                           "request was not completed. Try again later.", code="storage_unavailable",
                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 

@@ -35,9 +35,9 @@ KINDS: dict[str, tuple[str, str]] = {
     "disk_io_error": ("storage", "disk I/O error"),
     "read_only": ("storage", "read-only filesystem"),
     "database_locked": ("storage", "database locked"),
-    "redis_unreachable": ("Redis", "Redis unreachable"),
-    "s3_unavailable": ("S3", "S3 unavailable"),
-    "s3_unreachable": ("S3", "S3 unreachable"),
+    "redis_unreachable": ("Redis", "unreachable"),
+    "s3_unavailable": ("S3", "throttled or 5xx"),
+    "s3_unreachable": ("S3", "unreachable"),
 }
 _ERRNO_KINDS = {errno.ENOSPC: "disk_full", errno.EDQUOT: "disk_full", errno.EIO: "disk_io_error",
                 errno.EROFS: "read_only"}

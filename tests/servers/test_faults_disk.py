@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from tests.fakes.upstream.server import Upstream
-from tests.support.fault_checks import assert_every_line_once, assert_no_traceback, logs, metric
+from tests.support.fault_checks import assert_every_line_once, assert_no_traceback, log_tail, logs, metric
 from tests.support.server_helpers import chat_line, gateway_config, jsonl, start_gateway, submit, wait_batch
 from tests.support.waiting import eventually
 
@@ -76,7 +76,7 @@ def test_a_full_disk_pauses_the_batch_and_freeing_it_resumes_it(upstream: Upstre
             try:
                 # The operator's view: the runner pauses for the disk, and says why.
                 eventually(lambda: metric(gw, "batchyard_paused", reason="disk_full") == 1.0, 60,
-                           "batchyard_paused{reason=disk_full}", detail=lambda: logs(gw)[-3000:])
+                           "batchyard_paused{reason=disk_full}", detail=lambda: log_tail(gw))
                 assert metric(gw, "batchyard_machine_faults_total", kind="disk_full") >= 1
                 # The API answers: a list, the batch, and an upload refused in OpenAI's shape.
                 assert gw.http("GET", "/v1/batches").status_code == 200
@@ -96,6 +96,6 @@ def test_a_full_disk_pauses_the_batch_and_freeing_it_resumes_it(upstream: Upstre
             assert metric(gw, "batchyard_paused", reason="disk_full") == 0.0
             assert client.files.content(kept.id).text.count("kept") == 1  # uploaded before the fault: intact
             text = logs(gw)
-            assert "storage available again (disk full for" in text, text[-3000:]
+            assert "storage available again (disk full for" in text, log_tail(gw)
             assert "giving up" not in text and "failed; handing it back" not in text
             assert_no_traceback(gw)

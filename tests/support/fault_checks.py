@@ -31,6 +31,11 @@ def logs(gw: Gateway) -> str:
     return "\n".join(texts)
 
 
+def log_tail(gw: Gateway, chars: int = 4000) -> str:
+    """The end of the logs without the access lines: what a failed wait shows."""
+    return "\n".join(line for line in logs(gw).splitlines() if "batchyard.access" not in line)[-chars:]
+
+
 def assert_no_traceback(gw: Gateway) -> None:
     text = logs(gw)
     assert "Traceback" not in text, text[text.index("Traceback") - 2000:][:6000]
@@ -51,4 +56,4 @@ def lines_of(path: Path) -> list[str]:
     return path.read_text(errors="replace").splitlines()
 
 
-__all__ = ["assert_every_line_once", "assert_no_traceback", "lines_of", "logs", "metric"]
+__all__ = ["assert_every_line_once", "assert_no_traceback", "lines_of", "log_tail", "logs", "metric"]
