@@ -29,7 +29,7 @@ from gateway.pipeline.finalizer import Finalizer
 from gateway.pipeline.intake import BatchService
 from gateway.pipeline.lifecycle import for_queue
 from gateway.records import BatchStatus
-from gateway.store.faults import machine_fault, once_a_minute
+from gateway.store.faults import forget, machine_fault, notice, noticed, once_a_minute
 from gateway.store.objects import BatchRecord, now
 from gateway.store.protocols import Coordination, Queue, Store
 from gateway.store.quota import GRACE_SECONDS
@@ -54,13 +54,15 @@ class Coordinator:
         self._spawn = spawn
         self._heartbeat, self._sweep_every = heartbeat, sweep_every
         self._started_at = now()
+        self._noticed: set[str] = set()  # the faults of the machine its loops met (the dashboard says them)
         self._files_swept_at = 0.0
 
     # -- the loops -----------------------------------------------------------------
 
     async def beat(self) -> None:
         info = {"name": self.name, "host": socket.gethostname(), "pid": os.getpid(), "routes": self.routes,
-                "started_at": self._started_at, "seen_at": now()}
+                "started_at": self._started_at, "seen_at": now(),
+                "paused": noticed()}  # the faults of the machine it waits on (the dashboard says which)
         await self.coordination.beat(self.name, info, ttl=self._heartbeat * 3)
 
     def start(self, *, hosting: bool, sweeping: bool) -> None:
@@ -74,11 +76,17 @@ class Coordinator:
             await asyncio.sleep(seconds)
             try:
                 await step()
+                if self._noticed:  # the store answers again: what this loop met is over
+                    forget(self._noticed)
+                    self._noticed.clear()
             except Exception as exc:
                 fault = machine_fault(exc)
                 if fault is None:
                     log.warning("%s failed: %s", getattr(step, "__name__", step), exc)
-                elif once_a_minute(fault.kind):  # the runner says it too: one line a minute is enough
+                    continue
+                notice(fault.kind)  # for the dashboard: "waiting: disk full since 10:02"
+                self._noticed.add(fault.kind)
+                if once_a_minute(fault.kind):  # the runner says it too: one line a minute is enough
                     log.warning("%s unavailable (%s: %s); %s waits", fault.service, fault.words, fault.detail,
                                 getattr(step, "__name__", step))
 

@@ -17,6 +17,7 @@ import errno
 import logging
 import sqlite3
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from botocore.exceptions import ClientError, HTTPClientError
@@ -136,6 +137,41 @@ def once_a_minute(kind: str, every: float = 60.0) -> bool:
     return True
 
 
+# kind -> (wall-clock time first met, monotonic time last met): what this process has met lately, for the
+# dashboard's "waiting: disk full since 10:02" (the heartbeat carries it to the API of another process).
+_NOTICED: dict[str, tuple[float, float]] = {}
+NOTICE_FRESH_SECONDS = 90.0  # a fault not met again for this long is taken as cleared (the back-off is ≤ 30 s)
+
+
+def notice(kind: str) -> None:
+    since = _NOTICED.get(kind, (time.time(), 0.0))[0]
+    _NOTICED[kind] = (since, time.monotonic())
+
+
+def forget(kinds: Iterable[str]) -> None:
+    for kind in list(kinds):
+        _NOTICED.pop(kind, None)
+
+
+def noticed() -> dict[str, float]:
+    """The faults of the machine this process met lately: kind -> since (unix time)."""
+    now = time.monotonic()
+    for kind, (_, last) in list(_NOTICED.items()):
+        if now - last > NOTICE_FRESH_SECONDS:
+            del _NOTICED[kind]
+    return {kind: since for kind, (since, _) in _NOTICED.items()}
+
+
+def waiting_words(faults: Mapping[str, float]) -> str | None:
+    """`faults` (kind -> since) as the dashboard says it: "waiting: disk full since 10:02 UTC"."""
+    if not faults:
+        return None
+    parts = [f"{KINDS[k][0] if KINDS[k][0] != 'storage' else ''} {KINDS[k][1]}".strip() + " since "
+             + time.strftime("%H:%M UTC", time.gmtime(since))
+             for k, since in sorted(faults.items(), key=lambda kv: kv[1]) if k in KINDS]
+    return "waiting: " + ", ".join(parts) if parts else None
+
+
 class Pause:
     """A shard runner's back-off after faults of the machine: exponential, from `first` to `ceiling` seconds,
     reset by the first success. One log line per kind and `log_every` seconds, not one per shard, and the
@@ -161,6 +197,7 @@ class Pause:
         self.until = max(self.until, now + delay)
         self.last_fault = now
         metrics.observe_machine_fault(fault.kind)
+        notice(fault.kind)
         if fault.kind not in self.since:
             self.since[fault.kind] = time.time()
             metrics.set_paused(fault.kind, True)
@@ -183,6 +220,7 @@ class Pause:
             service, words = KINDS[kind]
             log.warning("%s available again (%s for %d s); resuming", service, words, round(now - since))
             metrics.set_paused(kind, False)
+        forget(self.since)
         self.since.clear()
         self._logged.clear()
 
@@ -193,5 +231,5 @@ class Pause:
             await asyncio.sleep(delay)
 
 
-__all__ = ["KINDS", "MachineFault", "Pause", "StorageUnavailable", "machine_fault",
-           "once_a_minute"]
+__all__ = ["KINDS", "MachineFault", "Pause", "StorageUnavailable", "forget", "machine_fault",
+           "notice", "noticed", "once_a_minute", "waiting_words"]

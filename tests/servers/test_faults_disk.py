@@ -1,12 +1,13 @@
 """A disk that fills mid-batch pauses the batch; freeing it resumes it by itself, and nothing is lost.
 
-The data directory of an embedded `serve` is a small tmpfs; once the batch is running, a ballast file fills
-it. The rule: the shards that meet the full disk are handed back without spending an attempt, the runner
-pauses (`batchyard_paused{reason="disk_full"}` is 1, `batchyard_machine_faults_total{kind="disk_full"}`
-counts), the API still answers `GET /v1/batches`, an upload answers 503 `storage_unavailable` in OpenAI's
-shape (no traceback, the files already uploaded intact), and once the ballast is deleted the batch completes
-on its own: every custom_id once, no line failed, no traceback in any log. Before, a full disk spent the
-shards' attempts, filled the log with tracebacks and left the batch `in_progress` for good.
+The data directory of an embedded `serve` is a small tmpfs; once the batch is running, a ballast file fills it.
+The rule: the shards that meet the full disk are handed back without spending an attempt, the runner pauses
+(`batchyard_paused{reason="disk_full"}` is 1, `batchyard_machine_faults_total{kind="disk_full"}` counts, the
+dashboard's card says "waiting: disk full since 10:02 UTC"), the API still answers `GET /v1/batches`, an upload
+answers 503 `storage_unavailable` in OpenAI's shape (no traceback, the files already uploaded intact), and once
+the ballast is deleted the batch completes on its own: every custom_id once, no line failed, no traceback in any
+log. Before, a full disk spent the shards' attempts, filled the log with tracebacks and left the batch
+`in_progress` for good.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ def test_a_full_disk_pauses_the_batch_and_freeing_it_resumes_it(upstream: Upstre
                 eventually(lambda: metric(gw, "batchyard_paused", reason="disk_full") == 1.0, 60,
                            "batchyard_paused{reason=disk_full}", detail=lambda: log_tail(gw))
                 assert metric(gw, "batchyard_machine_faults_total", kind="disk_full") >= 1
+                # …and the dashboard's card of the batch says what it waits for.
+                eventually(lambda: "waiting: disk full since " in gw.http("GET", "/ui/api/batches").json()["cards"]
+                           [batch.id], 60, "the dashboard's word")
                 # The API answers: a list, the batch, and an upload refused in OpenAI's shape.
                 assert gw.http("GET", "/v1/batches").status_code == 200
                 assert client.batches.retrieve(batch.id).status == "in_progress"

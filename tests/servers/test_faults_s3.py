@@ -1,12 +1,12 @@
 """S3 throttling (503 SlowDown) or unreachable mid-batch pauses the batch; it resumes by itself when S3 is back.
 
 `batchyard serve --redis-url … --storage s3://…` reaches moto's S3 through a fault-injecting proxy
-(`tests/fakes/fault_proxy.py`). Once the batch is running the proxy answers every request 503 `SlowDown`
-(S3's XML error shape), or refuses connections, until the runner has paused. The rule: the shards that meet
-the fault are handed back without spending an attempt, `batchyard_paused{reason=…}` is 1 and
-`batchyard_machine_faults_total{kind=…}` counts, the API keeps answering `GET /v1/batches` (the records are
-in Redis), and when the proxy passes again the batch completes on its own: every custom_id once, no line
-failed, no traceback in the log.
+(`tests/fakes/fault_proxy.py`). Once the batch is running the proxy answers every request 503 `SlowDown` (S3's
+XML error shape), or refuses connections, until the runner has paused. The rule: the shards that meet the fault
+are handed back without spending an attempt, `batchyard_paused{reason=…}` is 1 and
+`batchyard_machine_faults_total{kind=…}` counts, the dashboard says "waiting: S3 unreachable since 10:02 UTC",
+the API keeps answering `GET /v1/batches` (the records are in Redis), and when the proxy passes again the batch
+completes on its own: every custom_id once, no line failed, no traceback in the log.
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ def test_an_s3_outage_pauses_the_batch_and_it_resumes_when_s3_is_back(
             eventually(lambda: metric(gw, "batchyard_paused", reason=reason) == 1.0, 90,
                        f"batchyard_paused{{reason={reason}}}", detail=lambda: log_tail(gw))
             assert metric(gw, "batchyard_machine_faults_total", kind=reason) >= 1
+            eventually(lambda: f"waiting: S3 {words.split('(')[1].rstrip(': ')} since " in
+                       gw.http("GET", "/ui/api/batches").json()["cards"][batch.id], 60, "the dashboard's word")
             assert gw.http("GET", "/v1/batches").status_code == 200  # the API answers from Redis
             assert client.batches.retrieve(batch.id).status == "in_progress"
         finally:

@@ -11,6 +11,7 @@ With no keys configured the dashboard is open, like the API.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -28,6 +29,7 @@ from gateway.api.dashboard.webhooks import install_json, recent_deliveries
 from gateway.api.deps import bad_request, runtime_of
 from gateway.api.http_errors import ApiError
 from gateway.api.teams_view import team_states
+from gateway.store.faults import noticed, waiting_words
 from gateway.store.objects import BatchRecord, Page
 from gateway.store.protocols import Store
 
@@ -192,7 +194,19 @@ async def _batches(
     stats = await asyncio.gather(*(store.ledger.route_stats(r.id) for r in wanted))
     planned = await asyncio.gather(*(_planned(store, r) for r in wanted))
     now = time.time()
-    return page, [batch_view(r, s, p, now) for r, s, p in zip(wanted, stats, planned, strict=True)]
+    waiting = waiting_words(await _paused(runtime_of(request)))
+    return page, [batch_view(r, s, p, now, waiting) for r, s, p in zip(wanted, stats, planned, strict=True)]
+
+
+async def _paused(runtime: Any) -> dict[str, float]:
+    """The faults of the machine that hold work back (kind -> since): this process's own (a full disk in
+    embedded mode stops the workers' heartbeats too) and those the live workers' heartbeats carry."""
+    faults = noticed()
+    with contextlib.suppress(Exception):  # a store that cannot list its workers: this process's own view
+        for info in await runtime.coordination.live_workers():
+            for kind, since in (info.get("paused") or {}).items():
+                faults[kind] = min(float(since), faults.get(kind, float(since)))
+    return faults
 
 
 async def _planned(store: Store, rec: BatchRecord) -> dict[str, int] | None:
