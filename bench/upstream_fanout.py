@@ -1,6 +1,7 @@
 """Benchmark: `batchyard run` against a plain `openai.AsyncOpenAI` loop, same upstream, same concurrency.
 
     .venv/bin/python bench/upstream_fanout.py [--requests 20000] [--small 1000] [--concurrency 64] [--repeat 3]
+    .venv/bin/python bench/upstream_fanout.py --anthropic [--requests 20000] [--repeat 3]
 
 Both peers run as whole processes (imports included) against one loopback
 upstream (tests/fakes/upstream/server.py), alternating, and the medians are compared. Also
@@ -8,7 +9,9 @@ prints batchyard's peak RSS at 1k lines and at N lines (flat memory means the
 ratio stays near 1), and CPU seconds per 1,000 requests (user + sys of each
 peer's whole process tree, worker processes included): unlike throughput, that
 figure does not depend on the core count, and it is what a bigger machine
-multiplies, so it is also printed as req/s per core. The added CPU per request
+multiplies, so it is also printed as req/s per core. `--anthropic` instead sends
+the requests through `serve` as an OpenAI batch and as an Anthropic Message
+Batch (`bench/_fanout_anthropic.py`). The added CPU per request
 is the marginal figure (the big file's CPU less the small file's, per line
 between them), the one gateways publish. Then the same file with worker
 processes (the product's default rule, or --workers). The load average is
@@ -33,6 +36,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench._fanout_anthropic import anthropic_mode  # noqa: E402
 from tests.fakes.upstream.server import start_upstream  # noqa: E402
 
 _PEER = """
@@ -107,9 +111,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workers", type=int, default=None,
                         help="batchyard run --workers for the workers-on runs (default: the product's own rule)")
+    parser.add_argument("--anthropic", action="store_true",
+                        help="compare an Anthropic Message Batch with an OpenAI batch of the same requests, both "
+                             "through `serve` (default: off)")
     args = parser.parse_args()
     n, small_n = args.requests, args.small
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    if args.anthropic:
+        with start_upstream() as upstream:
+            anthropic_mode(upstream, n, args.repeat)
+        print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        return
 
     with start_upstream() as upstream, tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

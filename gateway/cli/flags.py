@@ -30,6 +30,8 @@ def refused_run_flag(args: argparse.Namespace, extra: Sequence[str]) -> str | No
             return f"unrecognized arguments: {' '.join(extra)}"
     elif args.model and args.workers is not None:
         return "--workers does not apply with --model (one local engine runs every line; workers run upstream routes)"
+    if args.retry_failed and (args.data_dir is None or args.dry_run):
+        return "--retry-failed needs --data-dir (the run whose failed lines it retries) and no --dry-run"
     if args.dry_run:
         unused = (("--data-dir", args.data_dir), ("--workers", args.workers))
         kept = [flag for flag, value in unused if value is not None]

@@ -1,4 +1,5 @@
-"""The `batchyard` command: `run` (offline, a drop-in for vLLM's run_batch), `serve`, `worker`."""
+"""The `batchyard` command: `run` (offline, a drop-in for vLLM's run_batch), `serve`, `worker`, `submit` (a
+client of a gateway)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,10 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="keep the run's state here instead of a temporary directory; the same "
                    "command run again after a kill or Ctrl-C continues where it stopped (finished requests are "
                    "not sent again)")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="with --data-dir: run the lines of the finished run in it that have no 2xx reply again "
+                   "(failed, expired, cancelled), then rewrite the output (and error) file with every line once, in "
+                   "input order, the new results in place (same input and --error-file as the run)")
     p.add_argument("--workers", type=count, default=None,
                    help="extra worker processes for the upstream routes, started when the file has at least 2000 "
                    "upstream requests (default: one per free core: the usable cores less one for this process, "
@@ -117,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     _run_parser(sub)
     _serve_parser(sub)
     _worker_parser(sub)
+    from gateway.cli.submit import add_parser as _submit_parser  # its own module: the client side
+
+    _submit_parser(sub)
     return parser
 
 
@@ -268,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_worker_command(args)
         if args.command == "serve":
             return _serve_command(args)
+        if args.command == "submit":
+            from gateway.cli.submit import submit_command
+
+            return submit_command(args)
     except ConfigError as exc:
         console.say(f"config error: {exc}")
         return EXIT_USAGE
@@ -322,6 +334,10 @@ def _run_file(args: argparse.Namespace, extra: list[str], heap: StartupHeap | No
     )
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            if args.retry_failed:
+                from gateway.cli.rerun import retry_failed_run
+
+                return runner.run(retry_failed_run(config, opts))
             return runner.run(run_batch_file(config, opts))
     except (ConfigError, GatewayError, KeyboardInterrupt):
         raise

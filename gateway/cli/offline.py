@@ -221,8 +221,9 @@ async def _previous(runtime: Runtime, input_sha256: str, key: str) -> BatchRecor
         page = await runtime.store.batches.page("", limit=100, after=after)
         for batch in page.data:
             meta = batch.metadata or {}
+            # A `--retry-failed` batch carries the run's metadata too, and `retry_of`: the run is the other one.
             if (meta.get("input_sha256"), meta.get("run_options")) == (input_sha256, key) \
-                    and batch.status is not BatchStatus.FAILED:
+                    and batch.status is not BatchStatus.FAILED and "retry_of" not in meta:
                 return batch
         if not page.has_more or not page.data:
             return None

@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Collection, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from typing import Any
 
 from gateway.pipeline.finalizer import Finalizer
@@ -44,7 +44,7 @@ class Coordinator:
     def __init__(
         self, store: Store, queue: Queue, coordination: Coordination, intake: BatchService, finalizer: Finalizer,
         *, name: str, routes: Collection[str], spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
-        heartbeat: float, sweep_every: float,
+        heartbeat: float, sweep_every: float, unavailable: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
         # The sweep hands a batch back to the stage that owns it: `validating` to the intake, finished
         # shards to the finalizer (both earlier stages, called directly).
@@ -56,12 +56,14 @@ class Coordinator:
         self._started_at = now()
         self._noticed: set[str] = set()  # the faults of the machine its loops met (the dashboard says them)
         self._files_swept_at = 0.0
+        self._unavailable = unavailable  # route -> why it cannot start here, told in each heartbeat
+        self._told: set[tuple[str, str]] = set()  # unavailable routes this process has logged, once each
 
     # -- the loops -----------------------------------------------------------------
 
     async def beat(self) -> None:
         info = {"name": self.name, "host": socket.gethostname(), "pid": os.getpid(), "routes": self.routes,
-                "started_at": self._started_at, "seen_at": now(),
+                "started_at": self._started_at, "seen_at": now(), "unavailable": dict(self._unavailable()),
                 "paused": noticed()}  # the faults of the machine it waits on (the dashboard says which)
         await self.coordination.beat(self.name, info, ttl=self._heartbeat * 3)
 
@@ -107,14 +109,25 @@ class Coordinator:
             for batch in active:
                 await self._sweep_batch(batch, queued, stale_after)
             await self._release_quotas({b.id for b in active})
-            alive = {w["name"] for w in await self.coordination.live_workers()}
-            await self.queue.tidy(alive)
+            workers = await self.coordination.live_workers()
+            self._tell_unavailable(workers)
+            await self.queue.tidy({w["name"] for w in workers})
             if time.monotonic() - self._files_swept_at > _FILE_SWEEP_SECONDS:
                 self._files_swept_at = time.monotonic()
                 if gone := await self.intake.delete_expired_files():
                     log.info("deleted %d expired file(s)", gone)
         finally:
             await self.coordination.release("sweep")
+
+    def _tell_unavailable(self, workers: list[dict[str, Any]]) -> None:
+        """Log, once, each route a worker cannot run and why: the sweeping process (the API's, in embedded
+        mode) says it, not only the worker's own log."""
+        for worker in workers:
+            for route, reason in worker.get("unavailable", {}).items():
+                if (route, reason) not in self._told:
+                    self._told.add((route, reason))
+                    log.error("route %r is unavailable on worker %s (pid %s): %s; its lines fail with "
+                              "model_unavailable", route, worker["name"], worker.get("pid"), reason)
 
     async def _sweep_batch(self, batch: BatchRecord, queued: set[str], stale_after: float) -> None:
         t = now()
@@ -169,9 +182,15 @@ class Coordinator:
             "queue_depth": waiting,
             "in_flight": in_flight,
             "workers": [{"name": w["name"], "host": w["host"], "pid": w["pid"], "routes": w["routes"],
-                         "seen_at": w["seen_at"]} for w in workers],
+                         "seen_at": w["seen_at"], "unavailable": w.get("unavailable", {})} for w in workers],
             "unserved_routes": sorted(r for r in waiting if r not in served),
+            "unavailable_routes": unavailable_routes(workers),
         }
 
 
-__all__ = ["STALE_VALIDATION_SECONDS", "Coordinator"]
+def unavailable_routes(workers: list[dict[str, Any]]) -> dict[str, str]:
+    """route -> why, for each route some live worker cannot run (from their heartbeats)."""
+    return {route: reason for w in workers for route, reason in w.get("unavailable", {}).items()}
+
+
+__all__ = ["STALE_VALIDATION_SECONDS", "Coordinator", "unavailable_routes"]

@@ -26,7 +26,7 @@ from gateway.config.schema import Config
 from gateway.errors import LineCode, LineError
 from gateway.pipeline.plan import chunks
 from gateway.pipeline.tokens import TokenCounter, counter_for, output_bound, price_map, price_names
-from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem
+from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, line_failure
 from gateway.records import BatchRequest, Endpoint
 from gateway.store.lines import Overlong, split_lines
 from gateway.store.protocols import Blobs
@@ -193,14 +193,11 @@ class _Estimator:
                                      f"the file has more than {self._config.batch.limits.max_lines} requests",
                                      self._number))
                 return False
-            if isinstance(checked, LineError):
-                self._fail(checked)
+            if (error := line_failure(checked, self._strict)) is not None:
+                self._fail(error)
             elif isinstance(checked, LineProblem):
-                if self._strict:
-                    self._fail(checked.error)
-                else:
-                    self.estimate.answered += 1
-            else:
+                self.estimate.answered += 1
+            elif isinstance(checked, BatchRequest):
                 self._count(checked)
         return True
 

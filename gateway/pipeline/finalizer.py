@@ -20,9 +20,10 @@ from gateway.pipeline.lifecycle import (
     announce_nothing,
     derived_id,
     expiry,
+    order_key,
     stop_reason,
 )
-from gateway.pipeline.merge import merge_shards, order_key, seal_shard
+from gateway.pipeline.merge import merge_shards, seal_shard
 from gateway.records import BatchStatus, Shard
 from gateway.store.objects import BatchFields, FileRecord, now
 from gateway.store.protocols import Blobs, Coordination, Store

@@ -28,7 +28,15 @@ from gateway.config.urls import normalise_endpoint
 from gateway.errors import Conflict, InvalidRequest, OverQuota, TooLarge, invalid_value, not_found
 from gateway.pipeline.batch_params import ExpiresAfter, checked, checked_metadata
 from gateway.pipeline.budget import Budgets
-from gateway.pipeline.lifecycle import NO_EXPIRY, Announce, announce_nothing, expiry, for_queue
+from gateway.pipeline.lifecycle import (
+    NO_EXPIRY,
+    Announce,
+    announce_nothing,
+    expiry,
+    for_queue,
+    order_key,
+    results_batch,
+)
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
 from gateway.pipeline.validate import LINE_SLACK, count_routes
 from gateway.records import BatchStatus, Endpoint, Shard, new_id
@@ -120,6 +128,8 @@ class BatchService:
         if not await self.store.files.delete(file_id, owner):
             return False
         await self.blobs.delete(rec.blob_key)
+        if (batch_id := results_batch(rec)) is not None:  # the results' order goes with the files it orders
+            await self.blobs.delete(order_key(batch_id))
         await self.store.storage.release(rec.owner, file_id)  # its bytes are free once they are gone
         return True
 

@@ -3,7 +3,8 @@
 - Why a batch's requests must stop (`stop_reason`) and the error each unrun
   request then gets (`StopReason`: a code and a message).
 - When a file or batch expires (`expiry`, from OpenAI's `expires_after` objects).
-- The ids derived from a batch id (`derived_id`), so work done twice lands once.
+- The ids derived from a batch id (`derived_id`), so work done twice lands once, and what a finished
+  batch leaves beside its result files (`order_key`), which goes with them (`results_batch`).
 - `Announce`: the hook told a batch is about to end, before its final status is
   set (webhooks record their event there: at least once, even across a crash).
 
@@ -21,7 +22,7 @@ from typing import Any
 
 from gateway.pipeline.batch_params import ExpiresAfter, checked
 from gateway.records import BatchStatus, Shard
-from gateway.store.objects import BatchRecord, now
+from gateway.store.objects import BatchRecord, FileRecord, now
 
 # (owner, batch id, the final status about to be set): called before the status is written, so an
 # event recorded there survives a crash between the two (the finalizer runs again and records it again).
@@ -68,6 +69,23 @@ def derived_id(prefix: str, batch_id: str, what: str) -> str:
     # Output file ids follow from the batch id (128 random bits), so finalizing
     # twice (a retry after a crash) writes the same files instead of new ones.
     return f"{prefix}-{hashlib.sha256(f'{batch_id}:{what}'.encode()).hexdigest()[:32]}"
+
+
+def order_key(batch_id: str) -> str:
+    """The blob beside a finished batch's output files: one `{line} {seq} {o|e}` per result, in input order
+    (`o`: a 2xx reply, `e`: anything else), for the results endpoint's cursor and the retry's lines. It
+    lives as long as the files: deleting either of them (or their expiry) deletes it."""
+    return f"results/{batch_id}.order"
+
+
+def results_batch(rec: FileRecord) -> str | None:
+    """The batch whose output or error file `rec` is (the finalizer names it `{batch_id}_{what}.jsonl`, and
+    its id follows from the batch's); None for any other file."""
+    if rec.purpose != "batch_output":
+        return None
+    batch_id, _, what = rec.filename.removesuffix(".jsonl").rpartition("_")
+    return batch_id if what in ("output", "error") and rec.id == derived_id(
+        "file", batch_id, "output" if what == "output" else "errors") else None
 
 
 def expiry(expires_after: ExpiresAfter | Mapping[str, Any] | None, created_at: int, param: str) -> int | None:

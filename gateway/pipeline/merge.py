@@ -87,12 +87,6 @@ async def _results(blobs: Blobs, shard: Shard) -> AsyncIterator[Result]:
             yield Result.from_json(loads(raw))
 
 
-def order_key(batch_id: str) -> str:
-    """The blob beside a finished batch's output files: one `{line} {seq} {o|e}` per result, in input order
-    (`o`: a 2xx reply, `e`: anything else), for the results endpoint's cursor and the retry's lines."""
-    return f"results/{batch_id}.order"
-
-
 async def merge_shards(
     blobs: Blobs, shards: Sequence[Shard], output_key: str, error_key: str | None, *, run_batch_errors: bool = False,
     index_key: str | None = None,

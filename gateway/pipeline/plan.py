@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from gateway.config.schema import Config
 from gateway.errors import LINE_HTTP_STATUS, LineCode, LineError
 from gateway.json_codec import dumps
-from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem
+from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, line_failure
 from gateway.records import BatchRequest, Endpoint, Result, Shard
 from gateway.store.lines import Overlong, split_lines
 from gateway.store.protocols import Blobs, BlobWriter
@@ -162,14 +162,11 @@ class Planner:
                     self._fail(LineError(LineCode.TOO_MANY_TASKS,
                                          f"the file has more than {limits.max_lines} requests", line))
                     return self._finish_read()
-                if isinstance(checked, LineError):
-                    self._fail(checked)
+                if (error := line_failure(checked, self._strict)) is not None:
+                    self._fail(error)
                 elif isinstance(checked, LineProblem):
-                    if self._strict:
-                        self._fail(checked.error)
-                    else:
-                        await self._answer(checked)
-                else:
+                    await self._answer(checked)
+                elif isinstance(checked, BatchRequest):
                     self.outcome.models.add(checked.model)
                     await self._append(self._config.routes[checked.model].model_name, data)
         return self._finish_read()

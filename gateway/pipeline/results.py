@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from gateway.errors import Conflict, InvalidRequest
 from gateway.json_codec import dumps, loads
-from gateway.pipeline.merge import order_key
+from gateway.pipeline.lifecycle import order_key
 from gateway.store.lines import read_lines
 from gateway.store.objects import BatchRecord
 from gateway.store.protocols import Blobs, Store
@@ -87,8 +87,7 @@ async def _from_files(store: Store, blobs: Blobs, batch: BatchRecord, after: Cur
         source = out if ok or not batch.options.split_errors else err
         line = await anext(source, None) if source is not None else None
         if line is None:
-            raise Conflict(f"The output files of batch {batch.id} were deleted: its results are gone.",
-                           code="results_deleted")
+            raise _deleted(batch)
         if fresh:
             lines.append(_marked(ok, line))
         index += 1
@@ -107,9 +106,16 @@ async def _order(blobs: Blobs, batch: BatchRecord) -> AsyncIterator[tuple[int, b
         return
     for file_id, ok in ((batch.output_file_id, True), (batch.error_file_id, False)):
         if file_id is not None:
+            if await blobs.size(f"files/{file_id}") is None:
+                raise _deleted(batch)
             async for raw in read_lines(blobs, f"files/{file_id}"):
                 if raw:
                     yield 0, ok and _replied_2xx(raw)  # without the order blob, read from the line
+
+
+def _deleted(batch: BatchRecord) -> Conflict:
+    return Conflict(f"The output files of batch {batch.id} were deleted: its results are gone.",
+                    code="results_deleted")
 
 
 async def _file_lines(store: Store, batch: BatchRecord, file_id: str | None, blobs: Blobs) -> _Lines | None:

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 from gateway.errors import Conflict, not_found
 from gateway.pipeline.intake import BatchService
-from gateway.pipeline.merge import order_key
+from gateway.pipeline.lifecycle import order_key
 from gateway.records import BatchStatus
 from gateway.store.lines import read_lines, split_lines
 from gateway.store.objects import BatchOptions, BatchRecord
@@ -70,9 +70,11 @@ async def _never_ran(blobs: Blobs, batch: BatchRecord) -> bool:
 
 async def _count_failed(blobs: Blobs, batch_id: str) -> int:
     if await blobs.size(order_key(batch_id)) is None:
-        # Finalized before the order blob existed: which lines failed is not known line by line.
-        raise Conflict(f"Batch {batch_id} was finished by an older version of the gateway: retry is not "
-                       "available for it.", code="retry_unavailable")
+        # Its output files were deleted (the order blob goes with them), or it was finalized before the order
+        # blob existed: which lines failed is not known line by line.
+        raise Conflict(f"Which lines of batch {batch_id} failed is no longer known (its output files were "
+                       "deleted, or an older version of the gateway finished it): retry is not available for it.",
+                       code="retry_unavailable")
     count = 0
     async for raw in read_lines(blobs, order_key(batch_id)):
         count += raw.endswith(b" e")

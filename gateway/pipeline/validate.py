@@ -42,6 +42,16 @@ class LineProblem:
     model: str
 
 
+def line_failure(checked: BatchRequest | LineError | LineProblem, strict: bool) -> LineError | None:
+    """The error a checked line gives its file: its own, or a problem's in a strict batch (the API's); None
+    for a good line, and for a problem answered in place elsewhere."""
+    if isinstance(checked, LineError):
+        return checked
+    if isinstance(checked, LineProblem) and strict:
+        return checked.error
+    return None
+
+
 class LineChecker:
     def __init__(
         self, config: Config, *, endpoint: Endpoint | None, allowed_models: Collection[str] | None,

@@ -99,7 +99,8 @@ class Runtime:
                                    budgets=self.budgets)
                        if hosted else None)
         self.coordinator = Coordinator(store, queue, coordination, self.service, self.finalizer, name=name,
-                                       routes=hosted, spawn=self.spawn, heartbeat=heartbeat, sweep_every=sweep_every)
+                                       routes=hosted, spawn=self.spawn, heartbeat=heartbeat, sweep_every=sweep_every,
+                                       unavailable=lambda: self.backends.unavailable)
         self._sweeping = sweeping
         self._recover_at_start = recover_at_start
 

@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -192,29 +192,37 @@ async def test_pipeline_cancel_cancels_upstream(slow_upstream: Upstream, tmp_pat
     """Through the pipeline: cancelling our batch cancels the consuming task, which cancels the upstream batch."""
     upstream = slow_upstream
     route = native_route(upstream)
+    batch_id = await cancel_once_submitted(route, tmp_path, lambda i: {
+        "model": ROUTE, "messages": [{"role": "user", "content": f"q {i}"}]})
+    assert await upstream_status(upstream, batch_id) in ("cancelling", "cancelled")
+
+
+async def cancel_once_submitted(route: Route, tmp_path: Path, body: Callable[[int], dict[str, Any]]) -> str:
+    """Three chat lines on the native `route` through the pipeline, our batch cancelled once the provider's job
+    exists: our batch ends cancelled with every line failed, the job's id kept in the batch record and the
+    route's native state dropped. Returns the provider's job id."""
     pipeline = await open_embedded(Config(path="test", routes={ROUTE: route}), tmp_path / "data")
     try:
         await pipeline.start()
 
         async def chunks() -> AsyncIterator[bytes]:
             for i in range(1, 4):
-                body = {"model": ROUTE, "messages": [{"role": "user", "content": f"q {i}"}]}
                 yield json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
-                                  "body": body}).encode() + b"\n"
+                                  "body": body(i)}).encode() + b"\n"
 
         source = await pipeline.service.upload_file("", "in.jsonl", "batch", chunks())
         batch = await pipeline.service.create_batch("", input_file_id=source.id, endpoint="/v1/chat/completions",
-                                            completion_window="24h")
+                                                    completion_window="24h")
         (shard,) = await wait_shards(pipeline.store, batch.id)
         (batch_id,) = await upstream_ids(pipeline.store, shard)
         await pipeline.service.cancel_batch(batch.id, "")
         done = await asyncio.wait_for(pipeline.service.wait(batch.id), 20)
         assert done.status is BatchStatus.CANCELLED
-        assert await upstream_status(upstream, batch_id) in ("cancelling", "cancelled")
         # finalize copied the route's summary into the batch record, then dropped the native state
         assert done.routes[ROUTE]["upstream_batch_ids"] == [batch_id]
         assert done.counts.failed == done.counts.total == 3  # unrun lines count as failed
         assert (await native_route_summary(pipeline.store, batch.id, ROUTE))["upstream_batch_ids"] == []
+        return str(batch_id)
     finally:
         await pipeline.aclose()
 

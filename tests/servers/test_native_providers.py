@@ -19,17 +19,16 @@ from typing import Any
 import pytest
 
 from gateway.config.routes import NATIVE_PROVIDERS, Route, RouteKind
-from gateway.config.schema import Config, parse_config
+from gateway.config.schema import parse_config
 from gateway.errors import ConfigError
 from gateway.records import BatchRequest, BatchStatus, Endpoint, Result
-from gateway.runtime.root import open_embedded
 from gateway.store.objects import now
 from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend, jobs_class, native_route_summary
 from providers.openai_batches import shard_meta_key
 from providers.upstream_jobs import UpstreamHTTPError, http_lines
 from tests.fakes.stub_process import Stub, start_stub
-from tests.servers.test_native import ROUTE, content, new_shard, run_shard, upstream_ids, wait_shards
+from tests.servers.test_native import ROUTE, cancel_once_submitted, content, new_shard, run_shard, upstream_ids
 
 PROVIDERS = ["anthropic", "mistral"]
 # A model LiteLLM's price map knows, per provider: claude-haiku-4-5 has batch prices of its own
@@ -333,29 +332,9 @@ async def test_cancelling_our_batch_cancels_the_providers_job(provider: str, slo
                                                                tmp_path: Path) -> None:
     """Through the pipeline: our batch cancelled, the provider's job cancelled, its lines failed, its id kept."""
     stub = slow_stubs[provider]
-    pipeline = await open_embedded(Config(path="test", routes={ROUTE: route(provider, stub)}), tmp_path / "data")
-    try:
-        await pipeline.start()
-
-        async def chunks() -> AsyncIterator[bytes]:
-            for i in range(1, 4):
-                yield json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
-                                  "body": chat(i).body}).encode() + b"\n"
-
-        source = await pipeline.service.upload_file("", "in.jsonl", "batch", chunks())
-        batch = await pipeline.service.create_batch("", input_file_id=source.id, endpoint="/v1/chat/completions",
-                                                    completion_window="24h")
-        (shard,) = await wait_shards(pipeline.store, batch.id)
-        (batch_id,) = await upstream_ids(pipeline.store, shard)
-        await pipeline.service.cancel_batch(batch.id, "")
-        done = await asyncio.wait_for(pipeline.service.wait(batch.id), 20)
-        assert done.status is BatchStatus.CANCELLED
-        assert upstream_status(provider, stub, batch_id) in ("canceling", "ended", "CANCELLATION_REQUESTED",
-                                                             "CANCELLED")
-        assert done.routes[ROUTE]["upstream_batch_ids"] == [batch_id]
-        assert done.counts.failed == done.counts.total == 3
-    finally:
-        await pipeline.aclose()
+    batch_id = await cancel_once_submitted(route(provider, stub), tmp_path, lambda i: chat(i).body)
+    assert upstream_status(provider, stub, batch_id) in ("canceling", "ended", "CANCELLATION_REQUESTED",
+                                                         "CANCELLED")
 
 
 async def test_results_are_read_line_by_line_across_chunks(stubs: dict[str, Stub]) -> None:

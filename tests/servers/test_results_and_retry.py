@@ -9,7 +9,8 @@ raw verbs as the client, as the docs show them).
 - A retry makes a new batch of exactly the lines without a 2xx (failed on an upstream that fails them the
   first time; cancelled before they ran), with their custom_ids, in input order, `metadata.retry_of`;
   it completes them. A running batch is 409 `batch_not_finished`, one with nothing left 409
-  `nothing_to_retry`; another team's batch is 404 on both.
+  `nothing_to_retry`; another team's batch is 404 on both. Once its output file is deleted, its results are
+  409 `results_deleted` and its retry 409 `retry_unavailable`.
 - The dashboard links a batch's results (its own team's only).
 """
 
@@ -192,3 +193,14 @@ def test_retry_completes_lines_that_failed_the_first_time(gateway: Gateway, requ
     with pytest.raises(openai.BadRequestError) as bad:
         results(client, batch.id, "not-a-cursor")
     assert bad.value.code == "invalid_cursor"
+
+    # The results' order lives as long as the output files: deleting one deletes it, and both extensions say so.
+    assert list(gateway.data_dir.parent.rglob(f"{batch.id}.order"))
+    assert done.output_file_id is not None and client.files.delete(done.output_file_id).deleted
+    assert not list(gateway.data_dir.parent.rglob(f"{batch.id}.order"))
+    with pytest.raises(openai.ConflictError) as gone:
+        results(client, batch.id)
+    assert gone.value.code == "results_deleted"
+    with pytest.raises(openai.ConflictError) as unknown:
+        retry(client, batch.id)
+    assert unknown.value.code == "retry_unavailable" and "deleted" in unknown.value.message

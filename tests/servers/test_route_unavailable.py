@@ -3,7 +3,8 @@
 A config whose local route names a model path that does not exist, beside an upstream route, and one file
 that uses both: the worker keeps serving the upstream lines, the local lines fail once with
 `model_unavailable` and the engine's reason (no attempt spent, no worker restarted), and the batch
-finishes. Before, the worker exited at start, was started again every 10 s, and not one line ran.
+finishes. The API's `/health`, its log and the dashboard say which route and why. Before, the worker exited
+at start, was started again every 10 s, and not one line ran.
 """
 
 from __future__ import annotations
@@ -34,5 +35,12 @@ def test_a_local_route_that_cannot_start_fails_its_lines_and_nothing_else(upstre
             assert "'tiny' is unavailable" in error["message"] and "does not exist" in error["message"], error
         assert {r["custom_id"] for r in read_jsonl(client, batch.output_file_id)} == {f"gpt-mini-{i}" for i in range(6)}
         # the same worker did it all: it never exited
-        assert [w["pid"] for w in gw.http("GET", "/health").json()["workers"]] == [worker]
+        health = gw.http("GET", "/health").json()
+        assert [w["pid"] for w in health["workers"]] == [worker]
         assert "exited with" not in gw.log()
+        # The API says which route and why: /health, its own log, and the batch's card on the dashboard.
+        assert list(health["unavailable_routes"]) == ["tiny"]
+        assert "does not exist" in health["unavailable_routes"]["tiny"]
+        eventually(lambda: "route 'tiny' is unavailable on worker" in gw.log(), 30, "the API's log line")
+        card = gw.http("GET", "/ui").text
+        assert 'class="badge unavailable"' in card and "does not exist" in card

@@ -17,7 +17,7 @@ import pytest
 from gateway.errors import InvalidRequest
 from gateway.json_codec import dumps, loads
 from gateway.pipeline.finalizer import Finalizer
-from gateway.pipeline.merge import order_key
+from gateway.pipeline.lifecycle import order_key
 from gateway.pipeline.results import Cursor, results_page
 from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard
 from gateway.store.blobs.directory import LocalBlobs

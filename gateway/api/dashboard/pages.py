@@ -11,7 +11,6 @@ With no keys configured the dashboard is open, like the API.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -29,6 +28,7 @@ from gateway.api.dashboard.webhooks import install_json, recent_deliveries
 from gateway.api.deps import bad_request, runtime_of
 from gateway.api.http_errors import ApiError
 from gateway.api.teams_view import team_states
+from gateway.pipeline.coordinator import unavailable_routes
 from gateway.store.faults import noticed, waiting_words
 from gateway.store.objects import BatchRecord, Page
 from gateway.store.protocols import Store
@@ -187,25 +187,28 @@ async def _batches(
 ) -> tuple[Page, list[BatchView]]:
     """One page of the viewer's batches (newest first), and views of those to render: all but the
     finished ones named in `skip`."""
-    store = runtime_of(request).store
+    runtime = runtime_of(request)
+    store = runtime.store
     page = await store.batches.page(viewer.owner, limit=limit, after=after)
     records: list[BatchRecord] = page.data
     wanted = [r for r in records if not (r.status.finished and r.id in skip)]
     stats = await asyncio.gather(*(store.ledger.route_stats(r.id) for r in wanted))
     planned = await asyncio.gather(*(_planned(store, r) for r in wanted))
+    workers = await runtime.coordination.live_workers() if wanted else []
+    unavailable = unavailable_routes(workers)
     now = time.time()
-    waiting = waiting_words(await _paused(runtime_of(request)))
-    return page, [batch_view(r, s, p, now, waiting) for r, s, p in zip(wanted, stats, planned, strict=True)]
+    waiting = waiting_words(_paused(workers))
+    return page, [batch_view(r, s, p, now, unavailable, waiting)
+                  for r, s, p in zip(wanted, stats, planned, strict=True)]
 
 
-async def _paused(runtime: Any) -> dict[str, float]:
+def _paused(workers: list[dict[str, Any]]) -> dict[str, float]:
     """The faults of the machine that hold work back (kind -> since): this process's own (a full disk in
     embedded mode stops the workers' heartbeats too) and those the live workers' heartbeats carry."""
     faults = noticed()
-    with contextlib.suppress(Exception):  # a store that cannot list its workers: this process's own view
-        for info in await runtime.coordination.live_workers():
-            for kind, since in (info.get("paused") or {}).items():
-                faults[kind] = min(float(since), faults.get(kind, float(since)))
+    for info in workers:
+        for kind, since in (info.get("paused") or {}).items():
+            faults[kind] = min(float(since), faults.get(kind, float(since)))
     return faults
 
 

@@ -8,6 +8,7 @@ the API would give. Formatting lives here too, as Jinja filters.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ class RouteRow:
     name: str  # "" for lines answered at validation
     stats: RouteStats
     planned: int | None = None  # the route's requests in this batch, while it runs (from its shards)
+    unavailable: str | None = None  # why a worker cannot run this route (its engine cannot start), if so
 
     @property
     def progress(self) -> str:
@@ -77,10 +79,10 @@ class BatchView:
 
 def batch_view(
     rec: BatchRecord, routes: dict[str, RouteStats], planned: dict[str, int] | None = None, now: float | None = None,
-    waiting: str | None = None,
+    unavailable: Mapping[str, str] | None = None, waiting: str | None = None,
 ) -> BatchView:
     """`planned`: requests per route (from the batch's shards), so a running batch lists every route
-    from the start, each with its own done / total."""
+    from the start, each with its own done / total. `unavailable`: route -> why a worker cannot run it."""
     now = time.time() if now is None else now
     done = rec.counts.completed + rec.counts.failed
     rate = _rate(rec, done, now)
@@ -89,7 +91,8 @@ def batch_view(
     planned = planned or {}
     routes = {name: _with_route_cost(stats, rec.routes.get(name)) for name, stats in routes.items()}
     names = sorted(set(routes) | set(planned), key=lambda n: (n == "", n))  # the validation bucket last
-    rows = [RouteRow(n, routes.get(n) or RouteStats(), planned.get(n)) for n in names]
+    unavailable = unavailable or {}
+    rows = [RouteRow(n, routes.get(n) or RouteStats(), planned.get(n), unavailable.get(n)) for n in names]
     return BatchView(
         id=rec.id,
         status=rec.status.value,
