@@ -21,6 +21,7 @@ from gateway.api.http_errors import ApiError
 from gateway.errors import GatewayError, not_found, shown
 from gateway.json_codec import loads_checked
 from gateway.pipeline.batch_params import ExpiresAfter
+from gateway.store.faults import machine_fault
 from gateway.store.objects import FileRecord
 
 if TYPE_CHECKING:
@@ -65,8 +66,8 @@ async def create_file(request: Request, caller: Caller) -> JSONResponse:
     except BaseException as exc:
         if ours and claim is not None:
             await claim.drop()
-        if isinstance(exc, ApiError | GatewayError):
-            await body.drain(_DRAIN_LIMIT)
+        if isinstance(exc, ApiError | GatewayError) or (isinstance(exc, Exception) and machine_fault(exc)):
+            await body.drain(_DRAIN_LIMIT)  # the client reads our answer, not a connection reset
         raise
     if claim is None:
         return JSONResponse(file_object(rec))

@@ -5,17 +5,29 @@ No HTML page, no FastAPI `{"detail": ...}`, no traceback in a reply.
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
+from gateway import metrics
 from gateway.errors import Conflict, GatewayError, InvalidRequest, NotFound, OverQuota, TooLarge, shown
+from gateway.store.faults import StorageUnavailable, machine_fault, once_a_minute
+
+log = logging.getLogger("batchyard.api")
+# What a fault of the machine raises (`gateway.store.faults`): these get a look before the catch-all 500.
+_STORAGE_ERRORS: tuple[type[Exception], ...] = (OSError, sqlite3.Error, RedisError, ClientError, BotoCoreError,
+                                                StorageUnavailable)
+RETRY_AFTER_SECONDS = 10
 
 
 class ApiError(Exception):
@@ -147,7 +159,25 @@ async def _unexpected(_: Request, __: Exception) -> JSONResponse:
     return unexpected_error_response()
 
 
+async def _storage_error(request: Request, exc: Exception) -> JSONResponse:
+    """A full disk, the store or S3 down: 503 in OpenAI's shape, retried by the SDKs, one log line a minute,
+    no traceback. Any other error of these types is a bug: 500, with its traceback in the log."""
+    fault = machine_fault(exc)
+    if fault is None:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return unexpected_error_response()
+    metrics.observe_machine_fault(fault.kind)
+    if once_a_minute(f"api:{fault.kind}"):
+        log.warning("%s unavailable (%s: %s); answering 503 to %s %s", fault.service, fault.words, fault.detail,
+                    request.method, request.url.path)
+    return error_response(503, f"The server's {fault.service} is unavailable right now ({fault.words}); the "
+                          "request was not completed. Try again later.", code="storage_unavailable",
+                          headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    for kind in _STORAGE_ERRORS:
+        app.add_exception_handler(kind, _storage_error)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(HTTPException, _http_error)

@@ -62,6 +62,7 @@ async def scrape(request: Request) -> Response:
 def install(app: FastAPI) -> None:
     """Mount `/metrics` on the API app (at server start: stale multiprocess files go first)."""
     metrics.prepare_multiprocess_dir()
+    metrics.prepare_instruments()
     config: Config = app.state.runtime.config
     settings = config.batch.metrics
     if settings.enabled and settings.require_auth and config.auth_enabled and not config.master_key:

@@ -21,6 +21,7 @@ import signal
 import sys
 from pathlib import Path
 
+from gateway import metrics
 from gateway.api.scrape import worker_metrics
 from gateway.cli.loop import loop_factory
 from gateway.config.routes import RouteKind
@@ -55,6 +56,7 @@ async def run_worker(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     watcher = watch_parent(parent_pid, stop) if parent_pid else None
+    metrics.prepare_instruments()  # its metrics files now, while the disk has room
     try:
         await runtime.start()  # starts every hosted backend (engines load) before taking shards
         async with worker_metrics(runtime.config, metrics_port, metrics_host):  # its own /metrics (--metrics-port)

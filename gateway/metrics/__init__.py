@@ -24,6 +24,8 @@ an embedded worker process):
 - `batchyard_team_requests_in_flight{team, route}`: the same by team (its share
   of the route is this over the route's total);
 - `batchyard_request_duration_seconds{route}`: upstream/engine latency of each call.
+- `batchyard_paused{reason}`: 1 while a shard runner pauses for a fault of the machine (a full disk, the
+  store, Redis or S3 down), by reason; `batchyard_machine_faults_total{kind}`: those faults, counted.
 
 What describes shared state (`batchyard_queue_depth{route}`, `batchyard_batches{status}`,
 and per team `batchyard_team_requests_queued`, `batchyard_team_active_batches`,
@@ -39,11 +41,20 @@ directory (`gateway.metrics.multiproc`).
 from __future__ import annotations
 
 from gateway.metrics.exposition import render
-from gateway.metrics.instruments import RequestMeter, observe_results, observe_statuses, team_of
+from gateway.metrics.instruments import (
+    RequestMeter,
+    observe_machine_fault,
+    observe_results,
+    observe_statuses,
+    prepare_instruments,
+    set_paused,
+    team_of,
+)
 from gateway.metrics.multiproc import MULTIPROC_ENV, multiprocess_dir, prepare_multiprocess_dir, process_exited
 from gateway.metrics.shared_state import SharedState, TeamState, read_shared_state
 
 __all__ = [
-    "MULTIPROC_ENV", "RequestMeter", "SharedState", "TeamState", "multiprocess_dir", "observe_results",
-    "observe_statuses", "prepare_multiprocess_dir", "process_exited", "read_shared_state", "render", "team_of",
+    "MULTIPROC_ENV", "RequestMeter", "SharedState", "TeamState", "multiprocess_dir", "observe_machine_fault",
+    "observe_results", "observe_statuses", "prepare_instruments", "prepare_multiprocess_dir", "process_exited",
+    "read_shared_state", "render", "set_paused", "team_of",
 ]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.metrics.multiproc import multiprocess_dir, process_exited
+from gateway.metrics.multiproc import multiprocess_dir, process_exited, reserve_value_files
 from gateway.records import MAX_USAGE_TOKENS, Result, billable
 
 if TYPE_CHECKING:
@@ -30,6 +30,9 @@ log = logging.getLogger("batchyard.metrics")
 
 UNROUTED = "unrouted"  # the route label of lines answered at validation (no route: unknown model, bad url)
 # LLM calls take from tens of milliseconds (an embedding) to minutes (a long generation).
+# The reasons of `batchyard_paused` and kinds of `batchyard_machine_faults_total` (`gateway.store.faults`).
+FAULT_KINDS = ("disk_full", "disk_io_error", "read_only", "database_locked", "redis_unreachable", "s3_unavailable",
+               "s3_unreachable")
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -42,6 +45,8 @@ class Instruments:
     in_flight: Gauge
     team_in_flight: Gauge
     latency: Histogram
+    paused: Gauge
+    machine_faults: Counter
 
 
 @functools.cache
@@ -53,7 +58,7 @@ def built() -> Instruments:
         atexit.register(process_exited, os.getpid())
     from prometheus_client import Counter, Gauge, Histogram
 
-    return Instruments(
+    instruments = Instruments(
         requests=Counter("batchyard_requests", "Requests with a recorded result, by team, route and status "
                          "(HTTP status, or the error code of a request that never ran).",
                          ["team", "route", "status"]),
@@ -69,7 +74,19 @@ def built() -> Instruments:
                              ["team", "route"], multiprocess_mode="livesum"),
         latency=Histogram("batchyard_request_duration_seconds", "Latency of each upstream or engine call, by route.",
                           ["route"], buckets=LATENCY_BUCKETS),
+        paused=Gauge("batchyard_paused", "1 while this process's shard runner pauses for a fault of the machine "
+                     "(reason: disk_full, disk_io_error, read_only, database_locked, redis_unreachable, "
+                     "s3_unavailable, s3_unreachable), else 0.", ["reason"], multiprocess_mode="livemax"),
+        machine_faults=Counter("batchyard_machine_faults", "Faults of the machine met by a shard or an upload, by "
+                               "kind (the reasons of batchyard_paused): the shard was handed back without "
+                               "spending an attempt.", ["kind"]),
     )
+    # Every reason shown from the start (0), and their value files written now, while the disk has room.
+    for kind in FAULT_KINDS:
+        instruments.paused.labels(kind).set(0)
+        instruments.machine_faults.labels(kind)
+    reserve_value_files(os.getpid())
+    return instruments
 
 
 def _status(result: Result) -> str:
@@ -118,6 +135,22 @@ def observe_statuses(team: str, route: str, requests: Mapping[str, int]) -> None
         m.requests.labels(team, route, status).inc(n)
 
 
+def prepare_instruments() -> None:
+    """Build the instruments and write this process's value files at its start, while the disk has room:
+    built first during a full disk, they would kill the process (`reserve_value_files`)."""
+    built()
+
+
+def observe_machine_fault(kind: str) -> None:
+    """Count one fault of the machine (`gateway.store.faults`) met by this process."""
+    built().machine_faults.labels(kind).inc()
+
+
+def set_paused(reason: str, paused: bool) -> None:
+    """This process's runner pauses (or no longer) for a fault of the machine of that reason."""
+    built().paused.labels(reason).set(1 if paused else 0)
+
+
 _OWNERS: OrderedDict[str, str] = OrderedDict()
 _OWNERS_KEPT = 4096
 
@@ -132,6 +165,9 @@ async def team_of(store: Store, batch_id: str) -> str:
         while len(_OWNERS) > _OWNERS_KEPT:
             _OWNERS.popitem(last=False)
     return owner
+
+
+_METER_FILES_RESERVED = False
 
 
 class RequestMeter:
@@ -149,6 +185,10 @@ class RequestMeter:
             gauges.append(m.team_in_flight.labels(team, route))
         self._gauges = tuple(gauges)
         self._latency = m.latency.labels(route)
+        global _METER_FILES_RESERVED
+        if not _METER_FILES_RESERVED:  # the first meter made the in-flight and latency files: reserve them too
+            _METER_FILES_RESERVED = True
+            reserve_value_files(os.getpid())
 
     @contextlib.contextmanager
     def in_flight(self) -> Iterator[None]:
@@ -165,6 +205,6 @@ class RequestMeter:
 
 
 __all__ = [
-    "LATENCY_BUCKETS", "UNROUTED", "Instruments", "RequestMeter", "built", "observe_results", "observe_statuses",
-    "team_of",
+    "FAULT_KINDS", "LATENCY_BUCKETS", "UNROUTED", "Instruments", "RequestMeter", "built", "observe_machine_fault",
+    "observe_results", "observe_statuses", "prepare_instruments", "set_paused", "team_of",
 ]

@@ -53,6 +53,19 @@ def prepare_multiprocess_dir() -> None:
                 file.unlink()
 
 
+def reserve_value_files(pid: int) -> None:
+    """Give this process's value files their disk blocks now. prometheus-client writes them through mmap
+    into sparse files: a page first written while the disk is full kills the process with SIGBUS, in the
+    very fault that the metrics must report. Reserved, they never need a block later (past their size, a
+    file grows only when it fills: rare)."""
+    directory = multiprocess_dir()
+    if not directory:
+        return
+    for file in Path(directory).glob(f"*_{pid}.db"):
+        with contextlib.suppress(OSError), open(file, "r+b") as f:
+            os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+
+
 def process_exited(pid: int) -> None:
     """A process of the multiprocess directory exited: drop its live gauges (its counters stay)."""
     if multiprocess_dir():
@@ -62,4 +75,4 @@ def process_exited(pid: int) -> None:
             multiprocess.mark_process_dead(pid)
 
 
-__all__ = ["MULTIPROC_ENV", "multiprocess_dir", "prepare_multiprocess_dir", "process_exited"]
+__all__ = ["MULTIPROC_ENV", "multiprocess_dir", "prepare_multiprocess_dir", "process_exited", "reserve_value_files"]

@@ -29,6 +29,7 @@ from gateway.pipeline.finalizer import Finalizer
 from gateway.pipeline.intake import BatchService
 from gateway.pipeline.lifecycle import for_queue
 from gateway.records import BatchStatus
+from gateway.store.faults import forget, machine_fault, notice, noticed, once_a_minute
 from gateway.store.objects import BatchRecord, now
 from gateway.store.protocols import Coordination, Queue, Store
 from gateway.store.quota import GRACE_SECONDS
@@ -53,6 +54,7 @@ class Coordinator:
         self._spawn = spawn
         self._heartbeat, self._sweep_every = heartbeat, sweep_every
         self._started_at = now()
+        self._noticed: set[str] = set()  # the faults of the machine its loops met (the dashboard says them)
         self._files_swept_at = 0.0
         self._unavailable = unavailable  # route -> why it cannot start here, told in each heartbeat
         self._told: set[tuple[str, str]] = set()  # unavailable routes this process has logged, once each
@@ -61,7 +63,8 @@ class Coordinator:
 
     async def beat(self) -> None:
         info = {"name": self.name, "host": socket.gethostname(), "pid": os.getpid(), "routes": self.routes,
-                "started_at": self._started_at, "seen_at": now(), "unavailable": dict(self._unavailable())}
+                "started_at": self._started_at, "seen_at": now(), "unavailable": dict(self._unavailable()),
+                "paused": noticed()}  # the faults of the machine it waits on (the dashboard says which)
         await self.coordination.beat(self.name, info, ttl=self._heartbeat * 3)
 
     def start(self, *, hosting: bool, sweeping: bool) -> None:
@@ -75,8 +78,19 @@ class Coordinator:
             await asyncio.sleep(seconds)
             try:
                 await step()
+                if self._noticed:  # the store answers again: what this loop met is over
+                    forget(self._noticed)
+                    self._noticed.clear()
             except Exception as exc:
-                log.warning("%s failed: %s", getattr(step, "__name__", step), exc)
+                fault = machine_fault(exc)
+                if fault is None:
+                    log.warning("%s failed: %s", getattr(step, "__name__", step), exc)
+                    continue
+                notice(fault.kind)  # for the dashboard: "waiting: disk full since 10:02"
+                self._noticed.add(fault.kind)
+                if once_a_minute(fault.kind):  # the runner says it too: one line a minute is enough
+                    log.warning("%s unavailable (%s: %s); %s waits", fault.service, fault.words, fault.detail,
+                                getattr(step, "__name__", step))
 
     async def stop(self, hosting: bool) -> None:
         if hosting:

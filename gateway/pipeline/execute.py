@@ -12,7 +12,9 @@ team's, so that a shard taken in overflow gets its share at once.
 A shard's attempts are counted in the store, by whichever process claims it,
 so a shard that kills every worker it reaches (or fails in every one) is given
 up after `MAX_ATTEMPTS`: its unfinished lines get `shard_failed` error results
-and the batch finishes.
+and the batch finishes. Only faults of the work spend attempts: a fault of the machine (a full disk, the
+store or S3 down: `gateway.store.faults`) gives its attempt back, hands the shard back and pauses the
+runner, with a back-off, until a shard runs again.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from gateway.pipeline.merge import seal_shard
 from gateway.records import BatchRequest, Result, Shard
 from gateway.scheduling.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
 from gateway.scheduling.pacing import Pacer, pacing_with
+from gateway.store.faults import Pause, machine_fault
 from gateway.store.lines import read_lines
 from gateway.store.objects import Delivery
 from gateway.store.protocols import Blobs, Queue, Store
@@ -71,6 +74,8 @@ class ShardRunner:
         self.weights = {t.team_id: t.weight for t in config.batch.teams}
         self._teams = {t.team_id: t for t in config.batch.teams}
         self.budgets = budgets or Budgets(config, None)
+        self.pause = Pause()
+        self._owed: dict[str, Shard] = {}  # attempts to give back that the store could not take yet
         queue.on_lost = self._lost
 
     async def loop(self) -> None:
@@ -85,6 +90,9 @@ class ShardRunner:
                     del count[key]
 
         while not self._closing:
+            await self.pause.wait()
+            if self._owed and not await self._settle_owed():
+                continue
             running = teams.total()
             skip_teams: Collection[str] = ()
             skip_batches: Collection[str] = ()
@@ -96,9 +104,13 @@ class ShardRunner:
                 # Full: the short timeout, so that a slot freed meanwhile soon takes any shard again.
                 delivery = await self.queue.get(self.routes, timeout=_FULL_POLL if running >= limit else 1.0,
                                                 skip_teams=skip_teams, skip_batches=skip_batches)
-            except Exception:
-                log.exception("queue read failed; retrying")
-                await asyncio.sleep(1.0)
+            except Exception as exc:
+                fault = machine_fault(exc)
+                if fault is None:
+                    log.exception("queue read failed; retrying")
+                    await asyncio.sleep(1.0)
+                else:
+                    self.pause.fault(fault)
                 continue
             if delivery is None:
                 continue
@@ -116,8 +128,11 @@ class ShardRunner:
         task = asyncio.current_task()
         assert task is not None
         self._running[delivery.token] = task
+        started = time.monotonic()
+        counted = False
         try:
             attempts = await self.store.ledger.begin_attempt(shard)
+            counted = True
             if attempts > MAX_ATTEMPTS:
                 log.error("shard %s: giving up after %d attempts", shard.key, attempts - 1)
                 await seal_shard(self.store, self.blobs, shard, missing=GIVEN_UP)
@@ -125,17 +140,41 @@ class ShardRunner:
             else:
                 await self.run_shard(shard)
             await self.queue.ack(delivery)
+            self.pause.succeeded(started)
         except asyncio.CancelledError:
             if self._running.get(delivery.token) is not None and not self._closing:
                 raise
             # closing (the queue hands it back) or taken over by another worker: it runs the rest
-        except Exception:
-            log.exception("shard %s failed; handing it back", shard.key)
+        except Exception as exc:
+            fault = machine_fault(exc)
+            if fault is None:
+                log.exception("shard %s failed; handing it back", shard.key)
+            else:  # the machine's fault, not the work's: one line a minute (Pause), the attempt given back
+                self.pause.fault(fault)
+                if counted:
+                    self._owed[shard.key] = shard
+                    await self._settle_owed()
             with contextlib.suppress(Exception):
                 await asyncio.sleep(1.0)
                 await self.queue.hand_back(delivery)
         finally:
             self._running.pop(delivery.token, None)
+
+    async def _settle_owed(self) -> bool:
+        """Give back the attempts that faults of the machine took; False while the store cannot take them."""
+        for key, shard in list(self._owed.items()):
+            try:
+                await self.store.ledger.return_attempt(shard)
+            except Exception as exc:
+                fault = machine_fault(exc)
+                if fault is None:
+                    log.exception("shard %s: could not give its attempt back", key)
+                    self._owed.pop(key, None)
+                else:
+                    self.pause.fault(fault)
+                return False
+            self._owed.pop(key, None)
+        return True
 
     def _lost(self, token: str) -> None:
         task = self._running.pop(token, None)

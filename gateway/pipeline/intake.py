@@ -40,6 +40,7 @@ from gateway.pipeline.lifecycle import (
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
 from gateway.pipeline.validate import LINE_SLACK, count_routes
 from gateway.records import BatchStatus, Endpoint, Shard, new_id
+from gateway.store.faults import machine_fault
 from gateway.store.lines import Overlong, split_lines
 from gateway.store.objects import BatchOptions, BatchRecord, FileRecord, RequestCounts, now
 from gateway.store.protocols import Blobs, Coordination, Queue, Store
@@ -311,7 +312,13 @@ class BatchService:
             ))
         except BrokenProcessPool:
             raise  # the validation process died (killed, out of memory): the sweep validates the batch again
-        except Exception:
+        except Exception as exc:
+            fault = machine_fault(exc)
+            if fault is not None:  # a full disk, S3 down: not the file's fault; the sweep validates it again
+                log.warning("validating batch %s waits: %s unavailable (%s: %s); the sweep validates it again",
+                            batch_id, fault.service, fault.words, fault.detail)
+                metrics.observe_machine_fault(fault.kind)
+                return
             # Anything else would fail again at every sweep until the batch expired: fail it now, once.
             log.exception("validating batch %s failed", batch_id)
             await self._fail(batch, [{"code": "validation_failed", "message": "The input file could not be "

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Collection, Coroutine
+from collections.abc import Awaitable, Collection, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,7 @@ from gateway.pipeline.intake import BatchService
 from gateway.runtime.pool import BackendPool
 from gateway.runtime.validation_processes import ValidationProcesses
 from gateway.store.blobs.place import S3_ENDPOINT_ENV, BlobPlace
+from gateway.store.faults import machine_fault, once_a_minute
 from gateway.store.protocols import Blobs, Coordination, Queue, Store
 from gateway.webhooks.sender import WebhookSender
 from gateway.webhooks.targets import retry_schedule, webhook_targets
@@ -125,14 +126,27 @@ class Runtime:
                     await self.backends.get(route)
                 except BackendUnavailable as exc:  # this route stops alone; every other one runs
                     log.error("route %r cannot run: %s; its lines get %r errors", route, exc, ROUTE_UNAVAILABLE)
-            await self.coordinator.beat()
+            await self._unless_machine_fault(self.coordinator.beat())
         if self._recover_at_start:
-            await self.coordinator.sweep(stale_after=0)
+            await self._unless_machine_fault(self.coordinator.sweep(stale_after=0))
         self.coordinator.start(hosting=self.runner is not None, sweeping=self._sweeping)
         if self._sweeping and any(t.webhook_url for t in self.config.batch.teams):
             self.webhooks.start()
         if self.runner is not None:
             self.spawn(self.runner.loop(), "runner")
+
+    async def _unless_machine_fault(self, step: Awaitable[Any]) -> None:
+        """A first beat or sweep that meets a full disk or a store down: said, and left to the loops that do
+        it again (the runner pauses until the fault clears), not a process that exits with a traceback."""
+        try:
+            await step
+        except Exception as exc:
+            fault = machine_fault(exc)
+            if fault is None:
+                raise
+            if once_a_minute(fault.kind):
+                log.warning("%s unavailable (%s: %s); starting anyway, the loops retry", fault.service,
+                            fault.words, fault.detail)
 
     def worker_pool(
         self, count: int, *, config_path: str, upstream_only: bool = False, verbose: bool = False,

@@ -26,6 +26,7 @@ from pathlib import Path
 from gateway import metrics
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
+from gateway.store.faults import machine_fault, once_a_minute
 from gateway.store.sqlite.queue import SQLiteQueue
 
 log = logging.getLogger("batchyard.workers")
@@ -123,8 +124,18 @@ class WorkerPool:
                     continue
                 code, pid = slot.process.returncode, slot.process.pid
                 slot.process = None
-                # Its shards go back to the queue now, not after its heartbeat runs out.
-                released = await self._queue.release(f"{socket.gethostname()}:{pid}")
+                # Its shards go back to the queue now, not after its heartbeat runs out (or, where the store
+                # cannot take the release now, a full disk, then: the sweep's).
+                try:
+                    released = await self._queue.release(f"{socket.gethostname()}:{pid}")
+                except Exception as exc:
+                    fault = machine_fault(exc)
+                    if fault is None:
+                        raise
+                    released = 0
+                    if once_a_minute(fault.kind):
+                        log.warning("%s unavailable (%s: %s); worker %d's shards go back at the next sweep",
+                                    fault.service, fault.words, fault.detail, slot.index)
                 metrics.process_exited(pid)
                 lived = time.monotonic() - slot.started_at
                 slot.failures = 0 if lived > 60 else slot.failures + 1

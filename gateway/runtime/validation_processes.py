@@ -29,6 +29,7 @@ from gateway.config.schema import Config
 from gateway.pipeline.estimate import Estimate, EstimateJob, estimate_file
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
 from gateway.store.blobs.place import BlobPlace
+from gateway.store.faults import StorageUnavailable, machine_fault
 from gateway.store.protocols import Blobs
 
 log = logging.getLogger("batchyard.validation")
@@ -136,6 +137,9 @@ def _plan_in_child(job: PlanJob) -> PlanOutcome:
     try:
         return loop.run_until_complete(plan_batch(config, blobs, job))
     except Exception as exc:
+        fault = machine_fault(exc)
+        if fault is not None:  # the machine's, not the file's: the batch waits for the sweep, no traceback
+            raise StorageUnavailable(fault.kind, fault.detail) from None
         log.exception("planning batch %s failed", job.batch_id)  # the traceback stays in this process's log
         raise PlanFailed(f"{type(exc).__name__}: {str(exc)[:200]}") from None
 

@@ -81,6 +81,10 @@ class ShardLedger(Protocol):
         """Mark a shard finished (idempotent); returns how many shards of its batch are still unfinished."""
     async def begin_attempt(self, shard: Shard) -> int:
         """Count one more attempt at running the shard (by any process); returns the count so far."""
+    async def return_attempt(self, shard: Shard) -> int:
+        """Take back one attempt (never below 0): the attempt met a fault of the machine (a full disk, a store
+        or S3 outage), not of the work, so it must not bring the shard closer to being given up. Returns the
+        count so far."""
     async def record_results(self, shard: Shard, results: Sequence[Result], spend: SpendTo | None = None) -> None:
         """Record results and count them; a result for a line already recorded is ignored. `spend`: add the
         cost of the newly recorded ones to that team's spend, in the same step."""

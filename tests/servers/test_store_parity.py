@@ -186,6 +186,9 @@ async def _ledger(store: Store) -> list[Any]:
     out.append({route: s.to_json() for route, s in sorted(stats.items())})
     out.append([await ledger.begin_attempt(shards[0]), await ledger.begin_attempt(shards[0]),
                 await ledger.begin_attempt(shards[1])])
+    # An attempt given back (a fault of the machine) is not counted; never below 0.
+    out.append([await ledger.return_attempt(shards[0]), await ledger.begin_attempt(shards[0]),
+                await ledger.return_attempt(shards[2]), await ledger.return_attempt(shards[2])])
     rec = await store.batches.get("batch_1")  # request_counts and usage are the ledger's counters
     assert rec is not None
     out.append([rec.to_json(), rec.to_openai(await ledger.route_stats("batch_1"))])

@@ -30,6 +30,7 @@ from gateway.api.http_errors import ApiError
 from gateway.api.teams_view import team_states
 from gateway.pipeline.coordinator import unavailable_routes
 from gateway.records import MESSAGE_BATCH_KIND
+from gateway.store.faults import noticed, waiting_words
 from gateway.store.objects import BatchRecord, Page
 from gateway.store.protocols import Store
 
@@ -194,9 +195,22 @@ async def _batches(
     wanted = [r for r in records if not (r.status.finished and r.id in skip)]
     stats = await asyncio.gather(*(store.ledger.route_stats(r.id) for r in wanted))
     planned = await asyncio.gather(*(_planned(store, r) for r in wanted))
-    unavailable = unavailable_routes(await runtime.coordination.live_workers()) if wanted else {}
+    workers = await runtime.coordination.live_workers() if wanted else []
+    unavailable = unavailable_routes(workers)
     now = time.time()
-    return page, [batch_view(r, s, p, now, unavailable) for r, s, p in zip(wanted, stats, planned, strict=True)]
+    waiting = waiting_words(_paused(workers))
+    return page, [batch_view(r, s, p, now, unavailable, waiting)
+                  for r, s, p in zip(wanted, stats, planned, strict=True)]
+
+
+def _paused(workers: list[dict[str, Any]]) -> dict[str, float]:
+    """The faults of the machine that hold work back (kind -> since): this process's own (a full disk in
+    embedded mode stops the workers' heartbeats too) and those the live workers' heartbeats carry."""
+    faults = noticed()
+    for info in workers:
+        for kind, since in (info.get("paused") or {}).items():
+            faults[kind] = min(float(since), faults.get(kind, float(since)))
+    return faults
 
 
 async def _planned(store: Store, rec: BatchRecord) -> dict[str, int] | None:

@@ -58,6 +58,7 @@ class BatchView:
     output_file_id: str | None = None
     error_file_id: str | None = None
     metadata: dict[str, str] | None = None
+    waiting: str | None = None  # "waiting: disk full since 10:02 UTC": a fault of the machine holds it
 
     @property
     def done(self) -> int:
@@ -78,7 +79,7 @@ class BatchView:
 
 def batch_view(
     rec: BatchRecord, routes: dict[str, RouteStats], planned: dict[str, int] | None = None, now: float | None = None,
-    unavailable: Mapping[str, str] | None = None,
+    unavailable: Mapping[str, str] | None = None, waiting: str | None = None,
 ) -> BatchView:
     """`planned`: requests per route (from the batch's shards), so a running batch lists every route
     from the start, each with its own done / total. `unavailable`: route -> why a worker cannot run it."""
@@ -111,6 +112,7 @@ def batch_view(
         output_file_id=rec.output_file_id,
         error_file_id=rec.error_file_id,
         metadata=rec.metadata,
+        waiting=None if rec.status.finished else waiting,
     )
 
 

@@ -26,6 +26,13 @@ from gateway.records import Result, RouteStats, Shard, billable
 from gateway.store.quota import SpendTo
 from gateway.store.redis.keys import Keys
 
+# One attempt taken back, never below 0 (HINCRBY alone could go negative).
+_RETURN_ATTEMPT = """
+local n = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+if n > 0 then n = redis.call('HINCRBY', KEYS[1], ARGV[1], -1) end
+return n
+"""
+
 _FINISH_SHARD = """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('SADD', KEYS[2], ARGV[1]) end
 return redis.call('HLEN', KEYS[1]) - redis.call('SCARD', KEYS[2])
@@ -91,6 +98,7 @@ class RedisLedger:
     def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
         self._r, self._k = client, keys
         self._finish_shard = client.register_script(_FINISH_SHARD)
+        self._return_attempt = client.register_script(_RETURN_ATTEMPT)
         self._record_results = client.register_script(_RECORD_RESULTS)
         self._record_answered = client.register_script(_RECORD_ANSWERED)
 
@@ -125,6 +133,9 @@ class RedisLedger:
 
     async def begin_attempt(self, shard: Shard) -> int:
         return int(await self._r.hincrby(self._k.attempts(shard.batch_id), str(shard.index), 1))
+
+    async def return_attempt(self, shard: Shard) -> int:
+        return int(await self._return_attempt(keys=[self._k.attempts(shard.batch_id)], args=[str(shard.index)]))
 
     async def finish_shard(self, shard: Shard) -> int:
         keys = [self._k.shards(shard.batch_id), self._k.shards_done(shard.batch_id)]

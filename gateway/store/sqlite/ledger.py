@@ -75,6 +75,15 @@ class SQLiteLedger:
         return int(count)
 
     @off_loop
+    def return_attempt(self, shard: Shard) -> int:
+        (count,) = self._db.execute(
+            "UPDATE shards SET attempts = attempts - 1 WHERE batch_id = ? AND idx = ? AND attempts > 0 "
+            "RETURNING attempts",
+            (shard.batch_id, shard.index),
+        ).fetchone() or (0,)
+        return int(count)
+
+    @off_loop
     def finish_shard(self, shard: Shard) -> int:
         with immediate(self._db):
             self._db.execute("UPDATE shards SET finished = 1 WHERE batch_id = ? AND idx = ?",
