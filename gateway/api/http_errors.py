@@ -21,11 +21,11 @@ from starlette.routing import Match
 
 from gateway import metrics
 from gateway.errors import Conflict, GatewayError, InvalidRequest, NotFound, OverQuota, TooLarge, shown
-from gateway.store.faults import StorageUnavailable, machine_fault, once_a_minute
+from gateway.store.faults import MachineFault, StorageUnavailable, machine_fault, once_a_minute
 
 log = logging.getLogger("batchyard.api")
 # What a fault of the machine raises (`gateway.store.faults`): these get a look before the catch-all 500.
-_STORAGE_ERRORS: tuple[type[Exception], ...] = (OSError, sqlite3.Error, RedisError, ClientError, BotoCoreError,
+STORAGE_ERRORS: tuple[type[Exception], ...] = (OSError, sqlite3.Error, RedisError, ClientError, BotoCoreError,
                                                 StorageUnavailable)
 RETRY_AFTER_SECONDS = 10
 
@@ -159,24 +159,33 @@ async def _unexpected(_: Request, __: Exception) -> JSONResponse:
     return unexpected_error_response()
 
 
-async def _storage_error(request: Request, exc: Exception) -> JSONResponse:
-    """A full disk, the store or S3 down: 503 in OpenAI's shape, retried by the SDKs, one log line a minute,
-    no traceback. Any other error of these types is a bug: 500, with its traceback in the log."""
+def storage_fault(request: Request, exc: Exception, status: int) -> MachineFault | None:
+    """The fault of the machine behind a request's storage error (a full disk, the store or S3 down), counted and
+    logged at most once a minute, without a traceback; None for any other error of these types, a bug, logged
+    with its traceback. Each API family answers it in its own shape, with `status`."""
     fault = machine_fault(exc)
     if fault is None:
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-        return unexpected_error_response()
+        return None
     metrics.observe_machine_fault(fault.kind)
     if once_a_minute(f"api:{fault.kind}"):
-        log.warning("%s unavailable (%s: %s); answering 503 to %s %s", fault.service, fault.words, fault.detail,
-                    request.method, request.url.path)
+        log.warning("%s unavailable (%s: %s); answering %d to %s %s", fault.service, fault.words, fault.detail,
+                    status, request.method, request.url.path)
+    return fault
+
+
+async def _storage_error(request: Request, exc: Exception) -> JSONResponse:
+    """A full disk, the store or S3 down: 503 in OpenAI's shape, retried by the SDKs. Any other error of these
+    types is a bug: 500."""
+    if (fault := storage_fault(request, exc, 503)) is None:
+        return unexpected_error_response()
     return error_response(503, f"The server's {fault.service} is unavailable right now ({fault.words}); the "
                           "request was not completed. Try again later.", code="storage_unavailable",
                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    for kind in _STORAGE_ERRORS:
+    for kind in STORAGE_ERRORS:
         app.add_exception_handler(kind, _storage_error)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(GatewayError, _gateway_error)

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException
 from gateway.api.auth import Principal
 from gateway.api.deps import Caller, runtime_of
 from gateway.api.form import Body
-from gateway.api.http_errors import ApiError
+from gateway.api.http_errors import RETRY_AFTER_SECONDS, STORAGE_ERRORS, ApiError, storage_fault
 from gateway.errors import Conflict, GatewayError, NotFound, OverQuota, TooLarge, shown
 from gateway.json_codec import dumps, loads, loads_checked
 from gateway.message_batches.outcomes import message_result, request_counts
@@ -171,12 +171,12 @@ async def delete(request: Request, caller: Caller, batch_id: str) -> JSONRespons
 
 
 async def _forget_files(runtime: Runtime, rec: BatchRecord) -> None:
-    """A deleted batch's files: its input, its output (the results) and the order index beside it."""
+    """A deleted batch's files: its input and its output (the results; the order index beside it goes with
+    them, `BatchService.delete_file`)."""
     await runtime.service.delete_file(rec.input_file_id, _input_owner(rec.owner))
     for file_id in (rec.output_file_id, rec.error_file_id):
         if file_id:
             await runtime.service.delete_file(file_id, rec.owner)
-    await runtime.blobs.delete(f"results/{rec.id}.order")
 
 
 @router.get("/batches/{batch_id}/results")
@@ -259,6 +259,16 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     return _reply(400, f"{where}: {first.get('msg', 'invalid')}")
 
 
+async def _storage_error(request: Request, exc: Exception) -> JSONResponse:
+    """A full disk, the store or S3 down: Anthropic's 529 `overloaded_error`, which its SDK retries."""
+    if (fault := storage_fault(request, exc, 529)) is None:
+        return _reply(500, "Internal server error")
+    reply = _reply(529, f"The server's {fault.service} is unavailable right now ({fault.words}); the request was "
+                        "not completed. Try again later.", "overloaded_error")
+    reply.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return reply
+
+
 async def _unexpected(_: Request, __: Exception) -> JSONResponse:
     return _reply(500, "Internal server error")
 
@@ -269,6 +279,8 @@ def message_batches_app(parent: FastAPI) -> FastAPI:
     app.state.runtime = parent.state.runtime
     app.state.auth = parent.state.auth
     app.include_router(router)
+    for kind in STORAGE_ERRORS:
+        app.add_exception_handler(kind, _storage_error)
     app.add_exception_handler(AnthropicError, _anthropic_error)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(GatewayError, _gateway_error)

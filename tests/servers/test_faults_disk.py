@@ -4,7 +4,8 @@ The data directory of an embedded `serve` is a small tmpfs; once the batch is ru
 The rule: the shards that meet the full disk are handed back without spending an attempt, the runner pauses
 (`batchyard_paused{reason="disk_full"}` is 1, `batchyard_machine_faults_total{kind="disk_full"}` counts, the
 dashboard's card says "waiting: disk full since 10:02 UTC"), the API still answers `GET /v1/batches`, an upload
-answers 503 `storage_unavailable` in OpenAI's shape (no traceback, the files already uploaded intact), and once
+answers 503 `storage_unavailable` in OpenAI's shape (a Message Batch 529 `overloaded_error` in Anthropic's; no
+traceback, the files already uploaded intact), and once
 the ballast is deleted the batch completes on its own: every custom_id once, no line failed, no traceback in any
 log. Before, a full disk spent the shards' attempts, filled the log with tracebacks and left the batch
 `in_progress` for good.
@@ -92,6 +93,11 @@ def test_a_full_disk_pauses_the_batch_and_freeing_it_resumes_it(upstream: Upstre
                 error = refused.value.response.json()["error"]
                 assert (error["type"], error["code"]) == ("server_error", "storage_unavailable"), error
                 assert "disk full" in error["message"]
+                # The Message Batches door answers in Anthropic's shape: 529 overloaded_error, which its SDK retries.
+                late = gw.http("POST", "/v1/messages/batches", json={"requests": [{"custom_id": "x", "params": {
+                    "model": "gpt-mini", "max_tokens": 8, "messages": [{"role": "user", "content": "x" * 200_000}]}}]})
+                assert late.status_code == 529 and late.json()["error"]["type"] == "overloaded_error", late.text
+                assert "disk full" in late.json()["error"]["message"]
             finally:
                 ballast.unlink()
 
