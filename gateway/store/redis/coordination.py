@@ -17,7 +17,9 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.store.leases import hold
@@ -36,10 +38,28 @@ WORKER_RETRIES = 30
 API_RETRIES = 3
 
 
+class _Script(AsyncScript):
+    """redis-py's script, loaded again when Redis forgot it more than once in one call.
+
+    redis-py loads a script again on NOSCRIPT and calls it once more; a Redis that restarts (its script
+    cache is empty) around that second call answered NOSCRIPT again, and the caller met the error."""
+
+    async def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        for _ in range(3):
+            with contextlib.suppress(NoScriptError):
+                return await super().__call__(keys, args, client)
+        return await super().__call__(keys, args, client)
+
+
+class _Redis(aioredis.Redis):
+    def register_script(self, script: Any) -> AsyncScript:  # type: ignore[override]  # the async one
+        return _Script(self, script)
+
+
 def connect_redis(url: str, retries: int = WORKER_RETRIES) -> aioredis.Redis:
     """A client that rides out a Redis restart (retries with backoff; `retries`: how patient)."""
     retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=retries)
-    return aioredis.Redis.from_url(
+    return _Redis.from_url(
         url, decode_responses=True, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError],
         health_check_interval=15, socket_timeout=10,
     )
