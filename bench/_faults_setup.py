@@ -53,6 +53,7 @@ class Deployment:
     config_path: Path | None = None
     storage: str = ""
     claim_idle: float = 2.0
+    redis_proxy: Any = None  # a FaultProxy between every process and Redis, when asked for
 
     @property
     def url(self) -> str:
@@ -87,33 +88,41 @@ class Deployment:
         assert self.redis is not None and self.config_path is not None
         if self.worker is not None:
             self.worker.close()
-        self.worker = start_worker(self.config_path, self.redis.url, self.storage, claim_idle=self.claim_idle)
+        url = self.redis.url if self.redis_proxy is None else f"redis://127.0.0.1:{self.redis_proxy.port}/0"
+        self.worker = start_worker(self.config_path, url, self.storage, claim_idle=self.claim_idle)
         self.worker.wait_ready(120)
 
 
 @contextlib.contextmanager
 def deploy(mode: str, config: dict[str, Any], data_dir: Path, *, claim_idle: float = 2.0,
-           storage: str | None = None, env: dict[str, str] | None = None) -> Iterator[Deployment]:
-    """The gateway in `mode` ("embedded" or "shared"), ready: its worker has started."""
+           storage: str | None = None, env: dict[str, str] | None = None,
+           redis_proxy: Any = None, workers: int | None = 1) -> Iterator[Deployment]:
+    """The gateway in `mode` ("embedded" or "shared"), ready: its worker has started. `redis_proxy`: the
+    FaultProxy class, to put one between every process and Redis (shared mode). `workers`: embedded `serve
+    --workers` (None: the product's default)."""
     if mode == "embedded":
-        with start_gateway(config, data_dir, workers=1) as gw:
+        with start_gateway(config, data_dir, workers=workers) as gw:
             deployment = Deployment(mode, gw)
             _wait_workers(deployment)
             yield deployment
         return
     redis = RedisServer(appendonly=True).start()
+    proxy = redis_proxy("127.0.0.1", redis.port).start() if redis_proxy is not None else None
+    url = redis.url if proxy is None else f"redis://127.0.0.1:{proxy.port}/0"
     worker: WorkerProcess | None = None
     try:
         store = storage or str(data_dir / "blobs")
-        with start_shared(config, data_dir, redis.url, with_worker=False, storage=store, env=env) as gw:
+        with start_shared(config, data_dir, url, with_worker=False, storage=store, env=env) as gw:
             config_path = data_dir.parent / "shared.config.yaml"
-            worker = start_worker(config_path, redis.url, store, env=env, claim_idle=claim_idle).wait_ready(120)
-            deployment = Deployment(mode, gw, redis, worker, config_path, store, claim_idle)
+            worker = start_worker(config_path, url, store, env=env, claim_idle=claim_idle).wait_ready(120)
+            deployment = Deployment(mode, gw, redis, worker, config_path, store, claim_idle, proxy)
             yield deployment
             worker = deployment.worker
     finally:
         if worker is not None:
             worker.close()
+        if proxy is not None:
+            proxy.close()
         redis.close()
 
 
@@ -128,11 +137,13 @@ def _wait_workers(d: Deployment) -> None:
 
 @dataclass
 class Prober:
-    """Team beta's `GET /v1/batches`, timed in a thread every `every` seconds; `take()` the latencies so far."""
+    """Team beta's `GET /v1/batches`, timed in a thread every `every` seconds: each answer's latency (`take()`)
+    and status (`statuses`); `errors`: requests with no answer at all."""
 
     url: str
     every: float = 0.05
     latencies: list[float] = field(default_factory=list)
+    statuses: Counter[int] = field(default_factory=Counter)
     errors: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -142,16 +153,16 @@ class Prober:
             while not self._stop.is_set():
                 started = time.perf_counter()
                 try:
-                    ok = http.get("/v1/batches", params={"limit": 5}).status_code == 200
+                    status = http.get("/v1/batches", params={"limit": 5}).status_code
                 except httpx.HTTPError:
-                    ok = False
-                if ok:
-                    self.latencies.append(time.perf_counter() - started)
+                    self.errors += 1  # no answer at all
                 else:
-                    self.errors += 1
+                    self.latencies.append(time.perf_counter() - started)  # an answer, 200 or not
+                    self.statuses[status] += 1
                 self._stop.wait(self.every)
 
     def take(self) -> list[float]:
+        """The latencies of the answers since the last take (the statuses count on)."""
         taken, self.latencies = self.latencies, []
         return sorted(taken)
 
