@@ -6,6 +6,9 @@ pass-through, `mistral-small` LiteLLM's completion path (LiteLLM translates for 
 from `router_settings.timeout`, or from a deployment's `litellm_params.timeout` where the Router's is an
 hour: if either were ignored, a hung line would hold its shard far past the wait below.
 
+Native batch jobs too: a job whose first polls hang (`#batch:hangx2`) is polled again after each poll's
+timeout, and its lines come back.
+
 A user sees: the batch completes; each hung line is in the error file with code `upstream_timeout`, once,
 after the route's retries (`num_retries: 1` here); a line that hung once succeeded on its retry; every
 other line succeeded; the API answered another team's `GET /v1/batches` all along; no traceback in the logs.
@@ -13,6 +16,7 @@ other line succeeded; the API answered another team's `GET /v1/batches` all alon
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +77,44 @@ def test_a_hung_upstream_fails_its_lines_with_upstream_timeout_and_the_rest_run(
     # each hung line was tried twice (once and the route's one retry), and so was each line that hung once
     calls = {text: n for text, n in upstream.stats()["by_custom"].items() if f" {where} " in text}
     assert sorted(calls.values()) == [2] * 8, calls
+
+
+async def test_a_hung_poll_of_a_native_job_is_held_no_longer_than_the_timeout(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """A native batch job whose first polls are never answered (`#batch:hangx2`): each poll gives up at the
+    deployment's timeout, the job is polled again, and its lines come back; nothing fails."""
+    from gateway.config.schema import parse_config
+    from gateway.records import BatchRequest, BatchStatus, Endpoint, Shard, new_id
+    from gateway.store.objects import BatchRecord, now
+    from gateway.store.sqlite.store import SQLiteStore
+    from providers.native import NativeBatchBackend
+
+    entry = {"model_name": "native", "model_info": {"batch_mode": "native", "native_poll_max_seconds": 0.2},
+             "litellm_params": {"model": "openai/gpt-4o-mini", "api_base": upstream.v1_url, "api_key": "sk-x",
+                                "timeout": TIMEOUT}}
+    route = parse_config({"model_list": [entry]}).routes["native"]
+    store = SQLiteStore(tmp_path / "store.sqlite3")
+    try:
+        batch_id, t = new_id("batch"), now()
+        await store.batches.put(BatchRecord(id=batch_id, owner="", endpoint="*", input_file_id="file-x",
+                                            completion_window="24h", status=BatchStatus.IN_PROGRESS, created_at=t,
+                                            expires_at=t + 3600))
+        shard = Shard(batch_id=batch_id, index=0, route="native", size=3)
+        await store.ledger.put_shards(batch_id, [shard])
+        texts = ["#batch:hangx2 hi 0", "hi 1", "hi 2"]  # the directive rides in the job's input file
+        requests = [BatchRequest(line=i, custom_id=f"n-{i}", url=Endpoint.CHAT,
+                                 body={"model": "native", "messages": [{"role": "user", "content": text}]})
+                    for i, text in enumerate(texts)]
+        backend = NativeBatchBackend(route, {}, store)
+        await backend.start()
+
+        async def run() -> list[Any]:
+            return [r async for r in backend.execute_shard(shard, requests)]
+
+        # a deadline for the test, not a timing assert: were the timeout ignored, a poll would hang for an hour
+        results = await asyncio.wait_for(run(), 120)
+        assert sorted(r.custom_id for r in results) == ["n-0", "n-1", "n-2"]
+        assert all(r.status_code == 200 for r in results), [r.body for r in results]
+    finally:
+        await store.aclose()

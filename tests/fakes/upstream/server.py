@@ -44,7 +44,8 @@ A batch goes validating → in_progress → finalizing → completed within
 `--batch-delay` seconds; its lines are answered by the same handler as the
 real-time endpoints (directives apply per line, sleeps excepted; non-2xx lines
 go to the error file). Input lines containing `#batch:fail` make the batch
-`failed`, `#batch:expire` make it `expired`. Cancel: cancelling → cancelled.
+`failed`, `#batch:expire` make it `expired`; `#batch:hangxN`: its first N retrieves (`GET …/batches/{id}`)
+are never answered (a hung upstream while the job is polled). Cancel: cancelling → cancelled.
 
 The parts: this module (the process and the handle tests hold), `tests.fakes.upstream.app`
 (the ASGI app: real-time and control endpoints), `tests.fakes.upstream.batches` (Files and
