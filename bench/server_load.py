@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/server_load.py [--clients 50] [--lines 1000] [--upload-mb 200]
     .venv/bin/python bench/server_load.py --validation-only [--validate-lines 500000]
+    .venv/bin/python bench/server_load.py --during-run [--run-lines 500000] [--run-seconds 60]
 
 Each client uploads its own N-line batch file with the real `openai` SDK,
 creates a batch, and polls it until it finishes; meanwhile a prober times
@@ -13,7 +14,9 @@ file is uploaded (flat: the upload is streamed to disk), and another team's
 `GET /v1/batches` p50/p99 alone, while team alpha uploads a `--validate-lines`
 file and while it validates (in a validation process, off the API's: the aim is p99 <= 50
 ms; the file's last line is bad, so the batch fails once validated and never
-runs), with the load average. `--validation-only` measures only that.
+runs), with the load average. `--validation-only` measures only that. `--during-run`: another team's
+`GET /v1/batches` while a `--run-lines`-line batch runs on an upstream route, embedded then shared
+(bench/_during_run.py).
 Not a test: a shared 2-core machine is noisy; the upstream runs beside it.
 """
 
@@ -158,7 +161,17 @@ def main() -> None:
                              "is probed (default 500000, the issue's 184 MB file; 0: skip)")
     parser.add_argument("--validation-only", action="store_true",
                         help="measure only GET /v1/batches alone and while the file validates (default: off)")
+    parser.add_argument("--during-run", action="store_true",
+                        help="measure only another team's GET /v1/batches while a big batch runs, in both modes")
+    parser.add_argument("--run-lines", type=int, default=500_000, help="--during-run: the batch's lines")
+    parser.add_argument("--run-seconds", type=float, default=60.0, help="--during-run: the measurement window")
     args = parser.parse_args()
+    if args.during_run:
+        from bench._during_run import during_run
+
+        print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the start")
+        during_run(args.run_lines, args.run_seconds)
+        return
     mib = 1024 * 1024
     with start_upstream() as upstream, tempfile.TemporaryDirectory() as tmp:
         config = gateway_config(upstream, models=("gpt-mini",), teams=TEAMS, master_key=MASTER,
@@ -169,9 +182,9 @@ def main() -> None:
         with start_gateway(config, Path(tmp) / "data", workers=workers) as gw:
             _wait_workers(gw, workers)
             if args.validation_only:
-                validation = _validation_probe(gw, args.validate_lines)
+                alone = _validation_probe(gw, args.validate_lines)
                 gw.stop()
-                _print_validation(args.validate_lines, validation)
+                _print_validation(args.validate_lines, alone)
                 return
             api = psutil.Process(gw.process.pid)
             idle_rss = sum(p.memory_info().rss for p in [api, *api.children(recursive=True)])
@@ -271,8 +284,8 @@ def _validation_probe(gw: Gateway, lines: int) -> Validation:
     prober.start()
     time.sleep(5.0)
     alone = phase()
-    with path.open("rb") as f:
-        source = alpha.files.create(file=("validate.jsonl", f), purpose="batch")
+    with path.open("rb") as raw:
+        source = alpha.files.create(file=("validate.jsonl", raw), purpose="batch")
     upload = phase()
     path.unlink()
     started = time.perf_counter()

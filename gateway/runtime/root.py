@@ -227,7 +227,7 @@ async def open_shared(
 ) -> Runtime:
     """The shared mode. `routes`: the routes this process runs shards for (`()`: none, an API replica;
     `None`: every route of the config). `validation_processes`: as `open_embedded`'s."""
-    from gateway.store.redis.coordination import RedisCoordination, connect_redis
+    from gateway.store.redis.coordination import API_RETRIES, WORKER_RETRIES, RedisCoordination, connect_redis
     from gateway.store.redis.keys import Keys
     from gateway.store.redis.layout import upgrade_key_layout
     from gateway.store.redis.queue import DEFAULT_CLAIM_IDLE, RedisStreamQueue
@@ -236,7 +236,8 @@ async def open_shared(
     idle = DEFAULT_CLAIM_IDLE if claim_idle is None else claim_idle
     if not idle > 0:
         raise ValueError(f"claim_idle must be a positive number of seconds, not {claim_idle}")  # 0: every shard lost
-    client = connect_redis(redis_url)
+    # An API replica (no routes) answers 503 soon when Redis is gone; a process that runs shards waits longer
+    client = connect_redis(redis_url, retries=API_RETRIES if routes is not None and not routes else WORKER_RETRIES)
     await client.ping()  # fail fast on a wrong URL
     keys = Keys(prefix) if prefix else Keys()
     await upgrade_key_layout(client, keys)  # an older version's fixed keys, where a team's could be

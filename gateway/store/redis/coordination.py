@@ -17,7 +17,9 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.store.leases import hold
@@ -29,10 +31,35 @@ _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPI
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
 
-def connect_redis(url: str) -> aioredis.Redis:
-    """A client that rides out a Redis restart of a few seconds (retries with backoff)."""
-    retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=30)
-    return aioredis.Redis.from_url(
+# How many times a command is tried again on a lost connection (backoff 0.1 s, doubling, at most 1 s):
+# a worker's 30 ride out a Redis restart of ~25 s; an API replica's 3 (0.7 s) ride out a blip and then answer
+# 503 at once, instead of holding every request for as long as Redis stays down.
+WORKER_RETRIES = 30
+API_RETRIES = 3
+
+
+class _Script(AsyncScript):
+    """redis-py's script, loaded again when Redis forgot it more than once in one call.
+
+    redis-py loads a script again on NOSCRIPT and calls it once more; a Redis that restarts (its script
+    cache is empty) around that second call answered NOSCRIPT again, and the caller met the error."""
+
+    async def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        for _ in range(3):
+            with contextlib.suppress(NoScriptError):
+                return await super().__call__(keys, args, client)
+        return await super().__call__(keys, args, client)
+
+
+class _Redis(aioredis.Redis):
+    def register_script(self, script: Any) -> AsyncScript:  # type: ignore[override]  # the async one
+        return _Script(self, script)
+
+
+def connect_redis(url: str, retries: int = WORKER_RETRIES) -> aioredis.Redis:
+    """A client that rides out a Redis restart (retries with backoff; `retries`: how patient)."""
+    retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=retries)
+    return _Redis.from_url(
         url, decode_responses=True, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError],
         health_check_interval=15, socket_timeout=10,
     )
@@ -90,4 +117,4 @@ class RedisCoordination:
         return None
 
 
-__all__ = ["LEASE_SECONDS", "RedisCoordination", "connect_redis"]
+__all__ = ["API_RETRIES", "LEASE_SECONDS", "WORKER_RETRIES", "RedisCoordination", "connect_redis"]

@@ -68,6 +68,10 @@ BAD_USAGE: dict[str, object] = {
     "list": [1, 2, 3],
 }
 _SLEEP_RE = re.compile(r"#sleep:(\d+(?:\.\d+)?)")
+_HANG_RE = re.compile(r"#hang(?:x(\d+))?")
+# How long a `#hang` request is held: longer than any test's route timeout, short enough that a server stopped
+# with requests still held exits soon (uvicorn waits for open requests up to its graceful timeout anyway).
+HANG_SECONDS = 3600.0
 
 
 class UpstreamServer(FilesAndBatches):
@@ -156,6 +160,12 @@ class UpstreamServer(FilesAndBatches):
             text = request_text(kind, body)
         except ApiError as exc:
             return _raw(exc.status, exc.body())
+        if "#hang" in text and (hang := _HANG_RE.search(text)):
+            self.attempts[text] += 1  # `#hangxN`: the first N calls with this exact text hang, then it answers
+            if hang.group(1) is None or self.attempts[text] <= int(hang.group(1)):
+                if "#count" in text:  # counted here: a hung call never reaches `execute`, which counts the others
+                    self.counters.by_custom[text] += 1
+                await asyncio.sleep(HANG_SECONDS)  # the connection stays open; no byte of a reply is sent
         delay = self.options.latency_ms
         if "#sleep:" in text and (match := _SLEEP_RE.search(text)):
             delay += float(match.group(1))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Awaitable, Callable
 
 from starlette.datastructures import UploadFile
@@ -47,6 +48,10 @@ from tests.fakes.upstream.state import (
     _parse_batch_lines,
     _poison,
 )
+
+_HANG_POLLS_RE = re.compile(rb"#batch:hangx(\d+)")
+# How long a hung retrieve is held: longer than any test's route timeout (as the real-time `#hang`).
+HANG_SECONDS = 3600.0
 
 
 # batch endpoint (without a /v1 prefix) -> kind
@@ -171,6 +176,8 @@ class FilesAndBatches:
         lines = _parse_batch_lines(stored.content, endpoint, kind)
         poison = _poison(stored.content)
         job = BatchJob(_new_batch(body, endpoint, lines[0].model), lines, poison)
+        if (hang := _HANG_POLLS_RE.search(stored.content)) is not None:
+            job.hang_polls = int(hang.group(1))
         self.batches[job.obj["id"]] = job
         self.counters.batches_created += 1
         self._spawn(self._run_batch(job))
@@ -182,7 +189,11 @@ class FilesAndBatches:
         return _json(_page(items, params.get("after"), _limit(params.get("limit"), 20, 100)))
 
     async def get_batch(self, request: Request) -> Response:
-        return _json(self._batch(request.path_params["batch_id"]).obj)
+        job = self._batch(request.path_params["batch_id"])
+        if job.hang_polls > 0:  # a hung upstream: the request is read, no byte of a reply is sent
+            job.hang_polls -= 1
+            await asyncio.sleep(HANG_SECONDS)
+        return _json(job.obj)
 
     async def cancel_batch(self, request: Request) -> Response:
         job = self._batch(request.path_params["batch_id"])

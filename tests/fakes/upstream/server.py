@@ -32,6 +32,8 @@ Directives in the request text (last user message, prompt, input, query):
   `retry-after: 0` and `retry-after-ms: 10` so clients retry at once)
 - `#fail:CODExN` answer CODE to the first N calls with this exact text, then succeed
 - `#sleep:MS`  wait MS milliseconds before answering (real-time only)
+- `#hang`      accept the request and never answer it (an hour; real-time only): a hung upstream
+- `#hangxN`    hang for the first N calls with this exact text, then answer (a retry succeeds)
 - `#count`     count calls per exact text in `stats()["by_custom"]`
 - `#extra`     add fields OpenAI's types don't know to a success reply (`x_provider`, `prompt_logprobs`)
 - `#usage:NAME` a success reply's `usage` is a bad one (`tests.fakes.upstream.app.BAD_USAGE`: negative, huge,
@@ -42,7 +44,8 @@ A batch goes validating → in_progress → finalizing → completed within
 `--batch-delay` seconds; its lines are answered by the same handler as the
 real-time endpoints (directives apply per line, sleeps excepted; non-2xx lines
 go to the error file). Input lines containing `#batch:fail` make the batch
-`failed`, `#batch:expire` make it `expired`. Cancel: cancelling → cancelled.
+`failed`, `#batch:expire` make it `expired`; `#batch:hangxN`: its first N retrieves (`GET …/batches/{id}`)
+are never answered (a hung upstream while the job is polled). Cancel: cancelling → cancelled.
 
 The parts: this module (the process and the handle tests hold), `tests.fakes.upstream.app`
 (the ASGI app: real-time and control endpoints), `tests.fakes.upstream.batches` (Files and

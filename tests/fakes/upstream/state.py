@@ -99,6 +99,7 @@ class BatchJob:
     obj: JSON
     lines: list[BatchLine]
     poison: str | None  # "fail" or "expire" from a #batch: directive
+    hang_polls: int = 0  # `#batch:hangxN`: the batch's first N retrieves are never answered
 
 
 # --------------------------------------------------------------------------- batch helpers
