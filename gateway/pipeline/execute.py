@@ -154,11 +154,26 @@ class ShardRunner:
                 if counted:
                     self._owed[shard.key] = shard
                     await self._settle_owed()
-            with contextlib.suppress(Exception):
-                await asyncio.sleep(1.0)
-                await self.queue.hand_back(delivery)
+            await self._hand_back(delivery)
         finally:
             self._running.pop(delivery.token, None)
+
+    async def _hand_back(self, delivery: Delivery) -> None:
+        """Give a shard back to the queue, trying again while the store cannot take it (a fault of the machine,
+        after the runner's back-off): a shard left claimed by a live worker is never taken over, so a hand-back
+        dropped on a full disk left its batch `in_progress` for good."""
+        delay = 1.0
+        while not self._closing:
+            await asyncio.sleep(delay)
+            try:
+                await self.queue.hand_back(delivery)
+                return
+            except Exception as exc:
+                fault = machine_fault(exc)
+                if fault is None:
+                    log.exception("shard %s: could not hand it back", delivery.shard.key)
+                    return
+                delay = self.pause.fault(fault)  # the runner's own back-off, and its one log line a minute
 
     async def _settle_owed(self) -> bool:
         """Give back the attempts that faults of the machine took; False while the store cannot take them."""
