@@ -191,9 +191,12 @@ class Pause:
 
     def fault(self, fault: MachineFault) -> float:
         """A shard met `fault`: back off (returns the delay, seconds) and say so, at most once a minute."""
-        self.failures += 1
-        delay = min(self.first * 2 ** (self.failures - 1), self.ceiling)
         now = time.monotonic()
+        # One step of the back-off per try after a wait, not per shard: the twenty shards in flight when the disk
+        # filled would otherwise take it to the ceiling at once (a 5 s outage then took 27 s to recover from).
+        if now >= self.until:
+            self.failures += 1
+        delay = min(self.first * 2 ** (max(self.failures, 1) - 1), self.ceiling)
         self.until = max(self.until, now + delay)
         self.last_fault = now
         metrics.observe_machine_fault(fault.kind)

@@ -76,11 +76,17 @@ def test_a_fault_is_found_through_causes_and_groups() -> None:
     assert machine_fault(ExceptionGroup("shard", [full, ValueError("a bug")])) is None  # the work's: one attempt
 
 
-def test_the_back_off_doubles_to_its_ceiling_and_resets_on_a_later_success() -> None:
+def test_the_back_off_doubles_per_try_to_its_ceiling_and_resets_on_a_later_success() -> None:
     pause = Pause(first=1.0, ceiling=30.0)
     fault = machine_fault(OSError(errno.ENOSPC, "No space left on device"))
     assert fault is not None
-    assert [pause.fault(fault) for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+    # the shards in flight when the fault came each meet it: one step, not one per shard
+    assert [pause.fault(fault) for _ in range(5)] == [1, 1, 1, 1, 1]
+    delays = []
+    for _ in range(6):
+        pause.until = 0.0  # the wait is over: the next try that meets the fault is the next step
+        delays.append(pause.fault(fault))
+    assert delays == [2, 4, 8, 16, 30, 30]
     assert pause.paused and list(pause.since) == ["disk_full"]
     pause.succeeded(started=pause.last_fault - 1)  # a shard taken before the last fault proves nothing
     assert pause.paused
