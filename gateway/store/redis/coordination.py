@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
@@ -31,11 +31,13 @@ _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPI
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
 
-# How many times a command is tried again on a lost connection (backoff 0.1 s, doubling, at most 1 s):
-# a worker's 30 ride out a Redis restart of ~25 s; an API replica's 3 (0.7 s) ride out a blip and then answer
-# 503 at once, instead of holding every request for as long as Redis stays down.
+# How a command is tried again on a lost connection. A worker: 30 times with backoff (0.1 s, doubling, at most
+# 1 s), riding out a Redis restart of ~25 s. An API replica: once, at once, so a stale connection is replaced
+# while a Redis that is gone answers 503 in milliseconds instead of holding every request (3 retries with
+# backoff held each for 0.7 s); the SDKs retry a 503 themselves, and the openai SDK's POSTs carry an
+# Idempotency-Key, which create honours.
 WORKER_RETRIES = 30
-API_RETRIES = 3
+API_RETRIES = 1
 
 
 class _Script(AsyncScript):
@@ -57,8 +59,8 @@ class _Redis(aioredis.Redis):
 
 
 def connect_redis(url: str, retries: int = WORKER_RETRIES) -> aioredis.Redis:
-    """A client that rides out a Redis restart (retries with backoff; `retries`: how patient)."""
-    retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=retries)
+    """A client that rides out a Redis restart (retries with backoff; `retries`: how patient; 1: once, at once)."""
+    retry = Retry(ExponentialBackoff(cap=1.0, base=0.05) if retries > 1 else NoBackoff(), retries=retries)
     return _Redis.from_url(
         url, decode_responses=True, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError],
         health_check_interval=15, socket_timeout=10,
