@@ -114,7 +114,9 @@ class LiteLLMBackend:
             return Result.http_error(req.line, req.custom_id, 400, f"{req.url.value} is not supported for upstream "
                                      "models", type_="invalid_request_error", code="unsupported_endpoint", model=model)
         wire = self._wire is not None and model in self._wire_groups and req.url in WIRE_ENDPOINTS
-        refused = await self._refusal(req, model, body, wire)
+        # a Messages line on an OpenAI-wire route: translated, then sent as bytes (providers.messages_bridge)
+        bridged = self._wire is not None and model in self._wire_groups and req.url is Endpoint.MESSAGES
+        refused = await self._refusal(req, model, body, wire, bridged)
         if refused is not None:
             return refused
         # the Router method's required arguments (one set on every upstream endpoint): a line without one gets
@@ -126,8 +128,8 @@ class LiteLLMBackend:
             return Result(line=req.line, custom_id=req.custom_id, status_code=400, body={"error": error}, model=model)
         if wire:
             return await self._pass_through(req, model)
-        if req.url is Endpoint.MESSAGES and self._wire is not None and model in self._wire_groups:
-            return await message_through_wire(req, model, body, self._pass_through)  # see providers.messages_bridge
+        if bridged:
+            return await message_through_wire(req, model, body, self._pass_through)
         try:
             reply = await call(model=model, **body)
         except Exception as exc:  # a provider error is this line's result, never the batch's end
@@ -147,7 +149,8 @@ class LiteLLMBackend:
         cost = self._prices.cost(reply, data)
         return Result(line=req.line, custom_id=req.custom_id, status_code=200, body=data, model=model, cost_usd=cost)
 
-    async def _refusal(self, req: BatchRequest, model: str, body: dict[str, Any], wire: bool) -> Result | None:
+    async def _refusal(self, req: BatchRequest, model: str, body: dict[str, Any], wire: bool,
+                       bridged: bool = False) -> Result | None:
         """The line's 400 when its body holds more than data: a field outside the endpoint's documented ones
         and the operator's extras for the model, LiteLLM's own `metadata`, or a media URL we may not fetch.
 
@@ -167,6 +170,8 @@ class LiteLLMBackend:
             own = None  # Anthropic's own `metadata`; on this path the Router keeps its own in `litellm_metadata`
         if own is not None:
             return unsupported(req, own, "LiteLLM reads it for itself on this provider's path")
+        if bridged:
+            return None  # the provider gets the translated bytes and fetches media itself, as on the wire path
         return await refused_media(req, body, self._media_hosts.get(model, frozenset()))
 
     async def _pass_through(self, req: BatchRequest, group: str, tried: frozenset[str] = frozenset()) -> Result:
