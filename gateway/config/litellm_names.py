@@ -130,8 +130,8 @@ LITELLM_SETTINGS = frozenset({
     'signoz_ingestion_key', 'silent_model', 'specific_deployment', 'ssl_verify', 'standard_callback_dynamic_params',
     'standard_logging_object', 'stream_chunk_size', 'stream_response', 'stream_timeout',
     'stream_timeout_by_service_tier', 'supports_system_message', 'tag_filtering_match_any', 'tag_regex',
-    'tag_routing_prefix', 'tags', 'tenant_id', 'text_completion', 'text_format', 'thinking', 'tiered_pricing',
-    'timeout', 'timeout_by_service_tier', 'tpm', 'ttl', 'turn_off_message_logging', 'use_chat_completions_api',
-    'use_client', 'use_in_pass_through', 'use_litellm_proxy', 'use_xai_oauth', 'user_continue_message', 'verbose',
-    'voice', 'wandb_api_key', 'weave_project_id', 'weight',
+    'tag_routing_prefix', 'tags', 'tenant_id', 'text_completion', 'text_format', 'tiered_pricing', 'timeout',
+    'timeout_by_service_tier', 'tpm', 'ttl', 'turn_off_message_logging', 'use_chat_completions_api', 'use_client',
+    'use_in_pass_through', 'use_litellm_proxy', 'use_xai_oauth', 'user_continue_message', 'verbose', 'voice',
+    'wandb_api_key', 'weave_project_id', 'weight',
 })

@@ -129,7 +129,8 @@ class TestGenerate:
 
     async def test_is_a_backend(self, llama: LocalEngineBackend) -> None:
         assert isinstance(llama, Backend)
-        assert llama.endpoints == {Endpoint.CHAT, Endpoint.COMPLETIONS}
+        # vLLM serves Anthropic's Messages too (its AnthropicServingMessages)
+        assert llama.endpoints == {Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.MESSAGES}
         assert llama.served_model_names == ("tiny-llama",)
         await llama.start()  # idempotent
 

@@ -42,7 +42,7 @@ def test_an_s3_outage_pauses_the_batch_and_it_resumes_when_s3_is_back(
     proxy: FaultProxy, tmp_path: Path,
 ) -> None:
     config = gateway_config(upstream, models=("gpt-mini",), shard_size=10, max_shards_in_flight=1)
-    ids = [f"line-{i}" for i in range(300)]
+    ids = [f"line-{i}" for i in range(150)]
     env = {**s3.env(), "BATCHYARD_S3_ENDPOINT_URL": proxy.url}
     with start_shared(config, tmp_path / "data", redis_server.url, storage=s3.storage(f"faults-{mode}"),
                       env=env) as gw:

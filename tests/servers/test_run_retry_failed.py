@@ -93,7 +93,7 @@ def test_a_retry_killed_midway_is_continued_not_made_twice(upstream: Upstream, t
     cfg, data = write_config(tmp_path / "c.yaml", upstream), tmp_path / "state"
     tag = uuid.uuid4().hex[:8]
     src, out, err = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "err.jsonl"
-    texts = [f"{tag} {i}" + (" #fail:400x1 #sleep:5000" if i % 2 else "") for i in range(8)]
+    texts = [f"{tag} {i}" + (" #fail:400x1 #sleep:3000" if i % 2 else "") for i in range(8)]
     src.write_text("\n".join(line(f"r{i}", "gpt-4o-mini", t) for i, t in enumerate(texts)) + "\n")
     common = ["-i", str(src), "-o", str(out), "--error-file", str(err), "--config", str(cfg), "--data-dir",
               str(data), "--no-progress"]

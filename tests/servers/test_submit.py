@@ -37,6 +37,10 @@ REPO = Path(__file__).resolve().parents[2]
 TEAMS = [{"team_id": "alpha", "api_keys": ["sk-alpha"]}]
 
 
+# What the client alone decides (detach, a refused key, Ctrl-C) is the same against either mode: one is enough.
+ONE_MODE = pytest.mark.parametrize("gateway", ["embedded"], indirect=True)
+
+
 @pytest.fixture(scope="module", params=MODES)
 def gateway(request: pytest.FixtureRequest, upstream: Upstream,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
@@ -125,6 +129,7 @@ def test_submit_killed_and_run_again_finishes_the_same_batch(gateway: Gateway, t
     assert _batches_named(gateway, src.name) == batches
 
 
+@ONE_MODE
 def test_detach_prints_the_batch_id_and_the_same_command_follows_it(gateway: Gateway, tmp_path: Path) -> None:
     src, out = _input(tmp_path / "detach.jsonl", 6), tmp_path / "out.jsonl"
     detached = _submit(gateway, src, out, "--detach")
@@ -137,6 +142,7 @@ def test_detach_prints_the_batch_id_and_the_same_command_follows_it(gateway: Gat
     assert _batches_named(gateway, src.name) == [batch_id]
 
 
+@ONE_MODE
 def test_a_key_the_gateway_refuses_is_a_usage_error(gateway: Gateway, tmp_path: Path) -> None:
     src, out = _input(tmp_path / "badkey.jsonl", 2), tmp_path / "out.jsonl"
     refused = _submit(gateway, src, out, key="sk-nobody")
@@ -147,6 +153,7 @@ def test_a_key_the_gateway_refuses_is_a_usage_error(gateway: Gateway, tmp_path: 
     assert not out.exists()
 
 
+@ONE_MODE
 def test_ctrl_c_without_a_terminal_leaves_the_batch_running(gateway: Gateway, tmp_path: Path) -> None:
     """No terminal to ask on: Ctrl-C leaves the batch running, says its id and how to go on, exit status 130."""
     src, out = _input(tmp_path / "ctrl-c.jsonl", 24, sleep_ms=150), tmp_path / "out.jsonl"
@@ -161,6 +168,7 @@ def test_ctrl_c_without_a_terminal_leaves_the_batch_running(gateway: Gateway, tm
     gateway.client("sk-alpha").batches.cancel(batch_id)  # not to hold the one shard slot for the next test
 
 
+@ONE_MODE
 def test_ctrl_c_on_a_terminal_asks_and_y_cancels_and_writes_what_finished(gateway: Gateway, tmp_path: Path) -> None:
     """On a terminal Ctrl-C asks whether to cancel; `y` cancels the batch, waits for it to end and leaves its
     output: every line once, those that never ran as `batch_cancelled` errors; exit status 130."""
