@@ -6,7 +6,9 @@ files always were.
 
 `loads_checked` reads what a team sent (batch lines, request bodies): strict JSON only, and never deeper
 than the caller's bound, so nothing downstream (orjson's writer stops at 254 levels, `json` at the
-interpreter's recursion limit) meets a value it cannot write."""
+interpreter's recursion limit) meets a value it cannot write. `dumps_checked` is the same bound on the
+way out, for a large body whose parts are written one by one (a Message Batch's requests): each part is
+checked as it is written, instead of walking the whole body once more after reading it."""
 
 from __future__ import annotations
 
@@ -42,18 +44,39 @@ def loads(data: bytes | str) -> Any:
         raise ValueError("JSON nested too deeply") from None
 
 
-def loads_checked(data: bytes, max_depth: int) -> Any:
+def loads_checked(data: bytes, max_depth: int | None) -> Any:
     """Untrusted JSON: raises ValueError (with a short reason) for what is not strict JSON (NaN, Infinity,
     1e400, a lone surrogate, invalid UTF-8: orjson refuses them all, where `json` reads the first four)
-    or nests deeper than `max_depth` containers. Integers of 20 digits or more are read exactly."""
+    or nests deeper than `max_depth` containers (None: orjson's own 1024; the caller writes the value's
+    parts with `dumps_checked`). Integers of 20 digits or more are read exactly."""
     value = orjson.loads(data)  # its JSONDecodeError is a ValueError; it stops at 1024 levels by itself
     # Fewer brackets than the bound cannot nest deeper than it: the walk runs only for the rare line
     # with many containers (bytes.count is C, about a GB/s).
-    if data.count(b"[") + data.count(b"{") > max_depth and _deeper_than(value, max_depth):
+    if max_depth is not None and _too_many_brackets(data, max_depth) and _deeper_than(value, max_depth):
         raise ValueError(f"nested more than {max_depth} levels deep")
     if _LONG_NUMBER.search(data) is not None:
         return json.loads(data)  # orjson has checked the text; `json` keeps the long integers exact
     return value
+
+
+def dumps_checked(obj: Any, max_depth: int) -> bytes:
+    """`obj` written as `dumps` writes it, or ValueError when it nests deeper than `max_depth` containers
+    (a bound under orjson's 254, so that only a value past the bound, or with an integer past 64 bits,
+    ever leaves orjson's writer)."""
+    try:
+        data: bytes | None = orjson.dumps(obj)
+    except TypeError:  # deeper than orjson writes, or an integer past 64 bits
+        data = None
+    if data is None or _too_many_brackets(data, max_depth):
+        if _deeper_than(obj, max_depth):
+            raise ValueError(f"nested more than {max_depth} levels deep")
+        if data is None:
+            data = json.dumps(obj, separators=(",", ":")).encode()
+    return data
+
+
+def _too_many_brackets(data: bytes, limit: int) -> bool:
+    return data.count(b"[") + data.count(b"{") > limit
 
 
 def _deeper_than(value: Any, limit: int) -> bool:
@@ -67,4 +90,4 @@ def _deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
-__all__ = ["dumps", "loads", "loads_checked"]
+__all__ = ["dumps", "dumps_checked", "loads", "loads_checked"]
