@@ -31,16 +31,15 @@ from gateway.message_batches.outcomes import message_result, request_counts
 from gateway.message_batches.wire import (
     COMPLETION_WINDOW,
     MAX_BODY_BYTES,
-    CreateMessageBatch,
     EnvelopeError,
     batch_object,
     error_body,
     error_type,
-    input_line,
+    input_chunks,
     parse_create,
 )
 from gateway.records import MESSAGE_BATCH_KIND, BatchStatus, Endpoint
-from gateway.store.lines import read_lines
+from gateway.store.lines import read_line_runs
 from gateway.store.objects import BatchOptions, BatchRecord, RequestCounts
 
 if TYPE_CHECKING:
@@ -50,7 +49,6 @@ log = logging.getLogger(__name__)
 
 router = APIRouter()
 
-_MAX_DEPTH = 160  # containers a create body may nest: a request's params (tool schemas) under two levels
 _LINES_PER_CHUNK = 500  # input lines written per chunk of the internal input file
 _MAX_LIST = 1000  # Anthropic's bound on `limit`
 
@@ -93,14 +91,16 @@ async def create(request: Request, caller: Caller) -> JSONResponse:
         raw += chunk
         if len(raw) > MAX_BODY_BYTES:
             raise AnthropicError(413, f"Request exceeds the maximum allowed number of bytes ({MAX_BODY_BYTES}).")
-    body = await asyncio.to_thread(_parse, bytes(raw))  # seconds of CPU for a full batch: off the API's loop
+    # Seconds of CPU for a full batch (read, checked, written as input lines): off the API's loop.
+    count, chunks = await asyncio.to_thread(_parse, bytes(raw))
     del raw
     runtime = runtime_of(request)
     service = runtime.service
 
     async def lines() -> AsyncIterator[bytes]:
-        for start in range(0, len(body.requests), _LINES_PER_CHUNK):
-            yield b"".join(dumps(input_line(r)) + b"\n" for r in body.requests[start:start + _LINES_PER_CHUNK])
+        chunks.reverse()
+        while chunks:
+            yield chunks.pop()  # each chunk let go once written
 
     hidden = _input_owner(caller.owner)
     source = await service.upload_file(hidden, "message_batch_requests.jsonl", "batch", lines())
@@ -114,18 +114,20 @@ async def create(request: Request, caller: Caller) -> JSONResponse:
         await service.delete_file(source.id, hidden)
         raise
     # Known now: `request_counts.processing` from the first GET, before validation has counted the lines.
-    await runtime.store.batches.update(rec.id, {"counts": RequestCounts(total=len(body.requests))})
-    rec.counts.total = len(body.requests)
+    await runtime.store.batches.update(rec.id, {"counts": RequestCounts(total=count)})
+    rec.counts.total = count
     return JSONResponse(_object(request, rec))
 
 
-def _parse(raw: bytes) -> CreateMessageBatch:
+def _parse(raw: bytes) -> tuple[int, list[bytes]]:
+    """The create body's request count and its input file's chunks, or the 400 Anthropic answers."""
     try:
-        data = loads_checked(raw, _MAX_DEPTH)
+        data = loads_checked(raw, None)  # its depth is checked request by request (`input_chunks`)
     except ValueError as exc:
         raise AnthropicError(400, f"The request body is not valid JSON ({shown(exc)}).") from None
     try:
-        return parse_create(data)
+        body = parse_create(data)
+        return len(body.requests), input_chunks(body, _LINES_PER_CHUNK)
     except EnvelopeError as exc:
         raise AnthropicError(400, str(exc)) from None
 
@@ -181,7 +183,7 @@ async def _forget_files(runtime: Runtime, rec: BatchRecord) -> None:
 
 @router.get("/batches/{batch_id}/results")
 async def results(request: Request, caller: Caller, batch_id: str) -> Response:
-    """The results as JSONL, one line per request in input order, streamed (one line held at a time)."""
+    """The results as JSONL, one line per request in input order, streamed (one chunk read held at a time)."""
     rec = await _batch(request, caller, batch_id)
     if not rec.status.finished:
         raise AnthropicError(400, f"Message Batch '{rec.id}' has not ended yet; its results are available once "
@@ -193,9 +195,10 @@ async def results(request: Request, caller: Caller, batch_id: str) -> Response:
 
 
 async def _result_lines(runtime: Runtime, key: str) -> AsyncIterator[bytes]:
-    async for raw in read_lines(runtime.blobs, key):
-        if raw:
-            yield dumps(message_result(loads(raw))) + b"\n"
+    # A run of lines per chunk read, sent as one: a send per line cost more than the lines' own mapping.
+    async for run in read_line_runs(runtime.blobs, key):
+        if sent := b"".join(dumps(message_result(loads(raw))) + b"\n" for raw in run if raw):
+            yield sent
 
 
 async def _unrun_lines(runtime: Runtime, rec: BatchRecord) -> AsyncIterator[bytes]:
@@ -209,9 +212,10 @@ async def _unrun_lines(runtime: Runtime, rec: BatchRecord) -> AsyncIterator[byte
         "api_error", "; ".join(str(e.get("message")) for e in rec.errors) or "The batch failed.")}
 
     async def lines() -> AsyncIterator[bytes]:
-        async for raw in read_lines(runtime.blobs, source.blob_key):
-            if raw:
-                yield dumps({"custom_id": loads(raw).get("custom_id"), "result": result}) + b"\n"
+        async for run in read_line_runs(runtime.blobs, source.blob_key):
+            if sent := b"".join(dumps({"custom_id": loads(raw).get("custom_id"), "result": result}) + b"\n"
+                                for raw in run if raw):
+                yield sent
 
     return lines()
 

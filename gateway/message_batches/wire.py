@@ -13,6 +13,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from gateway.json_codec import dumps_checked
+from gateway.pipeline.validate import MAX_LINE_DEPTH
 from gateway.records import BatchStatus
 from gateway.store.objects import BatchRecord
 
@@ -20,6 +22,9 @@ MAX_REQUESTS = 100_000  # Anthropic's limits on one Message Batch
 MAX_BODY_BYTES = 256 * 1024 * 1024
 CUSTOM_ID_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 COMPLETION_WINDOW = "24h"  # a Message Batch expires 24 hours after it is created
+# Containers a request's params may nest: its input line (the params one level down) within the intake's
+# bound, so that a request accepted here is never a line the intake cannot read (which would fail the batch).
+MAX_PARAMS_DEPTH = MAX_LINE_DEPTH - 1
 
 # Anthropic's error types by HTTP status (its "Errors" reference); anything else 5xx is an api_error.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
@@ -79,6 +84,24 @@ def input_line(request: MessageBatchRequest) -> dict[str, Any]:
     return {"custom_id": request.custom_id, "method": "POST", "url": "/v1/messages", "body": request.params}
 
 
+def input_chunks(body: CreateMessageBatch, per_chunk: int) -> list[bytes]:
+    """The pipeline's input file for `body`: its requests' input lines, `per_chunk` JSON lines a chunk; an
+    `EnvelopeError` for a request whose params nest deeper than `MAX_PARAMS_DEPTH`. The bound is checked
+    line by line as each is written (`dumps_checked`: a count of brackets, a walk only past it), never by a
+    walk of the whole body."""
+    chunks: list[bytes] = []
+    for start in range(0, len(body.requests), per_chunk):
+        lines: list[bytes] = []
+        for i in range(start, min(start + per_chunk, len(body.requests))):
+            try:
+                lines.append(dumps_checked(input_line(body.requests[i]), MAX_LINE_DEPTH))
+            except ValueError:
+                raise EnvelopeError(f"requests.{i}.params: nested more than {MAX_PARAMS_DEPTH} levels deep.") from None
+        lines.append(b"")
+        chunks.append(b"\n".join(lines))
+    return chunks
+
+
 def rfc3339(at: int | None) -> str | None:
     return None if at is None else datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
 
@@ -114,7 +137,8 @@ def batch_object(rec: BatchRecord, request_counts: dict[str, int], results_url: 
 
 
 __all__ = [
-    "COMPLETION_WINDOW", "CUSTOM_ID_PATTERN", "ERROR_TYPES", "MAX_BODY_BYTES", "MAX_REQUESTS", "CreateMessageBatch",
-    "EnvelopeError", "MessageBatchRequest", "batch_object", "error_body", "error_type", "input_line",
+    "COMPLETION_WINDOW", "CUSTOM_ID_PATTERN", "ERROR_TYPES", "MAX_BODY_BYTES", "MAX_PARAMS_DEPTH", "MAX_REQUESTS",
+    "CreateMessageBatch", "EnvelopeError", "MessageBatchRequest", "batch_object", "error_body", "error_type",
+    "input_chunks", "input_line",
     "parse_create", "processing_status", "rfc3339",
 ]

@@ -17,6 +17,7 @@ import pytest
 from anthropic import Anthropic
 from anthropic.types.messages import MessageBatch
 
+from gateway.message_batches.wire import MAX_PARAMS_DEPTH
 from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, jsonl, start_gateway
 from tests.support.team_helpers import metric
@@ -75,7 +76,9 @@ def test_create_retrieve_and_results(alpha: Anthropic, gateway: Gateway) -> None
     (invalid_request_error) without failing the batch."""
     reqs = [request(f"ok-{i}", f"hello {i}") for i in range(5)]
     reqs += [request("no-model", "hi", model=None), request("unknown", "hi", model="no-such-model"),
-             request("streamed", "hi", stream=True)]
+             request("streamed", "hi", stream=True),
+             # params nested as deep as a request's may: taken, and only that request's error (no max_tokens)
+             {"custom_id": "deep", "params": {"model": MODEL, "messages": _nested(MAX_PARAMS_DEPTH - 1)}}]
     created = alpha.messages.batches.create(requests=reqs)  # type: ignore[arg-type]
     assert created.id.startswith("msgbatch_") and created.type == "message_batch"
     assert created.processing_status == "in_progress" and created.results_url is None and created.ended_at is None
@@ -84,14 +87,14 @@ def test_create_retrieve_and_results(alpha: Anthropic, gateway: Gateway) -> None
     batch = ended(alpha, created.id)
     assert batch.ended_at is not None and batch.results_url == f"{gateway.url}/v1/messages/batches/{batch.id}/results"
     counts = batch.request_counts
-    assert (counts.processing, counts.succeeded, counts.errored, counts.canceled, counts.expired) == (0, 5, 3, 0, 0)
+    assert (counts.processing, counts.succeeded, counts.errored, counts.canceled, counts.expired) == (0, 5, 4, 0, 0)
     got = results(alpha, batch.id)
     assert list(got) == [r["custom_id"] for r in reqs]  # one each, in input order
     for i in range(5):
         result = got[f"ok-{i}"]
         assert result.type == "succeeded" and result.message.type == "message"
         assert result.message.content[0].type == "text" and f"hello {i}" in result.message.content[0].text
-    for custom_id in ("no-model", "unknown", "streamed"):
+    for custom_id in ("no-model", "unknown", "streamed", "deep"):
         result = got[custom_id]
         assert result.type == "errored" and result.error.error.type == "invalid_request_error", result
     raw = gateway.http("GET", f"/v1/messages/batches/{batch.id}/results", headers={"x-api-key": ALPHA})
@@ -192,6 +195,13 @@ def test_delete_only_an_ended_batch(alpha: Anthropic, gateway: Gateway) -> None:
     assert slow.id not in [b.id for b in alpha.messages.batches.list()]
 
 
+def _nested(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 BAD_BODIES: list[tuple[str, Any]] = [
     ("no requests", {}),
     ("an empty list", {"requests": []}),
@@ -200,6 +210,7 @@ BAD_BODIES: list[tuple[str, Any]] = [
     ("params not an object", {"requests": [{"custom_id": "a", "params": "hi"}]}),
     ("not JSON", "{"),
     ("a list", []),
+    ("params nested past the bound", {"requests": [{"custom_id": "a", "params": {"x": _nested(MAX_PARAMS_DEPTH)}}]}),
 ]
 
 
