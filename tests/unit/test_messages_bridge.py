@@ -1,5 +1,6 @@
-"""`providers.messages_bridge.plain_message` maps a chat reply of one plain text choice exactly as LiteLLM's
-Anthropic adapter does (its output is the reference), and leaves every other reply to the adapter."""
+"""`providers.messages_bridge.plain_chat` maps an Anthropic request of plain text turns, and `plain_message` a
+chat reply of one plain text choice, exactly as LiteLLM's Anthropic adapter does (its output is the
+reference); every other request and reply is left to the adapter."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from providers.messages_bridge import plain_message
+from providers.messages_bridge import plain_chat, plain_message
 
 BASE: dict[str, Any] = {
     "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-x", "system_fingerprint": "fp",
@@ -62,3 +63,47 @@ def test_a_plain_reply_is_mapped_as_the_adapter_maps_it(reply: dict[str, Any]) -
 ])
 def test_anything_else_is_left_to_the_adapter(reply: dict[str, Any]) -> None:
     assert plain_message(reply) is None
+
+
+TURNS: list[dict[str, Any]] = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                               {"role": "user", "content": "again"}]
+
+
+def _adapters_request(body: dict[str, Any], group: str) -> dict[str, Any]:
+    from litellm.llms.anthropic.pass_through.adapters.transformation import AnthropicAdapter
+
+    chat, tools = AnthropicAdapter().translate_completion_input_params_with_tool_mapping(
+        {**copy.deepcopy(body), "model": group}, custom_llm_provider="openai")
+    assert tools == {}
+    return dict(chat)
+
+
+@pytest.mark.parametrize("group", ["gpt-x", "o1", "claude-like"])
+@pytest.mark.parametrize("body", [
+    {"max_tokens": 16, "messages": [{"role": "user", "content": "request number 1"}]},
+    {"max_tokens": 16, "messages": TURNS},
+    {"messages": TURNS, "system": "Be brief.", "max_tokens": 9, "temperature": 0.2, "top_p": 0.9, "top_k": 5},
+    {"temperature": 0, "messages": [{"role": "assistant", "content": "prefill"}], "max_tokens": 1},
+    {"max_tokens": 16, "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},
+])
+def test_a_plain_request_is_mapped_as_the_adapter_maps_it(body: dict[str, Any], group: str) -> None:
+    chat = plain_chat(copy.deepcopy(body), group)
+    assert chat == _adapters_request(body, group)
+    assert list(chat or {}) == list(_adapters_request(body, group))  # the same bytes go out: the same order
+
+
+@pytest.mark.parametrize("body", [
+    {"max_tokens": 16, "messages": [{"role": "user", "content": [{"type": "text", "text": "a block"}]}]},
+    {"max_tokens": 16, "system": [{"type": "text", "text": "blocks"}], "messages": TURNS},
+    {"max_tokens": 16, "system": "", "messages": TURNS},
+    {"max_tokens": 16, "messages": [{"role": "user", "content": ""}]},
+    {"max_tokens": 16, "messages": []},
+    {"max_tokens": 16, "messages": [{"role": "system", "content": "mid-turn system"}]},
+    {"max_tokens": 16, "messages": [{"role": "user", "content": "a", "extra": 1}]},
+    {"max_tokens": 16, "stop_sequences": ["x"], "messages": TURNS},
+    {"max_tokens": 16, "metadata": {"user_id": "u"}, "messages": TURNS},
+    {"max_tokens": 16, "tools": [{"name": "f", "input_schema": {"type": "object"}}], "messages": TURNS},
+    {"max_tokens": 16, "thinking": {"type": "enabled", "budget_tokens": 1024}, "messages": TURNS},
+])
+def test_any_other_request_is_left_to_the_adapter(body: dict[str, Any]) -> None:
+    assert plain_chat(body, "gpt-x") is None
