@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -103,12 +103,14 @@ def _api_router() -> APIRouter:
     return router
 
 
-def create_app(runtime: Runtime, *, manage_runtime: bool = False, workers: WorkerPool | None = None) -> FastAPI:
+def create_app(runtime: Runtime, *, manage_runtime: bool = False, workers: WorkerPool | None = None,
+               on_started: Callable[[], None] | None = None) -> FastAPI:
     """The ASGI app over `runtime`.
 
     With `manage_runtime`, the app's lifespan starts the runtime (and the worker
     processes) and closes them on shutdown (what `serve` uses, so SIGTERM closes
-    them cleanly); otherwise the caller owns the runtime's life.
+    them cleanly); otherwise the caller owns the runtime's life. `on_started` is
+    called once the lifespan has started everything (`serve`: the start-up heap frozen).
     """
 
     @asynccontextmanager
@@ -118,6 +120,8 @@ def create_app(runtime: Runtime, *, manage_runtime: bool = False, workers: Worke
             await runtime.start()
             if workers is not None:
                 await workers.start()
+        if on_started is not None:
+            on_started()
         try:
             yield
         finally:

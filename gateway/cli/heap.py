@@ -20,9 +20,14 @@ The freeze collects the young generations only: a full collection there (some
 first request; the few old cycles start-up left behind are kept until the
 process ends, which is when the run ends.
 
-Only for a process of its own (`batchyard run` as a command): frozen objects
-are never collected, which a process that only calls the command as a function
-(a test) must not inherit.
+The API process (`serve`) and each `worker` freeze theirs too, once started:
+LiteLLM's import alone leaves some 280,000 objects, and each full collection
+under load walked them all (a Message Batch's create body read in the API
+process: 0.28 s for 20,000 requests, 0.12 s frozen).
+
+Only for a process of its own (`batchyard run`, `serve`, `worker` as commands):
+frozen objects are never collected, which a process that only calls the command
+as a function (a test) must not inherit.
 """
 
 from __future__ import annotations

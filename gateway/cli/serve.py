@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
+from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
 from gateway.config.schema import Config, load_config
 
@@ -43,6 +44,7 @@ async def _serve(
     log_level: str,
     runtime_factory: RuntimeFactory | None = None,
     workers: int | None = None,
+    heap: StartupHeap | None = None,
 ) -> None:
     from gateway.api.app import create_app
     from gateway.runtime.root import open_embedded  # the runtime imports the backends: only when serving
@@ -67,7 +69,7 @@ async def _serve(
             # /metrics counts what they did. Set before any metric exists in this process.
             os.environ.setdefault(MULTIPROC_ENV, str(data_dir / "metrics"))
             pool = runtime.worker_pool(count, config_path=str(config_path), verbose=log_level == "debug")
-    app = create_app(runtime, manage_runtime=True, workers=pool)
+    app = create_app(runtime, manage_runtime=True, workers=pool, on_started=heap.freeze if heap else None)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -110,9 +112,14 @@ def serve(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         force=True)
     _quiet_libraries(log_level)
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        where = Path(data_dir) if data_dir is not None else None
-        runner.run(_serve(config_path, host, port, where, log_level, runtime_factory, workers))
+    heap = StartupHeap()  # `serve` is a process of its own: its start-up heap is frozen once it has started
+    heap.pause()
+    try:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            where = Path(data_dir) if data_dir is not None else None
+            runner.run(_serve(config_path, host, port, where, log_level, runtime_factory, workers, heap))
+    finally:
+        heap.resume()
 
 
 def serve_shared(

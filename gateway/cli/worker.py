@@ -23,6 +23,7 @@ from pathlib import Path
 
 from gateway import metrics
 from gateway.api.scrape import worker_metrics
+from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config, load_config
@@ -49,7 +50,7 @@ def hosted_routes(config: Config, models: list[str] | None, *, upstream_only: bo
 
 async def run_worker(
     runtime: Runtime, *, parent_pid: int | None = None, metrics_port: int | None = None,
-    metrics_host: str = "127.0.0.1",
+    metrics_host: str = "127.0.0.1", heap: StartupHeap | None = None,
 ) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -59,6 +60,8 @@ async def run_worker(
     metrics.prepare_instruments()  # its metrics files now, while the disk has room
     try:
         await runtime.start()  # starts every hosted backend (engines load) before taking shards
+        if heap is not None:
+            heap.freeze()
         async with worker_metrics(runtime.config, metrics_port, metrics_host):  # its own /metrics (--metrics-port)
             print(f"batchyard worker {runtime.name}: running shards for {', '.join(runtime.hosted) or 'no route'}",
                   file=sys.stderr, flush=True)
@@ -90,12 +93,18 @@ def run_worker_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     config = load_config(args.config)
 
+    heap = StartupHeap()  # a process of its own: its start-up heap is frozen once its backends have started
+    heap.pause()
+
     async def main() -> int:
         return await run_worker(await _open(args, config), parent_pid=args.parent_pid,
-                                metrics_port=args.metrics_port, metrics_host=args.metrics_host)
+                                metrics_port=args.metrics_port, metrics_host=args.metrics_host, heap=heap)
 
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        return runner.run(main())
+    try:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            return runner.run(main())
+    finally:
+        heap.resume()
 
 
 __all__ = ["hosted_routes", "run_worker", "run_worker_command"]

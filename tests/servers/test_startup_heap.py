@@ -1,11 +1,13 @@
-"""The cycle collector around `batchyard run`'s start-up: paused while starting, the start-up heap frozen after,
-and never either in a process that only calls the command as a function (a test, a notebook)."""
+"""The cycle collector around `batchyard run`'s start-up (and `serve`'s and a `worker`'s): paused while
+starting, the start-up heap frozen after, and never either in a process that only calls the command as a
+function (a test, a notebook)."""
 
 from __future__ import annotations
 
 import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +17,7 @@ import pytest
 
 from gateway.cli.heap import StartupHeap
 from gateway.cli.main import main
+from tests.support.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = """\
@@ -98,3 +101,39 @@ def test_the_command_in_its_own_process_freezes_its_start_up_heap(tmp_path: Path
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert seen.read_text().split() == ["FROZEN", "True", "AS_BEFORE", "True"]
+
+
+@pytest.mark.parametrize("command", [
+    ["serve", "--host", "127.0.0.1", "--port", "0", "--workers", "0"],  # the API process
+    ["worker"],  # a worker process
+], ids=["serve", "worker"])
+def test_serve_and_worker_freeze_their_start_up_heap_once_started(tmp_path: Path, command: list[str]) -> None:
+    """Both live as long as what their start-up built (LiteLLM's import alone: some 280,000 objects)."""
+    seen = tmp_path / "seen.txt"
+    probe = (
+        "import gc, sys\n"
+        "from gateway.cli import heap\n"
+        "real = heap.StartupHeap.freeze\n"
+        "def spy(self):\n"
+        "    real(self)\n"
+        f"    with open({str(seen)!r}, 'w') as f:\n"
+        "        print('FROZEN', gc.get_freeze_count() > 0, file=f)\n"
+        "heap.StartupHeap.freeze = spy\n"
+        "from gateway.cli.main import main\n"
+        "sys.exit(main())\n"
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", probe, *command, "--config", str(config), "--data-dir", str(tmp_path / "data")],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        eventually(lambda: seen.exists() and seen.read_text().split() == ["FROZEN", "True"], timeout=60,
+                   what=f"{command[0]} to freeze its start-up heap")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    # stopped cleanly (uvicorn raises SIGTERM again once it has shut down: the serve's exit is the signal's)
+    assert proc.returncode in (0, -signal.SIGTERM) and "Traceback" not in err, err[-2000:]
