@@ -3,8 +3,8 @@
 A sub-application mounted at `/v1/messages`, so that every reply under it, auth failures and unknown
 paths included, is in Anthropic's error shape (`{"type": "error", "error": {"type", "message"}}`), never
 OpenAI's. A batch's `requests` become the pipeline's input lines (`/v1/messages` calls) in an input file
-of its own, kept out of the team's files list, and the batch is created through the same intake as an
-OpenAI batch: same shards, workers, finalizer, quotas, budgets, deadlines, dashboard and metrics. Its
+of its own, kept out of the team's files list as its results file is (`BatchRecord.files_owner`), and the
+batch is created through the same intake as an OpenAI batch: same shards, workers, finalizer, quotas, budgets, deadlines, dashboard and metrics. Its
 params are checked per request (the intake's non-strict mode): a bad one is that request's `errored`
 result. The words (envelope, batch object, results) are `gateway.message_batches`.
 """
@@ -40,7 +40,7 @@ from gateway.message_batches.wire import (
 )
 from gateway.records import MESSAGE_BATCH_KIND, BatchStatus, Endpoint
 from gateway.store.lines import read_line_runs
-from gateway.store.objects import BatchOptions, BatchRecord, RequestCounts
+from gateway.store.objects import BatchOptions, BatchRecord, RequestCounts, message_batch_files_owner
 
 if TYPE_CHECKING:
     from gateway.runtime.root import Runtime
@@ -57,12 +57,6 @@ class AnthropicError(Exception):
     def __init__(self, status: int, message: str, type_: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type = status, message, type_ or error_type(status)
-
-
-def _input_owner(owner: str) -> str:
-    """The owner of a Message Batch's input file: not the team's, so the team's OpenAI files list (and its
-    ids) never show it; the batch record names it."""
-    return f"{owner}\x1f{MESSAGE_BATCH_KIND}"
 
 
 def _not_found(batch_id: str) -> AnthropicError:
@@ -102,7 +96,7 @@ async def create(request: Request, caller: Caller) -> JSONResponse:
         while chunks:
             yield chunks.pop()  # each chunk let go once written
 
-    hidden = _input_owner(caller.owner)
+    hidden = message_batch_files_owner(caller.owner)
     source = await service.upload_file(hidden, "message_batch_requests.jsonl", "batch", lines())
     try:
         rec = await service.create_batch(
@@ -175,10 +169,10 @@ async def delete(request: Request, caller: Caller, batch_id: str) -> JSONRespons
 async def _forget_files(runtime: Runtime, rec: BatchRecord) -> None:
     """A deleted batch's files: its input and its output (the results; the order index beside it goes with
     them, `BatchService.delete_file`)."""
-    await runtime.service.delete_file(rec.input_file_id, _input_owner(rec.owner))
+    await runtime.service.delete_file(rec.input_file_id, rec.files_owner)
     for file_id in (rec.output_file_id, rec.error_file_id):
         if file_id:
-            await runtime.service.delete_file(file_id, rec.owner)
+            await runtime.service.delete_file(file_id, rec.files_owner)
 
 
 @router.get("/batches/{batch_id}/results")
@@ -189,7 +183,7 @@ async def results(request: Request, caller: Caller, batch_id: str) -> Response:
         raise AnthropicError(400, f"Message Batch '{rec.id}' has not ended yet; its results are available once "
                                   "its processing_status is 'ended'.")
     runtime = runtime_of(request)
-    output = await runtime.store.files.get(rec.output_file_id, rec.owner) if rec.output_file_id else None
+    output = await runtime.store.files.get(rec.output_file_id, rec.files_owner) if rec.output_file_id else None
     lines = _result_lines(runtime, output.blob_key) if output is not None else await _unrun_lines(runtime, rec)
     return StreamingResponse(lines, media_type="application/binary")
 
@@ -205,7 +199,7 @@ async def _unrun_lines(runtime: Runtime, rec: BatchRecord) -> AsyncIterator[byte
     """A batch that ended before any request ran (cancelled, expired or failed while validating) has no
     output: each request's result is what ended it, read from its input file."""
     kind = {BatchStatus.CANCELLED: "canceled", BatchStatus.EXPIRED: "expired"}.get(rec.status)
-    source = await runtime.store.files.get(rec.input_file_id, _input_owner(rec.owner))
+    source = await runtime.store.files.get(rec.input_file_id, rec.files_owner)
     if source is None:
         return _empty()
     result: dict[str, Any] = {"type": kind} if kind else {"type": "errored", "error": error_body(

@@ -89,7 +89,7 @@ class Finalizer:
                 await self.blobs.delete(key)
                 continue
             size = await self.blobs.size(key) or 0
-            await self.store.files.put(FileRecord(file_id, batch.owner, size, created, f"{batch_id}_{what}.jsonl",
+            await self.store.files.put(FileRecord(file_id, batch.files_owner, size, created, f"{batch_id}_{what}.jsonl",
                                                  "batch_output", expires_at, key))
             if what == "output":
                 fields["output_file_id"] = file_id

@@ -119,7 +119,7 @@ def _deleted(batch: BatchRecord) -> Conflict:
 
 
 async def _file_lines(store: Store, batch: BatchRecord, file_id: str | None, blobs: Blobs) -> _Lines | None:
-    rec = await store.files.get(file_id, batch.owner) if file_id is not None else None
+    rec = await store.files.get(file_id, batch.files_owner) if file_id is not None else None
     return _nonblank(read_lines(blobs, rec.blob_key)) if rec is not None else None
 
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
-from gateway.records import BatchStatus, RouteStats, Shard, Usage
+from gateway.records import MESSAGE_BATCH_KIND, BatchStatus, RouteStats, Shard, Usage
 
 
 def now() -> int:
@@ -82,6 +82,12 @@ class BatchOptions:
         return cls(**data)
 
 
+def message_batch_files_owner(owner: str) -> str:
+    """The owner of a Message Batch's files (its input, its results): not the team's, so that the team's
+    OpenAI files list (and its ids) never shows them; the batch record names them."""
+    return f"{owner}\x1f{MESSAGE_BATCH_KIND}"
+
+
 @dataclass(slots=True)
 class BatchRecord:
     id: str
@@ -114,6 +120,11 @@ class BatchRecord:
     # What the run ended with (`gateway.pipeline.merge.Summary.to_json`): counts by model and status, token
     # totals; set when the batch is finalized. Records written before it kept it as `routes["summary"]`.
     summary: dict[str, Any] | None = None
+
+    @property
+    def files_owner(self) -> str:
+        """The owner of the batch's output and error files: the team's, a Message Batch's own for its."""
+        return message_batch_files_owner(self.owner) if self.id.startswith(MESSAGE_BATCH_KIND + "_") else self.owner
 
     def to_openai(self, live_routes: dict[str, RouteStats] | None = None) -> dict[str, Any]:
         """OpenAI's batch object, plus batchyard's `routes`: per route (model name) `requests`, `completed`,

@@ -19,7 +19,7 @@ from anthropic.types.messages import MessageBatch
 
 from gateway.message_batches.wire import MAX_PARAMS_DEPTH
 from tests.fakes.upstream.server import Upstream
-from tests.support.server_helpers import Gateway, chat_line, gateway_config, jsonl, start_gateway
+from tests.support.server_helpers import Gateway, chat_line, gateway_config, jsonl, start_gateway, wait_batch
 from tests.support.team_helpers import metric
 from tests.support.waiting import eventually
 
@@ -143,7 +143,7 @@ def test_list_pages_newest_first(gateway: Gateway) -> None:
 def test_families_apart(alpha: Anthropic, gateway: Gateway) -> None:
     """The OpenAI list does not show Message Batches, nor the Anthropic list OpenAI batches; an id of one
     family is a 404 in the other; the OpenAI create refuses `/v1/messages` (an endpoint OpenAI does not
-    have); a Message Batch's input file is not in the team's files list."""
+    have); a Message Batch's input and results files are not in the team's files list."""
     openai = gateway.client(ALPHA)
     file = openai.files.create(file=("in.jsonl", jsonl([chat_line("o", MODEL, "openai side")])), purpose="batch")
     theirs = openai.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
@@ -162,7 +162,12 @@ def test_families_apart(alpha: Anthropic, gateway: Gateway) -> None:
         "input_file_id": file.id, "endpoint": "/v1/messages", "completion_window": "24h"})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "endpoint"
     assert [f.id for f in openai.files.list(purpose="batch")] == [file.id]
-    ended(alpha, ours.id)
+    done = ended(alpha, ours.id)
+    # the results file of each: the OpenAI batch's in the team's files, the Message Batch's only at its URL
+    listed = [f.id for f in openai.files.list()]
+    assert wait_batch(openai, theirs.id).output_file_id in listed and len(listed) == 2, listed
+    path = f"/v1/messages/batches/{ours.id}/results"
+    assert done.results_url == gateway.url + path and gateway.http("GET", path, ALPHA).status_code == 200
 
 
 def test_dashboard_and_metrics_count_a_message_batch(alpha: Anthropic, gateway: Gateway) -> None:

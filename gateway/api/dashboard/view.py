@@ -109,7 +109,8 @@ def batch_view(
         routes=rows,
         errors=rec.errors[:MAX_ERRORS_SHOWN],
         errors_more=max(len(rec.errors) - MAX_ERRORS_SHOWN, 0),
-        output_file_id=rec.output_file_id,
+        # a Message Batch's results file is its own (not in the team's files): its results link serves it
+        output_file_id=rec.output_file_id if rec.files_owner == rec.owner else None,
         error_file_id=rec.error_file_id,
         metadata=rec.metadata,
         waiting=None if rec.status.finished else waiting,
