@@ -4,9 +4,10 @@ A sub-application mounted at `/v1/messages`, so that every reply under it, auth 
 paths included, is in Anthropic's error shape (`{"type": "error", "error": {"type", "message"}}`), never
 OpenAI's. A batch's `requests` become the pipeline's input lines (`/v1/messages` calls) in an input file
 of its own, kept out of the team's files list as its results file is (`BatchRecord.files_owner`), and the
-batch is created through the same intake as an OpenAI batch: same shards, workers, finalizer, quotas, budgets, deadlines, dashboard and metrics. Its
-params are checked per request (the intake's non-strict mode): a bad one is that request's `errored`
-result. The words (envelope, batch object, results) are `gateway.message_batches`.
+batch is created through the same intake as an OpenAI batch: same shards, workers, finalizer, quotas,
+budgets, deadlines, dashboard and metrics. Its params are checked per request (the intake's non-strict
+mode): a bad one is that request's `errored` result. The words (envelope, batch object, results) are
+`gateway.message_batches`.
 """
 
 from __future__ import annotations

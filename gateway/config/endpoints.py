@@ -27,6 +27,7 @@ class EndpointRule:
     `required`: alternative sets of required body fields; a body holds every field of at least one set.
     `types`: the JSON type a field must have when present (only the cheap, certain checks).
     `sdk_params`: the `openai` SDK's request TypedDict (`module:Name`): OpenAI's documented fields.
+    `header_params`: names in that TypedDict the SDK sends as headers, not in the body (never a line's field).
     `fields`: the documented fields where no OpenAI schema exists (rerank: Cohere's v2 request).
     `router_method`: the LiteLLM Router's method on a real-time upstream route (None: no upstream serves it).
     `wire`: an OpenAI-wire provider takes the line's bytes as they are (`providers.passthrough`).
@@ -37,6 +38,7 @@ class EndpointRule:
     required: tuple[tuple[str, ...], ...]
     types: FieldTypes = field(default_factory=dict)
     sdk_params: str | None = None
+    header_params: frozenset[str] = frozenset()
     fields: frozenset[str] = frozenset()
     router_method: str | None = None
     wire: bool = False
@@ -89,6 +91,9 @@ ENDPOINTS: dict[Endpoint, EndpointRule] = {
     Endpoint.MESSAGES: EndpointRule(
         "messages", (("messages", "max_tokens"),), {"messages": ((list,), "an array")},
         sdk_params="anthropic.types.message_create_params:MessageCreateParamsBase",
+        # the `anthropic-workspace-id` and `anthropic-user-profile-id` headers: which of the operator's
+        # workspaces (and on whose behalf) the operator's key acts is the operator's, not a line's
+        header_params=frozenset({"workspace_id", "user_profile_id"}),
         router_method="aanthropic_messages"),
 }
 

@@ -66,7 +66,7 @@ def upstream_fields(endpoint: Endpoint) -> frozenset[str]:
     names: set[str] = set()
     for klass in params.__mro__:  # a TypedDict's own annotations, and those of the bases it extends
         names.update(getattr(klass, "__annotations__", {}))
-    return frozenset(names | {"stream"})
+    return frozenset(names | {"stream"}) - rule.header_params
 
 
 # Fields OpenAI documents that LiteLLM also reads as its own keyword argument: `metadata` is LiteLLM's logging

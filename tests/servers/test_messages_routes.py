@@ -138,21 +138,25 @@ def test_messages_lines_on_upstream_routes(upstream: Upstream, claude: Stub, tmp
 
 
 def test_a_line_carries_data_never_configuration(upstream: Upstream, claude: Stub, tmp_path: Path) -> None:
-    """A Messages line takes the fields Anthropic documents and nothing of LiteLLM's: a key, a URL, a mock,
-    headers or metadata beyond Anthropic's `user_id` is that line's 400 under our code, sent nowhere; so is a
-    line without `max_tokens`, or streamed."""
+    """A Messages line takes the body fields Anthropic documents and nothing of LiteLLM's: a key, a URL, a
+    mock, headers (LiteLLM's `extra_headers`, Anthropic's workspace and user profile) or metadata beyond
+    Anthropic's `user_id` is that line's 400 under our code, sent nowhere; so is a line without
+    `max_tokens`, or streamed."""
     cfg = config(tmp_path / "c.yaml", upstream, claude)
     lines = [
         msg("api_base", "gpt", "hi", api_base="http://127.0.0.1:9/v1"),
         msg("mock_response", "priced", "hi", mock_response="free tokens"),
         msg("extra_headers", "claude-now", "hi", extra_headers={"x-api-key": "stolen"}),
+        # in the anthropic SDK's params type, but sent as headers: the operator's workspace, not a line's
+        msg("workspace_id", "claude-now", "hi", workspace_id="wrkspc_someone_else"),
+        msg("user_profile_id", "gpt", "hi", user_profile_id="profile-1"),
         req("no-max", "/v1/messages", model="gpt", messages=[{"role": "user", "content": "hi"}]),
         msg("streamed", "gpt", "hi", stream=True),
         msg("litellm-metadata", "priced", "hi", metadata={"user_id": "u-1", "tags": ["cheap"]}),
     ]
     before = upstream.stats()["requests"]
     _, out = run(tmp_path, cfg, lines)
-    for name in ("api_base", "mock_response", "extra_headers"):
+    for name in ("api_base", "mock_response", "extra_headers", "workspace_id", "user_profile_id"):
         response = out[name]["response"]
         assert response["status_code"] == 400
         assert response["body"]["error"]["code"] == "unknown_parameter" and response["body"]["error"]["param"] == name
