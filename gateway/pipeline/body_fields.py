@@ -17,9 +17,12 @@ fallbacks, mocks, prices and callbacks, and a line must reach none of them.
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
+import importlib.util
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
 from gateway.config.endpoints import ENDPOINTS
@@ -55,18 +58,53 @@ def upstream_fields(endpoint: Endpoint) -> frozenset[str]:
     """The request fields OpenAI documents for `endpoint` (empty for an endpoint no upstream route serves).
 
     Read from the `openai` SDK's request types (the table's `sdk_params`), which Stainless generates from
-    `openai/openai-openapi`, so the list follows the pinned SDK instead of a hand-kept copy. `stream` lives
-    in the SDK's streaming variants; validation answers `stream: true` itself. Rerank, no OpenAI endpoint,
-    has its fields listed in the table. Imported on first use: only workers need it."""
+    `openai/openai-openapi`, so the list follows the pinned SDK instead of a hand-kept copy (Anthropic's
+    Messages: the `anthropic` SDK's, less the names it sends as headers). `stream` lives in the SDK's
+    streaming variants; validation answers `stream: true` itself. Rerank, no OpenAI endpoint, has its
+    fields listed in the table."""
     rule = ENDPOINTS[endpoint]
     if rule.sdk_params is None:
         return rule.fields
-    module, _, name = rule.sdk_params.partition(":")
+    return frozenset(typed_dict_fields(rule.sdk_params) | {"stream"}) - rule.header_params
+
+
+def typed_dict_fields(spec: str) -> frozenset[str]:
+    """The field names of the TypedDict `module:Name` and of the bases it extends.
+
+    Read from the module's source when the TypedDict and its bases are all defined there (the SDKs' request
+    types are): importing `anthropic` to read one class costs a worker a second of CPU. Imported otherwise."""
+    module, _, name = spec.partition(":")
+    top, _, below = module.partition(".")
+    found = importlib.util.find_spec(top)  # a top-level package: found without being imported
+    roots = list(found.submodule_search_locations or []) if found is not None else []
+    if roots and below:
+        source = Path(roots[0], *below.split(".")).with_suffix(".py")
+        if source.is_file() and (names := _annotated_in(source.read_text(), name)) is not None:
+            return names
     params = getattr(importlib.import_module(module), name)
-    names: set[str] = set()
+    names_: set[str] = set()
     for klass in params.__mro__:  # a TypedDict's own annotations, and those of the bases it extends
-        names.update(getattr(klass, "__annotations__", {}))
-    return frozenset(names | {"stream"}) - rule.header_params
+        names_.update(getattr(klass, "__annotations__", {}))
+    return frozenset(names_)
+
+
+def _annotated_in(source: str, name: str) -> frozenset[str] | None:
+    """The annotated names of class `name` in `source` and of its bases, or None when a base is not a class
+    of that source (nor `TypedDict` itself)."""
+    classes = {node.name: node for node in ast.parse(source).body if isinstance(node, ast.ClassDef)}
+    names: set[str] = set()
+    todo = [name]
+    while todo:
+        klass = classes.get(todo.pop())
+        if klass is None:
+            return None
+        names.update(s.target.id for s in klass.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name))
+        for base in klass.bases:
+            if not isinstance(base, ast.Name):
+                return None
+            if base.id != "TypedDict":
+                todo.append(base.id)
+    return frozenset(names)
 
 
 # Fields OpenAI documents that LiteLLM also reads as its own keyword argument: `metadata` is LiteLLM's logging

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gateway.config.endpoints import ENDPOINTS, NATIVE_JOBS, NATIVE_PROVIDERS, UPSTREAM_ENDPOINTS, WIRE_ENDPOINTS
 from gateway.config.routes import native_refusal
 from gateway.config.urls import normalise_url
-from gateway.pipeline.body_fields import upstream_fields
+from gateway.pipeline.body_fields import typed_dict_fields, upstream_fields
 from gateway.records import Endpoint
 from providers.native import jobs_class
 
@@ -57,3 +59,29 @@ def test_every_native_provider_has_its_jobs_class(provider: str) -> None:
 @pytest.mark.parametrize("provider", ["bedrock", "vertex_ai", "hosted_vllm"])
 def test_other_providers_run_no_native_jobs(provider: str) -> None:
     assert jobs_class(provider) is None and native_refusal(f"{provider}/m") is not None
+
+
+@pytest.mark.parametrize("endpoint", [e for e, rule in ENDPOINTS.items() if rule.sdk_params], ids=str)
+def test_the_sdk_fields_read_from_source_are_those_the_imported_type_has(endpoint: Endpoint) -> None:
+    """`typed_dict_fields` reads an SDK request type's fields from its module's source (importing `anthropic`
+    to read one class cost a worker a second of CPU); they are the imported TypedDict's, bases included."""
+    import importlib
+
+    spec = ENDPOINTS[endpoint].sdk_params
+    assert spec is not None
+    module, _, name = spec.partition(":")
+    imported = getattr(importlib.import_module(module), name)
+    expected = {field for klass in imported.__mro__ for field in getattr(klass, "__annotations__", {})}
+    assert typed_dict_fields(spec) == expected
+    assert upstream_fields(endpoint) == (expected | {"stream"}) - ENDPOINTS[endpoint].header_params
+
+
+def test_a_type_whose_base_lives_elsewhere_is_imported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A base from another module cannot be read from the source: the type is imported and its MRO read."""
+    package = tmp_path / "sdkish"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "base.py").write_text("from typing import TypedDict\nclass Base(TypedDict):\n    a: int\n")
+    (package / "params.py").write_text("from sdkish.base import Base\nclass Params(Base, total=False):\n    b: str\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert typed_dict_fields("sdkish.params:Params") == {"a", "b"}
