@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from gateway.store.protocols import Blobs
@@ -30,18 +30,29 @@ class Overlong:
 async def split_lines(chunks: AsyncIterable[bytes], max_line: int | None = None) -> AsyncIterator[bytes | Overlong]:
     """The lines of `chunks`, without their `\\n` (a last line without one too, unless empty); with
     `max_line`, a line of more bytes is an `Overlong`."""
+    async for run in split_line_runs(chunks, max_line):
+        for line in run:
+            yield line
+
+
+async def split_line_runs(chunks: AsyncIterable[bytes], max_line: int | None = None,
+                          ) -> AsyncIterator[list[bytes | Overlong]]:
+    """`split_lines`'s lines, as the runs of lines each chunk completes (none for a chunk that ends none)."""
     parts: list[bytes] = []  # the pieces of the line being read, while it is within the cap
     size = 0  # its bytes so far
     over = False
     async for chunk in chunks:
         pieces = chunk.split(b"\n")
+        run: list[bytes | Overlong] = []
         for piece in pieces[:-1]:  # each ends a line
             size += len(piece)
             if over or (max_line is not None and size > max_line):
-                yield Overlong(size)
+                run.append(Overlong(size))
             else:
-                yield b"".join((*parts, piece)) if parts else piece
+                run.append(b"".join((*parts, piece)) if parts else piece)
             parts, size, over = [], 0, False
+        if run:
+            yield run
         tail = pieces[-1]
         size += len(tail)
         if over or not tail:
@@ -51,33 +62,22 @@ async def split_lines(chunks: AsyncIterable[bytes], max_line: int | None = None)
         else:
             parts.append(tail)
     if over:
-        yield Overlong(size)
+        yield [Overlong(size)]
     elif size:
-        yield b"".join(parts)
+        yield [b"".join(parts)]
 
 
 async def read_lines(blobs: Blobs, key: str) -> AsyncIterator[bytes]:
-    """The lines of a blob, streamed, without their line ends."""
+    """The lines of a blob, streamed, without their line ends (in linear time: `split_lines`)."""
     async for run in read_line_runs(blobs, key):
         for line in run:
             yield line
 
 
 async def read_line_runs(blobs: Blobs, key: str) -> AsyncIterator[list[bytes]]:
-    """The lines of a blob, without their line ends, as the runs of lines each chunk read completes (a
-    line that spans chunks joined once, when its end arrives, as in `split_lines`)."""
-    parts: list[bytes] = []  # the pieces of the line that spans chunks
-    async for chunk in blobs.read(key):
-        pieces = chunk.split(b"\n")
-        if len(pieces) > 1:
-            if parts:
-                pieces[0] = b"".join((*parts, pieces[0]))
-                parts = []
-            yield pieces[:-1]
-        if pieces[-1]:
-            parts.append(pieces[-1])
-    if parts:
-        yield [b"".join(parts)]
+    """The lines of a blob, without their line ends, as the runs of lines each chunk read completes."""
+    async for run in split_line_runs(blobs.read(key)):
+        yield cast("list[bytes]", run)  # without a cap, never an `Overlong`
 
 
 async def write_lines(blobs: Blobs, key: str, lines: AsyncIterable[bytes]) -> int:
@@ -90,4 +90,4 @@ async def write_lines(blobs: Blobs, key: str, lines: AsyncIterable[bytes]) -> in
     return size
 
 
-__all__ = ["Overlong", "read_line_runs", "read_lines", "split_lines", "write_lines"]
+__all__ = ["Overlong", "read_line_runs", "read_lines", "split_line_runs", "split_lines", "write_lines"]
