@@ -71,7 +71,7 @@ def dumps_checked(obj: Any, max_depth: int) -> bytes:
         if _deeper_than(obj, max_depth):
             raise ValueError(f"nested more than {max_depth} levels deep")
         if data is None:
-            data = json.dumps(obj, separators=(",", ":")).encode()
+            data = dumps(obj)  # within the bound: an integer past 64 bits, which `dumps` writes with `json`
     return data
 
 

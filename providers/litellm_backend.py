@@ -113,9 +113,10 @@ class LiteLLMBackend:
         if call is None:
             return Result.http_error(req.line, req.custom_id, 400, f"{req.url.value} is not supported for upstream "
                                      "models", type_="invalid_request_error", code="unsupported_endpoint", model=model)
-        wire = self._wire is not None and model in self._wire_groups and req.url in WIRE_ENDPOINTS
+        on_wire = self._wire is not None and model in self._wire_groups
+        wire = on_wire and req.url in WIRE_ENDPOINTS
         # a Messages line on an OpenAI-wire route: translated, then sent as bytes (providers.messages_bridge)
-        bridged = self._wire is not None and model in self._wire_groups and req.url is Endpoint.MESSAGES
+        bridged = on_wire and req.url is Endpoint.MESSAGES
         refused = await self._refusal(req, model, body, wire, bridged)
         if refused is not None:
             return refused

@@ -32,8 +32,6 @@ PassThrough = Callable[[BatchRequest, str], Awaitable[Result]]
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}  # the adapter's, for the replies mapped here
 _PLAIN_USAGE = frozenset({"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details",
                           "completion_tokens_details"})
-
-
 # Fields a plain request may hold; the adapter copies all but `messages` and `system` as they are.
 _PLAIN_FIELDS = frozenset({"messages", "system", "max_tokens", "temperature", "top_p", "top_k"})
 
@@ -108,8 +106,6 @@ def _adapter() -> Any:
 async def message_through_wire(req: BatchRequest, group: str, body: dict[str, Any], send: PassThrough) -> Result:
     """`req` (a /v1/messages line whose `body` is checked, `model` taken out) answered by the OpenAI-wire
     deployments of `group`: an Anthropic `message` on success, Anthropic's error shape otherwise."""
-    from litellm.types.utils import ModelResponse
-
     chat: dict[str, Any] | None = plain_chat(body, group)
     tools: dict[str, str] = {}
     if chat is None:
@@ -131,6 +127,8 @@ async def message_through_wire(req: BatchRequest, group: str, body: dict[str, An
         # the same token counts as the chat reply's (no cached or reasoning ones): the result read them already
         result.status_code, result.body = 200, plain
         return result
+    from litellm.types.utils import ModelResponse  # the adapter's reply type: only off the plain path
+
     message = _adapter().translate_completion_output_params(ModelResponse(**result.body), tool_name_mapping=tools)
     body_out = message.model_dump(exclude_none=True) if hasattr(message, "model_dump") else dict(message)
     return Result(line=req.line, custom_id=req.custom_id, status_code=200, body=body_out, model=result.model,

@@ -82,10 +82,10 @@ def typed_dict_fields(spec: str) -> frozenset[str]:
         if source.is_file() and (names := _annotated_in(source.read_text(), name)) is not None:
             return names
     params = getattr(importlib.import_module(module), name)
-    names_: set[str] = set()
+    annotated: set[str] = set()
     for klass in params.__mro__:  # a TypedDict's own annotations, and those of the bases it extends
-        names_.update(getattr(klass, "__annotations__", {}))
-    return frozenset(names_)
+        annotated.update(getattr(klass, "__annotations__", {}))
+    return frozenset(annotated)
 
 
 def _annotated_in(source: str, name: str) -> frozenset[str] | None:
