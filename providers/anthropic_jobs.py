@@ -1,7 +1,7 @@
 """Anthropic's Message Batches (`UpstreamJobs`): Messages lines as they are; chat lines translated by LiteLLM.
 
 Anthropic takes no file: one `POST /v1/messages/batches` carries `requests: [{custom_id, params}]`, where
-`params` is a Messages API body. LiteLLM 1.106.2 polls (`aretrieve_batch`) but does not create or cancel,
+`params` is a Messages API body. LiteLLM 1.110.2 polls (`aretrieve_batch`) but does not create or cancel,
 and reads results (`GET .../results`, Anthropic's JSONL) only whole, so those three go over HTTP with
 LiteLLM's own URL and header helpers, the results streamed. Each line is translated with LiteLLM's
 Anthropic chat transformation (the one its real-time calls use), and each result back into a

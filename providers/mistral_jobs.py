@@ -1,7 +1,7 @@
 """Mistral's batch jobs (`UpstreamJobs`): LiteLLM's file and batch functions, Mistral's line form.
 
 A Mistral job runs one model, named on the job, over an uploaded JSONL file whose lines are
-`{custom_id, body}` (no url, no method). LiteLLM 1.106.2 uploads (`acreate_file`), creates and polls
+`{custom_id, body}` (no url, no method). LiteLLM 1.110.2 uploads (`acreate_file`), creates and polls
 (`acreate_batch`/`aretrieve_batch`, which need the `model` to load Mistral's config); it does not cancel
 or list Mistral jobs and reads their files only whole, so those go over HTTP with LiteLLM's own Mistral URL
 and header helpers, the files streamed. Output and error files are already OpenAI-shaped.

@@ -3,7 +3,7 @@
 `NativeBatchBackend` plans, records and reads back; an `UpstreamJobs` knows one provider's batch API:
 the request line it takes, how a part becomes a job (upload and create, or one create call), how a job
 is polled, cancelled and read back as OpenAI-shaped result lines. Each goes through LiteLLM's batch
-functions where LiteLLM 1.106.2 reaches the provider, and over plain HTTP (LiteLLM's own URL and header
+functions where LiteLLM 1.110.2 reaches the provider, and over plain HTTP (LiteLLM's own URL and header
 helpers) for the calls it lacks (Anthropic's create and cancel, Mistral's cancel and list).
 """
 
@@ -90,7 +90,7 @@ async def http_json(method: str, url: str, headers: Mapping[str, str], timeout: 
 async def http_lines(url: str, headers: Mapping[str, str], timeout: float | None) -> AsyncIterator[bytes]:
     """A provider's JSONL download, line by line as it arrives (flat memory, whatever the file's size).
 
-    LiteLLM 1.106.2 streams file content for OpenAI-compatible providers only; for the others it holds the
+    LiteLLM 1.110.2 streams file content for OpenAI-compatible providers only; for the others it holds the
     whole file, which for a job of 100,000 or 1,000,000 results is hundreds of MB at once."""
     async with httpx.AsyncClient(timeout=timeout or 600.0) as client, client.stream(
             "GET", url, headers=dict(headers)) as reply:

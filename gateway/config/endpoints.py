@@ -113,7 +113,7 @@ class NativeJobs:
 # Endpoints that OpenAI's and Azure's batch jobs accept.
 _OPENAI_BATCH = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES})
 
-# LiteLLM 1.106.2 also reaches Vertex AI (Google Cloud Storage) and Bedrock (S3 and CreateModelInvocationJob)
+# LiteLLM 1.110.2 also reaches Vertex AI (Google Cloud Storage) and Bedrock (S3 and CreateModelInvocationJob)
 # batches; nothing on loopback stands in for those, so they are not offered untested.
 NATIVE_JOBS: dict[str, NativeJobs] = {
     "openai": NativeJobs("providers.openai_jobs:OpenAIJobs", _OPENAI_BATCH),

@@ -205,21 +205,21 @@ class GeneralSettings(Strict):
     """The admin key of `batchyard serve`: every team's batches, every model, `/metrics`, `/health`'s details."""
 
 
-# The keyword arguments of LiteLLM's `Router` (litellm==1.106.2, the pinned release; `model_list` is ours to
+# The keyword arguments of LiteLLM's `Router` (litellm==1.110.2, the pinned release; `model_list` is ours to
 # build). Written out so loading a config needn't import LiteLLM (seconds, and ~100 MB in the API process);
 # tests/unit/test_input_errors.py checks it against the installed Router's signature.
 ROUTER_SETTINGS = frozenset({
     "alerting_config", "allowed_fails", "allowed_fails_policy", "assistants_config", "auto_router_capability_limit",
     "background_health_check_model_groups", "cache_kwargs", "cache_responses", "caching_groups", "client_ttl",
-    "content_policy_fallbacks", "context_window_fallbacks", "cooldown_time", "debug_level", "default_fallbacks",
+    "content_policy_fallbacks", "context_window_fallbacks", "cooldown_time", "debug_level", "default_fallbacks", "enable_mid_stream_fallback_continuation",
     "default_litellm_params", "default_max_parallel_requests", "default_priority", "deployment_affinity_ttl_seconds",
     "disable_cooldowns", "enable_health_check_routing", "enable_pre_call_checks", "enable_tag_filtering",
-    "enable_weighted_failover", "fallback_access_check", "fallback_budget_check", "fallbacks", "guardrail_list",
+    "enable_weighted_failover", "fallback_access_check", "fallback_on_unsupported_params", "fallback_budget_check", "fallbacks", "guardrail_list",
     "health_check_ignore_transient_errors", "health_check_staleness_threshold", "ignore_invalid_deployments",
     "max_fallbacks", "model_group_affinity_config", "model_group_alias", "model_group_retry_policy", "num_retries",
     "optional_pre_call_checks", "plugins", "polling_interval", "provider_budget_config", "redis_db", "redis_host",
     "redis_password", "redis_port", "redis_url", "retry_after", "retry_policy", "router_general_settings",
-    "routing_groups", "routing_strategy", "routing_strategy_args", "search_tools", "set_verbose", "stream_timeout",
+    "routing_groups", "routing_strategy", "routing_strategy_args", "search_tools", "session_affinity_repin_on_failover", "set_verbose", "stream_timeout",
     "tag_filtering_match_any", "tag_routing_prefix", "timeout",
 })
 
