@@ -211,16 +211,18 @@ class GeneralSettings(Strict):
 ROUTER_SETTINGS = frozenset({
     "alerting_config", "allowed_fails", "allowed_fails_policy", "assistants_config", "auto_router_capability_limit",
     "background_health_check_model_groups", "cache_kwargs", "cache_responses", "caching_groups", "client_ttl",
-    "content_policy_fallbacks", "context_window_fallbacks", "cooldown_time", "debug_level", "default_fallbacks", "enable_mid_stream_fallback_continuation",
+    "content_policy_fallbacks", "context_window_fallbacks", "cooldown_time", "debug_level", "default_fallbacks",
     "default_litellm_params", "default_max_parallel_requests", "default_priority", "deployment_affinity_ttl_seconds",
-    "disable_cooldowns", "enable_health_check_routing", "enable_pre_call_checks", "enable_tag_filtering",
-    "enable_weighted_failover", "fallback_access_check", "fallback_on_unsupported_params", "fallback_budget_check", "fallbacks", "guardrail_list",
+    "disable_cooldowns", "enable_health_check_routing", "enable_mid_stream_fallback_continuation",
+    "enable_pre_call_checks", "enable_tag_filtering", "enable_weighted_failover", "fallback_access_check",
+    "fallback_budget_check", "fallback_on_unsupported_params", "fallbacks", "guardrail_list",
     "health_check_ignore_transient_errors", "health_check_staleness_threshold", "ignore_invalid_deployments",
     "max_fallbacks", "model_group_affinity_config", "model_group_alias", "model_group_retry_policy", "num_retries",
     "optional_pre_call_checks", "plugins", "polling_interval", "provider_budget_config", "redis_db", "redis_host",
     "redis_password", "redis_port", "redis_url", "retry_after", "retry_policy", "router_general_settings",
-    "routing_groups", "routing_strategy", "routing_strategy_args", "search_tools", "session_affinity_repin_on_failover", "set_verbose", "stream_timeout",
-    "tag_filtering_match_any", "tag_routing_prefix", "timeout",
+    "routing_groups", "routing_strategy", "routing_strategy_args", "search_tools",
+    "session_affinity_repin_on_failover", "set_verbose", "stream_timeout", "tag_filtering_match_any",
+    "tag_routing_prefix", "timeout",
 })
 
 
