@@ -124,7 +124,8 @@ def strict_refusal(notices: list[Notice], path: str) -> ConfigError:
     """The load error `--strict-config` makes of the notices (the first named, the others listed)."""
     first, rest = notices[0], notices[1:]
     also = f"; also not applied: {', '.join(n.key for n in rest)}" if rest else ""
-    return ConfigError(path, first.key, f"not applied ({first.why}); refused by strict config{also}")
+    return ConfigError(path, first.key, f"not applied: {first.why}; refused by --strict-config "
+                       f"(batch_settings.strict_config){also}")
 
 
 def notice_text(notices: list[Notice]) -> str:
