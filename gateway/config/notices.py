@@ -107,8 +107,8 @@ def split_litellm_settings(raw: dict[str, Any], sections: Collection[str], path:
     """The config with only what batchyard applies (and its typos, left for the schema to refuse), and the
     LiteLLM settings taken out as notices. `sections`: the top-level keys batchyard reads."""
     kept, notices = _split(raw, "", sections, CONFIG_SECTIONS, path)
-    checks = {
-        "general_settings": (GeneralSettings.model_fields, GENERAL_SETTINGS),
+    checks: dict[str, tuple[Collection[str], Collection[str]]] = {
+        "general_settings": (frozenset(GeneralSettings.model_fields), GENERAL_SETTINGS),
         "litellm_settings": (LITELLM_APPLIED, LITELLM_MODULE_SETTINGS),
         "router_settings": (ROUTER_SETTINGS - ROUTER_NOT_APPLIED, ROUTER_SETTINGS),
     }
