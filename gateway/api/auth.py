@@ -54,6 +54,18 @@ class Authenticator:
     def enabled(self) -> bool:
         return bool(self._keys)
 
+    def by_digest(self, digest: str) -> Principal | None:
+        """The caller whose key has this SHA-256 (`gateway.store.sessions.key_digest`: what a dashboard session
+        holds instead of the key); None when no configured key has it (taken out of the config)."""
+        from gateway.store.sessions import key_digest
+
+        given = digest.encode()
+        found: Principal | None = None
+        for candidate, principal in self._keys:  # no early exit, as in `authenticate`
+            if hmac.compare_digest(given, key_digest(candidate.decode()).encode()) and found is None:
+                found = principal
+        return found
+
     def authenticate(self, key: str | None) -> Principal:
         if not self._keys:
             return OPEN
