@@ -22,6 +22,7 @@ from typing import Any
 
 from gateway.backends.bounded import run_bounded
 from gateway.config.endpoints import ENDPOINTS, UPSTREAM_ENDPOINTS, WIRE_ENDPOINTS
+from gateway.config.priced_fields import Charge, missing_price, priced_fields
 from gateway.config.prices import DeploymentPrices
 from gateway.config.routes import Route
 from gateway.pipeline.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecognized, unsupported, upstream_fields
@@ -153,7 +154,7 @@ class LiteLLMBackend:
             return Result.failure(req.line, req.custom_id, UPSTREAM_ERROR,
                                   f"the upstream for model {model!r} rejected the request (no reply kept)", model=model)
         data = _to_body(reply, exclude_none=req.url in _SPARSE)
-        cost = self._prices.cost(reply, data)
+        cost = self._prices.cost(reply, data, priced_fields(req.url, body))
         return Result(line=req.line, custom_id=req.custom_id, status_code=200, body=data, model=model, cost_usd=cost)
 
     async def _refusal(self, req: BatchRequest, model: str, body: dict[str, Any], wire: bool,
@@ -163,6 +164,11 @@ class LiteLLMBackend:
 
         `body` is splatted into a LiteLLM call below, so this check is what keeps a line from setting a key,
         a base URL, a mock, a fallback or a price (see gateway.pipeline.body_fields)."""
+        charges = priced_fields(req.url, body)
+        if charges:
+            refused = self._unpriced(req, model, charges)
+            if refused is not None:
+                return refused
         known = self._known.get((req.url, model))
         if known is None:
             known = upstream_fields(req.url) | self._allowed_params.get(model, frozenset())
@@ -182,11 +188,25 @@ class LiteLLMBackend:
             return None
         return await refused_media(req, body, self._media_hosts.get(model, frozenset()))
 
+    def _unpriced(self, req: BatchRequest, model: str, charges: list[Charge]) -> Result | None:
+        """The line's 400 for a field that changes the provider's price (gateway.config.priced_fields): one the
+        operator does not allow for the model, or one no price is known for on a deployment of it."""
+        allowed = self._allowed_params.get(model, frozenset())
+        for charge in charges:
+            if charge.name not in allowed:
+                return unsupported(req, charge.param, f"it changes what the provider charges; the operator allows it "
+                                   f"by listing {charge.name!r} in the model's model_info.allowed_params")
+        for deployment_id in self._prices.group(model):
+            why = missing_price(charges, self._prices.lookup(deployment_id))
+            if why is not None:
+                return unsupported(req, charges[0].param, why)
+        return None
+
     async def _pass_through(self, req: BatchRequest, group: str, tried: frozenset[str] = frozenset()) -> Result:
         assert self._wire is not None
         result, target = await self._wire.call(req, group)
         if result.ok and target is not None and result.body is not None:
-            result.cost_usd = self._prices.for_deployment(target.id, result.body)
+            result.cost_usd = self._prices.for_deployment(target.id, result.body, priced_fields(req.url, req.body))
             return result
         if result.status_code is None or result.status_code in (408, 429) or result.status_code >= 500:
             # The Router's fallbacks, as it would apply them after its retries: the next group in the list.
