@@ -113,8 +113,10 @@ class NativeBatchBackend:
     async def _refusal(self, req: BatchRequest, provider: str) -> Result | None:
         """A line whose body holds more than the endpoint's documented fields and the route's extras gets its
         400 here, as on real-time routes; so does a media URL that LiteLLM's translation would fetch."""
-        charges = priced_fields(req.url, req.body)
-        if charges:  # a batch job is priced at batch rates only: nothing here counts a tier or a server tool
+        # A batch job is priced at batch rates only: nothing here counts a region, a speed or a server tool.
+        # `service_tier` is left to the provider: a batch runs at its own batch tier, whatever a line asks.
+        charges = [c for c in priced_fields(req.url, req.body) if c.name != "service_tier"]
+        if charges:
             return unsupported(req, charges[0].param, "it changes what the provider charges, and a native batch "
                                "route prices tokens at batch rates only; send it to a realtime route that allows it")
         name = unknown_field(req.body, upstream_fields(req.url) | self.route.allowed_params)

@@ -101,6 +101,9 @@ model_list:
   - model_name: claude-code
     litellm_params: {{model: anthropic/claude-haiku-4-5, api_key: sk-ant, api_base: "{claude.url}"}}
     model_info: {{{base}, allowed_params: [code_execution]}}
+  - model_name: claude-native
+    litellm_params: {{model: anthropic/claude-haiku-4-5, api_key: sk-ant, api_base: "{claude.url}"}}
+    model_info: {{batch_mode: native, native_poll_max_seconds: 0.2, allowed_params: [web_search]}}
 router_settings: {{num_retries: 0, retry_after: 0}}
 """)
     return path
@@ -121,6 +124,8 @@ def test_each_price_field_is_refused_unless_allowed_and_priced_when_allowed(
         _message("searched", "claude-search", "find it #searches:2", tools=web_search),
         _message("code-unpriced", "claude-code", "run it", tools=[
             {"type": "code_execution_20250825", "name": "code_execution"}]),
+        # a native batch prices tokens at batch rates only: a server tool is refused there, allowed or not
+        _message("native-search", "claude-native", "find it", tools=web_search),
     ]
     before, claude_before = upstream.stats()["by_model"], claude.stats().get("messages", 0)
     _, out = run(tmp_path, _config(tmp_path / "config.yaml", upstream, claude), lines, "--data-dir",
@@ -141,11 +146,13 @@ def test_each_price_field_is_refused_unless_allowed_and_priced_when_allowed(
             assert (got["param"], got["code"]) == (param, "unsupported_parameter"), (case, got)
     assert "no price is known for service_tier 'flex'" in json.dumps(error("flex-unpriced"))
     assert "code_interpreter_cost_per_session" in json.dumps(error("code-unpriced"))
+    assert "native batch" in json.dumps(error("native-search"))
     # nothing refused was sent: the plain routes saw no request at all
     after = upstream.stats()["by_model"]
     assert after.get("price-plain", 0) == before.get("price-plain", 0)
     assert after.get("price-priority", 0) - before.get("price-priority", 0) == 2  # priority and default
     assert claude.stats().get("messages", 0) - claude_before == 2  # geo and searched
+    assert claude.stats().get("batches_created", 0) == 0  # the native line's job was never made
 
     db = sqlite3.connect(tmp_path / "data" / "batchyard.sqlite3")
     stats = {row[0]: row[1:] for row in db.execute(
