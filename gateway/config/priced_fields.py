@@ -30,7 +30,7 @@ field's NAME in `allowed_params`; then its cost is counted (`Charge`):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,11 +106,13 @@ def priced_fields(endpoint: Endpoint, body: Mapping[str, Any]) -> list[Charge]:
     if isinstance(tools, list):
         for index, tool in enumerate(tools):
             kind = tool.get("type") if isinstance(tool, dict) else None
-            name = next((n for prefix, n in TOOL_TYPES if isinstance(kind, str) and kind.startswith(prefix)), None)
-            if name is not None:
-                found.append(Charge(name, f"tools[{index}].type",
-                                    search_size=_size(tool) if name == "web_search" else None,
-                                    sessions=int(name == "code_execution"), file_searches=int(name == "file_search")))
+            tool_name = next((n for prefix, n in TOOL_TYPES if isinstance(kind, str) and kind.startswith(prefix)),
+                             None)
+            if tool_name is not None:
+                found.append(Charge(tool_name, f"tools[{index}].type",
+                                    search_size=_size(tool) if tool_name == "web_search" else None,
+                                    sessions=int(tool_name == "code_execution"),
+                                    file_searches=int(tool_name == "file_search")))
     return found
 
 
@@ -122,7 +124,7 @@ def _size(options: Any) -> str:
 Lookup = Callable[[str], Any]  # a deployment's price key: its config's value, else the price map's
 
 
-def missing_price(charges: list[Charge], lookup: Lookup) -> str | None:
+def missing_price(charges: Sequence[Charge], lookup: Lookup) -> str | None:
     """Why an allowed priced field cannot be priced on a deployment (None: every one can)."""
     for charge in charges:
         if charge.tier is not None and lookup(f"input_cost_per_token_{charge.tier}") is None \
@@ -137,7 +139,7 @@ def missing_price(charges: list[Charge], lookup: Lookup) -> str | None:
     return None
 
 
-def tier_of(charges: list[Charge], reply: Mapping[str, Any]) -> str | None:
+def tier_of(charges: Sequence[Charge], reply: Mapping[str, Any]) -> str | None:
     """The tier a reply ran at: the one it reports (OpenAI's top-level `service_tier`, Anthropic's
     `usage.service_tier`), else the one the line asked for."""
     asked = next((c.tier for c in charges if c.tier is not None), None)
@@ -151,7 +153,7 @@ def tier_of(charges: list[Charge], reply: Mapping[str, Any]) -> str | None:
     return asked
 
 
-def extra_cost(charges: list[Charge], reply: Mapping[str, Any], lookup: Lookup) -> float:
+def extra_cost(charges: Sequence[Charge], reply: Mapping[str, Any], lookup: Lookup) -> float:
     """What searches, containers and file searches add to a reply's token cost."""
     total = 0.0
     size = next((c.search_size for c in charges if c.search_size is not None), None)
