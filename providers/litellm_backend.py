@@ -91,9 +91,10 @@ class LiteLLMBackend:
         self._wire = PassThrough(self._router, self._max_concurrency)
         # the config's entries, not the Router's copies (it adds its own defaults to litellm_params)
         self._wire_groups = wire_groups(self._model_list, self._litellm_settings)
-        self._internal = await internal_groups(self._model_list, self._router.fallbacks)
+        fallbacks = self._settings.get("fallbacks")  # as the Router was given them
+        self._internal = await internal_groups(self._model_list, fallbacks)
         for group in self._internal:  # a line may be sent to any fallback: it may fetch only what all allow
-            for fallback in _fallback_closure(self._router.fallbacks, group):
+            for fallback in _fallback_closure(fallbacks, group):
                 self._media_hosts[group] = self._media_hosts.get(group, frozenset()) & self._media_hosts.get(
                     fallback, frozenset())
 

@@ -37,6 +37,7 @@ from gateway.records import BatchRequest, Result
 _URL_KEYS = frozenset({"url", "image_url", "audio_url", "video_url", "file_url"})
 _INLINE_SCHEMES = frozenset({"data", "file"})
 _MAX_DEPTH = 64  # message content is shallow; a deeper body is walked no further (validation bounds it anyway)
+_START_LOOKUP_SECONDS = 3.0  # a route's api_base host, looked up once when its backend starts
 _RESOLVED_FOR = 60.0  # seconds a host's addresses are trusted before they are looked up again
 
 _resolved: dict[str, tuple[float, bool]] = {}  # host -> (when, every address public)
@@ -177,10 +178,12 @@ def internal_deployment(params: Mapping[str, Any]) -> bool:
 
 async def resolves_private(host: str) -> bool:
     """Whether `host` resolves to a non-public address now (looked up once, when a backend starts). A name
-    that does not resolve counts as public: no call to it can be made either."""
+    that does not resolve (or not within a few seconds: a start must not hang on DNS) counts as public: no
+    call to it can be made either."""
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError:
+        infos = await asyncio.wait_for(
+            asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM), _START_LOOKUP_SECONDS)
+    except (OSError, TimeoutError):
         return False
     return any(not _public(str(info[4][0])) for info in infos)
 

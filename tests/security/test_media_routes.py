@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gateway.pipeline.media_urls import internal_deployment
+from gateway.pipeline.media_urls import internal_deployment, resolves_private
 from tests.fakes.upstream.server import Upstream
 from tests.servers.test_upstream_routes import req, run
 
@@ -108,3 +108,15 @@ router_settings: {{num_retries: 0, retry_after: 0}}
 ])
 def test_a_route_is_internal_unless_its_host_is_the_providers_own(params: dict[str, Any], internal: bool) -> None:
     assert internal_deployment(params) is internal
+
+
+async def test_a_group_is_internal_when_it_falls_back_to_an_internal_one_or_its_host_resolves_inside() -> None:
+    from providers.litellm_backend import internal_groups
+
+    def entry(name: str, **params: str) -> dict[str, Any]:
+        return {"model_name": name, "litellm_params": {"model": "openai/gpt-4o", **params}}
+
+    deployments = [entry("public"), entry("falls-back"), entry("inside", api_base="http://10.1.2.3/v1"),
+                   entry("alone")]
+    assert await internal_groups(deployments, [{"falls-back": ["inside"]}]) == {"falls-back", "inside"}
+    assert await resolves_private("localhost") and not await resolves_private("no-such-host.invalid")
