@@ -56,6 +56,17 @@ REFUSED = [
     ("chat web_search tool", lambda m: _chat("c", m, tools=[
         {"type": "function", "function": {"name": "f", "parameters": {}}}, {"type": "web_search_preview"}]),
      "gpt", "tools[1].type"),
+    ("chat file_search tool", lambda m: _chat("c", m, tools=[{"type": "file_search", "vector_store_ids": ["vs"]}]),
+     "gpt", "tools[0].type"),
+    ("chat computer tool", lambda m: _chat("c", m, tools=[{"type": "computer_use_preview", "display_width": 8,
+                                                             "display_height": 8, "environment": "browser"}]),
+     "gpt", "tools[0].type"),
+    ("chat image_generation tool", lambda m: _chat("c", m, tools=[{"type": "image_generation"}]), "gpt",
+     "tools[0].type"),
+    ("responses service_tier priority", lambda m: req("c", "/v1/responses", model=m, input="hi",
+                                                      service_tier="priority"), "gpt", "service_tier"),
+    ("responses code_interpreter tool", lambda m: req("c", "/v1/responses", model=m, input="hi", tools=[
+        {"type": "code_interpreter", "container": {"type": "auto"}}]), "gpt", "tools[0].type"),
     ("messages service_tier auto", lambda m: _message("c", m, service_tier="auto"), "claude", "service_tier"),
     ("messages inference_geo us", lambda m: _message("c", m, inference_geo="us"), "claude", "inference_geo"),
     ("messages speed fast", lambda m: _message("c", m, speed="fast"), "claude", "speed"),
