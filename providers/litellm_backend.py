@@ -22,10 +22,11 @@ from typing import Any
 
 from gateway.backends.bounded import run_bounded
 from gateway.config.endpoints import ENDPOINTS, UPSTREAM_ENDPOINTS, WIRE_ENDPOINTS
+from gateway.config.priced_fields import Charge, missing_price, priced_fields
 from gateway.config.prices import DeploymentPrices
 from gateway.config.routes import Route
 from gateway.pipeline.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecognized, unsupported, upstream_fields
-from gateway.pipeline.media_urls import refused_media
+from gateway.pipeline.media_urls import api_host, internal_deployment, refused_media, resolves_private
 from gateway.records import BatchRequest, Endpoint, Result
 from gateway.scheduling.fairness import FairSlots
 from providers import litellm_setup
@@ -76,6 +77,7 @@ class LiteLLMBackend:
         self._allowed_params = {route.model_name: route.allowed_params for route in routes}
         self._media_hosts = {route.model_name: route.allowed_media_domains for route in routes}
         self._known: dict[tuple[Endpoint, str], frozenset[str]] = {}  # (endpoint, group) -> the fields it takes
+        self._internal: frozenset[str] = frozenset()  # groups that reach an operator's own server (set at start)
 
     async def start(self) -> None:
         if self._router is not None:
@@ -89,6 +91,12 @@ class LiteLLMBackend:
         self._wire = PassThrough(self._router, self._max_concurrency)
         # the config's entries, not the Router's copies (it adds its own defaults to litellm_params)
         self._wire_groups = wire_groups(self._model_list, self._litellm_settings)
+        fallbacks = self._settings.get("fallbacks")  # as the Router was given them
+        self._internal = await internal_groups(self._model_list, fallbacks)
+        for group in self._internal:  # a line may be sent to any fallback: it may fetch only what all allow
+            for fallback in _fallback_closure(fallbacks, group):
+                self._media_hosts[group] = self._media_hosts.get(group, frozenset()) & self._media_hosts.get(
+                    fallback, frozenset())
 
     async def aclose(self) -> None:
         if self._router is None:
@@ -147,7 +155,7 @@ class LiteLLMBackend:
             return Result.failure(req.line, req.custom_id, UPSTREAM_ERROR,
                                   f"the upstream for model {model!r} rejected the request (no reply kept)", model=model)
         data = _to_body(reply, exclude_none=req.url in _SPARSE)
-        cost = self._prices.cost(reply, data)
+        cost = self._prices.cost(reply, data, priced_fields(req.url, body))
         return Result(line=req.line, custom_id=req.custom_id, status_code=200, body=data, model=model, cost_usd=cost)
 
     async def _refusal(self, req: BatchRequest, model: str, body: dict[str, Any], wire: bool,
@@ -157,6 +165,11 @@ class LiteLLMBackend:
 
         `body` is splatted into a LiteLLM call below, so this check is what keeps a line from setting a key,
         a base URL, a mock, a fallback or a price (see gateway.pipeline.body_fields)."""
+        charges = priced_fields(req.url, body)
+        if charges:
+            refused = self._unpriced(req, model, charges)
+            if refused is not None:
+                return refused
         known = self._known.get((req.url, model))
         if known is None:
             known = upstream_fields(req.url) | self._allowed_params.get(model, frozenset())
@@ -164,22 +177,37 @@ class LiteLLMBackend:
         name = unknown_field(body, known)
         if name is not None:
             return unrecognized(req, name)
-        if wire:
-            return None  # the provider gets the bytes: nothing in them is LiteLLM's, and it fetches media itself
-        own = next((f for f in LITELLM_OWN_FIELDS if f in body), None)
+        own = None if wire else next((f for f in LITELLM_OWN_FIELDS if f in body), None)
         if own == "metadata" and req.url is Endpoint.MESSAGES and _anthropic_metadata(body["metadata"]):
             own = None  # Anthropic's own `metadata`; on this path the Router keeps its own in `litellm_metadata`
         if own is not None:
             return unsupported(req, own, "LiteLLM reads it for itself on this provider's path")
-        if bridged:
-            return None  # the provider gets the translated bytes and fetches media itself, as on the wire path
+        if (wire or bridged) and model not in self._internal:
+            # The bytes go to a public provider's own host as they are (or translated, bridged): the provider
+            # fetches media itself, from its own network. An internal server (gateway.pipeline.media_urls)
+            # fetches from inside ours, so its lines hold the gateway's own rule, as LiteLLM's translation does.
+            return None
         return await refused_media(req, body, self._media_hosts.get(model, frozenset()))
+
+    def _unpriced(self, req: BatchRequest, model: str, charges: list[Charge]) -> Result | None:
+        """The line's 400 for a field that changes the provider's price (gateway.config.priced_fields): one the
+        operator does not allow for the model, or one no price is known for on a deployment of it."""
+        allowed = self._allowed_params.get(model, frozenset())
+        for charge in charges:
+            if charge.name not in allowed:
+                return unsupported(req, charge.param, f"it changes what the provider charges; the operator allows it "
+                                   f"by listing {charge.name!r} in the model's model_info.allowed_params")
+        for deployment_id in self._prices.group(model):
+            why = missing_price(charges, self._prices.lookup(deployment_id))
+            if why is not None:
+                return unsupported(req, charges[0].param, why)
+        return None
 
     async def _pass_through(self, req: BatchRequest, group: str, tried: frozenset[str] = frozenset()) -> Result:
         assert self._wire is not None
         result, target = await self._wire.call(req, group)
         if result.ok and target is not None and result.body is not None:
-            result.cost_usd = self._prices.for_deployment(target.id, result.body)
+            result.cost_usd = self._prices.for_deployment(target.id, result.body, priced_fields(req.url, req.body))
             return result
         if result.status_code is None or result.status_code in (408, 429) or result.status_code >= 500:
             # The Router's fallbacks, as it would apply them after its retries: the next group in the list.
@@ -189,6 +217,10 @@ class LiteLLMBackend:
                 line = BatchRequest(line=req.line, custom_id=req.custom_id, url=req.url,
                                     body={**req.body, "model": fallback})
                 if fallback in self._wire_groups:
+                    # the fallback's own rules (its extras, price fields, media): the group's were checked
+                    fields = {k: v for k, v in line.body.items() if k != "model"}
+                    if await self._refusal(line, fallback, fields, wire=True) is not None:
+                        continue
                     answer = await self._pass_through(line, fallback, tried | {group})
                 else:
                     answer = await self._call(line)
@@ -235,6 +267,39 @@ def wire_groups(deployments: Sequence[dict[str, Any]], litellm_settings: dict[st
         name = str(deployment.get("model_name"))
         groups[name] = groups.get(name, True) and wire_provider(deployment.get("litellm_params") or {}) is not None
     return frozenset(name for name, ok in groups.items() if ok)
+
+
+async def internal_groups(deployments: Sequence[dict[str, Any]], fallbacks: Any) -> frozenset[str]:
+    """The model groups whose lines may reach an operator's own server: a deployment of the group, or of a
+    group it falls back to, is internal (`gateway.pipeline.media_urls.internal_deployment`) or its public-looking
+    host resolves to a private address. Decided once, when the backend starts: one lookup per host."""
+    hosts: dict[str, bool] = {}
+    inside: set[str] = set()
+    for deployment in deployments:
+        params = deployment.get("litellm_params") or {}
+        group = str(deployment.get("model_name"))
+        if internal_deployment(params):
+            inside.add(group)
+            continue
+        host = api_host(params)
+        if host:
+            if host not in hosts:
+                hosts[host] = await resolves_private(host)
+            if hosts[host]:
+                inside.add(group)
+    groups = {str(d.get("model_name")) for d in deployments}
+    return frozenset(g for g in groups if g in inside or any(f in inside for f in _fallback_closure(fallbacks, g)))
+
+
+def _fallback_closure(fallbacks: Any, group: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [group]
+    while todo:
+        for fallback in fallback_groups(fallbacks, todo.pop()):
+            if fallback not in seen:
+                seen.add(fallback)
+                todo.append(fallback)
+    return seen
 
 
 def fallback_groups(fallbacks: Any, group: str) -> list[str]:

@@ -88,11 +88,16 @@ class ModelInfo(BaseModel):
     """Body fields a line may carry for this model beyond the endpoint's documented request fields: a
     provider's extras (`top_k` for Anthropic), or on a `vllm/` route the vLLM fields that override the
     operator's engine settings (`chat_template`, `vllm_xargs`, `mm_processor_kwargs`, ...). LiteLLM's own
-    settings (keys, URLs, mocks, fallbacks, prices, callbacks) are refused at load. With several deployments
-    of one name, a field passes only if every deployment lists it."""
+    settings (keys, URLs, mocks, fallbacks, prices, callbacks) are refused at load. The fields that change the
+    provider's price are allowed here by name (`service_tier`, `inference_geo`, `speed`, `web_search`,
+    `web_fetch`, `code_execution`, `file_search`, `mcp`, ...: `gateway.config.priced_fields`), and then priced
+    from this `model_info` or LiteLLM's price map (`input_cost_per_token_priority`,
+    `search_context_cost_per_query`, ...). With several deployments of one name, a field passes only if every
+    deployment lists it."""
     allowed_media_domains: list[str] = Field(default_factory=list)
     """Bare host names whose http(s) media URLs (`image_url`, `audio_url`, `video_url`, `file_url`, ...) the
-    gateway may fetch for this model: vLLM on a `vllm/` route, LiteLLM's translation upstream. Empty:
+    gateway may fetch for this model: vLLM on a `vllm/` route, LiteLLM's translation upstream, and the
+    operator's own server on an internal route (an `api_base` that is not the provider's public host). Empty:
     nothing is fetched. Private, loopback and link-local addresses are refused even for a listed host."""
 
     @property

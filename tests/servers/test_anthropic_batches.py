@@ -177,10 +177,13 @@ def test_dashboard_and_metrics_count_a_message_batch(alpha: Anthropic, gateway: 
     assert batch.request_counts.succeeded == 3
     after = metric(gateway, "batchyard_requests_total", team="alpha", route=MODEL, status="200")
     assert after == before + 3
-    board = httpx.get(gateway.url + "/ui/api/batches", cookies={"batchyard_key": ALPHA}, timeout=10)
+    browser = httpx.Client(base_url=gateway.url, headers={"Origin": gateway.url}, timeout=10)
+    assert browser.post("/ui/login", data={"api_key": ALPHA}).status_code == 303  # a session cookie, kept
+    board = browser.get("/ui/api/batches")
     assert board.status_code == 200 and batch.id in board.json()["ids"]
     assert f"/ui/batches/{batch.id}/results" in board.json()["cards"][batch.id]
-    shown = httpx.get(f"{gateway.url}/ui/batches/{batch.id}/results", cookies={"batchyard_key": ALPHA}, timeout=10)
+    shown = browser.get(f"/ui/batches/{batch.id}/results")
+    browser.close()
     assert shown.status_code == 200 and len(shown.text.splitlines()) == 3
 
 
