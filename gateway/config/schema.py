@@ -97,6 +97,12 @@ class Config:
             return route  # the common case without a dictionary more
         return self.resolver.route(model)
 
+    def lane(self, route_name: str) -> str:
+        """The model_name a shard of `route_name` queues under and workers host: the pattern of a wildcard
+        route's concrete model, else the name itself."""
+        route = self.route(route_name)
+        return route.declared if route is not None else route_name
+
     def named_routes(self) -> dict[str, Route]:
         """The routes by model_name as model_list writes them (wildcards as their pattern)."""
         return {route.model_name: route for route in self.routes.values()}
@@ -171,6 +177,9 @@ def _check_teams(teams: list[Team], config: Config, path: str) -> None:
                                   f"{model!r} is not a model_name in model_list")
         for key in ("model_rpm_limit", "model_tpm_limit", "model_max_enqueued_requests"):
             for model in getattr(team, key):  # a limit on a model no line can name would never apply
+                if is_pattern(model):  # counted per concrete model a line names: a pattern's row never fills
+                    raise ConfigError(path, f"batch_settings.teams[{i}].{key}.{model}",
+                                      f"{model!r} is a wildcard; limits are per model: name each model")
                 if not known(model):
                     raise ConfigError(path, f"batch_settings.teams[{i}].{key}.{model}",
                                       f"{model!r} is not a model_name in model_list")

@@ -20,7 +20,7 @@ the same way (checked by tests/servers/test_litellm_routes.py against the instal
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +119,15 @@ class Resolver:
         return None
 
 
+def team_allows(allowed: Collection[str], model: str, route: Route) -> bool:
+    """Whether a team whose `models` are `allowed` may send a line naming `model` (resolved to `route`): the
+    name itself, its route's model_name or the wildcard it comes from, or a pattern in the list that matches
+    it (LiteLLM's team model lists take patterns too)."""
+    if model in allowed or route.model_name in allowed or route.declared in allowed:
+        return True
+    return any(is_pattern(name) and re.match(pattern_regex(name), model) is not None for name in allowed)
+
+
 def derived(pattern_route: Route, model: str, match: re.Match[str]) -> Route:
     """The route of one concrete model a wildcard route serves: named as the line names it, each entry with
     the model LiteLLM sends (`concrete_model`), the pattern kept as `group` (what the Router is asked)."""
@@ -130,4 +139,4 @@ def derived(pattern_route: Route, model: str, match: re.Match[str]) -> Route:
 
 
 __all__ = ["Resolver", "alias_target", "concrete_model", "derived", "hidden_aliases", "inferred_provider",
-           "is_pattern", "pattern_regex"]
+           "is_pattern", "pattern_regex", "team_allows"]
