@@ -24,9 +24,8 @@ from gateway.config.engine_fields import unknown_engine_args
 from gateway.config.entries import Entry, LocalEntry, ModelEntry, Strict, kind_of
 from gateway.config.litellm_settings import check_litellm_settings
 from gateway.config.problems import config_error
-from gateway.config.routes import Route, RouteKind
 from gateway.config.route_checks import check_aliases, check_fallbacks
-from gateway.config.wildcards import Resolver, hidden_aliases, is_pattern
+from gateway.config.routes import Route, RouteKind
 from gateway.config.sections import (
     ROUTER_SETTINGS,
     TEAM_ID_PATTERN,
@@ -37,6 +36,7 @@ from gateway.config.sections import (
     Team,
     check_router_settings,
 )
+from gateway.config.wildcards import Resolver, hidden_aliases, is_pattern
 from gateway.errors import ConfigError
 
 _ENV_PREFIX = "os.environ/"

@@ -16,8 +16,8 @@ import orjson
 
 from gateway.config.routes import Route
 from gateway.config.schema import Config
-from gateway.config.wildcards import team_allows
 from gateway.config.urls import normalise_url
+from gateway.config.wildcards import team_allows
 from gateway.errors import LineCode, LineError, shown
 from gateway.json_codec import loads_checked
 from gateway.pipeline.body_fields import check_body

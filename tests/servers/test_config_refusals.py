@@ -34,7 +34,8 @@ def _settings(**batch_settings: Any) -> dict[str, Any]:
 
 
 REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
-    ("tpm beside litellm_params", _with(UPSTREAM, tpm=1000), "model_list[0].tpm", "unknown setting"),
+    ("tpm beside a local entry's litellm_params", _with(LOCAL, tpm=1000), "model_list[0].tpm", "unknown setting"),
+    ("tpm that is no count", _with(UPSTREAM, tpm="many"), "model_list[0].tpm", "integer"),
     ("a typo of model_info", _with(UPSTREAM, modle_info={"id": "a"}), "model_list[0].modle_info", "model_info"),
     ("engine_args on an upstream entry", _with(UPSTREAM, engine_args={"dtype": "float32"}),
      "model_list[0].engine_args", "local models"),
