@@ -205,7 +205,7 @@ class LiteLLMBackend:
                     continue
                 line = BatchRequest(line=req.line, custom_id=req.custom_id, url=req.url,
                                     body={**req.body, "model": fallback})
-                if fallback in self._wire_groups:
+                if self._group(fallback) in self._wire_groups:
                     answer = await self._pass_through(line, fallback, tried | {group})
                 else:
                     answer = await self._call(line)

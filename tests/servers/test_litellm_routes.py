@@ -210,3 +210,17 @@ def test_the_configs_load_as_the_router_resolves_them(upstream: Upstream, tmp_pa
         route = raw.route(name)
         assert route is not None, name
         assert route.entries[0].litellm_params.model == asyncio.run(chosen(name)), name
+
+
+def test_a_wildcard_on_litellms_completion_path(upstream: Upstream, tmp_path: Path) -> None:
+    """A deployment the pass-through does not take (`max_parallel_requests` is the Router's to apply) keeps
+    LiteLLM's completion path: the Router resolves the pattern there, with the same answer."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"""
+model_list:
+  - model_name: "lite/*"
+    litellm_params: {{model: "openai/*", api_key: sk-test, api_base: "{upstream.v1_url}"}}
+    max_parallel_requests: 4
+""")
+    assert load_config(cfg).routes["lite/*"].model_list()[0]["litellm_params"]["max_parallel_requests"] == 4
+    assert answered_as(run(tmp_path, cfg, [chat("a", "lite/abc"), chat("b", "lite/xyz")])) == {"a": "abc", "b": "xyz"}
