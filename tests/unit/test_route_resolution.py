@@ -98,3 +98,26 @@ def test_resolution_is_cached_per_model() -> None:
     assert pattern.entries[0].litellm_params.model == "openai/gpt-4.1"
     assert config.routes["*"].entries[0].litellm_params.model == "openai/*"  # the declared route is untouched
     assert config.listed_models() == ["*", "latest", "openai/gpt-4*"]
+
+
+def test_a_teams_pattern_lets_its_lines_through_and_no_others() -> None:
+    import json
+
+    from gateway.pipeline.validate import LineChecker
+    from gateway.records import BatchRequest
+
+    config = parse_config({"model_list": [entry("*", "openai/*"), entry("exact", "openai/x")],
+                           "router_settings": {"model_group_alias": {"nick": "exact"}}})
+
+    def checked(allowed: list[str], model: str) -> object:
+        line = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
+                           "body": {"model": model, "messages": [{"role": "user", "content": "hi"}]}})
+        return LineChecker(config, endpoint=None, allowed_models=allowed).check(line.encode(), 1)
+
+    assert isinstance(checked(["openai/gpt-4*"], "openai/gpt-4.1"), BatchRequest)  # a pattern in the team's list
+    assert isinstance(checked(["*"], "anything-at-all"), BatchRequest)  # the wildcard route by its name
+    assert isinstance(checked(["exact"], "nick"), BatchRequest)  # an alias of a model the team may use
+    for allowed, model in ((["openai/gpt-4*"], "claude-3"), (["exact"], "gpt-4o")):
+        refused_line = checked(allowed, model)
+        assert not isinstance(refused_line, BatchRequest)
+        assert "does not exist or is not supported" in str(refused_line)
