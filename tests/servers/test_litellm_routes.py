@@ -23,6 +23,7 @@ import yaml
 
 from gateway.config.schema import load_config, parse_config
 from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.support.server_helpers import read_jsonl, start_gateway, submit, wait_batch
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "tests" / "data" / "litellm_configs"
@@ -224,3 +225,24 @@ model_list:
 """)
     assert load_config(cfg).routes["lite/*"].model_list()[0]["litellm_params"]["max_parallel_requests"] == 4
     assert answered_as(run(tmp_path, cfg, [chat("a", "lite/abc"), chat("b", "lite/xyz")])) == {"a": "abc", "b": "xyz"}
+
+
+def test_serve_lists_patterns_and_visible_aliases_and_runs_their_lines(upstream: Upstream, tmp_path: Path) -> None:
+    """Through `serve` (the API's validation, a worker, the queue): /v1/models as LiteLLM lists it, and a batch
+    whose lines go through a wildcard route and an alias."""
+    config = yaml.safe_load(localised("alias_config.yaml", tmp_path, upstream.v1_url).read_text())
+    config["model_list"].append({"model_name": "openai/*", "litellm_params": {
+        "model": "openai/*", "api_key": "os.environ/OPENAI_API_KEY", "api_base": upstream.v1_url}})
+    gateway = start_gateway(config, tmp_path / "data")
+    try:
+        listed = [m["id"] for m in gateway.http("GET", "/v1/models").json()["data"]]
+        assert listed == ["gpt-3.5-turbo", "gpt-4", "gpt-4o", "openai/*"]  # the hidden alias is not listed
+        client = gateway.client(None)
+        lines = [json.loads(chat("w1", "openai/gpt-4.1")), json.loads(chat("w2", "openai/o3")),
+                 json.loads(chat("al", "gpt-4o-latest"))]
+        batch = wait_batch(client, submit(client, lines).id)
+        assert batch.status == "completed", batch
+        out = {r["custom_id"]: r["response"]["body"]["model"] for r in read_jsonl(client, batch.output_file_id)}
+        assert out == {"w1": "gpt-4.1", "w2": "o3", "al": "gpt-4o"}
+    finally:
+        gateway.stop()
