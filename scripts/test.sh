@@ -31,6 +31,16 @@ if ((${#missing[@]})); then
 fi
 bash scripts/check_compose.sh      # docker/compose.yaml is valid
 
+# The openai SDK's 2.x line, beside the venv's 3.x, for tests/servers/test_openai2_client.py (which puts it first
+# on PYTHONPATH in a client subprocess). Hash-locked, without dependencies: the venv's serve it.
+export BATCHYARD_OPENAI2="$ROOT/.batchyard/openai2"
+if [[ "$(cat "$BATCHYARD_OPENAI2/.lock" 2>/dev/null)" != "$(sha256sum requirements/openai2.lock | cut -d' ' -f1)" ]]; then
+    rm -rf "$BATCHYARD_OPENAI2"
+    python -m pip install -q --disable-pip-version-check --require-hashes --no-deps --target "$BATCHYARD_OPENAI2" \
+        -r requirements/openai2.lock 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+    sha256sum requirements/openai2.lock | cut -d' ' -f1 > "$BATCHYARD_OPENAI2/.lock"
+fi
+
 export BATCHYARD_TINY_MODELS="$ROOT/.batchyard/models"
 export VLLM_CPU_KVCACHE_SPACE=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0

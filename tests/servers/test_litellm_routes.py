@@ -46,9 +46,6 @@ def localised(name: str, tmp: Path, api_base: dict[str, str] | str, drop: tuple[
     the model_names in `drop`."""
     raw = yaml.safe_load((CONFIGS / name).read_text())
     raw["model_list"] = [e for e in raw["model_list"] if e["model_name"] not in drop]
-    # `environment_variables` is a section of LiteLLM's file the config loader learns in its own change (issue
-    # 33, part 2); the routes are what this file tests.
-    raw.pop("environment_variables", None)
     for entry in raw["model_list"]:
         base = api_base if isinstance(api_base, str) else api_base.get(entry["model_name"])
         if base is not None:

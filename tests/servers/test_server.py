@@ -310,3 +310,51 @@ def test_sigkill_and_restart_resumes(tmp_path: Path) -> None:
         assert all(calls.get(text, 0) >= 1 for text in texts)
         resent = sum(calls[text] - 1 for text in texts)
         assert resent <= total - done, calls  # what was recorded before the kill was not sent again
+
+
+# --------------------------------------------------------------------------- the openai SDK's 2.x line
+
+_OPENAI2_CLIENT = r"""
+import json, sys, time
+import openai
+from openai import OpenAI
+assert openai.__version__.startswith("2."), openai.__version__
+base, key, model = sys.argv[1:4]
+client = OpenAI(base_url=base, api_key=key, max_retries=0, timeout=30)
+line = {"custom_id": "o2", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": model, "messages": [{"role": "user", "content": "hello from 2.x"}]}}
+f = client.files.create(file=("b.jsonl", (json.dumps(line) + "\n").encode()), purpose="batch")
+b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+deadline = time.monotonic() + 60
+while b.status not in ("completed", "failed", "expired", "cancelled") and time.monotonic() < deadline:
+    time.sleep(0.2)
+    b = client.batches.retrieve(b.id)
+out = client.files.content(b.output_file_id).text if b.output_file_id else ""
+print(json.dumps({"version": openai.__version__, "status": b.status, "output": out}))
+"""
+
+
+def test_openai_sdk_2x_still_works(gw: Gateway, tmp_path: Path) -> None:
+    """The locks carry the 3.x SDK; teams still on 2.x upload, create, poll and download unchanged.
+
+    scripts/test.sh installs openai 2.x (requirements/openai2.lock) into its own folder, first on the
+    client subprocess's path."""
+    import os
+    import subprocess
+    import sys
+
+    folder = os.environ.get("BATCHYARD_OPENAI2", "")
+    if not folder or not Path(folder, "openai").is_dir():
+        if os.environ.get("CI"):
+            pytest.fail("BATCHYARD_OPENAI2 (openai 2.x, installed by scripts/test.sh) is missing")
+        pytest.skip("openai 2.x is installed by scripts/test.sh (BATCHYARD_OPENAI2)")
+    script = tmp_path / "client2.py"
+    script.write_text(_OPENAI2_CLIENT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([folder, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, str(script), gw.url + "/v1", ALPHA, "gpt-mini"], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["version"] == "2.54.0" and result["status"] == "completed"
+    (row,) = [json.loads(x) for x in result["output"].splitlines()]
+    assert row["custom_id"] == "o2" and row["response"]["status_code"] == 200
