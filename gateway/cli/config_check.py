@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from gateway.config.notices import notice_text
 from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import Config, load_config
+from gateway.config.wildcards import hidden_aliases
 from gateway.errors import ConfigError
 
 EXIT_OK, EXIT_CONFIG = 0, 2
@@ -131,6 +132,10 @@ def check_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return EXIT_CONFIG
     print(f"{config.path}: {len(rows)} model name(s)", file=out)
     print_rows(rows, out)
+    aliases = config.resolver.aliases  # router_settings.model_group_alias, resolved as LiteLLM's Router does
+    hidden = hidden_aliases(config.router_settings.get("model_group_alias") or {})
+    for alias, target in sorted(aliases.items()):
+        print(f"alias {alias} -> {target}{' (hidden from /v1/models)' if alias in hidden else ''}", file=out)
     if config.notices:
         print(notice_text(config.notices), file=out)
     else:

@@ -10,6 +10,8 @@ deployment, with which model, served the line.
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import os
 import subprocess
@@ -21,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway.cli.config_check import check_command
 from gateway.config.schema import load_config, parse_config
 from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import read_jsonl, start_gateway, submit, wait_batch
@@ -116,6 +119,10 @@ def test_aliases_resolve_to_their_target_and_hidden_ones_are_not_listed(upstream
     cfg = localised("alias_config.yaml", tmp_path, upstream.v1_url)
     config = load_config(cfg)
     assert config.listed_models() == ["gpt-3.5-turbo", "gpt-4", "gpt-4o"]  # gpt-4o-latest is hidden
+    printed = io.StringIO()
+    assert check_command(argparse.Namespace(file=str(cfg), strict_config=False), out=printed) == 0
+    assert ("alias gpt-4 -> gpt-3.5-turbo\nalias gpt-4o-latest -> gpt-4o (hidden from /v1/models)\n"
+            in printed.getvalue())  # config check names each alias and its target
     lines = [chat("alias", "gpt-4"), chat("hidden", "gpt-4o-latest"), chat("name", "gpt-3.5-turbo")]
     assert answered_as(run(tmp_path, cfg, lines)) == {"alias": "gpt-3.5-turbo", "hidden": "gpt-4o",
                                                       "name": "gpt-3.5-turbo"}
