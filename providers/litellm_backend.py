@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -63,8 +64,14 @@ class LiteLLMBackend:
         router_settings: dict[str, Any],
         max_concurrency: int,
         litellm_settings: dict[str, Any] | None = None,
+        resolve: Callable[[str], Route | None] | None = None,
     ) -> None:
         self._model_list = [deployment for route in routes for deployment in route.model_list()]
+        # A line's model -> its route (`Config.route`: an alias's target, a wildcard's concrete model); the
+        # Router is asked the line's model and resolves it the same way, the checks below use the model_name
+        # the config declares (`Route.declared`: the pattern of a wildcard route).
+        self._resolve = resolve or {route.model_name: route for route in routes}.get
+        self._groups: dict[str, str] = {}
         self._litellm_settings = dict(litellm_settings or {})
         self._settings = router_kwargs(router_settings, self._litellm_settings)
         self._limit = FairSlots(max_concurrency)  # shared by every shard, divided between teams
@@ -91,7 +98,9 @@ class LiteLLMBackend:
         self._wire = PassThrough(self._router, self._max_concurrency)
         # the config's entries, not the Router's copies (it adds its own defaults to litellm_params)
         self._wire_groups = wire_groups(self._model_list, self._litellm_settings)
-        fallbacks = self._settings.get("fallbacks")  # as the Router was given them
+        # every fallback list, as the Router was given them: a line may be sent on along any of them
+        fallbacks = [entry for key in ("fallbacks", "context_window_fallbacks", "content_policy_fallbacks")
+                     for entry in self._settings.get(key) or []]
         self._internal = await internal_groups(self._model_list, fallbacks)
         for group in self._internal:  # a line may be sent to any fallback: it may fetch only what all allow
             for fallback in _fallback_closure(fallbacks, group):
@@ -114,18 +123,27 @@ class LiteLLMBackend:
             async for result in results:
                 yield result
 
+    def _group(self, model: str) -> str:
+        """The model_name of model_list that serves a line's model (cached per model)."""
+        group = self._groups.get(model)
+        if group is None:
+            route = self._resolve(model)
+            group = self._groups[model] = route.declared if route is not None else model
+        return group
+
     async def _call(self, req: BatchRequest) -> Result:
         body = dict(req.body)
         model = body.pop("model")
+        group = self._group(model)
         call = self._method(req.url)
         if call is None:
             return Result.http_error(req.line, req.custom_id, 400, f"{req.url.value} is not supported for upstream "
                                      "models", type_="invalid_request_error", code="unsupported_endpoint", model=model)
-        on_wire = self._wire is not None and model in self._wire_groups
+        on_wire = self._wire is not None and group in self._wire_groups
         wire = on_wire and req.url in WIRE_ENDPOINTS
         # a Messages line on an OpenAI-wire route: translated, then sent as bytes (providers.messages_bridge)
         bridged = on_wire and req.url is Endpoint.MESSAGES
-        refused = await self._refusal(req, model, body, wire, bridged)
+        refused = await self._refusal(req, group, body, wire, bridged)
         if refused is not None:
             return refused
         # the Router method's required arguments (one set on every upstream endpoint): a line without one gets
@@ -158,7 +176,7 @@ class LiteLLMBackend:
         cost = self._prices.cost(reply, data, priced_fields(req.url, body))
         return Result(line=req.line, custom_id=req.custom_id, status_code=200, body=data, model=model, cost_usd=cost)
 
-    async def _refusal(self, req: BatchRequest, model: str, body: dict[str, Any], wire: bool,
+    async def _refusal(self, req: BatchRequest, group: str, body: dict[str, Any], wire: bool,
                        bridged: bool = False) -> Result | None:
         """The line's 400 when its body holds more than data: a field outside the endpoint's documented ones
         and the operator's extras for the model, LiteLLM's own `metadata`, or a media URL we may not fetch.
@@ -167,13 +185,13 @@ class LiteLLMBackend:
         a base URL, a mock, a fallback or a price (see gateway.pipeline.body_fields)."""
         charges = priced_fields(req.url, body)
         if charges:
-            refused = self._unpriced(req, model, charges)
+            refused = self._unpriced(req, group, charges)
             if refused is not None:
                 return refused
-        known = self._known.get((req.url, model))
+        known = self._known.get((req.url, group))
         if known is None:
-            known = upstream_fields(req.url) | self._allowed_params.get(model, frozenset())
-            self._known[(req.url, model)] = known
+            known = upstream_fields(req.url) | self._allowed_params.get(group, frozenset())
+            self._known[(req.url, group)] = known
         name = unknown_field(body, known)
         if name is not None:
             return unrecognized(req, name)
@@ -182,12 +200,12 @@ class LiteLLMBackend:
             own = None  # Anthropic's own `metadata`; on this path the Router keeps its own in `litellm_metadata`
         if own is not None:
             return unsupported(req, own, "LiteLLM reads it for itself on this provider's path")
-        if (wire or bridged) and model not in self._internal:
+        if (wire or bridged) and group not in self._internal:
             # The bytes go to a public provider's own host as they are (or translated, bridged): the provider
             # fetches media itself, from its own network. An internal server (gateway.pipeline.media_urls)
             # fetches from inside ours, so its lines hold the gateway's own rule, as LiteLLM's translation does.
             return None
-        return await refused_media(req, body, self._media_hosts.get(model, frozenset()))
+        return await refused_media(req, body, self._media_hosts.get(group, frozenset()))
 
     def _unpriced(self, req: BatchRequest, model: str, charges: list[Charge]) -> Result | None:
         """The line's 400 for a field that changes the provider's price (gateway.config.priced_fields): one the
@@ -207,19 +225,22 @@ class LiteLLMBackend:
         assert self._wire is not None
         result, target = await self._wire.call(req, group)
         if result.ok and target is not None and result.body is not None:
-            result.cost_usd = self._prices.for_deployment(target.id, result.body, priced_fields(req.url, req.body))
+            result.cost_usd = self._prices.for_deployment(target.id, result.body, priced_fields(req.url, req.body),
+                                                          f"{target.provider}/{target.model}")
             return result
-        if result.status_code is None or result.status_code in (408, 429) or result.status_code >= 500:
+        chain = wire_fallbacks(self._router, result, (self._routed(group), group))
+        if chain:
             # The Router's fallbacks, as it would apply them after its retries: the next group in the list.
-            for fallback in fallback_groups(self._router.fallbacks, group):
+            for fallback in chain:
                 if fallback in tried or fallback == group:
                     continue
                 line = BatchRequest(line=req.line, custom_id=req.custom_id, url=req.url,
                                     body={**req.body, "model": fallback})
-                if fallback in self._wire_groups:
+                fallback_group = self._group(fallback)
+                if fallback_group in self._wire_groups:
                     # the fallback's own rules (its extras, price fields, media): the group's were checked
                     fields = {k: v for k, v in line.body.items() if k != "model"}
-                    if await self._refusal(line, fallback, fields, wire=True) is not None:
+                    if await self._refusal(line, fallback_group, fields, wire=True) is not None:
                         continue
                     answer = await self._pass_through(line, fallback, tried | {group})
                 else:
@@ -228,6 +249,11 @@ class LiteLLMBackend:
                 if answer.ok:
                     return answer
         return result
+
+    def _routed(self, model: str) -> str:
+        """The model_name a line's model is routed to (an alias's target; a wildcard's concrete model)."""
+        route = self._resolve(model)
+        return route.model_name if route is not None else model
 
     def _method(self, endpoint: Endpoint) -> Callable[..., Awaitable[Any]] | None:
         name = ENDPOINTS[endpoint].router_method
@@ -303,7 +329,8 @@ def _fallback_closure(fallbacks: Any, group: str) -> set[str]:
 
 
 def fallback_groups(fallbacks: Any, group: str) -> list[str]:
-    """The Router's `fallbacks` for a group (`[{group: [others]}]`, `*` for every group), in order."""
+    """The groups a group may fall back to in the Router's fallback lists (`[{group: [others]}]`, `*` for every
+    group), in order: where a line may be sent on, whatever the error (`wire_fallbacks` picks by the error)."""
     found: list[str] = []
     for entry in fallbacks or []:
         if isinstance(entry, dict):
@@ -312,3 +339,36 @@ def fallback_groups(fallbacks: Any, group: str) -> list[str]:
                 if isinstance(value, list):
                     found += [str(v) for v in value]
     return found
+
+
+def wire_fallbacks(router: Any, result: Result, groups: tuple[str, ...]) -> list[str]:
+    """The fallback chain the Router would walk after a pass-through line's last failed attempt, by its rules
+    (`litellm/router_utils/fallback_event_handlers.py`, the Router's fallback walk): a context-window error
+    takes `context_window_fallbacks` where they name the group, else `fallbacks`; a content-policy error takes
+    `content_policy_fallbacks` alone when they are set; a timeout, 429 or 5xx takes `fallbacks`. The errors
+    are told apart as LiteLLM tells them (`ExceptionCheckers`); other 4xx replies are the line's answer."""
+    from litellm.litellm_core_utils.exception_mapping_utils import ExceptionCheckers
+    from litellm.router_utils.fallback_event_handlers import get_fallback_model_group_for_lookup_groups
+
+    status = result.status_code
+    lookup = tuple(dict.fromkeys(groups))
+    settings = router.settings()  # the Router's resolved settings (its attributes of these are deprecated)
+
+    def chain(entries: Any) -> list[str] | None:
+        listed = [e for e in entries or [] if isinstance(e, dict) and e]
+        found, _ = get_fallback_model_group_for_lookup_groups(listed, lookup)
+        return [str(f) for f in found] if found is not None else None
+
+    if status is not None and 400 <= status < 500 and status not in (408, 429):
+        text = json.dumps(result.body) if result.body is not None else ""  # LiteLLM matches `"code": "..."`
+        if ExceptionCheckers.is_error_str_context_window_exceeded(text):
+            window = chain(settings.context_window_fallbacks)
+            return window if window is not None else chain(settings.fallbacks) or []
+        lowered = text.lower()
+        if (ExceptionCheckers.is_azure_content_policy_violation_error(text)
+                or "violating our usage policy" in lowered or "rejected as a result of the safety system" in lowered):
+            if settings.content_policy_fallbacks is not None:
+                return chain(settings.content_policy_fallbacks) or []
+            return chain(settings.fallbacks) or []
+        return []
+    return chain(settings.fallbacks) or []

@@ -138,7 +138,7 @@ class PassThrough:
 
         self._router = router
         self._limit = max_concurrency
-        self._targets: dict[str, _Target] = {}
+        self._targets: dict[tuple[str, str], _Target] = {}  # by (deployment id, its model)
         self._ssl = getattr(litellm, "ssl_verify", True) is not False  # litellm_settings.ssl_verify
         self._family = socket.AF_INET if getattr(litellm, "force_ipv4", False) else socket.AF_UNSPEC
         self._timeout = float(getattr(router, "timeout", None) or litellm.request_timeout or 600)
@@ -146,9 +146,12 @@ class PassThrough:
     def target(self, deployment: dict[str, Any]) -> _Target:
         info = deployment.get("model_info") or {}
         key = str(info.get("id"))
-        target = self._targets.get(key)
+        # A wildcard deployment answers for many models under one id: the Router hands it out with the
+        # concrete model in litellm_params (LiteLLM's set_deployment_model_name), so a target is per both.
+        model = str(deployment["litellm_params"]["model"])
+        target = self._targets.get((key, model))
         if target is None:
-            target = self._targets[key] = self._new_target(key, deployment)
+            target = self._targets[(key, model)] = self._new_target(key, deployment)
         return target
 
     def _new_target(self, key: str, deployment: dict[str, Any]) -> _Target:

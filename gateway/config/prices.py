@@ -136,11 +136,22 @@ class DeploymentPrices:
         """The deployment's per-token prices: the config's, else the price map's (None: neither gives one)."""
         return self._by_id.get(deployment_id) or self._mapped.get(deployment_id)
 
-    def for_deployment(self, deployment_id: str, body: dict[str, Any], charges: Sequence[Charge] = ()) -> float | None:
+    def for_deployment(self, deployment_id: str, body: dict[str, Any], charges: Sequence[Charge] = (),
+                       model: str | None = None) -> float | None:
         """A pass-through reply's cost: its `usage` times the deployment's prices (config, else price map), and
         what the line's allowed priced fields add (`gateway.config.priced_fields`: a tier's prices instead,
-        searches, containers)."""
+        searches, containers).
+
+        `model`: the model the deployment was sent as; a wildcard deployment (`openai/*`) is priced from the
+        price map per concrete model (`openai/gpt-4o`), looked up once each."""
         prices = self.prices(deployment_id)
+        if prices is None and model is not None and "*" in str(
+                (self._deployments.get(deployment_id, {}).get("litellm_params") or {}).get("model", "")):
+            key = f"{deployment_id}\0{model}"
+            if key not in self._mapped:
+                deployment = self._deployments[deployment_id]
+                self._mapped[key] = _price_map({**deployment, "litellm_params": {"model": model}})
+            prices = self._mapped[key]
         extra = 0.0
         if charges:
             tier = tier_of(charges, body)
