@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 
 from gateway.api.auth import Principal
 from gateway.api.deps import Caller, runtime_of
-from gateway.api.form import Body
+from gateway.api.form import Body, declared_length
 from gateway.api.http_errors import RETRY_AFTER_SECONDS, STORAGE_ERRORS, ApiError, storage_fault
 from gateway.errors import Conflict, GatewayError, NotFound, OverQuota, TooLarge, shown
 from gateway.json_codec import dumps, loads
@@ -77,20 +77,11 @@ async def create(request: Request, caller: Caller) -> JSONResponse:
     limit = min(MAX_BODY_BYTES, runtime.config.batch.max_file_bytes)  # Anthropic's, or the operator's if lower
     try:
         rec = await create_message_batch(runtime.service, caller.owner, Body(request.receive).chunks(),
-                                         declared=_declared(request), limit=limit,
+                                         declared=declared_length(request.headers), limit=limit,
                                          allowed_models=caller.allowed_models)
     except EnvelopeError as exc:
         raise AnthropicError(400, str(exc)) from None
     return JSONResponse(_object(request, rec))
-
-
-def _declared(request: Request) -> int | None:
-    value = request.headers.get("content-length")
-    if value is None:
-        return None
-    if not value.isdigit():
-        raise AnthropicError(400, "The Content-Length header is not a number.")
-    return int(value)
 
 
 @router.get("/batches")
