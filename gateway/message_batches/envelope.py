@@ -15,6 +15,9 @@ Refusals are `EnvelopeError`s naming the field (`requests.3.custom_id: …`), as
 
 from __future__ import annotations
 
+import io
+import mmap
+import os
 import re
 from typing import IO, Any
 
@@ -34,7 +37,7 @@ from gateway.message_batches.wire import (
 # request read never costs more than ~10 MB past its own text.
 MAX_REQUEST_VALUES = 100_000
 _REQUEST_DEPTH = MAX_PARAMS_DEPTH + 1  # the request object itself is the first level
-_WINDOW = 1 << 20  # bytes read from the spool at a time (more while one request is larger)
+_WINDOW = 1 << 20  # bytes of the body passed between two releases of its pages; a "large" request is longer
 _LINES_PER_WRITE = 500
 
 # A whole string (escapes included), or one structural byte; a lone `"` is a string not ended yet.
@@ -47,8 +50,17 @@ _SPACE = re.compile(rb"[ \t\r\n]*")
 # request); otherwise the request is walked token by token (`value_end`).
 _LIKELY_END = re.compile(rb'\}[ \t\r\n]*,[ \t\r\n]*\{[ \t\r\n]*"(?:custom_id|params)"')
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"{}[]")
-_STRIP_PASSES = 8
+_STRIP_PASSES = 8  # a pass drops up to two levels: 2 x 8 is within the depth bound
 _GUESS_SLACK = 16 << 20  # bytes a body's missed guesses may scan past the bytes of its requests
+_GUESS_BYTES = 4 << 20  # a request longer than this is walked (its guess would copy it)
+_WS = rb"[ \t\r\n]*"
+_ID_STRING = rb'"[^"\\]*(?:\\.[^"\\]*)*"'
+_ID_THEN_PARAMS = re.compile(rb'\{' + _WS + rb'"custom_id"' + _WS + b":" + _WS + _ID_STRING + _WS + b"," + _WS
+                             + rb'"params"' + _WS + b":" + _WS)
+_PARAMS_FIRST = re.compile(rb'\{' + _WS + rb'"params"' + _WS + b":" + _WS)
+_THEN_ID = re.compile(_WS + b"," + _WS + rb'"custom_id"' + _WS + b":" + _WS + _ID_STRING + _WS + rb"\}\Z")
+_NEWLINE = re.compile(rb"[\r\n]")
+_SPACES = bytes.maketrans(b"\r\n", b"  ")
 _OPEN, _CLOSE, _COMMA, _QUOTE = frozenset(b"{["), frozenset(b"}]"), ord(","), ord('"')
 
 
@@ -57,32 +69,36 @@ class NotJson(EnvelopeError):
 
 
 class _Reader:
-    """The spool as a sliding window: `buf[pos:]` is what is not read yet."""
+    """The spooled body, mapped (`buf`: its pages are read in as the parse reaches them, and let go once it
+    has passed them, so the process holds a window of the body, never all of it); `pos`: the next byte."""
 
     def __init__(self, source: IO[bytes]) -> None:
-        self.source, self.buf, self.pos, self.eof = source, b"", 0, False
+        self._map: mmap.mmap | None = None
+        try:
+            fd = source.fileno()
+        except (AttributeError, OSError, io.UnsupportedOperation):
+            self.buf: bytes | mmap.mmap = source.read()  # a body in memory already (the unit tests')
+        else:
+            size = os.fstat(fd).st_size
+            self.buf = self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
+        self.pos = self._released = 0
         self.read = self.missed = 0  # bytes of requests read; bytes scanned or parsed by guesses that missed
 
-    def more(self) -> bool:
-        """Read more (as much again as is held, so a large request is re-scanned a bounded number of times)."""
-        if self.eof:
-            return False
-        data = self.source.read(max(_WINDOW, len(self.buf) - self.pos))
-        if not data:
-            self.eof = True
-            return False
-        self.buf = self.buf[self.pos:] + data
-        self.pos = 0
-        return True
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+
+    def release(self) -> None:
+        """Let go of the pages before `pos` (the file keeps them; this process's memory does not)."""
+        if self._map is not None and self.pos - self._released >= _WINDOW:
+            upto = self.pos - self.pos % mmap.PAGESIZE
+            self._map.madvise(mmap.MADV_DONTNEED, self._released, upto - self._released)
+            self._released = upto
 
     def peek(self) -> int | None:
         """The next byte past whitespace (None at the end), `pos` moved onto it."""
-        while True:
-            self.pos = _SPACE.match(self.buf, self.pos).end()  # type: ignore[union-attr]
-            if self.pos < len(self.buf):
-                return self.buf[self.pos]
-            if not self.more():
-                return None
+        self.pos = _SPACE.match(self.buf, self.pos).end()  # type: ignore[union-attr]
+        return self.buf[self.pos] if self.pos < len(self.buf) else None
 
     def expect(self, byte: bytes) -> None:
         if self.peek() != byte[0]:
@@ -90,45 +106,35 @@ class _Reader:
         self.pos += 1
 
     def string(self) -> str:
-        while self.peek() != _QUOTE or (m := _STRING.match(self.buf, self.pos)) is None:
-            if self.peek() != _QUOTE or not self.more():
-                raise NotJson("The request body is not valid JSON (expected a string).")
+        if self.peek() != _QUOTE or (m := _STRING.match(self.buf, self.pos)) is None:
+            raise NotJson("The request body is not valid JSON (expected a string).")
         self.pos = m.end()
         value = loads_checked(m.group(), None)
         assert isinstance(value, str)
         return value
 
     def value_end(self, index: int) -> int:
-        """Where the container starting at `pos` ends, its values and depth counted on the way; `pos` is
-        left on its first byte."""
+        """Where the container starting at `pos` ends, its values and depth counted on the way."""
         depth = values = 0
-        at = self.pos
-        while True:
-            start = self.pos
-            for m in _TOKEN.finditer(self.buf, at):
-                byte, at = self.buf[m.start()], m.end()
-                if byte in _OPEN:
-                    depth += 1
-                    values += 1
-                    if depth > _REQUEST_DEPTH:
-                        raise EnvelopeError(f"requests.{index}.params: nested more than {MAX_PARAMS_DEPTH} levels "
-                                            "deep.")
-                elif byte in _CLOSE:
-                    depth -= 1
-                    if depth == 0:
-                        return at
-                elif byte == _COMMA:
-                    values += 1
-                elif at - m.start() == 1:  # a string not ended within what is read
-                    at = m.start()
-                    break
-                if values > MAX_REQUEST_VALUES:
-                    raise EnvelopeError(f"requests.{index}: more than {MAX_REQUEST_VALUES} values (objects, lists "
-                                        "and their members) in one request.")
-            consumed = at - start
-            if not self.more():
-                raise NotJson("The request body is not valid JSON (it ends inside a request).")
-            at = consumed  # `more` moved the window: `start` is now 0
+        for m in _TOKEN.finditer(self.buf, self.pos):
+            byte = self.buf[m.start()]
+            if byte in _OPEN:
+                depth += 1
+                values += 1
+                if depth > _REQUEST_DEPTH:
+                    raise EnvelopeError(f"requests.{index}.params: nested more than {MAX_PARAMS_DEPTH} levels deep.")
+            elif byte in _CLOSE:
+                depth -= 1
+                if depth == 0:
+                    return m.end()
+            elif byte == _COMMA:
+                values += 1
+            elif m.end() - m.start() == 1:  # a string never ended
+                break
+            if values > MAX_REQUEST_VALUES:
+                raise EnvelopeError(f"requests.{index}: more than {MAX_REQUEST_VALUES} values (objects, lists "
+                                    "and their members) in one request.")
+        raise NotJson("The request body is not valid JSON (it ends inside a request).")
 
 
 def _within_bounds(raw: bytes) -> bool:
@@ -165,28 +171,68 @@ def _request(data: Any, index: int) -> MessageBatchRequest:
         raise EnvelopeError(f"{where}: {first['msg']}") from None
 
 
-def _next_request(reader: _Reader, index: int) -> Any:
-    """The request at `pos`, read, `pos` moved past it: by its likely end when the slice up to it reads
-    as one object within the bounds, else walked. Guesses stop once their misses have cost more than the
-    body's requests (a body shaped so that every guess misses is walked, never scanned again and again)."""
+def _next_request(reader: _Reader, index: int) -> tuple[Any, int]:
+    """The request at `pos`, read, and where it ends (`pos` stays on its first byte): by its likely end
+    when the slice up to it reads as one object within the bounds, else walked. Guesses stop once their
+    misses have cost more than the body's requests (a body shaped so that every guess misses is walked,
+    never scanned again and again)."""
     start = reader.pos
     if reader.missed <= reader.read + _GUESS_SLACK:
-        guess = _LIKELY_END.search(reader.buf, start)
-        end = guess.start() + 1 if guess is not None else len(reader.buf)
+        guess = _LIKELY_END.search(reader.buf, start, start + _GUESS_BYTES)
+        end = guess.start() + 1 if guess is not None else min(len(reader.buf), start + _GUESS_BYTES)
         if guess is not None and _within_bounds(raw := reader.buf[start:end]):
             try:
                 data = loads_checked(raw, None)
             except ValueError:
                 pass  # a guess inside a string: walked below
             else:
-                reader.pos, reader.read = end, reader.read + end - start
-                return data
+                reader.read += end - start
+                return data, end
         reader.missed += end - start
-    end = reader.value_end(index)  # `pos` stays on the request's first byte (the window may move under it)
-    data = _parsed(reader.buf[reader.pos:end])
+    end = reader.value_end(index)
+    with memoryview(reader.buf) as view, view[reader.pos:end] as text:
+        data = _parsed(text)  # read in place: a large request is not copied
     reader.read += end - reader.pos
-    reader.pos = end
-    return data
+    return data, end
+
+
+def _params_span(reader: _Reader, end: int) -> tuple[int, int] | None:
+    """Where the params of the request at `pos` (ending at `end`) lie in its text, when its two keys are
+    written plainly (no escapes in their names); None otherwise."""
+    if (first := _ID_THEN_PARAMS.match(reader.buf, reader.pos, end)) is not None:
+        start, stop = first.end(), end - 1  # up to the request's closing brace
+    elif (head := _PARAMS_FIRST.match(reader.buf, reader.pos, end)) is not None and \
+            (tail := _THEN_ID.search(reader.buf, max(head.end(), end - 1024), end)) is not None:
+        start, stop = head.end(), tail.start()
+    else:
+        return None
+    # The params object must fill the span, past a repeated key's value (JSON keeps the last) as well.
+    closed = _container_end(reader.buf, start, stop)
+    return (start, stop) if closed is not None and not reader.buf[closed:stop].strip(b" \t\r\n") else None
+
+
+def _container_end(buf: bytes, start: int, stop: int) -> int | None:
+    depth = 0
+    for m in _TOKEN.finditer(buf, start, stop):
+        byte = buf[m.start()]
+        if byte in _OPEN:
+            depth += 1
+        elif byte in _CLOSE:
+            depth -= 1
+            if depth == 0:
+                return m.end()
+    return None
+
+
+def _write_from_text(sink: IO[bytes], reader: _Reader, custom_id: str, span: tuple[int, int]) -> None:
+    """A large request's input line, its params copied from the body's text in pieces (line breaks between
+    tokens made spaces: JSON strings hold none), never built whole."""
+    sink.write(b'{"custom_id":' + dumps(custom_id) + b',"method":"POST","url":"/v1/messages","body":')
+    with memoryview(reader.buf) as view:
+        for at in range(span[0], span[1], _WINDOW):
+            with view[at:min(at + _WINDOW, span[1])] as piece:
+                sink.write(bytes(piece).translate(_SPACES) if _NEWLINE.search(piece) else piece)
+    sink.write(b"}\n")
 
 
 def _requests(reader: _Reader, sink: IO[bytes]) -> int:
@@ -203,25 +249,43 @@ def _requests(reader: _Reader, sink: IO[bytes]) -> int:
         if reader.peek() not in (ord("{"), None):
             raise EnvelopeError(f"requests.{count}: Input should be a valid dictionary or instance of "
                                 "MessageBatchRequest")
-        request = _request(_next_request(reader, count), count)
+        data, end = _next_request(reader, count)
+        request = _request(data, count)
+        del data
         if request.custom_id in seen:
             raise EnvelopeError(f"requests.{count}.custom_id: Duplicate custom_id '{request.custom_id}'; each "
                                 "request in a Message Batch needs a unique custom_id.")
         seen.add(request.custom_id)
-        lines.append(dumps(input_line(request)))
         count += 1
+        span = _params_span(reader, end) if end - reader.pos > _WINDOW else None
+        if span is not None:
+            # A large request: its objects go before its line is written from its text (memory: its text and
+            # its objects once each, never a third copy).
+            custom_id = request.custom_id
+            del request
+            _write(sink, lines)
+            _write_from_text(sink, reader, custom_id, span)
+        else:
+            lines.append(dumps(input_line(request)))
+            del request
+        reader.pos = end
+        reader.release()
         if len(lines) >= _LINES_PER_WRITE:
-            sink.write(b"\n".join(lines) + b"\n")
-            lines.clear()
+            _write(sink, lines)
         nxt = reader.peek()
         reader.pos += 1
         if nxt == ord("]"):
             break
         if nxt != _COMMA:
             raise NotJson("The request body is not valid JSON (expected ',' or ']' after a request).")
-    if lines:
-        sink.write(b"\n".join(lines) + b"\n")
+    _write(sink, lines)
     return count
+
+
+def _write(sink: IO[bytes], lines: list[bytes]) -> None:
+    """The lines, each with its newline, never joined."""
+    sink.writelines(part for line in lines for part in (line, b"\n"))
+    lines.clear()
 
 
 def read_create(source: IO[bytes], sink: IO[bytes]) -> int:
@@ -230,6 +294,13 @@ def read_create(source: IO[bytes], sink: IO[bytes]) -> int:
     checked (`requests` within Anthropic's limits, each `custom_id` by its rule, `params` an object) and
     each request's values and depth; its params are checked when it runs."""
     reader = _Reader(source)
+    try:
+        return _body(reader, sink)
+    finally:
+        reader.close()
+
+
+def _body(reader: _Reader, sink: IO[bytes]) -> int:
     if reader.peek() != ord("{"):
         if reader.peek() in (ord("["), ord('"')) or (reader.peek() or 0) in b"-0123456789tfn":
             raise EnvelopeError("body: Input should be a valid dictionary or object to extract fields from")

@@ -194,3 +194,25 @@ def test_params_are_not_checked_at_create() -> None:
     """A request's params are its own business until it runs (Anthropic checks them asynchronously)."""
     lines = _read(json.dumps({"requests": [_request("a", {"anything": True}), _request("b-_9" + "x" * 60)]}).encode())
     assert [line["custom_id"] for line in lines] == ["a", "b-_9" + "x" * 60]
+
+
+LARGE_LAYOUTS = [
+    ("custom_id first", '{"custom_id": "big", "params": %s}'),
+    ("params first, pretty", '{\n  "params": %s,\n  "custom_id": "big"\n}'),
+    ("a repeated params key", '{"custom_id": "big", "params": {"x": 1}, "params": %s}'),
+    ("a repeated custom_id", '{"custom_id": "old", "params": %s, "custom_id": "big"}'),
+    ("an escaped key", '{"custom_id": "big", "par\\u0061ms": %s}'),
+]
+
+
+@pytest.mark.parametrize(("case", "layout"), LARGE_LAYOUTS, ids=[c[0] for c in LARGE_LAYOUTS])
+def test_a_large_request_keeps_its_params_whatever_its_layout(case: str, layout: str) -> None:
+    """A request past the read window is written from its own text (never built whole), its line breaks
+    between tokens made spaces; any other layout (repeated or escaped keys) is written from its objects: the
+    line holds what JSON reads either way."""
+    params = {"model": "m", "messages": [{"role": "user", "content": "x\ny" * 700_000}], "n": 2 ** 70}
+    text = json.dumps(params, indent=1)
+    body = ('{"requests": [' + layout % text + ', {"custom_id": "small", "params": {}}]}').encode()
+    lines = _read(body)
+    assert [line["custom_id"] for line in lines] == ["big", "small"]
+    assert lines[0]["body"] == params and lines[0]["url"] == "/v1/messages"
