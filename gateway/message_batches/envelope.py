@@ -80,7 +80,8 @@ class _Reader:
             self.buf: bytes | mmap.mmap = source.read()  # a body in memory already (the unit tests')
         else:
             size = os.fstat(fd).st_size
-            self.buf = self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
+            self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
+            self.buf = self._map if self._map is not None else b""
         self.pos = self._released = 0
         self.read = self.missed = 0  # bytes of requests read; bytes scanned or parsed by guesses that missed
 
@@ -211,7 +212,7 @@ def _params_span(reader: _Reader, end: int) -> tuple[int, int] | None:
     return (start, stop) if closed is not None and not reader.buf[closed:stop].strip(b" \t\r\n") else None
 
 
-def _container_end(buf: bytes, start: int, stop: int) -> int | None:
+def _container_end(buf: bytes | mmap.mmap, start: int, stop: int) -> int | None:
     depth = 0
     for m in _TOKEN.finditer(buf, start, stop):
         byte = buf[m.start()]
