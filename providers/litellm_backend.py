@@ -32,7 +32,7 @@ from gateway.records import BatchRequest, Endpoint, Result
 from gateway.scheduling.fairness import FairSlots
 from providers import litellm_setup
 from providers.messages_bridge import message_through_wire
-from providers.passthrough import PassThrough, wire_provider
+from providers.passthrough import DEFAULT_MAX_REPLY_BYTES, PassThrough, wire_provider
 from providers.upstream_errors import UPSTREAM_ERROR, anthropic_error, provider_error
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price map at import
@@ -65,6 +65,7 @@ class LiteLLMBackend:
         max_concurrency: int,
         litellm_settings: dict[str, Any] | None = None,
         resolve: Callable[[str], Route | None] | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
         self._model_list = [deployment for route in routes for deployment in route.model_list()]
         # A line's model -> its route (`Config.route`: an alias's target, a wildcard's concrete model); the
@@ -78,6 +79,7 @@ class LiteLLMBackend:
         self._router: Any = None
         self._prices = DeploymentPrices(())
         self._max_concurrency = max_concurrency
+        self._max_reply_bytes = max_reply_bytes  # the pass-through's cap on an upstream reply
         self._wire: PassThrough | None = None
         self._wire_groups: frozenset[str] = frozenset()
         # What a line may carry beyond OpenAI's documented fields, and which media hosts may be fetched for it
@@ -95,7 +97,7 @@ class LiteLLMBackend:
         # Building a Router does seconds of synchronous work on first use: keep it off the event loop.
         self._router = await asyncio.to_thread(Router, model_list=self._model_list, **self._settings)
         self._prices = DeploymentPrices(self._router.model_list)  # by the deployment ids the Router gave
-        self._wire = PassThrough(self._router, self._max_concurrency)
+        self._wire = PassThrough(self._router, self._max_concurrency, self._max_reply_bytes)
         # the config's entries, not the Router's copies (it adds its own defaults to litellm_params)
         self._wire_groups = wire_groups(self._model_list, self._litellm_settings)
         # every fallback list, as the Router was given them: a line may be sent on along any of them

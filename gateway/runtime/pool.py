@@ -34,6 +34,7 @@ class BackendPool:
             self._upstream = LiteLLMBackend(
                 routes, self._config.router_settings, self._config.batch.max_concurrency,
                 litellm_settings=self._config.litellm_settings, resolve=self._config.route,
+                max_reply_bytes=self._config.batch.max_passthrough_reply_bytes,
             )
         return self._upstream
 
