@@ -129,7 +129,9 @@ class NativeBatchBackend:
         candidates = [info.get("base_model") or "", entry.litellm_params.model, model]
         prices = batch_prices(info, self._litellm.model_cost, candidates)
         cls = jobs_class(provider)
-        jobs = cls(self._litellm, provider, model, call_kwargs(params, provider, self._timeout)) if cls else None
+        storage = {"info": entry.model_info} if getattr(cls, "storage", False) else {}  # Bedrock's bucket and role
+        jobs = cls(self._litellm, provider, model, call_kwargs(params, provider, self._timeout), **storage) \
+            if cls else None
         return jobs, provider, prices
 
     # -- the Backend interface --------------------------------------------------------------------
@@ -185,6 +187,12 @@ class NativeBatchBackend:
             yield Result.failure(req.line, req.custom_id, "request_too_large",
                                  f"the request is larger than the upstream job limit of {max_bytes} bytes",
                                  model=req.model)
+        min_lines = int(getattr(jobs, "min_lines", 0) or 0)  # Bedrock's minimum records per job
+        small = [line for p in new_parts if len(p.lines) < min_lines for line in p.lines]
+        if small:
+            new_parts = [p for p in new_parts if len(p.lines) >= min_lines]
+            for line in small:  # too few for a job: answered in real time on the same deployment, never failed
+                yield await jobs.realtime(by_line[line])  # type: ignore[attr-defined]
         parts += new_parts
 
         async def save() -> None:
