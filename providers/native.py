@@ -60,6 +60,7 @@ log = logging.getLogger("batchyard.native")
 
 _MAX_POLL_ERRORS = 10  # consecutive transient polling errors before a part's requests get error results
 _CANCEL_TIMEOUT = 15.0
+_REALTIME_CONCURRENCY = 16  # calls at once for the lines of a part below a provider's minimum job size
 
 
 def jobs_class(provider: str) -> Any:
@@ -191,8 +192,11 @@ class NativeBatchBackend:
         small = [line for p in new_parts if len(p.lines) < min_lines for line in p.lines]
         if small:
             new_parts = [p for p in new_parts if len(p.lines) >= min_lines]
-            for line in small:  # too few for a job: answered in real time on the same deployment, never failed
-                yield await jobs.realtime(by_line[line])  # type: ignore[attr-defined]
+            realtime = jobs.realtime  # type: ignore[attr-defined]
+            for start in range(0, len(small), _REALTIME_CONCURRENCY):  # too few for a job: answered in real time
+                chunk = small[start:start + _REALTIME_CONCURRENCY]      # on the same deployment, never failed
+                for result in await asyncio.gather(*(realtime(by_line[line]) for line in chunk)):
+                    yield result
         parts += new_parts
 
         async def save() -> None:

@@ -136,13 +136,14 @@ async def test_keep_files_keeps_them_and_a_record_error_keeps_its_code(
 async def test_below_the_minimum_records_the_lines_run_in_real_time(bedrock: Stub, s3: MotoS3,
                                                                      store: SQLiteStore) -> None:
     backend = NativeBatchBackend(route(bedrock, s3), {}, store)
-    requests = [chat(i) for i in range(1, 4)] + [chat(4, logit_bias={"50256": -100})]
-    results = await run_shard(backend, await new_shard(store, 4), requests)
+    requests = [chat(i) for i in range(1, 21)] + [chat(21, logit_bias={"50256": -100})]
+    results = await run_shard(backend, await new_shard(store, 21), requests)
     stats = bedrock.stats()
-    assert stats.get("batches_created", 0) == 0 and stats["realtime"] == 3  # never a job Bedrock would refuse
-    for res in results[:3]:
+    assert stats.get("batches_created", 0) == 0 and stats["realtime"] == 20  # never a job Bedrock would refuse
+    for res in results[:20]:
         assert res.status_code == 200 and content(res) == f"echo: hello number {res.line}"
-    refused = results[3]  # unmappable: its 400, before anything is sent
+        assert (res.usage.input_tokens, res.usage.output_tokens) == (5, 4)
+    refused = results[20]  # unmappable: its 400, before anything is sent
     assert refused.status_code == 400 and refused.body is not None
     assert refused.body["error"]["code"] == "unsupported_parameter" and refused.body["error"]["param"] == "logit_bias"
 
