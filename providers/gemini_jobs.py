@@ -4,9 +4,9 @@ A Gemini batch runs one model, named in its URL: `POST v1beta/models/{model}:bat
 `{"batch": {"displayName", "inputConfig": {"requests": {"requests": [{"request", "metadata": {"key"}}]}}}}`
 makes a long-running operation `batches/{id}`, polled with `GET v1beta/batches/{id}` (its
 `metadata.state` is `BATCH_STATE_*`); once done, its `response.inlinedResponses.inlinedResponses` holds one
-`{response | error, metadata}` per request (or `response.responsesFile` names a JSONL file of
-`{key, response | error}` lines, for a job made from an uploaded file); `POST v1beta/batches/{id}:cancel`
-cancels it. Auth: the `x-goog-api-key` header.
+`{response | error, metadata}` per request (a job made from a file uploaded through the Files API would name a
+`responsesFile` instead: not used here, every part goes inline); `POST v1beta/batches/{id}:cancel` cancels it.
+Auth: the `x-goog-api-key` header.
 
 What is LiteLLM's: each line's translation (`GoogleAIStudioGeminiConfig.map_openai_params` and
 `transform_request_body`, the ones its real-time Gemini calls use: `contents` with roles user/model,
@@ -145,16 +145,8 @@ class GeminiJobs:
         for batch_id in state.files:
             response = (await self._operation(batch_id)).get("response") or {}
             inlined = (response.get("inlinedResponses") or {}).get("inlinedResponses") or []
-            for item in inlined:
+            for item in inlined:  # a job of inline requests answers inline (a file job: `responsesFile`)
                 yield self._result(str((item.get("metadata") or {}).get("key")), item)
-            if response.get("responsesFile"):
-                name = str(response["responsesFile"])
-                url = self._url(f"download/v1beta/{name}:download?alt=media")
-                from providers.upstream_jobs import http_lines
-
-                async for raw in http_lines(url, self._headers(), self._kwargs.get("timeout")):
-                    item = json.loads(raw)
-                    yield self._result(str(item.get("key")), item)
 
     def _result(self, custom_id: str, item: dict[str, Any]) -> dict[str, Any]:
         """One request's outcome (`response`: a `GenerateContentResponse`; `error`: a `google.rpc.Status`) as an
