@@ -166,7 +166,8 @@ class GeminiJobs:
             return {"custom_id": custom_id, "response": {"status_code": 200, "body": body,
                                                          "request_id": item["response"].get("responseId")}}
         error = item.get("error") or {}
-        status, word = _RPC_CODES.get(int(error.get("code") or 2), (500, "UNKNOWN"))
+        code = error.get("code")
+        status, word = _RPC_CODES.get(code if isinstance(code, int) else 2, (500, "UNKNOWN"))
         body = {"error": {"message": str(error.get("message") or ""), "type": "invalid_request_error"
                           if status == 400 else "api_error", "param": None, "code": word}}
         return {"custom_id": custom_id, "response": {"status_code": status, "body": body}}

@@ -109,3 +109,35 @@ model_list:
         tokens_in, tokens_out = sum(u["prompt_tokens"] for u in usage), sum(u["completion_tokens"] for u in usage)
         assert rows[route][1:3] == [str(tokens_in), str(tokens_out)], rows
         assert float(rows[route][3]) == pytest.approx(tokens_in * rate_in + tokens_out * rate_out, abs=1e-6)
+
+
+def test_dry_run_shows_gemini_and_bedrock_at_batch_prices(tmp_path: Path) -> None:
+    """`--dry-run` contacts nobody: the low cost is the input tokens at the batch input rate (LiteLLM's
+    `*_batches` price for Gemini, the real-time one halved for Bedrock)."""
+    import litellm
+
+    config = tmp_path / "dry.yaml"
+    config.write_text(f"""
+model_list:
+  - model_name: gemini-bulk
+    litellm_params: {{model: gemini/gemini-2.5-flash-lite, api_key: g-key}}
+    model_info: {{batch_mode: native}}
+  - model_name: bedrock-bulk
+    litellm_params: {{model: "bedrock/{UPSTREAM_MODEL['bedrock-bulk']}"}}
+    model_info: {{batch_mode: native, native_s3_bucket: b, native_role_arn: "{ROLE}"}}
+""")
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": route, "max_tokens": 100, "messages": [{"role": "user", "content": "hello there friend"}]}}) + "\n"
+        for i, route in enumerate(["gemini-bulk", "bedrock-bulk"])))
+    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "run", "-i", str(src), "-o", str(tmp_path / "o.jsonl"),
+                           "--config", str(config), "--dry-run"], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=120, env=process_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {cells[0]: cells for cells in (line.split() for line in (proc.stdout + proc.stderr).splitlines()) if cells}
+    gemini = litellm.model_cost["gemini/gemini-2.5-flash-lite"]
+    bedrock = litellm.model_cost[UPSTREAM_MODEL["bedrock-bulk"]]
+    for route, rate_in in (("gemini-bulk", gemini["input_cost_per_token_batches"]),
+                           ("bedrock-bulk", bedrock["input_cost_per_token"] / 2)):
+        cells = rows[route]
+        assert cells[1] == "native" and float(cells[6]) == pytest.approx(int(cells[3]) * rate_in), cells
