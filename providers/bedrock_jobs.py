@@ -205,7 +205,8 @@ class BedrockJobs:
         from providers.openai_batches import result_from_line
         from providers.upstream_errors import describe_error
 
-        body = {k: v for k, v in req.body.items() if k != "model"}
+        # only the chat fields `reject` let through: nothing in a line names a key, an endpoint or a setting
+        body = {k: v for k, v in req.body.items() if k == "messages" or k in self._supported}
         kwargs = {k: v for k, v in self._kwargs.items() if k not in ("custom_llm_provider", "api_key")}
         try:
             reply = await self._litellm.acompletion(model=f"bedrock/{self._model}", **body, **kwargs)
