@@ -4,7 +4,8 @@ A deployment marked `model_info: {batch_mode: native}` gets no call per line.
 Each shard is rewritten for the provider (its line form, the deployment's model,
 custom_id `l<line>`), split under the provider's job limits and made into upstream
 jobs by that provider's `UpstreamJobs` (OpenAI and Azure: `providers.openai_jobs`;
-Anthropic: `providers.anthropic_jobs`; Mistral: `providers.mistral_jobs`). The file
+Anthropic: `providers.anthropic_jobs`; Mistral: `providers.mistral_jobs`; the Gemini API:
+`providers.gemini_jobs`). The file
 and job ids are recorded in the store's meta (`native:<batch>:<shard>`) before any
 polling, so a restarted process polls the jobs it already created instead of
 creating new ones. No job is created while the team is over its budget
@@ -60,6 +61,7 @@ log = logging.getLogger("batchyard.native")
 
 _MAX_POLL_ERRORS = 10  # consecutive transient polling errors before a part's requests get error results
 _CANCEL_TIMEOUT = 15.0
+_REALTIME_CONCURRENCY = 16  # calls at once for the lines of a part below a provider's minimum job size
 
 
 def jobs_class(provider: str) -> Any:
@@ -137,7 +139,9 @@ class NativeBatchBackend:
         candidates = [info.get("base_model") or "", entry.litellm_params.model, model]
         prices = batch_prices(info, self._litellm.model_cost, candidates)
         cls = jobs_class(provider)
-        jobs = cls(self._litellm, provider, model, call_kwargs(params, provider, self._timeout)) if cls else None
+        storage = {"info": entry.model_info} if getattr(cls, "storage", False) else {}  # Bedrock's bucket and role
+        jobs = cls(self._litellm, provider, model, call_kwargs(params, provider, self._timeout), **storage) \
+            if cls else None
         return jobs, provider, prices
 
     # -- the Backend interface --------------------------------------------------------------------
@@ -193,6 +197,15 @@ class NativeBatchBackend:
             yield Result.failure(req.line, req.custom_id, "request_too_large",
                                  f"the request is larger than the upstream job limit of {max_bytes} bytes",
                                  model=req.model)
+        min_lines = int(getattr(jobs, "min_lines", 0) or 0)  # Bedrock's minimum records per job
+        small = [line for p in new_parts if len(p.lines) < min_lines for line in p.lines]
+        if small:
+            new_parts = [p for p in new_parts if len(p.lines) >= min_lines]
+            realtime = jobs.realtime  # type: ignore[attr-defined]
+            for start in range(0, len(small), _REALTIME_CONCURRENCY):  # too few for a job: answered in real time
+                chunk = small[start:start + _REALTIME_CONCURRENCY]      # on the same deployment, never failed
+                for result in await asyncio.gather(*(realtime(by_line[line]) for line in chunk)):
+                    yield result
         parts += new_parts
 
         async def save() -> None:

@@ -106,7 +106,8 @@ async def http_lines(url: str, headers: Mapping[str, str], timeout: float | None
 def call_kwargs(params: Mapping[str, Any], provider: str, timeout: float | None) -> dict[str, Any]:
     """The LiteLLM keyword arguments of a deployment's batch calls (credentials never logged)."""
     kwargs: dict[str, Any] = {"custom_llm_provider": provider}
-    for name in ("api_base", "api_key", "api_version", "organization", "timeout"):
+    for name in ("api_base", "api_key", "api_version", "organization", "timeout", "aws_access_key_id",
+                 "aws_secret_access_key", "aws_session_token", "aws_region_name"):
         if params.get(name) is not None:
             kwargs[name] = params[name]
     if "timeout" not in kwargs and timeout is not None:

@@ -155,6 +155,8 @@ class NativeModelInfo(ModelInfo):
     - `native_max_lines`, `native_max_bytes`: split limits per upstream job (default: the provider's own).
     - `native_poll_initial_seconds` (default 0.5), `native_poll_max_seconds` (default 60): polling backs off
       from the first up to the second.
+    - `native_s3_bucket`, `native_role_arn` (required), `native_s3_prefix`, `native_keep_files`,
+      `native_min_records`: Bedrock's storage and job size (`providers.bedrock_jobs`); refused elsewhere.
     """
 
     native_max_lines: PositiveInt | None = None
@@ -165,6 +167,16 @@ class NativeModelInfo(ModelInfo):
     """The first wait between two polls of an upstream job; each later one is longer."""
     native_poll_max_seconds: PositiveFloat = 60.0
     """The longest wait between two polls of an upstream job."""
+    native_s3_bucket: str | None = None
+    """Bedrock: the S3 bucket job inputs are uploaded to and outputs written to (required on `bedrock/`)."""
+    native_s3_prefix: str = "batchyard"
+    """Bedrock: the key prefix in `native_s3_bucket` (`<prefix>/input/`, `<prefix>/output/`)."""
+    native_role_arn: str | None = None
+    """Bedrock: the service role Bedrock assumes to read the inputs and write the outputs (required on `bedrock/`)."""
+    native_keep_files: bool = False
+    """Bedrock: keep a job's input and output objects in the bucket when its batch ends (default: deleted)."""
+    native_min_records: PositiveInt | None = None
+    """Bedrock: records per job at least (default 100, Bedrock's quota); a smaller part runs in real time."""
 
 
 class LocalModelInfo(ModelInfo):
@@ -263,7 +275,23 @@ class NativeEntry(UpstreamEntry):
         if refusal is not None:
             raise PydanticCustomError("native_provider", "batch_mode: native on {name}: {refusal}",
                                       {"name": repr(context.data.get("model_name")), "refusal": refusal})
+        provider, _, model = params.model.partition("/") if isinstance(params, LiteLLMParams) else ("", "", "")
+        given = sorted(k for k in _BEDROCK_KEYS if k in info.model_fields_set)
+        if provider != "bedrock" and given:
+            raise PydanticCustomError("native_key", "{names}: not a setting of a {provider}/ deployment (Bedrock's "
+                                      "storage keys)", {"names": ", ".join(given), "provider": provider})
+        if provider == "bedrock":
+            missing = [k for k in ("native_s3_bucket", "native_role_arn") if not getattr(info, k)]
+            if missing:
+                raise PydanticCustomError("native_storage", "batch_mode: native on bedrock/ needs {key} (the S3 bucket "
+                                          "and service role of Bedrock's batch jobs)", {"key": missing[0]})
+            if not model.split(".", 1)[-1].startswith("anthropic.") and not model.startswith("anthropic."):
+                raise PydanticCustomError("native_provider", "batch_mode: native on bedrock/ runs anthropic.claude-* "
+                                          "models only, not {model}", {"model": model})
         return info
+
+
+_BEDROCK_KEYS = ("native_s3_bucket", "native_s3_prefix", "native_role_arn", "native_keep_files", "native_min_records")
 
 
 def entry_kind(raw: Any) -> str:

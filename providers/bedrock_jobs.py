@@ -1,0 +1,226 @@
+"""Amazon Bedrock batch inference (`UpstreamJobs`): chat lines as `{recordId, modelInput}` records in S3.
+
+A Bedrock job runs one model over a JSONL file in S3 whose records are `{recordId, modelInput}`, `modelInput`
+being the model's own InvokeModel body (Anthropic's Messages body, `anthropic_version: bedrock-2023-05-31`,
+for `anthropic.claude-*`). `CreateModelInvocationJob` names the input object, an output S3 prefix and a
+service role Bedrock assumes to read and write them; `GetModelInvocationJob` polls it (`Submitted`,
+`Validating`, `Scheduled`, `InProgress`, `Completed`, `PartiallyCompleted`, `Failed`, `Stopping`,
+`Stopped`, `Expired`); `StopModelInvocationJob` stops it. Bedrock writes each record back, with its
+`modelOutput` or `error`, to `<output prefix>/<job id>/<input file name>.out`.
+
+What is LiteLLM's: each line's translation into Claude's InvokeModel body (`BedrockFilesConfig.
+_map_openai_to_bedrock_params`, the one LiteLLM's Bedrock batch files use: `AmazonAnthropicClaudeConfig`
+after LiteLLM's parameter mapping) and each `modelOutput` back into a `chat.completion` with usage (LiteLLM's
+Anthropic message translation). What is ours: the S3 upload, the three job calls and the S3 download, with
+boto3 (botocore's SigV4, AWS's standard credential chain and endpoints, `AWS_ENDPOINT_URL_S3`/`_BEDROCK`
+included; or the deployment's `aws_*` params). LiteLLM 1.110.2's Bedrock batch calls upload
+through its own files API with its own S3 keys and do not stop jobs.
+
+Limits (Bedrock's quotas): at least 100 and at most 50,000 records per job, 1 GB per input file; a job runs
+within its timeout (24 hours by default), else `Expired`. A part below the minimum never goes to Bedrock:
+`providers.native` runs its lines in real time on the same deployment (`realtime`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import posixpath
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gateway.config.endpoints import NATIVE_JOBS
+from gateway.config.entries import NativeModelInfo
+from gateway.records import BatchRequest, Endpoint, Result
+from providers.openai_batches import Part, call_with_retries, upstream_custom_id
+from providers.upstream_jobs import JobState, Save, UpstreamHTTPError
+
+_BODY_FIELDS = frozenset({"model", "messages"})
+_NOT_IN_BATCHES = frozenset({"stream", "stream_options"})
+_STATUS = {"Submitted": "validating", "Validating": "validating", "Scheduled": "in_progress",
+           "InProgress": "in_progress", "PartiallyCompleted": "completed", "Completed": "completed",
+           "Failed": "failed", "Stopping": "cancelling", "Stopped": "cancelled", "Expired": "expired"}
+_AWS_PARAMS = {"aws_access_key_id": "aws_access_key_id", "aws_secret_access_key": "aws_secret_access_key",
+               "aws_session_token": "aws_session_token", "aws_region_name": "region_name"}
+
+
+class BedrockJobs:
+    """`bedrock/anthropic.claude-*` deployments: chat completions as Bedrock batch inference jobs."""
+
+    endpoints = NATIVE_JOBS["bedrock"].endpoints
+    max_lines = 50_000
+    max_bytes = 1_000_000_000
+    min_lines = 100  # Bedrock's minimum records per job: a smaller part runs in real time
+    storage = True  # takes the entry's `model_info` (its bucket, prefix and role)
+
+    def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any],
+                 info: NativeModelInfo | None = None) -> None:
+        from litellm.llms.anthropic.chat.transformation import AnthropicConfig
+        from litellm.llms.bedrock.chat.invoke_transformations.anthropic_claude_transformation import (
+            AmazonAnthropicClaudeConfig,
+        )
+
+        if info is None or not info.native_s3_bucket or not info.native_role_arn:
+            raise ValueError("a native Bedrock deployment needs model_info.native_s3_bucket and native_role_arn")
+        self.provider = provider
+        self._litellm = litellm
+        self._model = model
+        self._kwargs = kwargs
+        self._bucket = info.native_s3_bucket
+        self._prefix = info.native_s3_prefix.strip("/")
+        self._role = info.native_role_arn
+        self._keep = info.native_keep_files
+        self.min_lines = info.native_min_records if info.native_min_records is not None else BedrockJobs.min_lines
+        self._anthropic = AnthropicConfig()
+        self._supported = set(AmazonAnthropicClaudeConfig().get_supported_openai_params(model)) - _NOT_IN_BATCHES
+        self._clients: tuple[Any, Any] | None = None
+
+    # -- lines --------------------------------------------------------------------------------------
+
+    def url(self, endpoint: Endpoint) -> str:
+        return endpoint.value
+
+    def _model_input(self, body: dict[str, Any]) -> dict[str, Any]:
+        from litellm.llms.bedrock.files.transformation import BedrockFilesConfig
+
+        asked = {k: v for k, v in body.items() if k != "model" and v is not None}
+        model_input: dict[str, Any] = BedrockFilesConfig()._map_openai_to_bedrock_params(
+            asked, self._model, "anthropic")
+        return model_input
+
+    def line(self, req: BatchRequest) -> bytes:
+        entry = {"recordId": upstream_custom_id(req.line), "modelInput": self._model_input(req.body)}
+        return json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+    def reject(self, req: BatchRequest) -> Result | None:
+        unknown = sorted(k for k in req.body if k not in _BODY_FIELDS and k not in self._supported)
+        if unknown:
+            param, message, code = (unknown[0], f"{unknown[0]} is not supported by {self._model} in Bedrock batches",
+                                    "unsupported_parameter")
+        else:
+            try:
+                self._model_input(req.body)
+                return None
+            except Exception as exc:  # LiteLLM's translation refuses it: its own words
+                param, message, code = "messages", str(getattr(exc, "message", None) or exc), "invalid_value"
+        body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+        return Result(line=req.line, custom_id=req.custom_id, status_code=400, body=body, model=req.model)
+
+    # -- AWS --------------------------------------------------------------------------------------------
+
+    def _aws(self) -> tuple[Any, Any]:
+        """(s3, bedrock) boto3 clients: the deployment's `aws_*` params, else AWS's standard chain."""
+        if self._clients is None:
+            import boto3
+
+            session = boto3.session.Session(**{name: self._kwargs[key] for key, name in _AWS_PARAMS.items()
+                                               if self._kwargs.get(key)})
+            # endpoints: AWS's own, or AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL_BEDROCK (botocore's standard);
+            # `api_base` stays what LiteLLM reads it as: the bedrock-runtime endpoint of the real-time calls
+            self._clients = (session.client("s3"), session.client("bedrock"))
+        return self._clients
+
+    async def _call(self, which: int, method: str, **kwargs: Any) -> Any:
+        """One boto3 call off the event loop; an AWS error raised as `UpstreamHTTPError` with its status."""
+        from botocore.exceptions import ClientError
+
+        client = self._aws()[which]
+        try:
+            return await asyncio.to_thread(getattr(client, method), **kwargs)
+        except ClientError as exc:
+            error = exc.response.get("Error") or {}
+            status = int((exc.response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or 500)
+            raise UpstreamHTTPError(status, f"{error.get('Code', '')}: {error.get('Message', '')}") from None
+
+    def _key(self, name: str) -> str:
+        return posixpath.join(self._prefix, "input", name) if self._prefix else f"input/{name}"
+
+    async def create(self, part: Part, data: bytes, name: str, metadata: dict[str, str], save: Save) -> None:
+        if part.file_id is None:
+            key = self._key(name)
+            await call_with_retries(lambda: self._call(0, "put_object", Bucket=self._bucket, Key=key, Body=data))
+            part.file_id = key
+            await save()
+        key = part.file_id
+        out = posixpath.join(self._prefix, "output") if self._prefix else "output"
+        job_name = name.removesuffix(".jsonl")[-63:].replace("_", "-")
+        # Bedrock makes one job per clientRequestToken: a create retried after a crash gets the same job back.
+        token = hashlib.sha256(key.encode()).hexdigest()[:32]
+        reply = await call_with_retries(lambda: self._call(
+            1, "create_model_invocation_job", jobName=job_name, roleArn=self._role, modelId=self._model,
+            clientRequestToken=token,
+            inputDataConfig={"s3InputDataConfig": {"s3Uri": f"s3://{self._bucket}/{key}", "s3InputFormat": "JSONL"}},
+            outputDataConfig={"s3OutputDataConfig": {"s3Uri": f"s3://{self._bucket}/{out}/"}}))
+        part.batch_id = str(reply["jobArn"])
+
+    async def find(self, part: Part) -> bool:
+        return False  # the create retried with the same clientRequestToken returns the job it made
+
+    async def retrieve(self, batch_id: str) -> JobState:
+        job = await self._call(1, "get_model_invocation_job", jobIdentifier=batch_id)
+        status = _STATUS.get(str(job.get("status")), "in_progress")
+        source = str(job["inputDataConfig"]["s3InputDataConfig"]["s3Uri"])
+        output = str(job["outputDataConfig"]["s3OutputDataConfig"]["s3Uri"]).rstrip("/")
+        job_id = batch_id.rsplit("/", 1)[-1]
+        files = [source, f"{output}/{job_id}/{posixpath.basename(source)}.out", f"{output}/{job_id}/manifest.json.out"]
+        return JobState(status=status, files=files, why=str(job.get("message") or ""))
+
+    async def results(self, state: JobState) -> AsyncIterator[dict[str, Any]]:
+        source, output, manifest = state.files
+        if state.status == "completed":
+            bucket, _, key = output.removeprefix("s3://").partition("/")
+            reply = await self._call(0, "get_object", Bucket=bucket, Key=key)
+            body = reply["Body"]
+            lines = await asyncio.to_thread(lambda: list(body.iter_lines()))
+            for raw in lines:
+                if raw.strip():
+                    yield self._result(json.loads(raw))
+        if not self._keep:  # the batch's inputs and outputs leave the bucket with it
+            for uri in (source, output, manifest):
+                bucket, _, key = uri.removeprefix("s3://").partition("/")
+                await self._call(0, "delete_object", Bucket=bucket, Key=key)
+
+    def _result(self, record: dict[str, Any]) -> dict[str, Any]:
+        from litellm.llms.anthropic.files.handler import AnthropicFilesHandler
+
+        custom_id = str(record.get("recordId"))
+        output = record.get("modelOutput")
+        if isinstance(output, dict) and record.get("error") is None:
+            translate = AnthropicFilesHandler()._transform_anthropic_message_to_openai_format
+            body = dict(translate(anthropic_message=output, anthropic_config=self._anthropic))
+            body["model"] = self._model
+            return {"custom_id": custom_id, "response": {"status_code": 200, "body": body,
+                                                         "request_id": output.get("id")}}
+        error = record.get("error") or {}
+        status = int(error.get("errorCode") or 500)
+        body = {"error": {"message": str(error.get("errorMessage") or ""), "type": "invalid_request_error"
+                          if status == 400 else "api_error", "param": None, "code": str(status)}}
+        return {"custom_id": custom_id, "response": {"status_code": status, "body": body}}
+
+    async def realtime(self, req: BatchRequest) -> Result:
+        """A line of a part below Bedrock's minimum records, answered by one real-time call (LiteLLM's
+        `acompletion` on the same deployment, at its real-time price)."""
+        from providers.openai_batches import result_from_line
+        from providers.upstream_errors import describe_error
+
+        # only the chat fields `reject` let through: nothing in a line names a key, an endpoint or a setting
+        body = {k: v for k, v in req.body.items() if k == "messages" or k in self._supported}
+        kwargs = {k: v for k, v in self._kwargs.items() if k not in ("custom_llm_provider", "api_key")}
+        try:
+            reply = await self._litellm.acompletion(model=f"bedrock/{self._model}", **body, **kwargs)
+        except Exception as exc:
+            status = getattr(exc, "status_code", None)
+            if not isinstance(status, int):
+                return Result.failure(req.line, req.custom_id, "upstream_error", describe_error(exc), model=req.model)
+            return Result.http_error(req.line, req.custom_id, status, describe_error(exc), code=str(status),
+                                     type_="invalid_request_error" if status == 400 else "api_error", model=req.model)
+        result = result_from_line({"custom_id": req.custom_id, "response": {
+            "status_code": 200, "body": reply.model_dump(exclude_none=True)}}, req)
+        with contextlib.suppress(Exception):  # a model LiteLLM's map does not price: no cost, as in real time
+            result.cost_usd = float(self._litellm.completion_cost(completion_response=reply))
+        return result
+
+    async def cancel(self, batch_id: str) -> None:
+        await self._call(1, "stop_model_invocation_job", jobIdentifier=batch_id)
