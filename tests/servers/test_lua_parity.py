@@ -24,7 +24,7 @@ from gateway.store.quota import MAX_ENQUEUED_REQUESTS as REQUESTS
 from gateway.store.quota import MODEL_MAX_ENQUEUED_REQUESTS as PER_MODEL
 from gateway.store.quota import TeamLimits, exceeded
 from gateway.store.redis import scripts
-from gateway.store.redis.coordination import connect_redis
+from gateway.store.redis.connection import connect_redis
 from gateway.store.redis.keys import GROUP, Keys
 from gateway.store.redis.queue import RedisStreamQueue
 from gateway.store.redis.quota import RedisQuotaLedger

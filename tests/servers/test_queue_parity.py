@@ -24,7 +24,8 @@ import pytest
 from gateway.records import Shard
 from gateway.store.objects import Delivery
 from gateway.store.protocols import Coordination, Queue
-from gateway.store.redis.coordination import RedisCoordination, connect_redis
+from gateway.store.redis.connection import connect_redis
+from gateway.store.redis.coordination import RedisCoordination
 from gateway.store.redis.keys import Keys
 from gateway.store.redis.queue import RedisStreamQueue
 from gateway.store.sqlite.coordination import SQLiteCoordination

@@ -25,7 +25,7 @@ from gateway.store.idempotency import IdempotencyEntry
 from gateway.store.objects import BatchOptions, BatchRecord, FileRecord, RequestCounts
 from gateway.store.protocols import Store
 from gateway.store.quota import SpendTo, TeamLimits
-from gateway.store.redis.coordination import connect_redis
+from gateway.store.redis.connection import connect_redis
 from gateway.store.redis.store import RedisStore
 from gateway.store.sqlite.store import SQLiteStore
 from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,14 @@ def _stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: 
 
 
 class RedisServer:
-    def __init__(self, *, appendonly: bool = False, port: int | None = None) -> None:
+    """`args`: more of redis-server's flags (a maxmemory policy, a TLS port, an ACL user); `binary`: the server
+    (`valkey-server` speaks the same flags)."""
+
+    def __init__(self, *, appendonly: bool = False, port: int | None = None, args: Sequence[str] = (),
+                 binary: str = "redis-server") -> None:
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.args, self.binary = list(args), binary
         self.dir = Path(tempfile.mkdtemp(prefix="redis-"))
         self.log_path = self.dir / "redis.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -68,8 +74,8 @@ class RedisServer:
 
     def start(self, timeout: float = 10) -> RedisServer:
         persist = ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else ["--appendonly", "no"]
-        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *persist,
-               "--dir", str(self.dir), "--logfile", str(self.log_path)]
+        cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *persist,
+               "--dir", str(self.dir), "--logfile", str(self.log_path), *self.args]
         self.process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout

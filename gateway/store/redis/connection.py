@@ -1,0 +1,85 @@
+"""Connecting to the shared Redis: plain or TLS, with an ACL user, riding out a restart or a managed failover.
+
+The URL is redis-py's: `redis://[user:password@]host:port/0`, or `rediss://…` for TLS with the system's
+CAs, or a CA file given as the URL's `ssl_ca_certs=/path` query or `--redis-ca-file`. Where a flag would
+show a password to `ps`, `BATCHYARD_REDIS_URL` holds the URL instead (`gateway.cli.main`). Database 0 only
+in a cluster (`gateway.store.redis.preflight` says why at start).
+
+A failover (a managed primary replaced, a Redis restarted) looks to a client like refused or reset
+connections, then a replica that answers READONLY or a server still LOADING, for up to ~30 s: each is
+retried on a new connection with backoff, so a command in flight waits instead of failing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import BusyLoadingError, NoScriptError, ReadOnlyError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from gateway.errors import ConfigError
+
+# How a command is tried again on a lost connection. A worker: 40 times with backoff (0.05 s, doubling, at most
+# 1 s: ~35 s in all, plus each try's connect timeout), riding out a Redis restart or a managed failover of
+# ~30 s; beyond that the shard runner's fault pause takes over (gateway.store.faults). An API replica: once,
+# at once, so a stale connection is replaced while a Redis that is gone answers 503 in milliseconds instead of
+# holding every request; the SDKs retry a 503 themselves, and the openai SDK's POSTs carry an
+# Idempotency-Key, which create honours.
+WORKER_RETRIES = 40
+API_RETRIES = 1
+# The errors of a failover: the old primary gone (connection, timeout), its replica not promoted yet
+# (READONLY), the new one loading its data (LOADING). Each drops the connection and tries a new one.
+FAILOVER_ERRORS: list[type[Exception]] = [RedisConnectionError, RedisTimeoutError, ReadOnlyError, BusyLoadingError]
+CONNECT_TIMEOUT = 5.0  # seconds to open a connection: an address that black-holes during a failover is retried
+COMMAND_TIMEOUT = 10.0
+
+
+class _Script(AsyncScript):
+    """redis-py's script, loaded again when Redis forgot it more than once in one call.
+
+    redis-py loads a script again on NOSCRIPT and calls it once more; a Redis that restarts (its script
+    cache is empty) around that second call answered NOSCRIPT again, and the caller met the error."""
+
+    async def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        for _ in range(3):
+            with contextlib.suppress(NoScriptError):
+                return await super().__call__(keys, args, client)
+        return await super().__call__(keys, args, client)
+
+
+class _Redis(aioredis.Redis):
+    def register_script(self, script: Any) -> AsyncScript:  # type: ignore[override]  # the async one
+        return _Script(self, script)
+
+
+def retry_policy(retries: int) -> Retry:
+    """`retries`: how patient (1: once, at once)."""
+    return Retry(ExponentialBackoff(cap=1.0, base=0.05) if retries > 1 else NoBackoff(), retries=retries)
+
+
+def tls_options(url: str, ca_file: str | None) -> dict[str, Any]:
+    """The client's TLS keywords for `--redis-ca-file` (the URL's own `ssl_ca_certs=` needs none)."""
+    if ca_file is None:
+        return {}
+    if not url.startswith("rediss://"):
+        raise ConfigError("command line", "--redis-ca-file", "needs a rediss:// URL (TLS); this one is not")
+    return {"ssl_ca_certs": ca_file}
+
+
+def connect_redis(url: str, retries: int = WORKER_RETRIES, *, ca_file: str | None = None) -> aioredis.Redis:
+    """A client of one Redis server that rides out a restart or a failover (see the module's docstring)."""
+    return _Redis.from_url(
+        url, decode_responses=True, retry=retry_policy(retries), retry_on_error=list(FAILOVER_ERRORS),
+        health_check_interval=15, socket_timeout=COMMAND_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
+        **tls_options(url, ca_file),
+    )
+
+
+__all__ = ["API_RETRIES", "FAILOVER_ERRORS", "WORKER_RETRIES", "connect_redis", "retry_policy",
+           "tls_options"]
