@@ -234,9 +234,8 @@ async def open_shared(
     `None`: every route of the config). `validation_processes`: as `open_embedded`'s. `redis_ca_file`: the CA
     of a `rediss://` Redis (default: the system's). A Redis that may evict keys raises `EvictingRedis` (a
     `ConfigError`) unless `allow_evicting_redis`."""
-    from gateway.store.redis.connection import API_RETRIES, WORKER_RETRIES, connect_redis
+    from gateway.store.redis.connection import API_RETRIES, WORKER_RETRIES, open_redis
     from gateway.store.redis.coordination import RedisCoordination
-    from gateway.store.redis.keys import Keys
     from gateway.store.redis.layout import upgrade_key_layout
     from gateway.store.redis.preflight import check_server
     from gateway.store.redis.queue import DEFAULT_CLAIM_IDLE, RedisStreamQueue
@@ -246,15 +245,14 @@ async def open_shared(
     if not idle > 0:
         raise ValueError(f"claim_idle must be a positive number of seconds, not {claim_idle}")  # 0: every shard lost
     # An API replica (no routes) answers 503 soon when Redis is gone; a process that runs shards waits longer
-    client = connect_redis(redis_url, retries=API_RETRIES if routes is not None and not routes else WORKER_RETRIES,
-                           ca_file=redis_ca_file)
-    await client.ping()  # fail fast on a wrong URL
+    # one server or a cluster (its keys in one hash slot); fails fast on a wrong URL
+    client, keys = await open_redis(redis_url, API_RETRIES if routes is not None and not routes else WORKER_RETRIES,
+                                    ca_file=redis_ca_file, prefix=prefix)
     try:
-        warnings = await check_server(client, allow_evicting=allow_evicting_redis)
+        warnings = await check_server(client, keys, allow_evicting=allow_evicting_redis)
     except BaseException:
         await client.aclose()
         raise
-    keys = Keys(prefix) if prefix else Keys()
     await upgrade_key_layout(client, keys)  # an older version's fixed keys, where a team's could be
     name = name or worker_name()
     every = sorted({route.model_name for route in config.routes.values()})

@@ -87,6 +87,10 @@ class RedisServer:
                 raise RuntimeError(f"redis-server did not start:\n{_tail(self.log_path)}")
             time.sleep(0.05)
 
+    def flush(self) -> None:
+        with self.client() as c:
+            c.flushall()
+
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """SIGTERM: Redis' own shutdown (it flushes the append-only file); SIGKILL: a crash."""
         if self.process is not None:
@@ -100,6 +104,51 @@ class RedisServer:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class RedisClusterServers:
+    """A Redis Cluster of `masters` masters (and `replicas` replicas each) on loopback: `redis-server
+    --cluster-enabled yes` processes joined by `redis-cli --cluster create`. `url` names one node, as a managed
+    configuration endpoint would."""
+
+    def __init__(self, masters: int = 3, replicas: int = 0, binary: str = "redis-server") -> None:
+        # the bus port named (not the default port + 10000, which may be past 65535)
+        self.nodes = [RedisServer(binary=binary, args=["--cluster-enabled", "yes", "--cluster-config-file",
+                                                       "nodes.conf", "--cluster-node-timeout", "2000",
+                                                       "--cluster-port", str(free_port())])
+                      for _ in range(masters * (1 + replicas))]
+        self.replicas = replicas
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def start(self, timeout: float = 30) -> RedisClusterServers:
+        for node in self.nodes:
+            node.start()
+        cli = shutil.which("redis-cli") or shutil.which("valkey-cli") or "redis-cli"
+        subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                        "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                       check=True, capture_output=True, timeout=60)
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.nodes[0].client() as c:
+                info = c.execute_command("CLUSTER", "INFO")
+                text = info if isinstance(info, str) else str(info)
+                if "cluster_state:ok" in text:
+                    return self
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not come up: {text}")
+            time.sleep(0.1)
+
+    def flush(self) -> None:
+        for node in self.nodes:
+            with contextlib.suppress(redis.RedisError), node.client() as c:
+                c.flushall()
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
 
 
 class MotoS3:
@@ -220,6 +269,6 @@ def write_config(path: Path, config: dict[str, Any]) -> Path:
 
 
 __all__ = [
-    "HAVE_REDIS", "NO_REDIS_REASON", "S3_ENV", "MotoS3", "RedisServer", "WorkerProcess", "free_port",
-    "process_env", "shared_config", "start_worker", "write_config",
+    "HAVE_REDIS", "NO_REDIS_REASON", "S3_ENV", "MotoS3", "RedisClusterServers", "RedisServer", "WorkerProcess",
+    "free_port", "process_env", "shared_config", "start_worker", "write_config",
 ]

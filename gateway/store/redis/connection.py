@@ -13,9 +13,11 @@ retried on a new connection with backoff, so a command in flight waits instead o
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.commands.core import AsyncScript
@@ -24,6 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import ConfigError
+from gateway.store.redis.keys import DEFAULT_PREFIX, Keys, slot_prefix
 
 # How a command is tried again on a lost connection. A worker: 40 times with backoff (0.05 s, doubling, at most
 # 1 s: ~35 s in all, plus each try's connect timeout), riding out a Redis restart or a managed failover of
@@ -58,6 +61,26 @@ class _Redis(aioredis.Redis):
         return _Script(self, script)
 
 
+def _without_keys(callback: Callable[..., Any]) -> Callable[..., Any]:
+    def parse(response: Any, **options: Any) -> Any:
+        options.pop("keys", None)
+        return callback(response, **options)
+
+    return parse
+
+
+class _RedisCluster(RedisCluster):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # redis-py 8.1's transaction pipeline hands each reply's parser the command's `keys` too, which most
+        # parsers (HGETALL's, SMEMBERS', ...) do not take; the dict is the nodes' too: changed in place
+        for name, callback in list(self.response_callbacks.items()):
+            self.response_callbacks[name] = _without_keys(callback)
+
+    def register_script(self, script: Any) -> AsyncScript:  # type: ignore[override]  # the async one
+        return _Script(self, script)  # type: ignore[arg-type]  # AsyncScript calls evalsha: the cluster has it
+
+
 def retry_policy(retries: int) -> Retry:
     """`retries`: how patient (1: once, at once)."""
     return Retry(ExponentialBackoff(cap=1.0, base=0.05) if retries > 1 else NoBackoff(), retries=retries)
@@ -72,14 +95,39 @@ def tls_options(url: str, ca_file: str | None) -> dict[str, Any]:
     return {"ssl_ca_certs": ca_file}
 
 
+def _options(url: str, retries: int, ca_file: str | None) -> dict[str, Any]:
+    return {"decode_responses": True, "retry": retry_policy(retries), "retry_on_error": list(FAILOVER_ERRORS),
+            "socket_timeout": COMMAND_TIMEOUT, "socket_connect_timeout": CONNECT_TIMEOUT,
+            **tls_options(url, ca_file)}
+
+
 def connect_redis(url: str, retries: int = WORKER_RETRIES, *, ca_file: str | None = None) -> aioredis.Redis:
     """A client of one Redis server that rides out a restart or a failover (see the module's docstring)."""
-    return _Redis.from_url(
-        url, decode_responses=True, retry=retry_policy(retries), retry_on_error=list(FAILOVER_ERRORS),
-        health_check_interval=15, socket_timeout=COMMAND_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
-        **tls_options(url, ca_file),
-    )
+    return _Redis.from_url(url, health_check_interval=15, **_options(url, retries, ca_file))
 
 
-__all__ = ["API_RETRIES", "FAILOVER_ERRORS", "WORKER_RETRIES", "connect_redis", "retry_policy",
+async def open_redis(url: str, retries: int = WORKER_RETRIES, *, ca_file: str | None = None,
+                     prefix: str | None = None) -> tuple[aioredis.Redis, Keys]:
+    """A client of the Redis at `url`, one server or a cluster (`INFO cluster`'s `cluster_enabled`), and the
+    key names it uses: in a cluster every key carries one hash tag (`gateway.store.redis.keys.slot_prefix`),
+    so every script and transaction stays in one slot. The cluster client answers the commands the store,
+    queue and coordination send as the plain one does (it routes each by its key)."""
+    plain = connect_redis(url, retries, ca_file=ca_file)
+    try:
+        info = await plain.info("cluster")
+    except BaseException:
+        await plain.aclose()
+        raise
+    if int(info.get("cluster_enabled", 0)) != 1:
+        return plain, Keys(prefix or DEFAULT_PREFIX)
+    await plain.aclose()
+    db = int(plain.connection_pool.connection_kwargs.get("db") or 0)
+    if db:
+        raise ConfigError("command line", "--redis-url", f"a Redis Cluster has database 0 only, not {db}")
+    cluster = _RedisCluster.from_url(url, **_options(url, retries, ca_file))
+    await cluster.initialize()
+    return cast(aioredis.Redis, cluster), Keys(slot_prefix(prefix or DEFAULT_PREFIX))
+
+
+__all__ = ["API_RETRIES", "FAILOVER_ERRORS", "WORKER_RETRIES", "connect_redis", "open_redis", "retry_policy",
            "tls_options"]

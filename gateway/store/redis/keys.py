@@ -83,6 +83,19 @@ GROUP = "workers"  # the one consumer group every worker joins, on every stream
 STREAM_FIELD = "shard"  # the stream entry's field holding the shard JSON
 
 
+def slot_prefix(prefix: str) -> str:
+    """`prefix` as a Redis Cluster hash tag (`batchyard:` -> `{batchyard}:`): every key then hashes to one slot.
+
+    Why one slot: the scripts read keys they find as they go (the fair pick walks every team's ready set and
+    its batch streams; a batch's finish moves its record, its owner's list and the global indexes together),
+    which a cluster allows only within one slot. The bound: a deployment's records and queue live on one
+    master (its memory and its commands per second), as on a single Redis; the cluster adds managed
+    failover and the endpoint operators have, not throughput. A prefix that already starts with a tag is kept."""
+    if prefix.startswith("{") and "}" in prefix:
+        return prefix
+    return "{" + prefix.rstrip(":") + "}:"
+
+
 @dataclass(frozen=True, slots=True)
 class Keys:
     prefix: str = DEFAULT_PREFIX
@@ -209,4 +222,4 @@ class Keys:
         return f"{self.prefix}lease:{what}"
 
 
-__all__ = ["DEFAULT_PREFIX", "GROUP", "STREAM_FIELD", "Keys"]
+__all__ = ["DEFAULT_PREFIX", "GROUP", "STREAM_FIELD", "Keys", "slot_prefix"]

@@ -17,6 +17,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from gateway.errors import ConfigError
+from gateway.store.redis.keys import Keys
 
 log = logging.getLogger("batchyard.redis")
 
@@ -31,16 +32,21 @@ class EvictingRedis(ConfigError):
             "parameter group or configuration), or pass --allow-evicting-redis to run anyway"))
 
 
-async def check_server(client: Any, *, allow_evicting: bool = False) -> list[str]:
-    """Raise `EvictingRedis` for a Redis that may evict (unless `allow_evicting`); the warnings to show."""
+async def check_server(client: Any, keys: Keys, *, allow_evicting: bool = False) -> list[str]:
+    """Raise `EvictingRedis` for a Redis that may evict (unless `allow_evicting`); the warnings to show.
+
+    In a cluster, the master that holds `keys`' slot is asked (every key is in that one slot)."""
+    where: dict[str, Any] = {}
+    if hasattr(client, "get_node_from_key"):  # redis-py's cluster client
+        where["target_nodes"] = client.get_node_from_key(keys.active)
     warnings: list[str] = []
-    policy = str((await client.info("memory")).get("maxmemory_policy", "noeviction"))
+    policy = str((await client.info("memory", **where)).get("maxmemory_policy", "noeviction"))
     if policy != "noeviction":
         if not allow_evicting:
             raise EvictingRedis(policy)
         warnings.append(f"Redis maxmemory-policy is {policy} (--allow-evicting-redis): under memory pressure "
                         "it may drop batches, journals and spend; set noeviction")
-    if await persistence_off(client):
+    if await persistence_off(client, where):
         warnings.append("Redis persistence is off (no AOF, no RDB snapshots): a Redis restart loses every "
                         "batch; set appendonly yes (or save rules), or rely on a replicated managed Redis")
     for warning in warnings:
@@ -48,12 +54,12 @@ async def check_server(client: Any, *, allow_evicting: bool = False) -> list[str
     return warnings
 
 
-async def persistence_off(client: Any) -> bool:
+async def persistence_off(client: Any, where: dict[str, Any]) -> bool:
     """True only where Redis says so: AOF off and no `save` rule (False where `CONFIG GET` is disabled)."""
-    if int((await client.info("persistence")).get("aof_enabled", 1)):
+    if int((await client.info("persistence", **where)).get("aof_enabled", 1)):
         return False
     try:
-        rules = await client.config_get("save")
+        rules = await client.config_get("save", **where)
     except ResponseError:  # managed services rename or disable CONFIG: unknown, so no warning
         return False
     return not str(rules.get("save", "x")).strip()
