@@ -21,7 +21,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import BusyLoadingError, NoScriptError, ReadOnlyError
+from redis.exceptions import BusyLoadingError, NoScriptError, ReadOnlyError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -113,17 +113,20 @@ async def open_redis(url: str, retries: int = WORKER_RETRIES, *, ca_file: str | 
     so every script and transaction stays in one slot. The cluster client answers the commands the store,
     queue and coordination send as the plain one does (it routes each by its key)."""
     plain = connect_redis(url, retries, ca_file=ca_file)
+    db = int(plain.connection_pool.connection_kwargs.get("db") or 0)
     try:
         info = await plain.info("cluster")
+    except ResponseError as exc:  # the connection's SELECT of a database other than 0, on a cluster node
+        await plain.aclose()
+        if "cluster mode" not in str(exc):
+            raise
+        raise ConfigError("command line", "--redis-url", f"a Redis Cluster has database 0 only, not {db}") from None
     except BaseException:
         await plain.aclose()
         raise
     if int(info.get("cluster_enabled", 0)) != 1:
         return plain, Keys(prefix or DEFAULT_PREFIX)
     await plain.aclose()
-    db = int(plain.connection_pool.connection_kwargs.get("db") or 0)
-    if db:
-        raise ConfigError("command line", "--redis-url", f"a Redis Cluster has database 0 only, not {db}")
     cluster = _RedisCluster.from_url(url, **_options(url, retries, ca_file))
     await cluster.initialize()
     return cast(aioredis.Redis, cluster), Keys(slot_prefix(prefix or DEFAULT_PREFIX))
