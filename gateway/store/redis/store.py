@@ -18,8 +18,8 @@ the parts share one client:
 - `RedisStorageLedger` (`gateway.store.redis.storage`): the bytes of the teams' uploads;
 - `RedisIdempotencyKeys` (`gateway.store.redis.idempotency`): the teams' idempotency keys.
 
-Key names live in `gateway.store.redis.keys`. Not for Redis Cluster: scripts touch a
-batch's keys and the global indexes together.
+Key names live in `gateway.store.redis.keys`. On a Redis Cluster every key carries one hash tag
+(`keys.slot_prefix`): the scripts touch a batch's keys and the global indexes together, in one slot.
 """
 
 from __future__ import annotations
