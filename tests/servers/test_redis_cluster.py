@@ -10,11 +10,14 @@ deployment written before the cluster support reads its batches on (nothing to m
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from openai import InternalServerError, OpenAI
+from openai.types import Batch
 
 from gateway.config.schema import parse_config
 from gateway.records import BatchStatus
@@ -36,6 +39,7 @@ from tests.support.services import (
     start_worker,
 )
 from tests.support.team_helpers import done, finished, start_shared, until
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)]
 
@@ -97,6 +101,64 @@ def test_serve_and_two_workers_on_a_cluster_with_one_worker_killed(
         for worker in workers:
             worker.close()
         gw.stop()
+
+
+def _master_of_the_tag(cluster: RedisClusterServers) -> RedisServer:
+    """The master that holds the deployment's slot (every key: `{batchyard}:…`)."""
+    with cluster.nodes[0].client() as c:
+        slot = int(c.execute_command("CLUSTER", "KEYSLOT", "{batchyard}:x"))
+        for start, end, master, *_ in c.execute_command("CLUSTER", "SLOTS"):
+            if int(start) <= slot <= int(end):
+                port = int(master[1])
+                return next(n for n in cluster.nodes if n.port == port)
+    raise AssertionError(f"no master holds slot {slot}")
+
+
+def _finished_or_none(client: OpenAI, batch_id: str) -> Batch | None:
+    """The batch once finished; None meanwhile, and while the API answers 503 (Redis failing over: the API
+    tries once and says so, in OpenAI's error shape)."""
+    try:
+        batch = client.batches.retrieve(batch_id)
+    except InternalServerError as exc:
+        assert exc.status_code == 503, exc
+        return None
+    return batch if finished(batch) else None
+
+
+def test_a_master_killed_mid_batch_and_its_replica_promoted_loses_nothing(
+    upstream: Upstream, tmp_path: Path,
+) -> None:
+    """A 3+3 cluster; the master holding the deployment's slot SIGKILLed mid-batch: its replica takes over
+    (cluster-node-timeout 2 s) and the batch completes, every custom_id once, no line failed."""
+    cluster = RedisClusterServers(3, replicas=1).start()
+    config = gateway_config(upstream, models=("gpt-mini",), teams=TEAMS, shard_size=25)
+    gw = start_shared(config, tmp_path / "data", cluster.url, with_worker=False)
+    workers: list[WorkerProcess] = []
+    try:
+        storage = str(tmp_path / "data" / "blobs")
+        workers = [start_worker(tmp_path / "shared.config.yaml", cluster.url, storage, claim_idle=2.0)
+                   for _ in range(2)]
+        for worker in workers:
+            worker.wait_ready(120)
+        lines = [chat_line(f"f-{i}", "gpt-mini", f"#sleep:20 line {i}") for i in range(LINES)]
+        alpha = gw.client("sk-alpha")
+        batch_id = submit(alpha, lines).id
+        until(gw, "sk-alpha", batch_id, lambda b: done(b) >= 50, timeout=90)
+        master = _master_of_the_tag(cluster)  # any node, the URL's own included
+        master.stop(signal.SIGKILL)
+        batch = eventually(lambda: _finished_or_none(alpha, batch_id), 240, "the batch to finish", interval=0.5)
+        logs = "\n".join([gw.log(), *(w.log() for w in workers)])
+        assert batch.status == "completed", logs[-4000:]
+        assert read_jsonl(alpha, batch.error_file_id) == []
+        output = [r["custom_id"] for r in read_jsonl(alpha, batch.output_file_id)]
+        assert sorted(output) == sorted(line["custom_id"] for line in lines)  # each once: none lost, none twice
+        assert all(w.alive() for w in workers), logs[-4000:]
+        assert tracebacks(logs) == [], "\n".join(tracebacks(logs))
+    finally:
+        for worker in workers:
+            worker.close()
+        gw.stop()
+        cluster.close()
 
 
 async def test_a_database_other_than_0_is_refused_on_a_cluster(cluster: RedisClusterServers, upstream: Upstream,

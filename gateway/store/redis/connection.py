@@ -77,6 +77,17 @@ class _RedisCluster(RedisCluster):
         for name, callback in list(self.response_callbacks.items()):
             self.response_callbacks[name] = _without_keys(callback)
 
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except RuntimeError as exc:
+            # A node killed mid-command: asyncio's "unable to perform operation on <TCPTransport closed=True>",
+            # which redis-py's cluster client passes on as it is. It is a lost connection (a fault of the
+            # machine: the runner pauses and hands its shard back), not a bug of the work.
+            if "closed=True" not in str(exc):
+                raise
+            raise RedisConnectionError(f"connection to a cluster node lost: {exc}") from exc
+
     def register_script(self, script: Any) -> AsyncScript:  # type: ignore[override]  # the async one
         return _Script(self, script)  # type: ignore[arg-type]  # AsyncScript calls evalsha: the cluster has it
 
