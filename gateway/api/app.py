@@ -83,6 +83,9 @@ async def _health_reply(request: Request) -> JSONResponse:
         log.warning("health check failed: %s", exc)
         return error_response(503, f"unhealthy: {exc}" if admin else "unhealthy", code="unhealthy")
     body: dict[str, Any] = {"status": "healthy"}
+    notices = runtime_of(request).config.notices
+    if admin and notices:  # the LiteLLM settings of the config that batchyard does not apply
+        body["config_notices"] = [str(notice) for notice in notices]
     if isinstance(info, dict):
         if admin:
             body.update({k: v for k, v in info.items() if k != "status"})

@@ -15,11 +15,14 @@ from gateway.cli import console
 from gateway.cli.flags import ENGINE_OPTIONS, count, port, positive_int, positive_seconds, refused_flag
 from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
+from gateway.config.notices import notice_text
 from gateway.config.schema import Config, load_config, local_model_config
 from gateway.errors import ConfigError, GatewayError
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_DELIVERY, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 REDIS_URL_ENV = "BATCHYARD_REDIS_URL"  # serve's and worker's --redis-url, where a flag would show its password
+STRICT_HELP = ("refuse to start (exit status 2) when the config holds LiteLLM settings batchyard does not apply, "
+               "instead of naming them once at start (as batch_settings.strict_config: true; default: off)")
 
 _RUN_EPILOG = """\
 examples:
@@ -65,6 +68,7 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output-file", required=True,
                    help="output file: a path, - for stdout, or an http(s) URL to PUT to (e.g. presigned S3)")
     p.add_argument("--config", help="LiteLLM-style YAML with model_list (see config/)")
+    p.add_argument("--strict-config", action="store_true", help=STRICT_HELP)
     p.add_argument("--error-file", help="write failed requests here instead of inline in the output (like OpenAI)")
     p.add_argument("--data-dir", help="keep the run's state here instead of a temporary directory; the same "
                    "command run again after a kill or Ctrl-C continues where it stopped (finished requests are "
@@ -127,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.cli.submit import add_parser as _submit_parser  # its own module: the client side
 
     _submit_parser(sub)
+    from gateway.cli.config_check import add_parser as _config_parser
+
+    _config_parser(sub)
     return parser
 
 
@@ -139,6 +146,7 @@ def _serve_parser(sub: Any) -> None:
         "and `batchyard worker`s as you like. A flag of the other mode is refused.",
     )
     serve.add_argument("--config", required=True, help="LiteLLM-style YAML config (see config/ and the README)")
+    serve.add_argument("--strict-config", action="store_true", help=STRICT_HELP)
     serve.add_argument("--host", default=DEFAULT_HOST,
                        help=f"address to listen on (default: {DEFAULT_HOST}; 0.0.0.0: every interface)")
     serve.add_argument("--port", type=port, default=DEFAULT_PORT, help=f"port to listen on (default: {DEFAULT_PORT})")
@@ -162,6 +170,7 @@ def _worker_parser(sub: Any) -> None:
                             "(--data-dir): over the data directory of a `batchyard serve` on this machine, which "
                             "starts its own workers (--workers) so you rarely start one by hand.")
     worker.add_argument("--config", required=True, help="LiteLLM-style YAML config (the API replicas' one)")
+    worker.add_argument("--strict-config", action="store_true", help=STRICT_HELP)
     _shared_args(worker)
     worker.add_argument("--data-dir", help="embedded mode: the data directory of the serve process on this machine "
                         "(no default: give --redis-url or --data-dir)")
@@ -186,7 +195,7 @@ def _verbose(p: argparse.ArgumentParser) -> None:
 
 
 def _shared_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--redis-url", help="shared mode: records and the shard queue in this Redis "
+    p.add_argument("--redis-url", help="shared mode: records and the shard queue in this Redis or Redis Cluster "
                    "(redis://[user:password@]host:port/0, rediss:// for TLS; default: $BATCHYARD_REDIS_URL, where a "
                    "password stays out of `ps`; neither: embedded mode)")
     p.add_argument("--redis-ca-file", help="shared mode: the CA certificate(s) that signed a rediss:// Redis's "
@@ -242,7 +251,10 @@ def _load(args: argparse.Namespace, extra: list[str]) -> Config:
     if args.config and args.model:
         raise ConfigError("command line", "--model", "use either --config or --model, not both")
     if args.config:
-        return load_config(args.config)  # engine flags beside it were refused (refused_flag)
+        config = load_config(args.config, strict=args.strict_config)  # engine flags beside it were refused
+        if config.notices:  # once, at start
+            console.say(notice_text(config.notices))
+        return config
     if args.model:
         return local_model_config(args.model, _engine_args(args, extra), args.served_model_name)
     raise ConfigError("command line", "--config/--model", "one of them is required")
@@ -286,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_worker_command(args)
         if args.command == "serve":
             return _serve_command(args)
+        if args.command == "config":
+            from gateway.cli.config_check import check_command
+
+            return check_command(args)
         if args.command == "submit":
             from gateway.cli.submit import submit_command
 
@@ -303,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve_command(args: argparse.Namespace) -> int:
-    load_config(args.config)  # a bad config fails here, before the server starts
+    load_config(args.config, strict=args.strict_config)  # a bad config fails here, before the server starts
     log_level = "debug" if args.verbose else "info"  # the server's log (uvicorn's included)
     if args.redis_url:
         from gateway.cli.serve import serve_shared

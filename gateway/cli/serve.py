@@ -26,6 +26,7 @@ import uvicorn
 
 from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
+from gateway.config.notices import notice_text
 from gateway.config.schema import Config, load_config
 
 if TYPE_CHECKING:
@@ -83,6 +84,8 @@ async def _serve(
         )
     )
     log.info("batchyard serving on http://%s:%d (%s)", host, port, where)
+    if config.notices:  # once, at start (and in /health for the master key)
+        log.warning("%s", notice_text(config.notices))
     log.debug("routes: %s", ", ".join(f"{name} ({route.kind.value})" for name, route in sorted(config.routes.items())))
     await server.serve()
 

@@ -25,6 +25,7 @@ from gateway import metrics
 from gateway.api.scrape import worker_metrics
 from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
+from gateway.config.notices import notice_text
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config, load_config
 from gateway.errors import ConfigError
@@ -92,7 +93,9 @@ def run_worker_command(args: argparse.Namespace) -> int:
     if not args.redis_url and not args.data_dir:
         print("batchyard: worker needs --redis-url (shared mode) or --data-dir (embedded mode)", file=sys.stderr)
         return EXIT_USAGE
-    config = load_config(args.config)
+    config = load_config(args.config, strict=args.strict_config)
+    if config.notices and args.parent_pid is None:  # a worker that serve or run started: they said it
+        print(f"batchyard: {notice_text(config.notices)}", file=sys.stderr)
 
     heap = StartupHeap()  # a process of its own: its start-up heap is frozen once its backends have started
     heap.pause()

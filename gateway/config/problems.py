@@ -2,8 +2,9 @@
 
 `model_list[2].engine_args`, `batch_settings.teams[0].team_id`: the key as a reader finds it in the
 YAML. The tags of the model_list union (local/upstream/native) are pydantic's, not the file's, and are
-left out of the key. An unknown key lists the known ones. A value is echoed only where it is no
-secret.
+left out of the key. An unknown key is the error reported first (a misspelt `litellm_parms` is the
+problem, not the `litellm_params` it leaves missing), with the closest known name, or else the known
+ones. A value is echoed only where it is no secret.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from gateway.config.entries import ENTRY_MODELS, ENTRY_TAGS
+from gateway.config.notices import unknown_key
 from gateway.errors import ConfigError
 
 _SECRET = ("key", "secret", "password", "token")
@@ -91,8 +93,10 @@ def _problem(error: ErrorDetails, root: type[BaseModel]) -> str:
         if name == "engine_args" and len(loc) > 2 and loc[2] in ("upstream", "native"):
             return f"is for local models (litellm_params.model: vllm/...); this entry is {loc[2]}"
         holder = _model_at(root, loc)
-        known = f"; known: {', '.join(holder.model_fields)}" if holder is not None else ""
-        return f"unknown setting{known}"
+        if holder is None:
+            return "unknown key"
+        problem = unknown_key(name, holder.model_fields)
+        return problem if "did you mean" in problem else f"{problem}; known: {', '.join(holder.model_fields)}"
     message = _MESSAGES.get(kind, error["msg"])
     if kind.startswith("greater_than") and isinstance(error.get("ctx"), dict):
         message = f"must be greater than {error['ctx'].get('gt', error['ctx'].get('ge'))}"
@@ -107,7 +111,8 @@ def _problem(error: ErrorDetails, root: type[BaseModel]) -> str:
 
 def config_error(exc: ValidationError, path: str, root: type[BaseModel]) -> ConfigError:
     """The first of pydantic's errors as a `ConfigError` (one problem at a time, as the rest of the loader)."""
-    error = exc.errors(include_url=False)[0]
+    errors = exc.errors(include_url=False)
+    error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     key = dotted(tuple(error["loc"])) or "(top level)"
     if error["type"] == "missing" and key.endswith(("litellm_params", "litellm_params.model")):
         # what an entry cannot do without is the model it names

@@ -1,12 +1,13 @@
 """Loading the LiteLLM-style YAML config.
 
-The file a team already has for LiteLLM's proxy works here: `model_list`,
-`router_settings`, `general_settings`, `litellm_settings`; batchyard's own knobs
-live under `batch_settings`. `os.environ/NAME` reads the environment. The file
-is read into the pydantic models of `entries` and `sections` (`ConfigFile`),
-which refuse unknown keys and wrong types; every problem is reported before any
-request is sent, as a `ConfigError` naming the file and the dotted key. The
-result is a `Config`: routes by model name, and the checked sections.
+The file a team already has for LiteLLM's proxy works here, read as LiteLLM reads it: its `include`s
+merged and its `environment_variables` set (`litellm_file`) before `os.environ/NAME` reads the
+environment; `model_list`, `router_settings`, `general_settings`, `litellm_settings`; batchyard's own
+knobs live under `batch_settings`. A LiteLLM setting batchyard does not apply is taken out and named
+(`notices`; `--strict-config` refuses it instead). The rest is read into the pydantic models of
+`entries` and `sections` (`ConfigFile`), which refuse unknown keys and wrong types; every problem is
+reported before any request is sent, as a `ConfigError` naming the file and the dotted key. The result is
+a `Config`: routes by model name, the checked sections, and the notices.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from gateway.config.engine_fields import unknown_engine_args
 from gateway.config.entries import Entry, LocalEntry, ModelEntry, Strict, kind_of
+from gateway.config.litellm_file import INCLUDE, apply_environment, merge_includes, read_yaml
 from gateway.config.litellm_settings import check_litellm_settings
+from gateway.config.notices import Notice, split_litellm_settings, strict_refusal
 from gateway.config.problems import config_error
 from gateway.config.routes import Route, RouteKind
 from gateway.config.sections import (
@@ -49,10 +51,10 @@ class ConfigFile(Strict):
     """Keyword arguments of LiteLLM's `Router` (`num_retries`, `timeout`, `retry_after`, `routing_strategy`,
     `fallbacks`, ...; checked by `check_router_settings`); retries back off and honour Retry-After."""
     general_settings: GeneralSettings = Field(default_factory=GeneralSettings)
-    """LiteLLM proxy's section; batchyard applies `master_key`."""
+    """LiteLLM proxy's section; batchyard applies `master_key`, and names LiteLLM's other keys as not applied."""
     litellm_settings: dict[str, Any] = Field(default_factory=dict)
     """Applied as LiteLLM's proxy applies them, for the keys batchyard supports (`litellm_settings.SUPPORTED`);
-    any other key is refused."""
+    LiteLLM's other module settings are named as not applied; an unknown key is refused."""
     batch_settings: BatchSettings = Field(default_factory=BatchSettings)
     """batchyard's own knobs."""
 
@@ -70,6 +72,8 @@ class Config:
     litellm_settings: dict[str, Any] = field(default_factory=dict)
     master_key: str | None = None
     batch: BatchSettings = field(default_factory=BatchSettings)
+    # The LiteLLM settings of the file that batchyard does not apply (gateway.config.notices), section by section.
+    notices: list[Notice] = field(default_factory=list)
     # vLLM run_batch's input rules (repeated custom_ids answered line by line, an empty file is no error):
     # only the config `batchyard run --model` implies; a YAML config and the server keep OpenAI's.
     run_batch_rules: bool = False
@@ -140,15 +144,25 @@ def _check_teams(teams: list[Team], routes: dict[str, Route], path: str) -> None
                                       f"{model!r} is not a model_name in model_list")
 
 
-def parse_config(raw: Any, path: str = "<config>") -> Config:
-    """Build a `Config` from parsed YAML; raises `ConfigError`."""
+def parse_config(raw: Any, path: str = "<config>", *, strict: bool = False) -> Config:
+    """Build a `Config` from parsed YAML (its `include`s already merged: `load_config`); raises `ConfigError`.
+
+    `environment_variables` are set first; LiteLLM's settings batchyard does not apply become
+    `Config.notices`, or with `strict` (or `batch_settings.strict_config`) a `ConfigError`."""
     if not isinstance(raw, dict):
         raise ConfigError(path, "(top level)", "must be a mapping with model_list")
-    raw = _resolve(raw, path, "")
+    if INCLUDE in raw:
+        raise ConfigError(path, INCLUDE, "names files relative to a config file: load the file (load_config)")
+    raw, env_notices = apply_environment(raw, path)
+    raw, notices = split_litellm_settings(raw, ConfigFile.model_fields, path)
+    notices = env_notices + notices
+    raw = _resolve(raw, path, "")  # after the split: a setting not applied needs no variable set
     try:
         file = ConfigFile.model_validate(raw)
     except ValidationError as exc:
         raise config_error(exc, path, ConfigFile) from None
+    if notices and (strict or file.batch_settings.strict_config):
+        raise strict_refusal(notices, path)
     routes = _routes(file.model_list, path)
     _check_teams(file.batch_settings.teams, routes, path)
     return Config(
@@ -158,24 +172,17 @@ def parse_config(raw: Any, path: str = "<config>") -> Config:
         litellm_settings=check_litellm_settings(file.litellm_settings, path),
         master_key=file.general_settings.master_key,
         batch=file.batch_settings,
+        notices=notices,
     )
 
 
-def load_config(path: str | Path) -> Config:
+def load_config(path: str | Path, *, strict: bool = False) -> Config:
+    """Read a config file as LiteLLM's proxy reads it (its `include`s merged) and `parse_config` it."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(str(p), "(file)", "no such file") from None
-    except OSError as exc:
-        raise ConfigError(str(p), "(file)", f"cannot be read: {exc.strerror}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "(yaml)"
-        raise ConfigError(str(p), where, f"is not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    return parse_config(raw, str(p))
+    raw = read_yaml(p)
+    if isinstance(raw, dict):
+        raw = merge_includes(raw, p)
+    return parse_config(raw, str(p), strict=strict)
 
 
 def local_model_config(model: str, engine_args: dict[str, Any], served_names: list[str] | None = None) -> Config:
@@ -202,5 +209,5 @@ def local_model_config(model: str, engine_args: dict[str, Any], served_names: li
 
 __all__ = [
     "ROUTER_SETTINGS", "BatchSettings", "Config", "ConfigFile", "GeneralSettings", "Limits", "MetricsSettings",
-    "Team", "load_config", "local_model_config", "parse_config",
+    "Notice", "Team", "load_config", "local_model_config", "parse_config",
 ]

@@ -186,6 +186,9 @@ class BatchSettings(Strict):
     """The Prometheus scrape at `/metrics`."""
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     """How webhook deliveries are retried."""
+    strict_config: bool = False
+    """Refuse to load a config holding LiteLLM settings batchyard does not apply (as `--strict-config` does);
+    false: load it and name them once at start (stderr for `run`, the log and `/health` for `serve`)."""
 
     @field_validator("completion_windows")
     @classmethod
@@ -199,7 +202,8 @@ class BatchSettings(Strict):
 
 
 class GeneralSettings(Strict):
-    """`general_settings`: LiteLLM proxy's section; batchyard applies its `master_key`."""
+    """`general_settings`: LiteLLM proxy's section; batchyard applies its `master_key` (LiteLLM's other keys
+    are named as not applied: gateway.config.notices)."""
 
     master_key: NonEmpty | None = None
     """The admin key of `batchyard serve`: every team's batches, every model, `/metrics`, `/health`'s details."""

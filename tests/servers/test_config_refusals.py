@@ -34,7 +34,9 @@ def _settings(**batch_settings: Any) -> dict[str, Any]:
 
 
 REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
-    ("tpm beside litellm_params", _with(UPSTREAM, tpm=1000), "model_list[0].tpm", "unknown setting"),
+    ("tpm beside litellm_params", _with(UPSTREAM, tpm=1000), "model_list[0].tpm", "unknown key"),
+    ("a misspelt litellm_params", {"model_list": [{"model_name": "gpt", "litellm_parms": {"model": "openai/gpt"}}]},
+     "model_list[0].litellm_parms", "unknown key; did you mean litellm_params?"),
     ("a typo of model_info", _with(UPSTREAM, modle_info={"id": "a"}), "model_list[0].modle_info", "model_info"),
     ("engine_args on an upstream entry", _with(UPSTREAM, engine_args={"dtype": "float32"}),
      "model_list[0].engine_args", "local models"),
@@ -51,7 +53,7 @@ REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
     ("a shard size of true", _settings(shard_size=True), "batch_settings.shard_size", "integer"),
     ("a shard size as text", _settings(shard_size="100"), "batch_settings.shard_size", "integer"),
     ("an unknown team setting", _settings(teams=[{"team_id": "a", "wieght": 2}]),
-     "batch_settings.teams[0].wieght", "team_id"),
+     "batch_settings.teams[0].wieght", "unknown key; did you mean weight?"),
     ("a team twice", _settings(teams=[{"team_id": "a"}, {"team_id": "a"}]), "batch_settings.teams[1].team_id",
      "duplicate"),
     ("a team key that is no string", _settings(teams=[{"team_id": "a", "api_keys": [12345]}]),
@@ -86,8 +88,9 @@ REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
      "model_list[0].model_info.native_poll_initial_seconds", "must be a positive number"),
     ("an entry that is no mapping", {"model_list": ["gpt"]}, "model_list[0]", "mapping"),
     ("no model_list", {"batch_settings": {}}, "model_list", "required"),
-    ("an unknown section", {"model_list": [UPSTREAM], "environment_variables": {}}, "environment_variables",
-     "unknown"),
+    ("a misspelt section", {"model_list": [UPSTREAM], "environment_variable": {}}, "environment_variable",
+     "unknown key; did you mean environment_variables?"),
+    ("a section nobody knows", {"model_list": [UPSTREAM], "no_such_section": {}}, "no_such_section", "unknown key"),
 ]
 
 

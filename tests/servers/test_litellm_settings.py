@@ -1,4 +1,5 @@
-"""`litellm_settings`: the keys we apply are accepted, every other key is refused at load, naming file and key."""
+"""`litellm_settings`: the keys we apply are accepted and checked; LiteLLM's others are named as not applied
+(tests/servers/test_config_notices.py); a key LiteLLM does not know is refused at load, naming file and key."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ def test_supported_settings_are_kept() -> None:
 
 
 @pytest.mark.parametrize(("settings", "key", "says"), [
-    ({"cache": True}, "litellm_settings.cache", "not supported"),
-    ({"set_verbose": True}, "litellm_settings.set_verbose", "not supported"),
+    ({"cache_me": True}, "litellm_settings.cache_me", "unknown key"),
+    ({"set_verbos": True}, "litellm_settings.set_verbos", "did you mean set_verbose?"),
     ({"drop_params": "yes"}, "litellm_settings.drop_params", "true or false"),
     ({"request_timeout": 0}, "litellm_settings.request_timeout", "positive number"),
     ({"num_retries": -1}, "litellm_settings.num_retries", "non-negative integer"),
@@ -52,14 +53,14 @@ def test_unsupported_settings_are_refused(settings: dict[str, Any], key: str, sa
 def test_refused_at_start_by_the_command(tmp_path: Path) -> None:
     cfg = tmp_path / "team.yaml"
     cfg.write_text("model_list:\n  - model_name: m\n    litellm_params: {model: openai/x, api_key: k}\n"
-                   "litellm_settings: {drop_params: true, max_budget: 10}\n")
+                   "litellm_settings: {drop_params: true, max_budgt: 10}\n")
     src = tmp_path / "in.jsonl"
     src.write_text('{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}}\n')
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     proc = subprocess.run([sys.executable, "-m", "gateway.cli", "run", "-i", str(src), "-o", str(tmp_path / "o"),
                            "--config", str(cfg)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert f"{cfg}: litellm_settings.max_budget: is not supported" in proc.stderr
+    assert f"{cfg}: litellm_settings.max_budgt: unknown key; did you mean max_budget?" in proc.stderr
     assert not (tmp_path / "o").exists()
 
 

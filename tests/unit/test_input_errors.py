@@ -163,12 +163,13 @@ def test_help_explains_itself(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize(("extra", "key"), [
-    ({"environment_variables": {"A": "b"}}, "environment_variables"),
-    ({"general_settings": {"master_key": "sk-m", "database_url": "postgres://x"}}, "general_settings.database_url"),
+    ({"environment": {"A": "b"}}, "environment"),
+    ({"general_settings": {"master_key": "sk-m", "database_uri": "postgres://x"}}, "general_settings.database_uri"),
     ({"router_settings": {"num_retries": 1, "no_such_router_setting": 1}}, "router_settings.no_such_router_setting"),
 ])
-def test_settings_we_would_not_apply_are_refused(extra: dict[str, Any], key: str) -> None:
-    """Nothing accepted and then ignored: a section or setting batchyard does not apply names itself."""
+def test_settings_nobody_knows_are_refused(extra: dict[str, Any], key: str) -> None:
+    """A key in no LiteLLM section and not ours is a typo: refused, naming it (LiteLLM's own keys that
+    batchyard does not apply are named instead: tests/servers/test_litellm_configs.py)."""
     raw = {"model_list": [{"model_name": "m", "litellm_params": {"model": "openai/m", "api_key": "k"}}], **extra}
     with pytest.raises(ConfigError) as caught:
         parse_config(raw, "team.yaml")

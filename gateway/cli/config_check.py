@@ -1,0 +1,140 @@
+"""`batchyard config check FILE`: load a config as `serve` would and say what it does.
+
+No network, no engine started, nothing written: the file is loaded (includes merged, environment_variables
+set, every key checked), then each model_name is printed with its route kind (local, pass-through,
+LiteLLM, native), provider, limits and prices, then the LiteLLM settings batchyard does not apply.
+Exit status 0, or 2 with the error.
+
+The printer takes one `RouteRow` per model name (`route_rows`), so a route of another shape (a wildcard,
+an alias) is one more row builder, not a new printer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from gateway.config.notices import notice_text
+from gateway.config.routes import Route, RouteKind
+from gateway.config.schema import Config, load_config
+from gateway.errors import ConfigError
+
+EXIT_OK, EXIT_CONFIG = 0, 2
+_LIMITS = ("rpm", "tpm", "max_parallel_requests")
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRow:
+    """One model name of the config as `config check` prints it."""
+
+    model_name: str
+    kind: str  # local, pass-through, LiteLLM, native
+    provider: str  # the deployments' providers, comma-separated
+    rpm: int | None  # per window, all deployments together; None: unbounded
+    tpm: int | None
+    max_parallel: int | None
+    prices: str  # USD per 1M tokens in / out ("-": LiteLLM's price map knows none)
+
+
+def add_parser(sub: Any) -> None:
+    config = sub.add_parser("config", help="check a config file",
+                            description="Work with a LiteLLM-style config file without starting anything.")
+    actions = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    check = actions.add_parser(
+        "check", help="load a config as serve would and print its routes and the settings it does not apply",
+        description="Load FILE as `batchyard serve` would (includes merged, environment_variables set, every key "
+        "checked; no network, no engine started) and print each model_name with its route kind (local, "
+        "pass-through, LiteLLM, native), provider, limits (rpm, tpm, max_parallel_requests of its deployments "
+        "together) and prices (USD per 1M input / output tokens), then the LiteLLM settings batchyard does not "
+        "apply. Exit status 0, or 2 with the error.",
+    )
+    check.add_argument("file", metavar="FILE", help="the config file (LiteLLM-style YAML)")
+    check.add_argument("--strict-config", action="store_true",
+                       help="fail (exit status 2) when the file holds LiteLLM settings batchyard does not apply, as "
+                       "serve --strict-config would (default: list them)")
+
+
+def _deployment_limit(entry_params: dict[str, Any], info: dict[str, Any], key: str) -> int | None:
+    for source in (entry_params, info):
+        value = source.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _total(values: Sequence[int | None]) -> int | None:
+    """The deployments' bound together: the sum, or None (unbounded) when one of them has none."""
+    return None if not values or any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
+def _prices(route: Route) -> str:
+    from gateway.config.prices import deployment_prices, route_prices
+
+    found = []
+    for deployment in route.model_list():
+        prices = (route_prices(deployment.get("model_info") or {}) if route.kind is RouteKind.LOCAL
+                  else deployment_prices(deployment))
+        text = f"{prices.input * 1e6:g} / {prices.output * 1e6:g}" if prices is not None else "-"
+        if text not in found:
+            found.append(text)
+    return ", ".join(found)
+
+
+def route_row(route: Route, kind: str) -> RouteRow:
+    deployments = route.model_list()
+    providers = []
+    limits: dict[str, list[int | None]] = {key: [] for key in _LIMITS}
+    for deployment in deployments:
+        params = deployment.get("litellm_params") or {}
+        provider = str(params.get("model", "")).partition("/")[0] or "-"
+        if provider not in providers:
+            providers.append(provider)
+        for key in _LIMITS:
+            limits[key].append(_deployment_limit(params, deployment.get("model_info") or {}, key))
+    return RouteRow(route.model_name, kind, ", ".join(providers), _total(limits["rpm"]), _total(limits["tpm"]),
+                    _total(limits["max_parallel_requests"]), _prices(route))
+
+
+def route_rows(config: Config) -> list[RouteRow]:
+    """One row per model name of `config.routes`, in name order."""
+    from providers.litellm_backend import wire_groups  # which upstream groups take the pass-through
+
+    upstream = [d for r in config.routes.values() if r.kind is RouteKind.UPSTREAM for d in r.model_list()]
+    wire = wire_groups(upstream, config.litellm_settings)
+    kinds = {RouteKind.LOCAL: "local", RouteKind.NATIVE: "native"}
+    return [route_row(route, kinds.get(route.kind) or ("pass-through" if name in wire else "LiteLLM"))
+            for name, route in sorted(config.routes.items())]
+
+
+def print_rows(rows: Iterable[RouteRow], out: TextIO) -> None:
+    header = ("model_name", "route", "provider", "rpm", "tpm", "max_parallel", "$/1M in / out")
+    table = [header] + [(r.model_name, r.kind, r.provider, *("-" if v is None else str(v)
+                                                              for v in (r.rpm, r.tpm, r.max_parallel)), r.prices)
+                        for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip(), file=out)
+
+
+def check_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """`batchyard config check FILE`: 0 and the routes, or 2 and the error (on stderr)."""
+    out = out or sys.stdout
+    try:
+        config = load_config(args.file, strict=args.strict_config)
+        rows = route_rows(config)
+    except ConfigError as exc:
+        print(f"batchyard: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"{config.path}: {len(rows)} model name(s)", file=out)
+    print_rows(rows, out)
+    if config.notices:
+        print(notice_text(config.notices), file=out)
+    else:
+        print("config: every LiteLLM setting in the file is applied", file=out)
+    return EXIT_OK
+
+
+__all__ = ["RouteRow", "add_parser", "check_command", "print_rows", "route_row", "route_rows"]
