@@ -1,7 +1,8 @@
 """Every Redis key batchyard uses, in one place (as arq does).
 
 All keys start with a prefix (default `batchyard:`) so one Redis can hold
-several deployments.
+several deployments. On a Redis Cluster the prefix is a hash tag (`{batchyard}:`, `slot_prefix`):
+every key of a deployment is in one slot, where every script and transaction may touch them together.
 
 Names never collide: a key built from a team id (`files:`, `batches:`,
 `webhooks:`, `quota:`, `quota-models:`, `spend:`) is the only kind of key in its
