@@ -35,6 +35,7 @@ from tests.support.services import (
     REPO_ROOT,
     RedisServer,
     free_port,
+    make_tls_files,
     process_env,
     shared_config,
     write_config,
@@ -138,30 +139,18 @@ def test_persistence_off_is_a_warning_on_health_and_the_url_may_come_from_the_en
 # -- TLS and an ACL user ---------------------------------------------------------------------------------
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RedisServer, int, Path]]:
     """A redis-server with a TLS port (a CA made here) and an ACL user that may not run CONFIG, like a managed
     service's; the plain port stays for the harness's own readiness check."""
-    where = tmp_path_factory.mktemp("tls")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
-             "-subj", "/CN=batchyard test CA", cwd=where)
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-             "-subj", "/CN=localhost", cwd=where)
-    (where / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", "server.crt", "-days", "1", "-extfile", "san.ext", cwd=where)
+    ca, cert, key = make_tls_files(tmp_path_factory.mktemp("tls"))
     tls_port = free_port()
     server = RedisServer(args=[
-        "--tls-port", str(tls_port), "--tls-cert-file", str(where / "server.crt"),
-        "--tls-key-file", str(where / "server.key"), "--tls-ca-cert-file", str(where / "ca.crt"),
-        "--tls-auth-clients", "no",
+        "--tls-port", str(tls_port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+        "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no",
         "--user", USER, "on", f">{PASSWORD}", "~*", "&*", "+@all", "-config",
     ]).start()
-    yield server, tls_port, where / "ca.crt"
+    yield server, tls_port, ca
     server.close()
 
 

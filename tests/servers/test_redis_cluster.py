@@ -35,6 +35,7 @@ from tests.support.services import (
     RedisClusterServers,
     RedisServer,
     WorkerProcess,
+    make_tls_files,
     shared_config,
     start_worker,
 )
@@ -158,6 +159,24 @@ def test_a_master_killed_mid_batch_and_its_replica_promoted_loses_nothing(
         for worker in workers:
             worker.close()
         gw.stop()
+        cluster.close()
+
+
+async def test_a_tls_cluster_with_a_ca_file(upstream: Upstream, tmp_path: Path) -> None:
+    """`rediss://` to one node of a cluster whose nodes (and bus) speak TLS, the CA from --redis-ca-file."""
+    ca, cert, key = make_tls_files(tmp_path)
+    cluster = RedisClusterServers(3, tls=(ca, cert, key)).start()
+    try:
+        config = parse_config(shared_config(upstream.v1_url))
+        runtime = await open_shared(config, cluster.tls_url, tmp_path / "blobs", redis_ca_file=str(ca))
+        try:
+            await runtime.store.backend_state.put("probe", {"ok": 1})
+            assert await runtime.store.backend_state.get("probe") == {"ok": 1}
+            assert (await runtime.health())["mode"] == "shared"
+        finally:
+            await runtime.aclose()
+        assert [k for k in _all_keys(cluster) if k.startswith("{batchyard}:meta:")] == ["{batchyard}:meta:probe"]
+    finally:
         cluster.close()
 
 

@@ -13,6 +13,7 @@ retried on a new connection with backoff, so a command in flight waits instead o
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -69,6 +70,9 @@ def _without_keys(callback: Callable[..., Any]) -> Callable[..., Any]:
     return parse
 
 
+_LOST = re.compile(r"closed=True|'NoneType' object has no attribute '(write|writelines|read|drain)")
+
+
 class _RedisCluster(RedisCluster):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -80,11 +84,13 @@ class _RedisCluster(RedisCluster):
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return await super().execute_command(*args, **kwargs)
-        except RuntimeError as exc:
-            # A node killed mid-command: asyncio's "unable to perform operation on <TCPTransport closed=True>",
-            # which redis-py's cluster client passes on as it is. It is a lost connection (a fault of the
+        except (RuntimeError, AttributeError) as exc:
+            # A node killed mid-command: redis-py 8.1's cluster client, refreshing its view of the nodes,
+            # closes the connections of the dead one while commands still use them, and those commands end
+            # with asyncio's "unable to perform operation on <TCPTransport closed=True>" or "'NoneType' object
+            # has no attribute 'writelines'" (the writer gone). Either is a lost connection (a fault of the
             # machine: the runner pauses and hands its shard back), not a bug of the work.
-            if "closed=True" not in str(exc):
+            if not _LOST.search(str(exc)):
                 raise
             raise RedisConnectionError(f"connection to a cluster node lost: {exc}") from exc
 
