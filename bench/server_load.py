@@ -3,6 +3,7 @@
     .venv/bin/python bench/server_load.py [--clients 50] [--lines 1000] [--upload-mb 200]
     .venv/bin/python bench/server_load.py --validation-only [--validate-lines 500000]
     .venv/bin/python bench/server_load.py --during-run [--run-lines 500000] [--run-seconds 60]
+    .venv/bin/python bench/server_load.py --message-batch-create [--mb-requests 100000] [--mb-size-mb 200]
 
 Each client uploads its own N-line batch file with the real `openai` SDK,
 creates a batch, and polls it until it finishes; meanwhile a prober times
@@ -16,7 +17,9 @@ file and while it validates (in a validation process, off the API's: the aim is 
 ms; the file's last line is bad, so the batch fails once validated and never
 runs), with the load average. `--validation-only` measures only that. `--during-run`: another team's
 `GET /v1/batches` while a `--run-lines`-line batch runs on an upstream route, embedded then shared
-(bench/_during_run.py).
+(bench/_during_run.py). `--message-batch-create`: one `--mb-size-mb` MB Message Batch create of normal
+requests, then one of pathological objects: the API's peak RSS over idle, the create's wall, another team's
+`GET /v1/models` p50/p99 (bench/_message_batch_create.py).
 Not a test: a shared 2-core machine is noisy; the upstream runs beside it.
 """
 
@@ -165,7 +168,17 @@ def main() -> None:
                         help="measure only another team's GET /v1/batches while a big batch runs, in both modes")
     parser.add_argument("--run-lines", type=int, default=500_000, help="--during-run: the batch's lines")
     parser.add_argument("--run-seconds", type=float, default=60.0, help="--during-run: the measurement window")
+    parser.add_argument("--message-batch-create", action="store_true",
+                        help="measure only one large Message Batch create (normal, then pathological objects)")
+    parser.add_argument("--mb-requests", type=int, default=100_000, help="--message-batch-create: its requests")
+    parser.add_argument("--mb-size-mb", type=int, default=200, help="--message-batch-create: its body's size")
     args = parser.parse_args()
+    if args.message_batch_create:
+        from bench._message_batch_create import message_batch_create
+
+        print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the start")
+        message_batch_create(args.mb_requests, args.mb_size_mb)
+        return
     if args.during_run:
         from bench._during_run import during_run
 

@@ -44,18 +44,19 @@ def loads(data: bytes | str) -> Any:
         raise ValueError("JSON nested too deeply") from None
 
 
-def loads_checked(data: bytes, max_depth: int | None) -> Any:
+def loads_checked(data: bytes | memoryview, max_depth: int | None) -> Any:
     """Untrusted JSON: raises ValueError (with a short reason) for what is not strict JSON (NaN, Infinity,
     1e400, a lone surrogate, invalid UTF-8: orjson refuses them all, where `json` reads the first four)
     or nests deeper than `max_depth` containers (None: orjson's own 1024; the caller writes the value's
-    parts with `dumps_checked`). Integers of 20 digits or more are read exactly."""
+    parts with `dumps_checked`). Integers of 20 digits or more are read exactly. A memoryview is read in
+    place (a large request of a spooled body, never copied whole on the common path)."""
     value = orjson.loads(data)  # its JSONDecodeError is a ValueError; it stops at 1024 levels by itself
     # Fewer brackets than the bound cannot nest deeper than it: the walk runs only for the rare line
     # with many containers (bytes.count is C, about a GB/s).
-    if max_depth is not None and _too_many_brackets(data, max_depth) and _deeper_than(value, max_depth):
+    if max_depth is not None and _too_many_brackets(bytes(data), max_depth) and _deeper_than(value, max_depth):
         raise ValueError(f"nested more than {max_depth} levels deep")
     if _LONG_NUMBER.search(data) is not None:
-        return json.loads(data)  # orjson has checked the text; `json` keeps the long integers exact
+        return json.loads(bytes(data))  # orjson has checked the text; `json` keeps the long integers exact
     return value
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -22,15 +23,16 @@ from typing import Any
 
 from gateway.backends.bounded import run_bounded
 from gateway.config.endpoints import ENDPOINTS, UPSTREAM_ENDPOINTS, WIRE_ENDPOINTS
+from gateway.config.priced_fields import Charge, missing_price, priced_fields
 from gateway.config.prices import DeploymentPrices
 from gateway.config.routes import Route
 from gateway.pipeline.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecognized, unsupported, upstream_fields
-from gateway.pipeline.media_urls import refused_media
+from gateway.pipeline.media_urls import api_host, internal_deployment, refused_media, resolves_private
 from gateway.records import BatchRequest, Endpoint, Result
 from gateway.scheduling.fairness import FairSlots
 from providers import litellm_setup
 from providers.messages_bridge import message_through_wire
-from providers.passthrough import PassThrough, wire_provider
+from providers.passthrough import DEFAULT_MAX_REPLY_BYTES, PassThrough, wire_provider
 from providers.upstream_errors import UPSTREAM_ERROR, anthropic_error, provider_error
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price map at import
@@ -62,20 +64,29 @@ class LiteLLMBackend:
         router_settings: dict[str, Any],
         max_concurrency: int,
         litellm_settings: dict[str, Any] | None = None,
+        resolve: Callable[[str], Route | None] | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
         self._model_list = [deployment for route in routes for deployment in route.model_list()]
+        # A line's model -> its route (`Config.route`: an alias's target, a wildcard's concrete model); the
+        # Router is asked the line's model and resolves it the same way, the checks below use the model_name
+        # the config declares (`Route.declared`: the pattern of a wildcard route).
+        self._resolve = resolve or {route.model_name: route for route in routes}.get
+        self._groups: dict[str, str] = {}
         self._litellm_settings = dict(litellm_settings or {})
         self._settings = router_kwargs(router_settings, self._litellm_settings)
         self._limit = FairSlots(max_concurrency)  # shared by every shard, divided between teams
         self._router: Any = None
         self._prices = DeploymentPrices(())
         self._max_concurrency = max_concurrency
+        self._max_reply_bytes = max_reply_bytes  # the pass-through's cap on an upstream reply
         self._wire: PassThrough | None = None
         self._wire_groups: frozenset[str] = frozenset()
         # What a line may carry beyond OpenAI's documented fields, and which media hosts may be fetched for it
         self._allowed_params = {route.model_name: route.allowed_params for route in routes}
         self._media_hosts = {route.model_name: route.allowed_media_domains for route in routes}
         self._known: dict[tuple[Endpoint, str], frozenset[str]] = {}  # (endpoint, group) -> the fields it takes
+        self._internal: frozenset[str] = frozenset()  # groups that reach an operator's own server (set at start)
 
     async def start(self) -> None:
         if self._router is not None:
@@ -86,9 +97,17 @@ class LiteLLMBackend:
         # Building a Router does seconds of synchronous work on first use: keep it off the event loop.
         self._router = await asyncio.to_thread(Router, model_list=self._model_list, **self._settings)
         self._prices = DeploymentPrices(self._router.model_list)  # by the deployment ids the Router gave
-        self._wire = PassThrough(self._router, self._max_concurrency)
+        self._wire = PassThrough(self._router, self._max_concurrency, self._max_reply_bytes)
         # the config's entries, not the Router's copies (it adds its own defaults to litellm_params)
         self._wire_groups = wire_groups(self._model_list, self._litellm_settings)
+        # every fallback list, as the Router was given them: a line may be sent on along any of them
+        fallbacks = [entry for key in ("fallbacks", "context_window_fallbacks", "content_policy_fallbacks")
+                     for entry in self._settings.get(key) or []]
+        self._internal = await internal_groups(self._model_list, fallbacks)
+        for group in self._internal:  # a line may be sent to any fallback: it may fetch only what all allow
+            for fallback in _fallback_closure(fallbacks, group):
+                self._media_hosts[group] = self._media_hosts.get(group, frozenset()) & self._media_hosts.get(
+                    fallback, frozenset())
 
     async def aclose(self) -> None:
         if self._router is None:
@@ -106,18 +125,27 @@ class LiteLLMBackend:
             async for result in results:
                 yield result
 
+    def _group(self, model: str) -> str:
+        """The model_name of model_list that serves a line's model (cached per model)."""
+        group = self._groups.get(model)
+        if group is None:
+            route = self._resolve(model)
+            group = self._groups[model] = route.declared if route is not None else model
+        return group
+
     async def _call(self, req: BatchRequest) -> Result:
         body = dict(req.body)
         model = body.pop("model")
+        group = self._group(model)
         call = self._method(req.url)
         if call is None:
             return Result.http_error(req.line, req.custom_id, 400, f"{req.url.value} is not supported for upstream "
                                      "models", type_="invalid_request_error", code="unsupported_endpoint", model=model)
-        on_wire = self._wire is not None and model in self._wire_groups
+        on_wire = self._wire is not None and group in self._wire_groups
         wire = on_wire and req.url in WIRE_ENDPOINTS
         # a Messages line on an OpenAI-wire route: translated, then sent as bytes (providers.messages_bridge)
         bridged = on_wire and req.url is Endpoint.MESSAGES
-        refused = await self._refusal(req, model, body, wire, bridged)
+        refused = await self._refusal(req, group, body, wire, bridged)
         if refused is not None:
             return refused
         # the Router method's required arguments (one set on every upstream endpoint): a line without one gets
@@ -147,48 +175,75 @@ class LiteLLMBackend:
             return Result.failure(req.line, req.custom_id, UPSTREAM_ERROR,
                                   f"the upstream for model {model!r} rejected the request (no reply kept)", model=model)
         data = _to_body(reply, exclude_none=req.url in _SPARSE)
-        cost = self._prices.cost(reply, data)
+        cost = self._prices.cost(reply, data, priced_fields(req.url, body))
         return Result(line=req.line, custom_id=req.custom_id, status_code=200, body=data, model=model, cost_usd=cost)
 
-    async def _refusal(self, req: BatchRequest, model: str, body: dict[str, Any], wire: bool,
+    async def _refusal(self, req: BatchRequest, group: str, body: dict[str, Any], wire: bool,
                        bridged: bool = False) -> Result | None:
         """The line's 400 when its body holds more than data: a field outside the endpoint's documented ones
         and the operator's extras for the model, LiteLLM's own `metadata`, or a media URL we may not fetch.
 
         `body` is splatted into a LiteLLM call below, so this check is what keeps a line from setting a key,
         a base URL, a mock, a fallback or a price (see gateway.pipeline.body_fields)."""
-        known = self._known.get((req.url, model))
+        charges = priced_fields(req.url, body)
+        if charges:
+            refused = self._unpriced(req, group, charges)
+            if refused is not None:
+                return refused
+        known = self._known.get((req.url, group))
         if known is None:
-            known = upstream_fields(req.url) | self._allowed_params.get(model, frozenset())
-            self._known[(req.url, model)] = known
+            known = upstream_fields(req.url) | self._allowed_params.get(group, frozenset())
+            self._known[(req.url, group)] = known
         name = unknown_field(body, known)
         if name is not None:
             return unrecognized(req, name)
-        if wire:
-            return None  # the provider gets the bytes: nothing in them is LiteLLM's, and it fetches media itself
-        own = next((f for f in LITELLM_OWN_FIELDS if f in body), None)
+        own = None if wire else next((f for f in LITELLM_OWN_FIELDS if f in body), None)
         if own == "metadata" and req.url is Endpoint.MESSAGES and _anthropic_metadata(body["metadata"]):
             own = None  # Anthropic's own `metadata`; on this path the Router keeps its own in `litellm_metadata`
         if own is not None:
             return unsupported(req, own, "LiteLLM reads it for itself on this provider's path")
-        if bridged:
-            return None  # the provider gets the translated bytes and fetches media itself, as on the wire path
-        return await refused_media(req, body, self._media_hosts.get(model, frozenset()))
+        if (wire or bridged) and group not in self._internal:
+            # The bytes go to a public provider's own host as they are (or translated, bridged): the provider
+            # fetches media itself, from its own network. An internal server (gateway.pipeline.media_urls)
+            # fetches from inside ours, so its lines hold the gateway's own rule, as LiteLLM's translation does.
+            return None
+        return await refused_media(req, body, self._media_hosts.get(group, frozenset()))
+
+    def _unpriced(self, req: BatchRequest, model: str, charges: list[Charge]) -> Result | None:
+        """The line's 400 for a field that changes the provider's price (gateway.config.priced_fields): one the
+        operator does not allow for the model, or one no price is known for on a deployment of it."""
+        allowed = self._allowed_params.get(model, frozenset())
+        for charge in charges:
+            if charge.name not in allowed:
+                return unsupported(req, charge.param, f"it changes what the provider charges; the operator allows it "
+                                   f"by listing {charge.name!r} in the model's model_info.allowed_params")
+        for deployment_id in self._prices.group(model):
+            why = missing_price(charges, self._prices.lookup(deployment_id))
+            if why is not None:
+                return unsupported(req, charges[0].param, why)
+        return None
 
     async def _pass_through(self, req: BatchRequest, group: str, tried: frozenset[str] = frozenset()) -> Result:
         assert self._wire is not None
         result, target = await self._wire.call(req, group)
         if result.ok and target is not None and result.body is not None:
-            result.cost_usd = self._prices.for_deployment(target.id, result.body)
+            result.cost_usd = self._prices.for_deployment(target.id, result.body, priced_fields(req.url, req.body),
+                                                          f"{target.provider}/{target.model}")
             return result
-        if result.status_code is None or result.status_code in (408, 429) or result.status_code >= 500:
+        chain = wire_fallbacks(self._router, result, (self._routed(group), group))
+        if chain:
             # The Router's fallbacks, as it would apply them after its retries: the next group in the list.
-            for fallback in fallback_groups(self._router.fallbacks, group):
+            for fallback in chain:
                 if fallback in tried or fallback == group:
                     continue
                 line = BatchRequest(line=req.line, custom_id=req.custom_id, url=req.url,
                                     body={**req.body, "model": fallback})
-                if fallback in self._wire_groups:
+                fallback_group = self._group(fallback)
+                if fallback_group in self._wire_groups:
+                    # the fallback's own rules (its extras, price fields, media): the group's were checked
+                    fields = {k: v for k, v in line.body.items() if k != "model"}
+                    if await self._refusal(line, fallback_group, fields, wire=True) is not None:
+                        continue
                     answer = await self._pass_through(line, fallback, tried | {group})
                 else:
                     answer = await self._call(line)
@@ -196,6 +251,11 @@ class LiteLLMBackend:
                 if answer.ok:
                     return answer
         return result
+
+    def _routed(self, model: str) -> str:
+        """The model_name a line's model is routed to (an alias's target; a wildcard's concrete model)."""
+        route = self._resolve(model)
+        return route.model_name if route is not None else model
 
     def _method(self, endpoint: Endpoint) -> Callable[..., Awaitable[Any]] | None:
         name = ENDPOINTS[endpoint].router_method
@@ -237,8 +297,42 @@ def wire_groups(deployments: Sequence[dict[str, Any]], litellm_settings: dict[st
     return frozenset(name for name, ok in groups.items() if ok)
 
 
+async def internal_groups(deployments: Sequence[dict[str, Any]], fallbacks: Any) -> frozenset[str]:
+    """The model groups whose lines may reach an operator's own server: a deployment of the group, or of a
+    group it falls back to, is internal (`gateway.pipeline.media_urls.internal_deployment`) or its public-looking
+    host resolves to a private address. Decided once, when the backend starts: one lookup per host."""
+    hosts: dict[str, bool] = {}
+    inside: set[str] = set()
+    for deployment in deployments:
+        params = deployment.get("litellm_params") or {}
+        group = str(deployment.get("model_name"))
+        if internal_deployment(params):
+            inside.add(group)
+            continue
+        host = api_host(params)
+        if host:
+            if host not in hosts:
+                hosts[host] = await resolves_private(host)
+            if hosts[host]:
+                inside.add(group)
+    groups = {str(d.get("model_name")) for d in deployments}
+    return frozenset(g for g in groups if g in inside or any(f in inside for f in _fallback_closure(fallbacks, g)))
+
+
+def _fallback_closure(fallbacks: Any, group: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [group]
+    while todo:
+        for fallback in fallback_groups(fallbacks, todo.pop()):
+            if fallback not in seen:
+                seen.add(fallback)
+                todo.append(fallback)
+    return seen
+
+
 def fallback_groups(fallbacks: Any, group: str) -> list[str]:
-    """The Router's `fallbacks` for a group (`[{group: [others]}]`, `*` for every group), in order."""
+    """The groups a group may fall back to in the Router's fallback lists (`[{group: [others]}]`, `*` for every
+    group), in order: where a line may be sent on, whatever the error (`wire_fallbacks` picks by the error)."""
     found: list[str] = []
     for entry in fallbacks or []:
         if isinstance(entry, dict):
@@ -247,3 +341,36 @@ def fallback_groups(fallbacks: Any, group: str) -> list[str]:
                 if isinstance(value, list):
                     found += [str(v) for v in value]
     return found
+
+
+def wire_fallbacks(router: Any, result: Result, groups: tuple[str, ...]) -> list[str]:
+    """The fallback chain the Router would walk after a pass-through line's last failed attempt, by its rules
+    (`litellm/router_utils/fallback_event_handlers.py`, the Router's fallback walk): a context-window error
+    takes `context_window_fallbacks` where they name the group, else `fallbacks`; a content-policy error takes
+    `content_policy_fallbacks` alone when they are set; a timeout, 429 or 5xx takes `fallbacks`. The errors
+    are told apart as LiteLLM tells them (`ExceptionCheckers`); other 4xx replies are the line's answer."""
+    from litellm.litellm_core_utils.exception_mapping_utils import ExceptionCheckers
+    from litellm.router_utils.fallback_event_handlers import get_fallback_model_group_for_lookup_groups
+
+    status = result.status_code
+    lookup = tuple(dict.fromkeys(groups))
+    settings = router.settings()  # the Router's resolved settings (its attributes of these are deprecated)
+
+    def chain(entries: Any) -> list[str] | None:
+        listed = [e for e in entries or [] if isinstance(e, dict) and e]
+        found, _ = get_fallback_model_group_for_lookup_groups(listed, lookup)
+        return [str(f) for f in found] if found is not None else None
+
+    if status is not None and 400 <= status < 500 and status not in (408, 429):
+        text = json.dumps(result.body) if result.body is not None else ""  # LiteLLM matches `"code": "..."`
+        if ExceptionCheckers.is_error_str_context_window_exceeded(text):
+            window = chain(settings.context_window_fallbacks)
+            return window if window is not None else chain(settings.fallbacks) or []
+        lowered = text.lower()
+        if (ExceptionCheckers.is_azure_content_policy_violation_error(text)
+                or "violating our usage policy" in lowered or "rejected as a result of the safety system" in lowered):
+            if settings.content_policy_fallbacks is not None:
+                return chain(settings.content_policy_fallbacks) or []
+            return chain(settings.fallbacks) or []
+        return []
+    return chain(settings.fallbacks) or []

@@ -27,12 +27,13 @@ from typing import Any
 
 from gateway.config.endpoints import NATIVE_JOBS, NATIVE_PROVIDERS
 from gateway.config.entries import NativeModelInfo
+from gateway.config.priced_fields import priced_fields
 from gateway.config.prices import Prices, batch_prices, cost_of
 from gateway.config.routes import Route
-from gateway.pipeline.body_fields import unknown_field, unrecognized, upstream_fields
+from gateway.pipeline.body_fields import unknown_field, unrecognized, unsupported, upstream_fields
 from gateway.pipeline.budget import over_budget_now
 from gateway.pipeline.lifecycle import OVER_BUDGET, stop_reason
-from gateway.pipeline.media_urls import refused_media
+from gateway.pipeline.media_urls import internal_deployment, refused_media
 from gateway.records import BatchRequest, Endpoint, Result, Shard, Usage, new_id
 from gateway.store.protocols import Store
 from providers.openai_batches import (
@@ -86,6 +87,8 @@ class NativeBatchBackend:
         self._poll_first = min(info.native_poll_initial_seconds, self._poll_max)
         self._timeout = router_settings.get("timeout")
         self._litellm: Any = None
+        # a deployment pointed at an operator's own server fetches media from inside (gateway.pipeline.media_urls)
+        self._internal = any(internal_deployment(e.litellm_params.model_dump()) for e in route.entries)
 
     @property
     def endpoints(self) -> frozenset[Endpoint]:
@@ -110,11 +113,17 @@ class NativeBatchBackend:
     async def _refusal(self, req: BatchRequest, provider: str) -> Result | None:
         """A line whose body holds more than the endpoint's documented fields and the route's extras gets its
         400 here, as on real-time routes; so does a media URL that LiteLLM's translation would fetch."""
+        # A batch job is priced at batch rates only: nothing here counts a region, a speed or a server tool.
+        # `service_tier` is left to the provider: a batch runs at its own batch tier, whatever a line asks.
+        charges = [c for c in priced_fields(req.url, req.body) if c.name != "service_tier"]
+        if charges:
+            return unsupported(req, charges[0].param, "it changes what the provider charges, and a native batch "
+                               "route prices tokens at batch rates only; send it to a realtime route that allows it")
         name = unknown_field(req.body, upstream_fields(req.url) | self.route.allowed_params)
         if name is not None:
             return unrecognized(req, name)
-        if provider in WIRE_PROVIDERS:
-            return None  # the job file goes to the provider as written: it fetches media itself
+        if provider in WIRE_PROVIDERS and not self._internal:
+            return None  # the job file goes to a public provider as written: it fetches media itself
         return await refused_media(req, req.body, self.route.allowed_media_domains)
 
     # -- the deployment -------------------------------------------------------------------------

@@ -46,6 +46,8 @@ from providers.upstream_errors import UPSTREAM_TIMEOUT, UPSTREAM_UNREACHABLE, pr
 KEEPALIVE_SECONDS = 4.0
 # LiteLLM providers whose wire format is OpenAI's own
 PROVIDERS = frozenset({"openai", "text-completion-openai", "azure", "hosted_vllm", "custom_openai"})
+DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024  # batch_settings.max_passthrough_reply_bytes
+
 # The litellm_params a pass-through deployment may carry: those the Router reads or this module applies.
 # Anything else (Azure AD credentials, max_parallel_requests, custom headers, ...) keeps LiteLLM's
 # completion path, which applies it: no setting is accepted and then ignored.
@@ -75,6 +77,10 @@ def _env_proxy(url: str) -> str | None:
     if urllib.request.proxy_bypass(parts.hostname or ""):
         return None
     return urllib.request.getproxies().get(parts.scheme or "https")
+
+
+class _TooLong(Exception):
+    """An upstream reply past `max_reply_bytes`: read no further."""
 
 
 class _Failed(Exception):
@@ -133,12 +139,13 @@ class _Target:
 class PassThrough:
     """Sends lines of OpenAI-wire model groups; the Router (started by the backend) chooses."""
 
-    def __init__(self, router: Any, max_concurrency: int) -> None:
+    def __init__(self, router: Any, max_concurrency: int, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
         import litellm
 
         self._router = router
         self._limit = max_concurrency
-        self._targets: dict[str, _Target] = {}
+        self._max_reply = max_reply_bytes
+        self._targets: dict[tuple[str, str], _Target] = {}  # by (deployment id, its model)
         self._ssl = getattr(litellm, "ssl_verify", True) is not False  # litellm_settings.ssl_verify
         self._family = socket.AF_INET if getattr(litellm, "force_ipv4", False) else socket.AF_UNSPEC
         self._timeout = float(getattr(router, "timeout", None) or litellm.request_timeout or 600)
@@ -146,9 +153,12 @@ class PassThrough:
     def target(self, deployment: dict[str, Any]) -> _Target:
         info = deployment.get("model_info") or {}
         key = str(info.get("id"))
-        target = self._targets.get(key)
+        # A wildcard deployment answers for many models under one id: the Router hands it out with the
+        # concrete model in litellm_params (LiteLLM's set_deployment_model_name), so a target is per both.
+        model = str(deployment["litellm_params"]["model"])
+        target = self._targets.get((key, model))
         if target is None:
-            target = self._targets[key] = self._new_target(key, deployment)
+            target = self._targets[(key, model)] = self._new_target(key, deployment)
         return target
 
     def _new_target(self, key: str, deployment: dict[str, Any]) -> _Target:
@@ -223,6 +233,11 @@ class PassThrough:
         body["model"] = target.model
         try:
             status, headers, data = await self._send(target, req.url, dumps(body))
+        except _TooLong:
+            return _Sent(Result.failure(req.line, req.custom_id, "upstream_reply_too_large",
+                                        f"the upstream for model {req.model!r} answered with more than "
+                                        f"{self._max_reply} bytes (batch_settings.max_passthrough_reply_bytes)",
+                                        model=req.model), target)
         except (TimeoutError, aiohttp.ClientError) as exc:
             code = UPSTREAM_TIMEOUT if isinstance(exc, TimeoutError) else UPSTREAM_UNREACHABLE
             self._failed(deployment, group, 408 if code == UPSTREAM_TIMEOUT else 503, httpx.Headers())
@@ -241,10 +256,21 @@ class PassThrough:
         timeout = aiohttp.ClientTimeout(total=target.timeout)
         async with session.post(target.url(endpoint), data=data, headers=target.headers, timeout=timeout,
                                 proxy=target.proxy) as reply:
-            raw = await reply.read()
+            raw = await self._read(reply)
             if 200 <= reply.status < 300:
                 return reply.status, httpx.Headers(), raw
             return reply.status, httpx.Headers(list(reply.headers.items())), raw
+
+    async def _read(self, reply: aiohttp.ClientResponse) -> bytes:
+        """The reply's body, up to `max_reply_bytes` (its declared length checked first, then what streams)."""
+        if (reply.content_length or 0) > self._max_reply:
+            raise _TooLong()
+        raw = bytearray()
+        async for chunk in reply.content.iter_chunked(1 << 16):
+            raw += chunk
+            if len(raw) > self._max_reply:
+                raise _TooLong()
+        return bytes(raw)
 
     async def _succeeded(self, req: BatchRequest, deployment: dict[str, Any], group: str, target: _Target,
                          status: int, data: bytes) -> Result:

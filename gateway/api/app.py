@@ -40,11 +40,11 @@ _models = APIRouter()
 @_models.get("/models")
 async def list_models(request: Request, caller: Caller) -> JSONResponse:
     created: int = request.app.state.started_at
-    routes = runtime_of(request).config.routes
-    data = [
+    config = runtime_of(request).config
+    data = [  # every model_name (a wildcard as its pattern, as LiteLLM lists it) and each alias not hidden
         {"id": name, "object": "model", "created": created, "owned_by": "batchyard"}
-        for name in sorted(routes)
-        if caller.may_use(name)
+        for name in config.listed_models()
+        if caller.may_use(name) or ((route := config.route(name)) is not None and caller.may_use(route.model_name))
     ]
     return JSONResponse({"object": "list", "data": data})
 

@@ -43,6 +43,7 @@ OPEN = Principal(owner="", models=None, admin=True)
 class Authenticator:
     def __init__(self, config: Config) -> None:
         self._keys: list[tuple[bytes, Principal]] = []
+        self._digests: list[tuple[bytes, Principal]] | None = None  # the keys' SHA-256, made on first use
         if config.master_key:
             self._keys.append((config.master_key.encode(), OPEN))
         for team in config.batch.teams:
@@ -53,6 +54,20 @@ class Authenticator:
     @property
     def enabled(self) -> bool:
         return bool(self._keys)
+
+    def by_digest(self, digest: str) -> Principal | None:
+        """The caller whose key has this SHA-256 (`gateway.store.sessions.key_digest`: what a dashboard session
+        holds instead of the key); None when no configured key has it (taken out of the config)."""
+        if self._digests is None:
+            from gateway.store.sessions import key_digest
+
+            self._digests = [(key_digest(key.decode()).encode(), principal) for key, principal in self._keys]
+        given = digest.encode()
+        found: Principal | None = None
+        for candidate, principal in self._digests:  # no early exit, as in `authenticate`
+            if hmac.compare_digest(given, candidate) and found is None:
+                found = principal
+        return found
 
     def authenticate(self, key: str | None) -> Principal:
         if not self._keys:

@@ -10,8 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway.api import idempotency
 from gateway.api.deps import Caller, bad_request, check_id, check_limit, list_reply, parse_body, runtime_of
-from gateway.api.form import Body
-from gateway.api.http_errors import ApiError
+from gateway.api.form import read_capped
 from gateway.config.urls import normalise_endpoint
 from gateway.errors import invalid_value, not_found, shown
 from gateway.json_codec import loads_checked
@@ -110,7 +109,7 @@ async def results_reply(request: Request, caller: Principal, batch_id: str, afte
     if rec is None:
         raise not_found("batch", batch_id)
     page = await results_page(runtime.store, runtime.blobs, rec, Cursor.parse(after),
-                              check_limit(limit, _MAX_RESULTS_LIMIT))
+                              check_limit(limit, _MAX_RESULTS_LIMIT), runtime.config.batch.max_results_page_bytes)
     headers = {"x-next-cursor": str(page.cursor), "x-has-more": "true" if page.has_more else "false",
                "x-batch-status": rec.status.value}
     return Response(b"".join(page.lines), media_type="application/jsonl", headers=headers)
@@ -131,13 +130,9 @@ def _batch_id(batch_id: str) -> str:
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
-    raw = bytearray()
-    async for chunk in Body(request.receive).chunks():
-        raw += chunk
-        if len(raw) > _MAX_BODY:
-            raise ApiError(413, f"The request body is larger than {_MAX_BODY} bytes.", code="request_too_large")
+    raw = await read_capped(request, _MAX_BODY)
     try:
-        body = loads_checked(bytes(raw), MAX_BODY_DEPTH)
+        body = loads_checked(raw, MAX_BODY_DEPTH)
     except ValueError as exc:  # not strict JSON (NaN, a lone surrogate), or nested too deeply
         raise bad_request(f"The request body is not valid JSON ({shown(exc)}).", code="invalid_json") from None
     if not isinstance(body, dict):

@@ -2,12 +2,18 @@
 model and in total, and the validation errors it would hit; nothing is sent (`gateway.pipeline.estimate`).
 
 The file is read as validation reads it: streamed, in one of the validation processes where the runtime has
-them (`batchyard serve`), so the CPU work never holds the API's event loop; else in threads.
+them (`batchyard serve`), so the CPU work never holds the API's event loop; else in threads. Those processes
+are every team's batches' too: a team runs at most `batch_settings.max_estimates_per_team` estimates at once
+(per API process; past it 429 `too_many_estimates`), so that one team's estimates never queue ahead of
+another team's validation for long.
 """
 
 from __future__ import annotations
 
+import collections
+from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -22,6 +28,24 @@ from gateway.records import Endpoint
 router = APIRouter()
 
 _TRIES = 2  # a validation process that died (killed, out of memory) is replaced once
+
+
+@contextmanager
+def _slot(request: Request, team: str) -> Iterator[None]:
+    """One of the team's estimate slots on this process, or 429 `too_many_estimates`."""
+    running: collections.Counter[str] | None = getattr(request.app.state, "estimates", None)
+    if running is None:
+        running = request.app.state.estimates = collections.Counter()
+    limit = runtime_of(request).config.batch.max_estimates_per_team
+    if running[team] >= limit:
+        raise ApiError(429, f"Too many cost estimates running for team {team!r}: at most {limit} at once "
+                            "(batch_settings.max_estimates_per_team). Try again once one has answered.",
+                       code="too_many_estimates")
+    running[team] += 1
+    try:
+        yield
+    finally:
+        running[team] -= 1
 
 
 @router.get("/files/{file_id}/cost_estimate")
@@ -40,15 +64,16 @@ async def cost_estimate(request: Request, caller: Caller, file_id: str, endpoint
             raise invalid_value(endpoint, [e.value for e in Endpoint], "endpoint")
     job = EstimateJob(rec.blob_key, caller.allowed_models, wanted)
     estimate: Estimate | None = None
-    for _ in range(_TRIES):
-        try:
-            if runtime.validation is not None:
-                estimate = await runtime.validation.estimate(job)
-            else:
-                estimate = await estimate_file(runtime.config, runtime.blobs, job)
-            break
-        except BrokenProcessPool:
-            continue
+    with _slot(request, caller.owner):
+        for _ in range(_TRIES):
+            try:
+                if runtime.validation is not None:
+                    estimate = await runtime.validation.estimate(job)
+                else:
+                    estimate = await estimate_file(runtime.config, runtime.blobs, job)
+                break
+            except BrokenProcessPool:
+                continue
     if estimate is None:
         raise ApiError(503, "The estimate could not be made now; try again.", code="estimate_unavailable")
     return JSONResponse({"file_id": rec.id, **estimate.to_json()})

@@ -8,13 +8,13 @@ whole file) and `FileEnd`. Nothing holds more than one network chunk of a file.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive
 
 from gateway.api.http_errors import ApiError
@@ -80,6 +80,30 @@ class Body:
                     return
         except ClientDisconnect:
             return
+
+
+def declared_length(headers: Mapping[str, str]) -> int | None:
+    """A request's `Content-Length`, when it sends one (a number; anything else is a 400)."""
+    value = headers.get("content-length")
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise ApiError(400, "The Content-Length header is not a number.", code="invalid_content_length")
+    return int(value)
+
+
+async def read_capped(request: Request, limit: int) -> bytes:
+    """A small body (a JSON create, a form), bounded before it is parsed: its declared length first, then the
+    bytes as they stream (413 `request_too_large` past `limit`, without holding more than `limit`)."""
+    too_large = ApiError(413, f"The request body is larger than {limit} bytes.", code="request_too_large")
+    if (declared := declared_length(request.headers)) is not None and declared > limit:
+        raise too_large
+    raw = bytearray()
+    async for chunk in Body(request.receive).chunks():
+        raw += chunk
+        if len(raw) > limit:
+            raise too_large
+    return bytes(raw)
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:

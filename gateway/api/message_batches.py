@@ -12,7 +12,6 @@ mode): a bad one is that request's `errored` result. The words (envelope, batch 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -24,24 +23,16 @@ from starlette.exceptions import HTTPException
 
 from gateway.api.auth import Principal
 from gateway.api.deps import Caller, runtime_of
-from gateway.api.form import Body
+from gateway.api.form import Body, declared_length
 from gateway.api.http_errors import RETRY_AFTER_SECONDS, STORAGE_ERRORS, ApiError, storage_fault
 from gateway.errors import Conflict, GatewayError, NotFound, OverQuota, TooLarge, shown
-from gateway.json_codec import dumps, loads, loads_checked
+from gateway.json_codec import dumps, loads
 from gateway.message_batches.outcomes import message_result, request_counts
-from gateway.message_batches.wire import (
-    COMPLETION_WINDOW,
-    MAX_BODY_BYTES,
-    EnvelopeError,
-    batch_object,
-    error_body,
-    error_type,
-    input_chunks,
-    parse_create,
-)
-from gateway.records import MESSAGE_BATCH_KIND, BatchStatus, Endpoint
+from gateway.message_batches.wire import MAX_BODY_BYTES, EnvelopeError, batch_object, error_body, error_type
+from gateway.pipeline.message_batch_create import create_message_batch, delete_message_batch
+from gateway.records import MESSAGE_BATCH_KIND, BatchStatus
 from gateway.store.lines import read_line_runs
-from gateway.store.objects import BatchOptions, BatchRecord, RequestCounts, message_batch_files_owner
+from gateway.store.objects import BatchRecord
 
 if TYPE_CHECKING:
     from gateway.runtime.root import Runtime
@@ -50,7 +41,6 @@ log = logging.getLogger(__name__)
 
 router = APIRouter()
 
-_LINES_PER_CHUNK = 500  # input lines written per chunk of the internal input file
 _MAX_LIST = 1000  # Anthropic's bound on `limit`
 
 
@@ -81,50 +71,17 @@ def _object(request: Request, rec: BatchRecord) -> dict[str, Any]:
 
 @router.post("/batches")
 async def create(request: Request, caller: Caller) -> JSONResponse:
-    raw = bytearray()
-    async for chunk in Body(request.receive).chunks():
-        raw += chunk
-        if len(raw) > MAX_BODY_BYTES:
-            raise AnthropicError(413, f"Request exceeds the maximum allowed number of bytes ({MAX_BODY_BYTES}).")
-    # Seconds of CPU for a full batch (read, checked, written as input lines): off the API's loop.
-    count, chunks = await asyncio.to_thread(_parse, bytes(raw))
-    del raw
+    """Bounded before it is parsed: the declared length, then the team's room, then the bytes as they stream,
+    then each request's values and depth (`gateway.pipeline.message_batch_create`)."""
     runtime = runtime_of(request)
-    service = runtime.service
-
-    async def lines() -> AsyncIterator[bytes]:
-        chunks.reverse()
-        while chunks:
-            yield chunks.pop()  # each chunk let go once written
-
-    hidden = message_batch_files_owner(caller.owner)
-    source = await service.upload_file(hidden, "message_batch_requests.jsonl", "batch", lines())
+    limit = min(MAX_BODY_BYTES, runtime.config.batch.max_file_bytes)  # Anthropic's, or the operator's if lower
     try:
-        rec = await service.create_batch(
-            caller.owner, input_file_id=source.id, endpoint=Endpoint.MESSAGES.value,
-            completion_window=COMPLETION_WINDOW, allowed_models=caller.allowed_models,
-            options=BatchOptions(strict=False, split_errors=False), kind=MESSAGE_BATCH_KIND, input_owner=hidden,
-        )
-    except BaseException:
-        await service.delete_file(source.id, hidden)
-        raise
-    # Known now: `request_counts.processing` from the first GET, before validation has counted the lines.
-    await runtime.store.batches.update(rec.id, {"counts": RequestCounts(total=count)})
-    rec.counts.total = count
-    return JSONResponse(_object(request, rec))
-
-
-def _parse(raw: bytes) -> tuple[int, list[bytes]]:
-    """The create body's request count and its input file's chunks, or the 400 Anthropic answers."""
-    try:
-        data = loads_checked(raw, None)  # its depth is checked request by request (`input_chunks`)
-    except ValueError as exc:
-        raise AnthropicError(400, f"The request body is not valid JSON ({shown(exc)}).") from None
-    try:
-        body = parse_create(data)
-        return len(body.requests), input_chunks(body, _LINES_PER_CHUNK)
+        rec = await create_message_batch(runtime.service, caller.owner, Body(request.receive).chunks(),
+                                         declared=declared_length(request.headers), limit=limit,
+                                         allowed_models=caller.allowed_models)
     except EnvelopeError as exc:
         raise AnthropicError(400, str(exc)) from None
+    return JSONResponse(_object(request, rec))
 
 
 @router.get("/batches")
@@ -160,20 +117,9 @@ async def delete(request: Request, caller: Caller, batch_id: str) -> JSONRespons
     if not rec.status.finished:
         raise AnthropicError(400, f"Message Batch '{rec.id}' is still being processed and cannot be deleted; "
                                   "cancel it first, and delete it once it has ended.")
-    runtime = runtime_of(request)
-    if not await runtime.store.batches.delete(rec.id, caller.owner):
+    if not await delete_message_batch(runtime_of(request).service, rec):
         raise _not_found(batch_id)
-    await _forget_files(runtime, rec)
     return JSONResponse({"id": rec.id, "type": "message_batch_deleted"})
-
-
-async def _forget_files(runtime: Runtime, rec: BatchRecord) -> None:
-    """A deleted batch's files: its input and its output (the results; the order index beside it goes with
-    them, `BatchService.delete_file`)."""
-    await runtime.service.delete_file(rec.input_file_id, rec.files_owner)
-    for file_id in (rec.output_file_id, rec.error_file_id):
-        if file_id:
-            await runtime.service.delete_file(file_id, rec.files_owner)
 
 
 @router.get("/batches/{batch_id}/results")

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from gateway.config.notices import notice_text
 from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import Config, load_config
+from gateway.config.wildcards import hidden_aliases
 from gateway.errors import ConfigError
 
 EXIT_OK, EXIT_CONFIG = 0, 2
@@ -57,8 +58,9 @@ def add_parser(sub: Any) -> None:
                        "serve --strict-config would (default: list them)")
 
 
-def _deployment_limit(entry_params: dict[str, Any], info: dict[str, Any], key: str) -> int | None:
-    for source in (entry_params, info):
+def _deployment_limit(sources: Sequence[dict[str, Any]], key: str) -> int | None:
+    """A deployment's limit where the Router reads it: in litellm_params, beside them, or in model_info."""
+    for source in sources:
         value = source.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -93,7 +95,7 @@ def route_row(route: Route, kind: str) -> RouteRow:
         if provider not in providers:
             providers.append(provider)
         for key in _LIMITS:
-            limits[key].append(_deployment_limit(params, deployment.get("model_info") or {}, key))
+            limits[key].append(_deployment_limit((params, deployment, deployment.get("model_info") or {}), key))
     return RouteRow(route.model_name, kind, ", ".join(providers), _total(limits["rpm"]), _total(limits["tpm"]),
                     _total(limits["max_parallel_requests"]), _prices(route))
 
@@ -130,6 +132,10 @@ def check_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return EXIT_CONFIG
     print(f"{config.path}: {len(rows)} model name(s)", file=out)
     print_rows(rows, out)
+    aliases = config.resolver.aliases  # router_settings.model_group_alias, resolved as LiteLLM's Router does
+    hidden = hidden_aliases(config.router_settings.get("model_group_alias") or {})
+    for alias, target in sorted(aliases.items()):
+        print(f"alias {alias} -> {target}{' (hidden from /v1/models)' if alias in hidden else ''}", file=out)
     if config.notices:
         print(notice_text(config.notices), file=out)
     else:

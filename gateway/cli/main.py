@@ -157,6 +157,11 @@ def _serve_parser(sub: Any) -> None:
                        "usable cores less one for the API process, one per local model and those the load average "
                        "says are busy, at least one when there are local models; 0: run them in the API process). "
                        "Local vLLM engines load in the first worker only")
+    serve.add_argument("--forwarded-allow-ips", default=None, metavar="IPS",
+                       help="addresses (comma-separated; * for any) of the proxies whose X-Forwarded-Proto and "
+                       "X-Forwarded-For this server believes, as uvicorn's flag of that name (default: uvicorn's: "
+                       "$FORWARDED_ALLOW_IPS, else 127.0.0.1). Behind a TLS proxy, list it: the dashboard's "
+                       "cookie is then Secure and its login checks the https origin")
     _shared_args(serve)
     serve.add_argument("--with-worker", action="store_true",
                        help="shared mode: also run shards, for every route, in this API process (default: off)")
@@ -327,12 +332,12 @@ def _serve_command(args: argparse.Namespace) -> int:
         serve_shared(args.config, args.host, args.port, redis_url=args.redis_url,
                      storage=args.storage or DEFAULT_STORAGE, with_worker=args.with_worker,
                      claim_idle=args.claim_idle, log_level=log_level, redis_ca_file=args.redis_ca_file,
-                     allow_evicting_redis=args.allow_evicting_redis)
+                     allow_evicting_redis=args.allow_evicting_redis, forwarded_allow_ips=args.forwarded_allow_ips)
     else:
         from gateway.cli.serve import serve
 
         serve(args.config, args.host, args.port, Path(args.data_dir or DEFAULT_DATA_DIR), workers=args.workers,
-              log_level=log_level)
+              log_level=log_level, forwarded_allow_ips=args.forwarded_allow_ips)
     return EXIT_OK
 
 

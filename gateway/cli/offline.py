@@ -256,7 +256,7 @@ async def _start_workers(runtime: Runtime, batch_id: str, opts: RunOptions) -> W
     if batch.status is not BatchStatus.IN_PROGRESS:
         return None
     shards = await runtime.store.ledger.unfinished_shards(batch_id)
-    if sum(s.size for s in shards if s.route in upstream) < WORKER_MIN_REQUESTS:
+    if sum(s.size for s in shards if runtime.config.lane(s.route) in upstream) < WORKER_MIN_REQUESTS:
         return None
     pool = runtime.worker_pool(count, config_path=opts.config_path, upstream_only=True, verbose=opts.verbose)
     await pool.start()

@@ -46,6 +46,7 @@ async def _serve(
     runtime_factory: RuntimeFactory | None = None,
     workers: int | None = None,
     heap: StartupHeap | None = None,
+    forwarded_allow_ips: str | None = None,
 ) -> None:
     from gateway.api.app import create_app
     from gateway.runtime.root import open_embedded  # the runtime imports the backends: only when serving
@@ -81,6 +82,10 @@ async def _serve(
             lifespan="on",
             timeout_graceful_shutdown=10,
             server_header=False,
+            # uvicorn's ProxyHeadersMiddleware: the scheme and client of a request through a trusted proxy
+            # (the dashboard's Secure cookie and same-origin check read the scheme). None: uvicorn's default.
+            proxy_headers=True,
+            forwarded_allow_ips=forwarded_allow_ips,
         )
     )
     log.info("batchyard serving on http://%s:%d (%s)", host, port, where)
@@ -106,6 +111,7 @@ def serve(
     log_level: str = "info",
     runtime_factory: RuntimeFactory | None = None,
     workers: int | None = None,
+    forwarded_allow_ips: str | None = None,
 ) -> None:
     """Run the gateway until SIGTERM/SIGINT; raises `ConfigError` for a bad config.
 
@@ -120,7 +126,8 @@ def serve(
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             where = Path(data_dir) if data_dir is not None else None
-            runner.run(_serve(config_path, host, port, where, log_level, runtime_factory, workers, heap))
+            runner.run(_serve(config_path, host, port, where, log_level, runtime_factory, workers, heap,
+                              forwarded_allow_ips))
     finally:
         heap.resume()
 
@@ -128,7 +135,7 @@ def serve(
 def serve_shared(
     config_path: str | Path, host: str, port: int, *, redis_url: str, storage: str | Path,
     with_worker: bool = False, claim_idle: float | None = None, log_level: str = "info",
-    redis_ca_file: str | None = None, allow_evicting_redis: bool = False,
+    redis_ca_file: str | None = None, allow_evicting_redis: bool = False, forwarded_allow_ips: str | None = None,
 ) -> None:
     """`batchyard serve --redis-url U --storage s3://…`: one API replica over the shared store."""
 
@@ -140,4 +147,5 @@ def serve_shared(
                                  claim_idle=claim_idle, validation_processes=VALIDATION_PROCESSES,
                                  redis_ca_file=redis_ca_file, allow_evicting_redis=allow_evicting_redis)
 
-    serve(config_path, host, port, log_level=log_level, runtime_factory=factory)
+    serve(config_path, host, port, log_level=log_level, runtime_factory=factory,
+          forwarded_allow_ips=forwarded_allow_ips)

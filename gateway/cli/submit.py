@@ -1,7 +1,8 @@
 """`batchyard submit`: one batch file through a shared gateway (or any OpenAI-compatible Batch API), end to end.
 
 Through the `openai` SDK (its own retry rules for transport errors; the key from OPENAI_API_KEY, the URL
-from --base-url or OPENAI_BASE_URL, as the SDK reads them): upload the file and create the batch, each with
+from --base-url or OPENAI_BASE_URL, one of them required: never the SDK's default host, where the team's
+key would go otherwise): upload the file and create the batch, each with
 an `Idempotency-Key` derived from the input's sha256 (and the endpoint, window and metadata), so a rerun
 after a dropped connection or a kill finds the same file and batch and never makes a second; follow the
 batch's live request_counts; write its results as they arrive (`GET /v1/batches/{id}/results`, by cursor,
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -63,7 +65,7 @@ def add_parser(sub: Any) -> None:
                    "merged output in input order when it ends; its state is kept beside it while it runs")
     p.add_argument("--error-file", help="write failed requests here instead of inline in the output (like OpenAI)")
     p.add_argument("--base-url", help="the gateway's API root, e.g. http://gateway:4000/v1 (default: "
-                   "$OPENAI_BASE_URL, else the openai SDK's own)")
+                   "$OPENAI_BASE_URL; one of the two is required: the team key never goes to a default host)")
     p.add_argument("--endpoint", help="the batch's endpoint (default: the url of the file's first line)")
     p.add_argument("--completion-window", default="24h", help="the batch's completion window (default: 24h)")
     p.add_argument("--metadata", action="append", metavar="KEY=VALUE", type=_pair,
@@ -76,8 +78,12 @@ def add_parser(sub: Any) -> None:
 
 def submit_command(args: argparse.Namespace) -> int:
     metadata = dict(pair.partition("=")[::2] for pair in args.metadata or [])
+    base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
+    if not base_url:  # the SDK would fall back to api.openai.com, and send the team's key there
+        say("no gateway to send to: pass --base-url (e.g. http://gateway:4000/v1) or set OPENAI_BASE_URL")
+        return EXIT_USAGE
     try:
-        client = OpenAI(base_url=args.base_url)  # OPENAI_API_KEY and OPENAI_BASE_URL, as the SDK reads them
+        client = OpenAI(base_url=base_url)  # OPENAI_API_KEY, as the SDK reads it
         sha, first_url = _inspect(args.input_file)
     except openai.OpenAIError as exc:
         say(f"{exc}")

@@ -43,10 +43,10 @@ def hosted_routes(config: Config, models: list[str] | None, *, upstream_only: bo
         return sorted(upstream)
     if models is None:
         return sorted(routes)
-    unknown = [m for m in models if m not in config.routes]
+    unknown = [m for m in models if config.route(m) is None]
     if unknown:
         raise ConfigError("command line", "--models", f"not in the config's model_list: {', '.join(unknown)}")
-    return sorted(upstream | {config.routes[m].model_name for m in models})
+    return sorted(upstream | {config.lane(m) for m in models})  # a wildcard's models queue under its pattern
 
 
 async def run_worker(

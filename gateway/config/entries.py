@@ -3,8 +3,8 @@
 An entry is local (`litellm_params.model: vllm/<path>`: an in-process vLLM engine), upstream in
 real time (one call per line through LiteLLM's Router), or upstream-native (`model_info.batch_mode:
 native`: shards forwarded as provider batch jobs). Each kind is its own model with `extra="forbid"`,
-so a key that kind would not use (`engine_args` on an upstream entry, `tpm` beside `litellm_params`,
-a typo such as `modle_info`) is refused at load instead of being dropped.
+so a key that kind would not use (`engine_args` on an upstream entry, `tpm` beside the `litellm_params`
+of a local one, a typo such as `modle_info`) is refused at load instead of being dropped.
 
 `litellm_params` and `model_info` stay open mappings for LiteLLM's keys (provider keyword
 arguments, prices, ids), passed to it as written (`deployment()`); batchyard's own keys in `model_info`
@@ -57,12 +57,20 @@ class LiteLLMParams(BaseModel):
     @field_validator("model")
     @classmethod
     def _names_a_provider(cls, model: str) -> str:
-        if "/" not in model:
+        """A model without `provider/` gets the provider LiteLLM infers for it (`get_llm_provider`: `gpt-4o` is
+        `openai/gpt-4o`, what the Router sends either way); a name it cannot place is refused. A wildcard
+        model (`*`) is left as written: LiteLLM infers per request, and so does our route (wildcards)."""
+        if "/" in model or "*" in model:
+            return model
+        from gateway.config.wildcards import inferred_provider  # imports LiteLLM: only for a prefix-less model
+
+        provider = inferred_provider(model)
+        if provider is None:
             raise PydanticCustomError(
                 "no_provider", "'{model}' names no provider; write provider/model, e.g. openai/{model}",
                 {"model": model},
             )
-        return model
+        return f"{provider}/{model}"
 
 
 class ModelInfo(BaseModel):
@@ -88,11 +96,16 @@ class ModelInfo(BaseModel):
     """Body fields a line may carry for this model beyond the endpoint's documented request fields: a
     provider's extras (`top_k` for Anthropic), or on a `vllm/` route the vLLM fields that override the
     operator's engine settings (`chat_template`, `vllm_xargs`, `mm_processor_kwargs`, ...). LiteLLM's own
-    settings (keys, URLs, mocks, fallbacks, prices, callbacks) are refused at load. With several deployments
-    of one name, a field passes only if every deployment lists it."""
+    settings (keys, URLs, mocks, fallbacks, prices, callbacks) are refused at load. The fields that change the
+    provider's price are allowed here by name (`service_tier`, `inference_geo`, `speed`, `web_search`,
+    `web_fetch`, `code_execution`, `file_search`, `mcp`, ...: `gateway.config.priced_fields`), and then priced
+    from this `model_info` or LiteLLM's price map (`input_cost_per_token_priority`,
+    `search_context_cost_per_query`, ...). With several deployments of one name, a field passes only if every
+    deployment lists it."""
     allowed_media_domains: list[str] = Field(default_factory=list)
     """Bare host names whose http(s) media URLs (`image_url`, `audio_url`, `video_url`, `file_url`, ...) the
-    gateway may fetch for this model: vLLM on a `vllm/` route, LiteLLM's translation upstream. Empty:
+    gateway may fetch for this model: vLLM on a `vllm/` route, LiteLLM's translation upstream, and the
+    operator's own server on an internal route (an `api_base` that is not the provider's public host). Empty:
     nothing is fetched. Private, loopback and link-local addresses are refused even for a listed host."""
 
     @property
@@ -213,6 +226,26 @@ class LocalEntry(_Entry):
 
 class UpstreamEntry(_Entry):
     """A provider through LiteLLM's Router, one call per line; several entries of a name are load-balanced."""
+
+    tpm: PositiveInt | None = None
+    """Tokens per minute of this deployment, beside `litellm_params` as LiteLLM's load_balancer.yaml writes it
+    (also read inside `litellm_params` and `model_info`): the Router's routing and pre-call checks bound it."""
+    rpm: PositiveInt | None = None
+    """Requests per minute of this deployment, where `tpm` may be written; the Router bounds it."""
+    max_parallel_requests: PositiveInt | None = None
+    """Requests in flight to this deployment at most; given to the Router in `litellm_params`, where it reads it."""
+
+    def deployment(self) -> dict[str, Any]:
+        """As `_Entry.deployment`, with `tpm`/`rpm` beside `litellm_params` (the Router reads them there) and
+        `max_parallel_requests` moved into `litellm_params` (the only place the Router reads it)."""
+        out = super().deployment()
+        for key in ("tpm", "rpm"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.max_parallel_requests is not None:
+            params = out["litellm_params"]
+            params.setdefault("max_parallel_requests", self.max_parallel_requests)
+        return out
 
 
 class NativeEntry(UpstreamEntry):

@@ -25,9 +25,10 @@ image model, priced per image), and then only a finite, non-negative one.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from gateway.config.priced_fields import Charge, extra_cost, tier_of
 from gateway.records import Usage
 
 _KEYS = ("input_cost_per_token", "output_cost_per_token")
@@ -95,19 +96,73 @@ class DeploymentPrices:
         # Read from the price map now, before any line runs: LiteLLM registers prices a call's keyword
         # arguments carry into that same global map (`litellm.model_cost`), so a later read could see them.
         self._mapped = {key: _price_map(d) for key, d in self._deployments.items() if key not in self._by_id}
+        # Every price key a priced field may need (gateway.config.priced_fields), read now for the same reason.
+        self._entries = {key: _map_entry(d) or {} for key, d in self._deployments.items()}
+        self._groups: dict[str, list[str]] = {}
+        for key, d in self._deployments.items():
+            self._groups.setdefault(str(d.get("model_name")), []).append(key)
+
+    def lookup(self, deployment_id: str) -> Callable[[str], Any]:
+        """A price key of the deployment: its config's (`model_info`, else `litellm_params`), else the map's."""
+        deployment = self._deployments.get(deployment_id) or {}
+        info = deployment.get("model_info") or {}
+        params = deployment.get("litellm_params") or {}
+        entry = self._entries.get(deployment_id) or {}
+        provider = str(params.get("model") or "").partition("/")[0]
+
+        def find(key: str) -> Any:
+            for source in (info, params, entry):
+                if source.get(key) is not None:
+                    return source[key]
+            if key == "code_interpreter_cost_per_session":  # the map prices containers per provider
+                import litellm
+
+                return (litellm.model_cost.get(f"{provider}/container") or {}).get(key)
+            return None
+
+        return find
+
+    def group(self, model_name: str) -> list[str]:
+        """The deployment ids of one model group."""
+        return self._groups.get(model_name, [])
+
+    def tier_prices(self, deployment_id: str, tier: str) -> Prices | None:
+        """The deployment's per-token prices at a tier (`input_cost_per_token_{tier}`, ...), None if unknown."""
+        find = self.lookup(deployment_id)
+        found = [_price(find(f"{k}_{tier}")) for k in _KEYS]
+        return Prices(found[0] or 0.0, found[1] or 0.0) if any(p is not None for p in found) else None
 
     def prices(self, deployment_id: str) -> Prices | None:
         """The deployment's per-token prices: the config's, else the price map's (None: neither gives one)."""
         return self._by_id.get(deployment_id) or self._mapped.get(deployment_id)
 
-    def for_deployment(self, deployment_id: str, body: dict[str, Any]) -> float | None:
-        """A pass-through reply's cost: its `usage` times the deployment's prices (config, else price map)."""
+    def for_deployment(self, deployment_id: str, body: dict[str, Any], charges: Sequence[Charge] = (),
+                       model: str | None = None) -> float | None:
+        """A pass-through reply's cost: its `usage` times the deployment's prices (config, else price map), and
+        what the line's allowed priced fields add (`gateway.config.priced_fields`: a tier's prices instead,
+        searches, containers).
+
+        `model`: the model the deployment was sent as; a wildcard deployment (`openai/*`) is priced from the
+        price map per concrete model (`openai/gpt-4o`), looked up once each."""
         prices = self.prices(deployment_id)
+        if prices is None and model is not None and "*" in str(
+                (self._deployments.get(deployment_id, {}).get("litellm_params") or {}).get("model", "")):
+            key = f"{deployment_id}\0{model}"
+            if key not in self._mapped:
+                deployment = self._deployments[deployment_id]
+                self._mapped[key] = _price_map({**deployment, "litellm_params": {"model": model}})
+            prices = self._mapped[key]
+        extra = 0.0
+        if charges:
+            tier = tier_of(charges, body)
+            if tier is not None:
+                prices = self.tier_prices(deployment_id, tier) or prices
+            extra = extra_cost(charges, body, self.lookup(deployment_id))
         if prices is None:
             return None
-        return prices.cost(Usage.from_body(body))
+        return prices.cost(Usage.from_body(body)) + extra
 
-    def cost(self, reply: Any, body: dict[str, Any]) -> float | None:
+    def cost(self, reply: Any, body: dict[str, Any], charges: Sequence[Charge] = ()) -> float | None:
         """A completion-path reply's cost: as `for_deployment` for the deployment the Router chose; LiteLLM's
         `response_cost` only for a deployment with no per-token price anywhere (see the module docs)."""
         # an object's attribute; a key of the dict the Anthropic-messages adapter returns
@@ -117,7 +172,7 @@ class DeploymentPrices:
             hidden = dict(hidden) if hasattr(hidden, "keys") else {}
         deployment_id = str(hidden.get("model_id", ""))  # set by the Router from the config's deployment
         if deployment_id in self._deployments:
-            priced = self.for_deployment(deployment_id, body)
+            priced = self.for_deployment(deployment_id, body, charges)
             if priced is not None:
                 return priced
         cost = _price(hidden.get("response_cost"))
@@ -137,6 +192,15 @@ def deployment_prices(deployment: Mapping[str, Any]) -> Prices | None:
 
 def _price_map(deployment: dict[str, Any]) -> Prices | None:
     """The deployment's per-token prices in LiteLLM's local price map, or None when it has none."""
+    entry = _map_entry(deployment)
+    if entry is None:
+        return None
+    found = [_price(entry.get(k)) for k in _KEYS]
+    return Prices(found[0] or 0.0, found[1] or 0.0)
+
+
+def _map_entry(deployment: dict[str, Any]) -> dict[str, Any] | None:
+    """The deployment's entry in LiteLLM's local price map (the first with a per-token price), or None."""
     import litellm
 
     model = str((deployment.get("litellm_params") or {}).get("model") or "")
@@ -144,8 +208,6 @@ def _price_map(deployment: dict[str, Any]) -> Prices | None:
     provider, _, name = model.partition("/")
     for key in (base, model, name, f"{provider}/{base}" if base else None):
         entry = litellm.model_cost.get(key) if isinstance(key, str) and key else None
-        if isinstance(entry, dict):
-            found = [_price(entry.get(k)) for k in _KEYS]
-            if any(p is not None for p in found):
-                return Prices(found[0] or 0.0, found[1] or 0.0)
+        if isinstance(entry, dict) and any(_price(entry.get(k)) is not None for k in _KEYS):
+            return dict(entry)
     return None

@@ -1,7 +1,8 @@
 """`Route`: where a model name goes.
 
 Resolved from the config's `model_list`: every entry with one `model_name`
-forms one route. A route is local (an in-process vLLM engine: `vllm/...`),
+forms one route (a wildcard `model_name` one route per concrete model a line names:
+`gateway.config.wildcards`). A route is local (an in-process vLLM engine: `vllm/...`),
 upstream in real time (one call per line through LiteLLM's Router), or
 upstream-native (shards forwarded as provider batch jobs).
 """
@@ -44,6 +45,14 @@ class Route:
     # The typed config entries of this model_name (os.environ/ already resolved), all of this route's
     # kind: a local route has one, an upstream route one per load-balanced deployment.
     entries: list[Entry] = field(default_factory=list)
+    # The model_name as written in model_list when this route is one concrete model of a wildcard route
+    # (`gateway.config.wildcards.derived`): the pattern, e.g. `openai/*`; None for a route written by name.
+    group: str | None = None
+
+    @property
+    def declared(self) -> str:
+        """The `model_name` of model_list this route comes from (the pattern of a wildcard route)."""
+        return self.group if self.group is not None else self.model_name
 
     def model_list(self) -> list[dict[str, Any]]:
         """The entries as LiteLLM's Router takes them (its `model_list`), as written in the config."""

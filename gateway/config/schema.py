@@ -26,6 +26,7 @@ from gateway.config.litellm_file import INCLUDE, apply_environment, merge_includ
 from gateway.config.litellm_settings import check_litellm_settings
 from gateway.config.notices import Notice, split_litellm_settings, strict_refusal
 from gateway.config.problems import config_error
+from gateway.config.route_checks import check_aliases, check_fallbacks
 from gateway.config.routes import Route, RouteKind
 from gateway.config.sections import (
     ROUTER_SETTINGS,
@@ -37,6 +38,7 @@ from gateway.config.sections import (
     Team,
     check_router_settings,
 )
+from gateway.config.wildcards import Resolver, hidden_aliases, is_pattern
 from gateway.errors import ConfigError
 
 _ENV_PREFIX = "os.environ/"
@@ -78,12 +80,42 @@ class Config:
     # only the config `batchyard run --model` implies; a YAML config and the server keep OpenAI's.
     run_batch_rules: bool = False
 
+    # How a line's model resolves (alias, exact name, wildcard), LiteLLM's order; built on first use
+    _resolver: Resolver | None = field(default=None, repr=False, compare=False)
+
     @property
     def auth_enabled(self) -> bool:
         return bool(self.master_key or any(t.api_keys for t in self.batch.teams))
 
+    @property
+    def resolver(self) -> Resolver:
+        if self._resolver is None:
+            self._resolver = Resolver.build(self.routes, self.router_settings.get("model_group_alias") or {})
+        return self._resolver
+
     def route(self, model: str) -> Route | None:
-        return self.routes.get(model)
+        """The route a line's `model` takes: an alias's target, an exact model_name, else the most specific
+        wildcard route, materialised for this model (cached: `gateway.config.wildcards`)."""
+        route = self.routes.get(model)
+        if route is not None and not is_pattern(model) and model not in self.resolver.aliases:
+            return route  # the common case without a dictionary more
+        return self.resolver.route(model)
+
+    def lane(self, route_name: str) -> str:
+        """The model_name a shard of `route_name` queues under and workers host: the pattern of a wildcard
+        route's concrete model, else the name itself."""
+        route = self.route(route_name)
+        return route.declared if route is not None else route_name
+
+    def named_routes(self) -> dict[str, Route]:
+        """The routes by model_name as model_list writes them (wildcards as their pattern)."""
+        return {route.model_name: route for route in self.routes.values()}
+
+    def listed_models(self) -> list[str]:
+        """What /v1/models lists: every model_name, and each alias not written `hidden: true`."""
+        aliases = self.router_settings.get("model_group_alias") or {}
+        hidden = hidden_aliases(aliases)
+        return sorted(set(self.named_routes()) | {a for a in self.resolver.aliases if a not in hidden})
 
 
 def _resolve(value: Any, path: str, key: str) -> Any:
@@ -115,6 +147,11 @@ def _routes(entries: list[Entry], path: str) -> dict[str, Route]:
             raise ConfigError(path, f"model_list[{indexes[1]}].model_info.batch_mode",
                               f"model_name {name!r} mixes native and realtime deployments")
         kind = kinds.pop()
+        if kind is not RouteKind.UPSTREAM and is_pattern(name):
+            # an engine serves one model, a provider's batch job is priced and split per model: no wildcard
+            what = "a local (vllm/) model" if kind is RouteKind.LOCAL else "a native (batch_mode: native) route"
+            raise ConfigError(path, f"model_list[{indexes[0]}].model_name",
+                              f"{name!r} is a wildcard; {what} cannot be one (name each model)")
         if kind is RouteKind.LOCAL and len(indexes) > 1:
             raise ConfigError(path, f"model_list[{indexes[1]}]", f"local model {name!r} is listed twice")
         # The typed entries; LiteLLM gets litellm_params and model_info as written (Route.model_list).
@@ -122,7 +159,12 @@ def _routes(entries: list[Entry], path: str) -> dict[str, Route]:
     return routes
 
 
-def _check_teams(teams: list[Team], routes: dict[str, Route], path: str) -> None:
+def _check_teams(teams: list[Team], config: Config, path: str) -> None:
+    routes = config.routes
+
+    def known(model: str) -> bool:  # a model_name (a pattern too), an alias, or a model a wildcard serves
+        return model in routes or config.route(model) is not None
+
     seen: set[str] = set()
     for i, team in enumerate(teams):
         if not re.fullmatch(TEAM_ID_PATTERN, team.team_id):
@@ -134,12 +176,15 @@ def _check_teams(teams: list[Team], routes: dict[str, Route], path: str) -> None
             raise ConfigError(path, f"batch_settings.teams[{i}].team_id", f"duplicate team {team.team_id!r}")
         seen.add(team.team_id)
         for model in team.models or ():
-            if model not in routes:
+            if not known(model):
                 raise ConfigError(path, f"batch_settings.teams[{i}].models",
                                   f"{model!r} is not a model_name in model_list")
         for key in ("model_rpm_limit", "model_tpm_limit", "model_max_enqueued_requests"):
             for model in getattr(team, key):  # a limit on a model no line can name would never apply
-                if model not in routes:
+                if is_pattern(model):  # counted per concrete model a line names: a pattern's row never fills
+                    raise ConfigError(path, f"batch_settings.teams[{i}].{key}.{model}",
+                                      f"{model!r} is a wildcard; limits are per model: name each model")
+                if not known(model):
                     raise ConfigError(path, f"batch_settings.teams[{i}].{key}.{model}",
                                       f"{model!r} is not a model_name in model_list")
 
@@ -164,16 +209,20 @@ def parse_config(raw: Any, path: str = "<config>", *, strict: bool = False) -> C
     if notices and (strict or file.batch_settings.strict_config):
         raise strict_refusal(notices, path)
     routes = _routes(file.model_list, path)
-    _check_teams(file.batch_settings.teams, routes, path)
-    return Config(
+    router_settings = check_router_settings(file.router_settings, path)
+    check_aliases(router_settings.get("model_group_alias"), routes, path)
+    config = Config(
         path=path,
         routes=routes,
-        router_settings=check_router_settings(file.router_settings, path),
+        router_settings=router_settings,
         litellm_settings=check_litellm_settings(file.litellm_settings, path),
         master_key=file.general_settings.master_key,
         batch=file.batch_settings,
         notices=notices,
     )
+    check_fallbacks(router_settings, config.route, path)
+    _check_teams(file.batch_settings.teams, config, path)
+    return config
 
 
 def load_config(path: str | Path, *, strict: bool = False) -> Config:

@@ -159,6 +159,15 @@ class BatchSettings(Strict):
     """Bytes per line; a longer line is cut off as it is read (never held whole) and is `invalid_request`."""
     max_errors_listed: PositiveInt = 1_000
     """Validation errors listed on a failed batch."""
+    max_estimates_per_team: PositiveInt = 2
+    """`GET /v1/files/{id}/cost_estimate` calls one team may have running at once on an API process (they
+    share the validation processes with every team's batches); past it 429 `too_many_estimates`."""
+    max_results_page_bytes: PositiveInt = 16 * 1024 * 1024
+    """Bytes of one page of `GET /v1/batches/{id}/results` (besides its `limit` of lines): a page ends
+    before the line that would pass it (a page always holds one line at least), with `x-has-more: true`."""
+    max_passthrough_reply_bytes: PositiveInt = 64 * 1024 * 1024
+    """Bytes of an upstream reply the pass-through (OpenAI-wire routes) reads; a longer reply fails its
+    line with `upstream_reply_too_large`, read no further."""
     shard_size: PositiveInt = 1_000
     """Requests per shard: the unit of work, retry and takeover."""
     max_concurrency: PositiveInt = 128

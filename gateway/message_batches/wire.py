@@ -2,8 +2,9 @@
 anthropic SDK's `MessageBatch` type reads, and Anthropic's error shape.
 
 Only the envelope is checked at create (`requests` within Anthropic's limits, each `custom_id` by its rule,
-`params` an object), as Anthropic checks it; each request's `params` are checked per request while the batch
-runs, and a bad one is that request's `errored` result, never a failed batch.
+`params` an object), as Anthropic checks it, request by request as the body is read (`envelope`); each
+request's `params` are checked per request while the batch runs, and a bad one is that request's `errored`
+result, never a failed batch.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, StringConstraints
 
-from gateway.json_codec import dumps_checked
 from gateway.pipeline.validate import MAX_LINE_DEPTH
 from gateway.records import BatchStatus
 from gateway.store.objects import BatchRecord
@@ -50,56 +50,13 @@ class MessageBatchRequest(BaseModel):
     params: dict[str, Any]
 
 
-class CreateMessageBatch(BaseModel):
-    """The body of `POST /v1/messages/batches`."""
-
-    model_config = ConfigDict(extra="forbid")
-    requests: Annotated[list[MessageBatchRequest], Field(min_length=1, max_length=MAX_REQUESTS)]
-
-
 class EnvelopeError(ValueError):
     """A create body Anthropic refuses whole (400 invalid_request_error); the message names the field."""
-
-
-def parse_create(data: Any) -> CreateMessageBatch:
-    """The create body checked as Anthropic checks it, or an `EnvelopeError` naming the first problem
-    (`requests.3.custom_id: String should match pattern …`, pydantic's words, as Anthropic's replies are)."""
-    try:
-        body = CreateMessageBatch.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise EnvelopeError(f"{where}: {first['msg']}") from None
-    seen: set[str] = set()
-    for i, request in enumerate(body.requests):
-        if request.custom_id in seen:
-            raise EnvelopeError(f"requests.{i}.custom_id: Duplicate custom_id '{request.custom_id}'; each "
-                                "request in a Message Batch needs a unique custom_id.")
-        seen.add(request.custom_id)
-    return body
 
 
 def input_line(request: MessageBatchRequest) -> dict[str, Any]:
     """The pipeline's input line for one request: a `/v1/messages` call with its params as the body."""
     return {"custom_id": request.custom_id, "method": "POST", "url": "/v1/messages", "body": request.params}
-
-
-def input_chunks(body: CreateMessageBatch, per_chunk: int) -> list[bytes]:
-    """The pipeline's input file for `body`: its requests' input lines, `per_chunk` JSON lines a chunk; an
-    `EnvelopeError` for a request whose params nest deeper than `MAX_PARAMS_DEPTH`. The bound is checked
-    line by line as each is written (`dumps_checked`: a count of brackets, a walk only past it), never by a
-    walk of the whole body."""
-    chunks: list[bytes] = []
-    for start in range(0, len(body.requests), per_chunk):
-        lines: list[bytes] = []
-        for i in range(start, min(start + per_chunk, len(body.requests))):
-            try:
-                lines.append(dumps_checked(input_line(body.requests[i]), MAX_LINE_DEPTH))
-            except ValueError:
-                raise EnvelopeError(f"requests.{i}.params: nested more than {MAX_PARAMS_DEPTH} levels deep.") from None
-        lines.append(b"")
-        chunks.append(b"\n".join(lines))
-    return chunks
 
 
 def rfc3339(at: int | None) -> str | None:
@@ -138,7 +95,6 @@ def batch_object(rec: BatchRecord, request_counts: dict[str, int], results_url: 
 
 __all__ = [
     "COMPLETION_WINDOW", "CUSTOM_ID_PATTERN", "ERROR_TYPES", "MAX_BODY_BYTES", "MAX_PARAMS_DEPTH", "MAX_REQUESTS",
-    "CreateMessageBatch", "EnvelopeError", "MessageBatchRequest", "batch_object", "error_body", "error_type",
-    "input_chunks", "input_line",
-    "parse_create", "processing_status", "rfc3339",
+    "EnvelopeError", "MessageBatchRequest", "batch_object", "error_body", "error_type", "input_line",
+    "processing_status", "rfc3339",
 ]

@@ -202,7 +202,8 @@ class _Estimator:
         return True
 
     def _count(self, req: BatchRequest) -> None:
-        route = self._config.routes[req.model]
+        route = self._config.route(req.model)
+        assert route is not None  # the checker let the line through: its model has a route
         counter = self._counters.get(route.model_name)
         if counter is None:
             counter = self._counters[route.model_name] = counter_for(route)

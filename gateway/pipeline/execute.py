@@ -254,7 +254,7 @@ class ShardRunner:
         else:
             results = backend.execute(todo)
 
-        route = self.config.routes.get(shard.route)  # priced once per shard: results come by the thousand
+        route = self.config.route(shard.route)  # priced once per shard: results come by the thousand
         prices = route_prices(route.model_info.litellm_keys) if route is not None else None
 
         async def consume() -> None:

@@ -25,7 +25,7 @@ from gateway.pipeline.lifecycle import (
 )
 from gateway.pipeline.merge import merge_shards, seal_shard
 from gateway.records import BatchStatus, Shard
-from gateway.store.objects import BatchFields, FileRecord, now
+from gateway.store.objects import BatchFields, FileRecord, now, storage_team
 from gateway.store.protocols import Blobs, Coordination, Store
 
 log = logging.getLogger("batchyard.finalizer")
@@ -91,6 +91,9 @@ class Finalizer:
             size = await self.blobs.size(key) or 0
             await self.store.files.put(FileRecord(file_id, batch.files_owner, size, created, f"{batch_id}_{what}.jsonl",
                                                  "batch_output", expires_at, key))
+            # Counted against the team's storage as its uploads are (never refused: the run is done; the next
+            # upload or create is): a finalizer run again writes the same entry.
+            await self.store.storage.settle(storage_team(batch.owner), file_id, size)
             if what == "output":
                 fields["output_file_id"] = file_id
             else:

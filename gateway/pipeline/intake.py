@@ -42,10 +42,10 @@ from gateway.pipeline.validate import LINE_SLACK, count_routes
 from gateway.records import BatchStatus, Endpoint, Shard, new_id
 from gateway.store.faults import machine_fault
 from gateway.store.lines import Overlong, split_lines
-from gateway.store.objects import BatchOptions, BatchRecord, FileRecord, RequestCounts, now
+from gateway.store.objects import BatchOptions, BatchRecord, FileRecord, RequestCounts, now, storage_team
 from gateway.store.protocols import Blobs, Coordination, Queue, Store
 from gateway.store.quota import MAX_ACTIVE_BATCHES, MODEL_MAX_ENQUEUED_REQUESTS, TeamLimits, over_model
-from gateway.store.storage import StorageMeter
+from gateway.store.storage import StorageMeter, over_limit
 
 log = logging.getLogger("batchyard.service")
 
@@ -93,8 +93,8 @@ class BatchService:
         key = f"files/{file_id}"
         limit = self.config.batch.limits.max_file_bytes
         size = 0
-        meter = StorageMeter(self.store.storage, owner, file_id,
-                             self._storage_limits.get(owner, self.config.batch.max_file_storage_bytes))
+        team = storage_team(owner)  # one account per team, whatever door made the file
+        meter = StorageMeter(self.store.storage, team, file_id, self.storage_limit(team))
         try:
             async with self.blobs.writing(key) as writer:  # refused or failed: the blob is aborted, never kept
                 async for chunk in meter.metered(chunks):
@@ -106,10 +106,29 @@ class BatchService:
             rec = FileRecord(file_id, owner, size, created, filename, purpose, expires_at, key)
             await self.store.files.put(rec)
         except BaseException:
-            await self.store.storage.release(owner, file_id)
+            await self.store.storage.release(team, file_id)
             raise
-        await self.store.storage.settle(owner, file_id, size)
+        await self.store.storage.settle(team, file_id, size)
         return rec
+
+    def storage_limit(self, team: str) -> int | None:
+        return self._storage_limits.get(team, self.config.batch.max_file_storage_bytes)
+
+    async def check_room(self, owner: str, size: int) -> None:
+        """Before a door reads a body of `size` bytes (its declared length): refused at once (429) when the
+        team's budget is spent, its active batches are at their limit or its storage has no room for it;
+        the upload and `create_batch` check again, atomically, as the bytes come."""
+        await self._check_budget(owner)
+        limits = self._limits.get(owner)
+        if limits is not None and limits.max_active_batches is not None:
+            usage = await self.quotas.usage(owner)
+            if usage.active_batches + 1 > limits.max_active_batches:
+                raise self._over_active(owner, limits, usage.active_batches)
+        team = storage_team(owner)
+        if (room := self.storage_limit(team)) is not None:
+            used = await self.store.storage.used(team)
+            if used + size > room:
+                raise over_limit(team, room, used)
 
     async def set_file_expiry(self, rec: FileRecord, expires_after: ExpiresAfter) -> FileRecord:
         """A stored file's `expires_after`, given after its bytes (a form field after the file part)."""
@@ -124,13 +143,14 @@ class BatchService:
         rec = await self.store.files.get(file_id, owner)
         if rec is None:
             return False
-        await self.store.storage.hold(rec.owner, file_id)  # a crash from here on cannot leave its bytes counted
+        team = storage_team(rec.owner)
+        await self.store.storage.hold(team, file_id)  # a crash from here on cannot leave its bytes counted
         if not await self.store.files.delete(file_id, owner):
             return False
         await self.blobs.delete(rec.blob_key)
         if (batch_id := results_batch(rec)) is not None:  # the results' order goes with the files it orders
             await self.blobs.delete(order_key(batch_id))
-        await self.store.storage.release(rec.owner, file_id)  # its bytes are free once they are gone
+        await self.store.storage.release(team, file_id)  # its bytes are free once they are gone
         return True
 
     async def delete_expired_files(self) -> int:
@@ -188,11 +208,7 @@ class BatchService:
 
     async def _admit(self, batch: BatchRecord, source: FileRecord) -> None:
         """Count the batch against its team's quotas, or refuse it (429, the code names the quota)."""
-        if await self.budgets.over(batch.owner):
-            spent, limit = await self.budgets.spent(batch.owner), self.budgets.limit(batch.owner)
-            raise OverQuota(f"Budget has been exceeded for team {batch.owner!r}: spent {spent:.6f} USD, max_budget "
-                            f"{limit} USD. New batches are refused until the budget period resets.",
-                            code="budget_exceeded")
+        await self._check_budget(batch.owner)
         limits = self._limits.get(batch.owner)
         if limits is None or limits == TeamLimits():
             return
@@ -204,9 +220,7 @@ class BatchService:
             return
         usage = await self.quotas.usage(batch.owner)
         if refused == MAX_ACTIVE_BATCHES:
-            raise OverQuota(f"Active batch limit reached for team {batch.owner!r}. Limit: {limits.max_active_batches} "
-                            f"active batches ({usage.active_batches} now). Try again once a batch has finished.",
-                            code="max_active_batches_exceeded")
+            raise self._over_active(batch.owner, limits, usage.active_batches)
         if refused == MODEL_MAX_ENQUEUED_REQUESTS:
             model = over_model(usage, by_model, limits) or "?"  # the usage read again: it may have moved since
             raise OverQuota(f"Enqueued request limit reached for {model} for team {batch.owner!r}. Limit: "
@@ -218,6 +232,19 @@ class BatchService:
                         f"{limits.max_enqueued_requests} enqueued requests ({usage.enqueued_requests} enqueued, this "
                         f"batch has {requests}). Try again once some in_progress batches have completed.",
                         code="max_enqueued_requests_exceeded")
+
+    async def _check_budget(self, owner: str) -> None:
+        if await self.budgets.over(owner):
+            spent, limit = await self.budgets.spent(owner), self.budgets.limit(owner)
+            raise OverQuota(f"Budget has been exceeded for team {owner!r}: spent {spent:.6f} USD, max_budget "
+                            f"{limit} USD. New batches are refused until the budget period resets.",
+                            code="budget_exceeded")
+
+    @staticmethod
+    def _over_active(owner: str, limits: TeamLimits, active: int) -> OverQuota:
+        return OverQuota(f"Active batch limit reached for team {owner!r}. Limit: {limits.max_active_batches} "
+                         f"active batches ({active} now). Try again once a batch has finished.",
+                         code="max_active_batches_exceeded")
 
     async def _count_lines(self, source: FileRecord, per_model: bool) -> tuple[int, dict[str, int]]:
         """The file's lines (a blank line counts too), and with `per_model` its lines per route, streamed.

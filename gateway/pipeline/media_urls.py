@@ -9,17 +9,24 @@ is allowed only for a host the model's `model_info.allowed_media_domains` lists 
 is or resolves to a private, loopback, link-local or otherwise non-public address. `data:` URLs carry
 their bytes inline and are always fine; `file:` is vLLM's own rule (`allowed_local_media_path`).
 
-The OpenAI-wire pass-through sends the body to the provider as bytes: the provider fetches, not us, so
-that path does not check.
+Where the line goes decides who fetches. The OpenAI-wire pass-through (and a Messages line bridged onto it)
+sends the body as bytes: on a public provider's own host (no `api_base`, or the host the provider documents:
+LiteLLM's default `api_base` for it) the provider fetches from its own network, not ours, so those lines are
+not walked. A route whose `api_base` is anything else (the operator's vLLM, a `hosted_vllm/` or
+`custom_openai/` server, an `openai/` entry pointed at a private address or at any host not a provider's)
+is internal: the server it reaches fetches from inside, so its lines get the same rule as the gateway's own
+fetches. A route's class is decided once, when the backend starts (`internal_deployment`, then
+`resolves_private` for the public-looking hosts: one DNS lookup per host, never one per line).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
 import socket
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -30,6 +37,7 @@ from gateway.records import BatchRequest, Result
 _URL_KEYS = frozenset({"url", "image_url", "audio_url", "video_url", "file_url"})
 _INLINE_SCHEMES = frozenset({"data", "file"})
 _MAX_DEPTH = 64  # message content is shallow; a deeper body is walked no further (validation bounds it anyway)
+_START_LOOKUP_SECONDS = 3.0  # a route's api_base host, looked up once when its backend starts
 _RESOLVED_FOR = 60.0  # seconds a host's addresses are trusted before they are looked up again
 
 _resolved: dict[str, tuple[float, bool]] = {}  # host -> (when, every address public)
@@ -107,4 +115,77 @@ async def refused_media(req: BatchRequest, body: dict[str, Any], allowed_hosts: 
                              param=param)
 
 
-__all__ = ["fetched_urls", "media_refusal", "refused_media"]
+# The hosts a provider documents for its API where LiteLLM leaves the default `api_base` to its SDK (None from
+# `get_llm_provider`); for the rest LiteLLM's own default is the provider's host. Azure's hosts are the
+# operator's resources under Microsoft's domains.
+_PROVIDER_HOSTS = {"openai": "api.openai.com", "text-completion-openai": "api.openai.com",
+                   "anthropic": "api.anthropic.com", "gemini": "generativelanguage.googleapis.com"}
+_PROVIDER_SUFFIXES = {"azure": (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com"),
+                      "azure_text": (".openai.azure.com", ".cognitiveservices.azure.com")}
+# Providers that are by nature an operator's own server: no host of theirs is public.
+_SELF_HOSTED = frozenset({"hosted_vllm", "custom_openai", "vllm", "ollama", "ollama_chat", "lm_studio",
+                          "llamafile", "openai_like", "litellm_proxy", "xinference", "triton"})
+
+
+def _provider_host(provider: str) -> str | None:
+    """The host of the provider's documented public API, or None when it has none (a self-hosted kind)."""
+    if provider in _PROVIDER_HOSTS:
+        return _PROVIDER_HOSTS[provider]
+    from litellm import get_llm_provider  # lazy: LiteLLM is imported by the backend that asks
+
+    try:
+        default = get_llm_provider(f"{provider}/model")[3]
+    except Exception:  # an unknown provider has no public host here
+        return None
+    return (urlsplit(default).hostname or "").lower() or None if isinstance(default, str) else None
+
+
+def api_host(params: Mapping[str, Any]) -> str | None:
+    """The host a deployment's calls go to when the config (or LiteLLM's environment) sets one; None: the
+    provider's SDK default."""
+    provider = str(params.get("model") or "").partition("/")[0]
+    base = params.get("api_base") or params.get("base_url")
+    if not base:  # LiteLLM and the providers' SDKs read these when the entry names none
+        names = [f"{provider.upper()}_API_BASE", f"{provider.upper()}_BASE_URL"]
+        base = next((os.environ[n] for n in names if os.environ.get(n)), None)
+    if not isinstance(base, str) or not base:
+        return None
+    try:
+        return (urlsplit(base).hostname or "").lower()
+    except ValueError:
+        return ""
+
+
+def internal_deployment(params: Mapping[str, Any]) -> bool:
+    """Whether a deployment's server is the operator's own (not a public provider's documented host), by name.
+
+    A public-looking host may still resolve to a private address: `resolves_private` checks that, once."""
+    provider = str(params.get("model") or "").partition("/")[0]
+    host = api_host(params)
+    if provider in _SELF_HOSTED:
+        return True
+    if host is None:
+        return False  # the provider's own default host
+    try:
+        if not _public(host):
+            return True  # an address written as such: private, loopback or link-local
+    except ValueError:
+        pass
+    if host.endswith(_PROVIDER_SUFFIXES.get(provider, ())):
+        return False
+    return host != _provider_host(provider)
+
+
+async def resolves_private(host: str) -> bool:
+    """Whether `host` resolves to a non-public address now (looked up once, when a backend starts). A name
+    that does not resolve (or not within a few seconds: a start must not hang on DNS) counts as public: no
+    call to it can be made either."""
+    try:
+        infos = await asyncio.wait_for(
+            asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM), _START_LOOKUP_SECONDS)
+    except (OSError, TimeoutError):
+        return False
+    return any(not _public(str(info[4][0])) for info in infos)
+
+
+__all__ = ["api_host", "fetched_urls", "internal_deployment", "media_refusal", "refused_media", "resolves_private"]

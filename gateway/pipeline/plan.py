@@ -168,7 +168,7 @@ class Planner:
                     await self._answer(checked)
                 elif isinstance(checked, BatchRequest):
                     self.outcome.models.add(checked.model)
-                    await self._append(self._config.routes[checked.model].model_name, data)
+                    await self._append(self._route_name(checked.model), data)
         return self._finish_read()
 
     def _finish_read(self) -> None:
@@ -195,6 +195,13 @@ class Planner:
             if checked is not None:
                 out.append((line, checked, data))
         return out
+
+    def _route_name(self, model: str) -> str:
+        """The shard route of a checked line: its route's model_name (an alias's target; a wildcard route's
+        concrete model, so each model a wildcard serves has its own shards, counts and costs)."""
+        route = self._config.route(model)
+        assert route is not None  # the checker let the line through: its model has a route
+        return route.model_name
 
     async def _append(self, route: str, data: bytes) -> None:
         if self.outcome.failed:

@@ -10,7 +10,8 @@ The cursor counts by `seq` (the ledger numbers each journaled result 1, 2, …).
 every result with a larger seq is new. `"{seq}.{pos}"` (from the files): the order blob's entries from
 `pos` on whose seq is larger, or 0 (a line answered at validation never enters the log, so no reader saw
 it while the batch ran). A cursor taken while the batch ran carries over to its files: only the results
-it had not seen come. Memory: one page (`limit` lines) and one line of each file, whatever the batch holds.
+it had not seen come. Memory: one page (`limit` lines, and at most `max_bytes` of them past its first line)
+and one line of each file, whatever the batch holds.
 """
 
 from __future__ import annotations
@@ -57,28 +58,40 @@ class ResultsPage:
     has_more: bool  # more results are recorded already (a running batch may record more later)
 
 
-async def results_page(store: Store, blobs: Blobs, batch: BatchRecord, after: Cursor, limit: int) -> ResultsPage:
+async def results_page(store: Store, blobs: Blobs, batch: BatchRecord, after: Cursor, limit: int,
+                       max_bytes: int | None = None) -> ResultsPage:
+    """Up to `limit` lines from `after`, ending before the line that would take the page past `max_bytes`
+    (its first line always comes, whatever its size: a page never stops a reader for good)."""
+    room = max_bytes if max_bytes is not None else -1
     if not batch.status.finished:
         # The finalizer drops the log only after the batch reads finished: a reader that saw it running finds
         # the log, or (if it lost the race) an empty page and the same cursor, and the files next time.
         logged = await store.ledger.logged(batch.id, after.seq, limit + 1)
-        page = logged[:limit]
         errors_inline = batch.options.run_batch_errors
-        lines = [_marked(r.ok, dumps(r.output_line(errors_inline))) for r in page]
-        return ResultsPage(lines, Cursor(page[-1].seq) if page else Cursor(after.seq), len(logged) > limit)
-    return await _from_files(store, blobs, batch, after, limit)
+        lines: list[bytes] = []
+        size = 0
+        for result in logged[:limit]:
+            line = _marked(result.ok, dumps(result.output_line(errors_inline)))
+            if lines and 0 <= room < size + len(line):
+                break
+            lines.append(line)
+            size += len(line)
+        seq = logged[len(lines) - 1].seq if lines else after.seq
+        return ResultsPage(lines, Cursor(seq), len(logged) > len(lines))
+    return await _from_files(store, blobs, batch, after, limit, room)
 
 
 def _marked(ok: bool, line: bytes) -> bytes:
     return (_OUTPUT if ok else _ERROR) + line[1:] + b"\n"
 
 
-async def _from_files(store: Store, blobs: Blobs, batch: BatchRecord, after: Cursor, limit: int) -> ResultsPage:
+async def _from_files(store: Store, blobs: Blobs, batch: BatchRecord, after: Cursor, limit: int,
+                      room: int) -> ResultsPage:
     start = after.pos or 0
     out = await _file_lines(store, batch, batch.output_file_id, blobs)
     err = await _file_lines(store, batch, batch.error_file_id, blobs)
     lines: list[bytes] = []
-    index = 0
+    index = size = 0
     async for seq, ok in _order(blobs, batch):
         fresh = index >= start and (seq == 0 or seq > after.seq)
         if fresh and len(lines) >= limit:
@@ -89,7 +102,11 @@ async def _from_files(store: Store, blobs: Blobs, batch: BatchRecord, after: Cur
         if line is None:
             raise _deleted(batch)
         if fresh:
-            lines.append(_marked(ok, line))
+            marked = _marked(ok, line)
+            if lines and 0 <= room < size + len(marked):
+                return ResultsPage(lines, Cursor(after.seq, index), True)
+            lines.append(marked)
+            size += len(marked)
         index += 1
     return ResultsPage(lines, Cursor(after.seq, max(index, start)), False)
 

@@ -14,8 +14,10 @@ from typing import Any
 
 import orjson
 
+from gateway.config.routes import Route
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_url
+from gateway.config.wildcards import team_allows
 from gateway.errors import LineCode, LineError, shown
 from gateway.json_codec import loads_checked
 from gateway.pipeline.body_fields import check_body
@@ -60,11 +62,19 @@ class LineChecker:
         self._config = config
         self._endpoint = endpoint  # the batch's endpoint; None: any (the CLI)
         self._allowed = set(allowed_models) if allowed_models is not None else None
+        self._allows: dict[str, bool] = {}  # model -> may the team use it (patterns matched once per model)
         self._seen: set[str] = set()
         # run_batch answers a repeated custom_id line by line; OpenAI rejects the file. Either way we count them.
         self._allow_duplicates = allow_duplicates
         self.repeats = 0
         self.first_repeat: tuple[str, int] | None = None  # (custom_id, line) of the first repeat, for the warning
+
+    def _may_use(self, model: str, route: Route) -> bool:
+        allowed = self._allows.get(model)
+        if allowed is None:
+            assert self._allowed is not None
+            allowed = self._allows[model] = team_allows(self._allowed, model, route)
+        return allowed
 
     def check(self, raw: bytes | Overlong, line: int) -> BatchRequest | LineError | LineProblem | None:
         """One physical line (without its newline; an `Overlong` when it was too long to keep); None for a
@@ -149,7 +159,7 @@ class LineChecker:
             return problem(LineCode.STREAMING_UNSUPPORTED, "Streaming is not supported by the Batch API.",
                            "body.stream")
         route = self._config.route(model)
-        if route is None or (self._allowed is not None and route.model_name not in self._allowed):
+        if route is None or (self._allowed is not None and not self._may_use(model, route)):
             # OpenAI's "is not supported by the Batch API", with vLLM's "does not exist" (run_batch's wording)
             return problem(LineCode.MODEL_NOT_FOUND,
                            f"The provided model '{shown(model)}' does not exist or is not supported by the Batch API.",

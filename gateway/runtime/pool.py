@@ -33,7 +33,8 @@ class BackendPool:
             routes = [r for r in self._unique_routes() if r.kind is RouteKind.UPSTREAM]
             self._upstream = LiteLLMBackend(
                 routes, self._config.router_settings, self._config.batch.max_concurrency,
-                litellm_settings=self._config.litellm_settings,
+                litellm_settings=self._config.litellm_settings, resolve=self._config.route,
+                max_reply_bytes=self._config.batch.max_passthrough_reply_bytes,
             )
         return self._upstream
 
@@ -63,12 +64,15 @@ class BackendPool:
         """The route's backend, not started (for its hooks: no engine loads, no Router is built)."""
         backend = self._created.get(route_name)
         if backend is None:
-            backend = self._created[route_name] = self._create(self._config.routes[route_name])
+            route = self._config.route(route_name)  # a wildcard route's concrete model too
+            if route is None:
+                raise KeyError(route_name)
+            backend = self._created[route_name] = self._create(route)
         return backend
 
     def reporter(self, route_name: str) -> RouteReporter | None:
         """The route's backend if it summarises its route for the finalizer (the `RouteReporter` hook)."""
-        if route_name not in self._config.routes:
+        if self._config.route(route_name) is None:
             return None
         backend = self.peek(route_name)
         return backend if isinstance(backend, RouteReporter) else None

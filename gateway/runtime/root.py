@@ -209,7 +209,7 @@ async def open_embedded(
     coordination = SQLiteCoordination(db, holder=name)
     if owner:
         await coordination.reset()
-    queue = SQLiteQueue(db, consumer=name, weights=weights_of(config))
+    queue = SQLiteQueue(db, consumer=name, weights=weights_of(config), lane=config.lane)
     place = BlobPlace.of(data_dir / "blobs")
     return Runtime(config, store, place.open(), queue, coordination,
                    mode="embedded", name=name, routes=routes, heartbeat=1.0, sweep_every=1.0,
@@ -256,7 +256,8 @@ async def open_shared(
     await upgrade_key_layout(client, keys)  # an older version's fixed keys, where a team's could be
     name = name or worker_name()
     every = sorted({route.model_name for route in config.routes.values()})
-    queue = RedisStreamQueue(client, every, keys=keys, consumer=name, claim_idle=idle, weights=weights_of(config))
+    queue = RedisStreamQueue(client, every, keys=keys, consumer=name, claim_idle=idle, weights=weights_of(config),
+                             lane=config.lane)
     store = RedisStore(client, keys, owns_client=True, rate_window_seconds=config.batch.rate_window_seconds)
     place = BlobPlace.of(storage, endpoint_url=s3_endpoint_url)
     # A worker's heartbeat lives as long as its shards may stay idle: a shard is taken over only

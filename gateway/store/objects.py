@@ -88,6 +88,12 @@ def message_batch_files_owner(owner: str) -> str:
     return f"{owner}\x1f{MESSAGE_BATCH_KIND}"
 
 
+def storage_team(owner: str) -> str:
+    """The team whose storage quota a file of `owner` counts against: the team itself, whatever door made
+    the file (a Message Batch's files are owned apart only to keep them out of the team's files list)."""
+    return owner.partition("\x1f")[0]
+
+
 @dataclass(slots=True)
 class BatchRecord:
     id: str

@@ -4,7 +4,7 @@
   `ledger` (`ShardLedger`: shards, attempts, the result journal - results recorded per request, so a
   retried shard skips finished ones - and route stats), `backend_state`, `webhooks` (`WebhookDeliveries`),
   the teams' `quota` (`QuotaLedger`), `rates` (`RateWindows`), `storage` (`StorageLedger`) and `idempotency`
-  (`IdempotencyKeys`).
+  (`IdempotencyKeys`), and the dashboard's login `sessions` (`DashboardSessions`).
 - `Blobs`: file bytes by key (uploads, shard files, outputs).
 - `Queue`: shards waiting for a worker, and the ones workers hold.
 - `Coordination`: leases and worker heartbeats, for the steps two processes
@@ -28,6 +28,7 @@ from gateway.store.idempotency import IdempotencyEntry
 from gateway.store.objects import BatchFields, BatchRecord, Delivery, FileRecord, Page
 from gateway.store.quota import SpendTo, TeamLimits, TeamUsage
 from gateway.store.rates import Grant
+from gateway.store.sessions import Session
 from gateway.store.webhook_deliveries import WebhookDelivery
 
 
@@ -190,6 +191,17 @@ class IdempotencyKeys(Protocol):
         """The request `token` failed: its reservation (if still its own and not completed) goes."""
 
 
+class DashboardSessions(Protocol):
+    """The dashboard's login sessions (`gateway.store.sessions`), by the digest of their id."""
+
+    async def open(self, name: str, session: Session) -> None:
+        """Keep the session until its `expires_at`."""
+    async def get(self, name: str) -> Session | None:
+        """The session, or None when there is none or it has lapsed."""
+    async def close(self, name: str) -> None:
+        """End the session (logout); nothing happens for one that is gone."""
+
+
 class Store(Protocol):
     """The records, by concept. One object hands out the parts because they share one connection
     (one SQLite file, one Redis client) and the ledger writes the batches' counters atomically with its
@@ -197,7 +209,7 @@ class Store(Protocol):
     the teams' webhook deliveries (`gateway.store.webhook_deliveries`); `quota`: the teams' admitted
     batches and spend (`gateway.store.quota`); `rates`: their rpm/tpm windows (`gateway.store.rates`);
     `storage`: the bytes of their uploads (`gateway.store.storage`); `idempotency`: their idempotency keys
-    (`gateway.store.idempotency`)."""
+    (`gateway.store.idempotency`); `sessions`: the dashboard's logins (`gateway.store.sessions`)."""
 
     @property
     def files(self) -> FileStore: ...
@@ -217,6 +229,8 @@ class Store(Protocol):
     def storage(self) -> StorageLedger: ...
     @property
     def idempotency(self) -> IdempotencyKeys: ...
+    @property
+    def sessions(self) -> DashboardSessions: ...
     async def aclose(self) -> None: ...
 
 
@@ -288,6 +302,7 @@ __all__ = [
     "BlobWriter",
     "Blobs",
     "Coordination",
+    "DashboardSessions",
     "FileStore",
     "IdempotencyKeys",
     "Queue",

@@ -1,8 +1,10 @@
 """The teams' file storage: the `storage` part of the `Store` (both modes keep it beside the file records).
 
-What counts: the bytes of every file a team uploads (`POST /files`), from the moment its upload starts
-until the file is deleted (by the team, or by the sweep once it expires). Batch output and error files do
-not count: the gateway writes them, and they are bounded by the inputs that made them (and expire too).
+What counts: the bytes of every file stored for a team, whatever door made it: its uploads (`POST /files`,
+from the moment the upload starts), a Message Batch's input (kept out of the files list, `storage_team`), a
+retry's input, and every batch's output and error files (counted once written; they are never refused, the
+run being done, but the next upload or create is). Each counts until the file is deleted (by the team, or
+by the sweep once it expires).
 Files stored by a version without this ledger are not counted (nothing recorded their bytes here).
 
 An upload holds its running size as it streams (`StorageMeter`): each check sets the file's entry to the

@@ -244,6 +244,9 @@ def _answer(params: dict[str, Any]) -> dict[str, Any]:
     message = {"id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant",
                "model": params["model"], "content": [{"type": "text", "text": reply}], "stop_reason": "end_turn",
                "stop_sequence": None, "usage": {"input_tokens": prompt, "output_tokens": words(reply)}}
+    searched = directive(text, "searches")  # `#searches:N`: as if a web_search server tool ran N times
+    if searched:
+        message["usage"]["server_tool_use"] = {"web_search_requests": int(searched)}
     return {"type": "succeeded", "message": message}
 
 

@@ -158,7 +158,8 @@ def test_each_team_sees_only_its_own_webhook_deliveries(
 
 
 def _login(gw: Gateway, key: str) -> str:
-    reply = gw.http("POST", "/ui/login", data={"api_key": key}, follow_redirects=False)
+    reply = gw.http("POST", "/ui/login", data={"api_key": key}, headers={"Origin": gw.url},
+                    follow_redirects=False)
     assert reply.status_code in (302, 303), reply.text
     return str(reply.headers["set-cookie"].split(";", 1)[0])
 

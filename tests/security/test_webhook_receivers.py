@@ -208,6 +208,7 @@ def test_other_teams_deliveries_go_on_and_no_secret_is_shown(
 
 
 def _login(gw: Gateway, key: str) -> str:
-    reply = gw.http("POST", "/ui/login", data={"api_key": key}, follow_redirects=False)
+    reply = gw.http("POST", "/ui/login", data={"api_key": key}, headers={"Origin": gw.url},
+                    follow_redirects=False)
     assert reply.status_code in (302, 303), reply.text
     return str(reply.headers["set-cookie"].split(";", 1)[0])

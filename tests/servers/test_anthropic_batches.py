@@ -17,6 +17,7 @@ import pytest
 from anthropic import Anthropic
 from anthropic.types.messages import MessageBatch
 
+from gateway.config.sections import BatchSettings
 from gateway.message_batches.wire import MAX_BODY_BYTES, MAX_PARAMS_DEPTH
 from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, jsonl, start_gateway, wait_batch
@@ -177,10 +178,13 @@ def test_dashboard_and_metrics_count_a_message_batch(alpha: Anthropic, gateway: 
     assert batch.request_counts.succeeded == 3
     after = metric(gateway, "batchyard_requests_total", team="alpha", route=MODEL, status="200")
     assert after == before + 3
-    board = httpx.get(gateway.url + "/ui/api/batches", cookies={"batchyard_key": ALPHA}, timeout=10)
+    browser = httpx.Client(base_url=gateway.url, headers={"Origin": gateway.url}, timeout=10)
+    assert browser.post("/ui/login", data={"api_key": ALPHA}).status_code == 303  # a session cookie, kept
+    board = browser.get("/ui/api/batches")
     assert board.status_code == 200 and batch.id in board.json()["ids"]
     assert f"/ui/batches/{batch.id}/results" in board.json()["cards"][batch.id]
-    shown = httpx.get(f"{gateway.url}/ui/batches/{batch.id}/results", cookies={"batchyard_key": ALPHA}, timeout=10)
+    shown = browser.get(f"/ui/batches/{batch.id}/results")
+    browser.close()
     assert shown.status_code == 200 and len(shown.text.splitlines()) == 3
 
 
@@ -227,19 +231,21 @@ def test_a_bad_envelope_is_a_400_in_anthropics_shape(gateway: Gateway, case: str
     assert_anthropic_error(reply, 400, "invalid_request_error")
 
 
-def test_a_body_past_256_mb_is_a_413_as_anthropics(gateway: Gateway) -> None:
-    """Refused once the bytes read pass the limit (streamed here, without a length), never a 5xx."""
+def test_a_body_past_the_doors_limit_is_a_413_as_anthropics(gateway: Gateway) -> None:
+    """The limit is Anthropic's 256 MB or the operator's `max_file_bytes`, whichever is lower (200 MiB by
+    default): refused once the bytes read pass it (streamed here, without a length), never a 5xx."""
+    limit = min(MAX_BODY_BYTES, BatchSettings().max_file_bytes)
     chunk = b" " * (1 << 20)
 
     def body() -> Iterator[bytes]:
         yield b'{"requests": ['
-        for _ in range(MAX_BODY_BYTES // len(chunk) + 1):
+        for _ in range(limit // len(chunk) + 1):
             yield chunk
 
     reply = gateway.http("POST", "/v1/messages/batches", content=body(),
                          headers={"x-api-key": ALPHA, "content-type": "application/json"})
     assert_anthropic_error(reply, 413, "request_too_large")
-    assert str(MAX_BODY_BYTES) in reply.json()["error"]["message"]
+    assert str(limit) in reply.json()["error"]["message"]
 
 
 def test_errors_are_anthropics(alpha: Anthropic, gateway: Gateway) -> None:

@@ -57,7 +57,10 @@ def test_a_budget_crossed_mid_batch_stops_it_and_survives_a_restart(
             assert spend is not None and BUDGET <= spend <= ran * 7 * PRICE + 1e-9  # what ran, counted once
             assert metric(gw, "batchyard_team_max_budget_usd", team="thrifty") == BUDGET
             assert (metric(gw, "batchyard_team_quota_headroom", team="thrifty", quota="max_budget") or 0) <= 0
-            page = httpx.get(gw.url + "/ui", cookies={COOKIE: "sk-thrifty"}, timeout=10).text
+            with httpx.Client(base_url=gw.url, headers={"Origin": gw.url}, timeout=10) as browser:
+                assert browser.post("/ui/login", data={"api_key": "sk-thrifty"}).status_code == 303
+                assert COOKIE in browser.cookies
+                page = browser.get("/ui").text
             assert 'data-team="thrifty"' in page and f"/ ${BUDGET:g}" in page  # the dashboard: spend / budget
             assert 'data-team="other"' not in page  # a team sees its own standing only
             other = submit(gw.client("sk-other"), lines(2, "other", sleep_ms=0))  # other teams are not held

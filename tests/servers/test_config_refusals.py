@@ -34,7 +34,8 @@ def _settings(**batch_settings: Any) -> dict[str, Any]:
 
 
 REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
-    ("tpm beside litellm_params", _with(UPSTREAM, tpm=1000), "model_list[0].tpm", "unknown key"),
+    ("tpm beside a local entry's litellm_params", _with(LOCAL, tpm=1000), "model_list[0].tpm", "unknown key"),
+    ("tpm that is no count", _with(UPSTREAM, tpm="many"), "model_list[0].tpm", "integer"),
     ("a misspelt litellm_params", {"model_list": [{"model_name": "gpt", "litellm_parms": {"model": "openai/gpt"}}]},
      "model_list[0].litellm_parms", "unknown key; did you mean litellm_params?"),
     ("a typo of model_info", _with(UPSTREAM, modle_info={"id": "a"}), "model_list[0].modle_info", "model_info"),

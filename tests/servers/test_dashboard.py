@@ -118,8 +118,9 @@ def test_login_rejects_a_wrong_key(browser: Browser, gateway: Gateway) -> None:
 def test_team_watches_its_batch_and_other_team_sees_nothing(browser: Browser, gateway: Gateway) -> None:
     page = _login(browser, gateway, KEY_A)
     assert page.inner_text("#team") == "team-a"
-    cookie = next(c for c in page.context.cookies() if c["name"] == "batchyard_key")
+    cookie = next(c for c in page.context.cookies() if c["name"] == "batchyard_session")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/ui"
+    assert KEY_A not in cookie["value"]  # a session id, never the key
     assert KEY_A not in page.content()
     page.evaluate("window.__notReloaded = true")  # progress must arrive by polling, not by reloading
     problems: list[str] = []  # script errors and console errors (a CSP violation is one)
@@ -224,7 +225,7 @@ def test_team_watches_its_batch_and_other_team_sees_nothing(browser: Browser, ga
     # Log out: the session ends, and the page sends back to the form.
     page.click("text=Log out")
     page.wait_for_url(re.compile(r".*/ui/login$"))
-    assert [c for c in page.context.cookies() if c["name"] == "batchyard_key"] == []
+    assert [c for c in page.context.cookies() if c["name"] == "batchyard_session"] == []
     page.goto(gateway.url + "/ui")
     assert page.url.endswith("/ui/login")
     page.context.close()

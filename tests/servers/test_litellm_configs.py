@@ -140,8 +140,6 @@ def test_strict_config_refuses_an_example_before_anything_starts(upstream: Upstr
     assert not (tmp_path / "out").exists() and upstream.stats()["requests"] == before
 
 
-@pytest.mark.xfail(strict=True, reason="needs_route_resolution: issue 33 Must 1 (helper A): a model without a "
-                   "provider prefix (gpt-3.5-turbo) and tpm/rpm beside litellm_params; remove this mark on merge")
 @pytest.mark.usefixtures("own_environment")
 def test_load_balancer_example_loads(upstream: Upstream) -> None:
     os.environ["FAKE_OPENAI_API_BASE"] = upstream.v1_url

@@ -24,7 +24,7 @@ import pytest
 from gateway.records import Shard
 from gateway.store.objects import Delivery
 from gateway.store.protocols import Coordination, Queue
-from gateway.store.redis.connection import open_redis
+from gateway.store.redis.connection import connect_redis, open_redis
 from gateway.store.redis.coordination import RedisCoordination
 from gateway.store.redis.queue import RedisStreamQueue
 from gateway.store.sqlite.coordination import SQLiteCoordination
@@ -180,3 +180,40 @@ async def test_shared_queue_and_coordination_answer_as_embedded_ones_do(
         got = await SCENARIOS[concept](open_)
     for i, (e, g) in enumerate(zip(expected, got, strict=True)):
         assert g == e, f"{concept}, step {i}"
+
+
+def _lane(route: str) -> str:
+    """As `Config.lane`: the concrete models of a wildcard route (here `w-…`) queue under its pattern."""
+    return "*" if route.startswith("w-") else route
+
+
+async def test_a_wildcard_routes_models_queue_under_its_pattern(redis_server: RedisServer, tmp_path: Path) -> None:
+    async def scenario(queue: Queue) -> list[Any]:
+        for shard in [Shard("batch_1", 0, "w-gpt-4o", 1, "t", 100), Shard("batch_1", 1, "w-claude", 1, "t", 100),
+                      Shard("batch_1", 2, "api", 1, "t", 100)]:
+            await queue.put(shard)
+        out: list[Any] = [await queue.counts()]
+        taken = [await queue.get({"*"}, timeout=0.1) for _ in range(3)]  # a worker hosting the pattern
+        out.append([d.shard.route if d is not None else None for d in taken])  # each shard keeps its own route
+        for delivery in taken:
+            if delivery is not None:
+                await queue.ack(delivery)
+        out.append(await queue.counts())
+        return out
+
+    embedded = SQLiteQueue(tmp_path / "q.sqlite3", consumer="a", lane=_lane)
+    try:
+        expected = await scenario(embedded)
+    finally:
+        await embedded.aclose()
+    with redis_server.client() as c:
+        c.flushall()
+    client = connect_redis(redis_server.url)
+    shared = RedisStreamQueue(client, ("*", "api"), consumer="a", claim_idle=CLAIM_IDLE, lane=_lane)
+    try:
+        got = await scenario(shared)
+    finally:
+        await shared.aclose()
+        await client.aclose()
+    assert expected == got
+    assert expected[0][0] == {"*": 2, "api": 1} and expected[1] == ["w-gpt-4o", "w-claude", None]

@@ -177,13 +177,13 @@ def test_retry_completes_lines_that_failed_the_first_time(gateway: Gateway, requ
     assert not more and ids(page) == ids(retried) and {x["kind"] for x in page} == {"output"}
 
     # The dashboard links each batch's results, for its own team only.
-    with httpx.Client(base_url=gateway.url, timeout=30) as browser:
+    with httpx.Client(base_url=gateway.url, headers={"Origin": gateway.url}, timeout=30) as browser:
         assert browser.post("/ui/login", data={"api_key": "sk-alpha"}).status_code == 303
         link = f"/ui/batches/{again.id}/results"
         assert f'href="{link}"' in browser.get("/ui").text
         shown = browser.get(link)
         assert shown.status_code == 200 and [json.loads(x) for x in shown.text.splitlines()] == page
-    with httpx.Client(base_url=gateway.url, timeout=30) as stranger:
+    with httpx.Client(base_url=gateway.url, headers={"Origin": gateway.url}, timeout=30) as stranger:
         stranger.post("/ui/login", data={"api_key": "sk-beta"})
         assert stranger.get(f"/ui/batches/{again.id}/results").status_code == 404
 

@@ -27,6 +27,7 @@ from gateway.store.protocols import Store
 from gateway.store.quota import SpendTo, TeamLimits
 from gateway.store.redis.connection import connect_redis, open_redis
 from gateway.store.redis.store import RedisStore
+from gateway.store.sessions import Session, session_name
 from gateway.store.sqlite.store import SQLiteStore
 from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisClusterServers, RedisServer
 
@@ -294,10 +295,31 @@ async def _idempotency(store: Store) -> list[Any]:
     return out
 
 
+async def _sessions(store: Store) -> list[Any]:
+    """Every `DashboardSessions` call: a session reads back as opened until it lapses or is closed; another
+    name reads nothing; opening a name again replaces it; closing what is gone is fine."""
+    sessions, out = store.sessions, []
+    now = time.time()
+    a, b = session_name("cookie-a"), session_name("cookie-b")
+    await sessions.open(a, Session("digest-a", now + 60))
+    await sessions.open(b, Session("digest-b", now + 0.2))
+    out.append([await sessions.get(a) == Session("digest-a", now + 60),
+                (await sessions.get(b) or Session("", 0)).key_digest, await sessions.get(session_name("cookie-c"))])
+    await asyncio.sleep(0.3)
+    out.append(await sessions.get(b))  # lapsed
+    await sessions.open(a, Session("digest-a2", now + 60))
+    out.append((await sessions.get(a) or Session("", 0)).key_digest)
+    await sessions.close(a)
+    await sessions.close(a)
+    out.append([await sessions.get(a), await sessions.get(b)])
+    assert out == [[True, "digest-b", None], None, "digest-a2", [None, None]]
+    return out
+
+
 SCENARIOS: dict[str, Callable[[Store], Awaitable[list[Any]]]] = {
     "files": _files, "batches": _batches, "batch_kinds": _batch_kinds, "ledger": _ledger,
     "backend_state": _backend_state, "quota": _quota,
-    "rates": _rates, "idempotency": _idempotency,
+    "rates": _rates, "idempotency": _idempotency, "sessions": _sessions,
 }
 
 

@@ -184,7 +184,8 @@ async def test_a_batch_that_expires_while_validating_is_announced_expired(upstre
 
 
 def _login(gw: Gateway, key: str) -> str:
-    reply = gw.http("POST", "/ui/login", data={"api_key": key}, follow_redirects=False)
+    reply = gw.http("POST", "/ui/login", data={"api_key": key}, headers={"Origin": gw.url},
+                    follow_redirects=False)
     assert reply.status_code in (302, 303), reply.text
     cookie = reply.headers["set-cookie"].split(";", 1)[0]
     return cookie

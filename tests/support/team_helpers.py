@@ -30,8 +30,9 @@ MODES = ["embedded", pytest.param("shared", marks=[pytest.mark.redis, pytest.mar
 
 
 def start_shared(config: dict[str, Any], data_dir: Path, redis_url: str, *, with_worker: bool = True,
-                 storage: str | None = None, env: dict[str, str] | None = None) -> Gateway:
-    """`batchyard serve` over `redis_url`; `with_worker=False`: an API replica only (workers run apart).
+                 storage: str | None = None, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Gateway:
+    """`batchyard serve` over `redis_url`; `with_worker=False`: an API replica only (workers run apart);
+    `args`: more flags of `serve`.
 
     `storage`: where the blobs go (default: `data_dir/blobs`; e.g. an `s3://` URL, with `env` naming its endpoint).
     """
@@ -42,7 +43,7 @@ def start_shared(config: dict[str, Any], data_dir: Path, redis_url: str, *, with
     fd, log = tempfile.mkstemp(prefix="serve-", suffix=".log")
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path), "--port", str(port),
            "--redis-url", redis_url, "--storage", storage or str(data_dir / "blobs"),
-           *(["--with-worker"] if with_worker else [])]
+           *(["--with-worker"] if with_worker else []), *args]
     process = subprocess.Popen(cmd, cwd=REPO_ROOT, env=process_env(env or {}), stdin=subprocess.DEVNULL, stdout=fd,
                                stderr=fd)
     gateway = Gateway(process, "127.0.0.1", port, data_dir, Path(log))

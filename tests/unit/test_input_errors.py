@@ -117,7 +117,7 @@ CONFIG_CASES = [
     ("", "(top level)"),
     ("model_list: []", "model_list"),
     ("model_list: [{model_name: a}]", "model_list[0].litellm_params.model"),
-    ("model_list: [{model_name: a, litellm_params: {model: gpt-4o}}]", "model_list[0].litellm_params.model"),
+    ("model_list: [{model_name: a, litellm_params: {model: no-such-model}}]", "model_list[0].litellm_params.model"),
     ("model_list: [{model_name: a, litellm_params: {model: openai/a, api_key: os.environ/BATCHYARD_NOT_SET}}]",
      "model_list[0].litellm_params.api_key"),
     ("model_list: [{model_name: a, litellm_params: {model: openai/a}}]\nbatch_settings: {max_lines: -1}",

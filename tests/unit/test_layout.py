@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 # The pipeline's stages in the order a batch meets them: a stage imports only earlier ones, even lazily.
 STAGES = ["batch_params", "lifecycle", "budget", "body_fields", "media_urls", "validate", "plan", "tokens", "estimate",
-          "intake", "merge", "execute", "finalizer", "coordinator",
+          "intake", "message_batch_create", "merge", "execute", "finalizer", "coordinator",
           "results", "retry_failed"]  # the last two read what finalizing left
 
 

@@ -3,13 +3,16 @@ mapping), the batch's `request_counts`, the create envelope, and the batch objec
 
 from __future__ import annotations
 
+import io
+import json
 from typing import Any
 
 import pytest
 from anthropic.types.messages import MessageBatch, MessageBatchIndividualResponse
 
+from gateway.message_batches.envelope import MAX_REQUEST_VALUES, read_create
 from gateway.message_batches.outcomes import message_result, request_counts
-from gateway.message_batches.wire import MAX_REQUESTS, EnvelopeError, batch_object, parse_create
+from gateway.message_batches.wire import MAX_PARAMS_DEPTH, MAX_REQUESTS, EnvelopeError, batch_object
 from gateway.records import BatchStatus
 from gateway.store.objects import BatchRecord, RequestCounts
 
@@ -132,15 +135,84 @@ BAD_ENVELOPES = [
 ]
 
 
+def _read(body: bytes) -> list[dict[str, Any]]:
+    """The input lines `read_create` writes for `body`."""
+    sink = io.BytesIO()
+    count = read_create(io.BytesIO(body), sink)
+    lines = [json.loads(line) for line in sink.getvalue().splitlines()]
+    assert len(lines) == count
+    return lines
+
+
+BAD_TEXTS = [
+    ("not JSON", b"{", "The request body is not valid JSON"),
+    ("a list", b"[]", "body: Input should be a valid dictionary"),
+    ("a trailing comma", b'{"requests": [{"custom_id": "a", "params": {}},]}', "requests.1: Input should be a valid"),
+    ("NaN in params", b'{"requests": [{"custom_id": "a", "params": {"x": NaN}}]}', "The request body is not valid"),
+    ("text after the body", b'{"requests": [{"custom_id": "a", "params": {}}]} x', "The request body is not valid"),
+    ("a request that is no object", b'{"requests": [7]}', "requests.0: Input should be a valid dictionary"),
+    ("params nested past the bound", b'{"requests": [{"custom_id": "a", "params": {"x": ' + b"[" * MAX_PARAMS_DEPTH
+     + b"]" * MAX_PARAMS_DEPTH + b"}}]}", f"requests.0.params: nested more than {MAX_PARAMS_DEPTH} levels"),
+    ("5,000,000 empty objects", b'{"requests": [{"custom_id": "a", "params": {"pad": [' + b",".join([b"{}"] * 5_000_000)
+     + b"]}}]}", f"requests.0: more than {MAX_REQUEST_VALUES} values"),
+    ("a million numbers", b'{"requests": [{"custom_id": "a", "params": {"pad": [' + b",".join([b"1.5"] * 1_000_000)
+     + b"]}}]}", f"requests.0: more than {MAX_REQUEST_VALUES} values"),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "message"), BAD_TEXTS, ids=[c[0] for c in BAD_TEXTS])
+def test_a_body_is_bounded_request_by_request(case: str, body: bytes, message: str) -> None:
+    """Strict JSON, and each request's values and depth bounded before it becomes Python objects: a 14 MB
+    request of 5,000,000 `{}` is refused after its first 100,000 values, never read whole."""
+    with pytest.raises(EnvelopeError) as refused:
+        _read(body)
+    assert str(refused.value).startswith(message)
+
+
+def test_requests_are_split_whatever_their_strings_hold() -> None:
+    """A request's end is where its brackets close, not where a string holds `},{"custom_id"`; requests
+    larger than the window read at a time, escaped quotes and long integers come through as sent."""
+    tricky = '"}, {"custom_id": "fake", "params": {}}, {\\"'
+    params: list[Any] = [{"text": tricky}, {"big": "x" * 3_000_000, "n": 12345678901234567890123},
+                         {"pad": [{}] * 5_000, "q": '\\"]}'}]
+    body = json.dumps({"requests": [_request(f"r{i}", p) for i, p in enumerate(params)]}).encode()
+    lines = _read(body)
+    assert [line["custom_id"] for line in lines] == ["r0", "r1", "r2"]
+    assert [line["body"] for line in lines] == params
+    assert {line["url"] for line in lines} == {"/v1/messages"}
+
+
 @pytest.mark.parametrize(("case", "body", "message"), BAD_ENVELOPES, ids=[c[0] for c in BAD_ENVELOPES])
 def test_the_envelope_is_refused_whole(case: str, body: Any, message: str) -> None:
     """Only the envelope is checked at create; the message names the field."""
     with pytest.raises(EnvelopeError) as refused:
-        parse_create(body)
+        _read(json.dumps(body).encode())
     assert str(refused.value).startswith(message)
 
 
 def test_params_are_not_checked_at_create() -> None:
     """A request's params are its own business until it runs (Anthropic checks them asynchronously)."""
-    body = parse_create({"requests": [_request("a", {"anything": True}), _request("b-_9" + "x" * 60)]})
-    assert [r.custom_id for r in body.requests] == ["a", "b-_9" + "x" * 60]
+    lines = _read(json.dumps({"requests": [_request("a", {"anything": True}), _request("b-_9" + "x" * 60)]}).encode())
+    assert [line["custom_id"] for line in lines] == ["a", "b-_9" + "x" * 60]
+
+
+LARGE_LAYOUTS = [
+    ("custom_id first", '{"custom_id": "big", "params": %s}'),
+    ("params first, pretty", '{\n  "params": %s,\n  "custom_id": "big"\n}'),
+    ("a repeated params key", '{"custom_id": "big", "params": {"x": 1}, "params": %s}'),
+    ("a repeated custom_id", '{"custom_id": "old", "params": %s, "custom_id": "big"}'),
+    ("an escaped key", '{"custom_id": "big", "par\\u0061ms": %s}'),
+]
+
+
+@pytest.mark.parametrize(("case", "layout"), LARGE_LAYOUTS, ids=[c[0] for c in LARGE_LAYOUTS])
+def test_a_large_request_keeps_its_params_whatever_its_layout(case: str, layout: str) -> None:
+    """A request past the read window is written from its own text (never built whole), its line breaks
+    between tokens made spaces; any other layout (repeated or escaped keys) is written from its objects: the
+    line holds what JSON reads either way."""
+    params = {"model": "m", "messages": [{"role": "user", "content": "x\ny" * 700_000}], "n": 2 ** 70}
+    text = json.dumps(params, indent=1)
+    body = ('{"requests": [' + layout % text + ', {"custom_id": "small", "params": {}}]}').encode()
+    lines = _read(body)
+    assert [line["custom_id"] for line in lines] == ["big", "small"]
+    assert lines[0]["body"] == params and lines[0]["url"] == "/v1/messages"

@@ -1,11 +1,18 @@
 """The dashboard's pages: login, the team's batches with live progress, file downloads, results so far.
 
-The API key given at login is kept in an HttpOnly, SameSite=Strict cookie
-scoped to /ui, and checked on every request with the app's `Authenticator`,
-exactly as the API checks its headers: the owner it maps to is the only owner
-any query here asks for, so another team's batch or file is never listed and
-its id answers 404. The key is never logged and never written into a page.
-With no keys configured the dashboard is open, like the API.
+A login checks the API key with the app's `Authenticator`, as the API checks its headers, and opens a
+session in the store (`gateway.store.sessions`): the HttpOnly, SameSite=Strict cookie scoped to /ui holds a
+random session id, never the key, and every request maps it back to the key's team (any replica over the same
+store can), so the owner it names is the only owner any query here asks for: another team's batch or file is
+never listed and its id answers 404. Sessions lapse after `SESSION_TTL_SECONDS`; logout deletes it. The cookie
+is `Secure` when the request came over https, as uvicorn sees it: its `X-Forwarded-Proto` from a proxy that
+`serve --forwarded-allow-ips` trusts included.
+
+The login and logout posts must come from our own pages (login CSRF: another site must not log a browser into
+its team): their `Origin` (else their `Referer`) must be this server's own origin, or they get a 403. The
+pages send `Referrer-Policy: same-origin`, so a browser sends our origin on them and `null` from elsewhere.
+The key is never logged and never written into a page. With no keys configured the dashboard is open, like
+the API.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import time
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -33,9 +40,10 @@ from gateway.records import MESSAGE_BATCH_KIND
 from gateway.store.faults import noticed, waiting_words
 from gateway.store.objects import BatchRecord, Page
 from gateway.store.protocols import Store
+from gateway.store.sessions import SESSION_TTL_SECONDS, Session, key_digest, new_session_id, session_name
 
 PREFIX = "/ui"
-COOKIE = "batchyard_key"
+COOKIE = "batchyard_session"
 PAGE_SIZE = 20
 _MAX_FORM_BYTES = 8 * 1024
 _HERE = Path(__file__).parent
@@ -56,7 +64,7 @@ _HEADERS = {
         "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # our origin on our own posts (the login's check), nothing to others
     "Cache-Control": "no-store",
 }
 
@@ -70,18 +78,39 @@ def _auth(request: Request) -> Authenticator:
     return request.app.state.auth
 
 
-def _viewer(request: Request) -> Principal | None:
-    """The caller named by the cookie's key; None when it is missing or no longer valid."""
+async def _viewer(request: Request) -> Principal | None:
+    """The caller the cookie's session names; None when it is missing, lapsed, or its key no longer valid."""
     auth = _auth(request)
     if not auth.enabled:
         return auth.authenticate(None)  # open gateway: everyone is owner ""
-    key = request.cookies.get(COOKIE)
-    if not key:
+    session_id = request.cookies.get(COOKIE)
+    if not session_id or len(session_id) > 128:
         return None
-    try:
-        return auth.authenticate(key)
-    except ApiError:
-        return None
+    session = await runtime_of(request).store.sessions.get(session_name(session_id))
+    return auth.by_digest(session.key_digest) if session is not None else None
+
+
+def _same_origin(request: Request) -> bool:
+    """Whether a post comes from this server's own pages: its `Origin` (else its `Referer`'s origin) is ours,
+    the scheme as uvicorn sees it (a trusted proxy's `X-Forwarded-Proto` included) and the `Host` it asked."""
+    host = request.headers.get("host", "").lower()
+    own = f"{request.url.scheme}://{host}"
+    origin = request.headers.get("origin")
+    if origin is None:
+        referer = request.headers.get("referer")
+        if not referer:
+            return False
+        try:
+            parts = urlsplit(referer)
+        except ValueError:
+            return False
+        origin = f"{parts.scheme}://{parts.netloc}"
+    return bool(host) and origin.lower() == own
+
+
+def _cross_site(request: Request) -> Response:
+    return _page(request, "login.html", status=403,
+                 error="This form can only be sent from the dashboard's own pages. Open the login page and try again.")
 
 
 def _to_login() -> RedirectResponse:
@@ -99,13 +128,15 @@ def _page(request: Request, template: str, status: int = 200, **context: Any) ->
 
 @router.get("/login", response_model=None)
 async def login_form(request: Request) -> Response:
-    if _viewer(request) is not None:
+    if await _viewer(request) is not None:
         return RedirectResponse(PREFIX, status_code=303, headers=_HEADERS)
     return _page(request, "login.html")
 
 
 @router.post("/login", response_model=None)
 async def login(request: Request) -> Response:
+    if not _same_origin(request):
+        return _cross_site(request)
     if not _auth(request).enabled:
         return RedirectResponse(PREFIX, status_code=303, headers=_HEADERS)
     key = (await _form(request)).get("api_key", "").strip()
@@ -115,15 +146,22 @@ async def login(request: Request) -> Response:
         await asyncio.sleep(0.5)  # a little friction for guessing from a browser
         message = "Enter your team's API key." if not key else "That API key is not valid. Check it and try again."
         return _page(request, "login.html", status=401, error=message)
+    session_id = new_session_id()
+    session = Session(key_digest(key), time.time() + SESSION_TTL_SECONDS)
+    await runtime_of(request).store.sessions.open(session_name(session_id), session)
     reply = RedirectResponse(PREFIX, status_code=303, headers=_HEADERS)
-    reply.set_cookie(
-        COOKIE, key, path=PREFIX, httponly=True, samesite="strict", secure=request.url.scheme == "https"
-    )
+    reply.set_cookie(COOKIE, session_id, max_age=SESSION_TTL_SECONDS, path=PREFIX, httponly=True,
+                     samesite="strict", secure=request.url.scheme == "https")
     return reply
 
 
 @router.post("/logout", response_model=None)
 async def logout(request: Request) -> Response:
+    if not _same_origin(request):
+        return _cross_site(request)
+    session_id = request.cookies.get(COOKIE)
+    if session_id and len(session_id) <= 128:
+        await runtime_of(request).store.sessions.close(session_name(session_id))
     reply = _to_login()
     reply.delete_cookie(COOKIE, path=PREFIX, httponly=True, samesite="strict")
     return reply
@@ -145,7 +183,7 @@ async def _form(request: Request) -> dict[str, str]:
 @router.get("", response_model=None)
 @router.get("/", response_model=None)
 async def batches_page(request: Request, limit: str = str(PAGE_SIZE), after: str | None = None) -> Response:
-    viewer = _viewer(request)
+    viewer = await _viewer(request)
     if viewer is None:
         return _to_login()
     size = _limit(limit)
@@ -172,7 +210,7 @@ async def batches_json(
 ) -> JSONResponse:
     """What the page's script polls: the page's batch ids, newest first, and fresh cards for all of them
     but those in `done` (the ones the page already shows finished: their cards no longer change)."""
-    viewer = _viewer(request)
+    viewer = await _viewer(request)
     if viewer is None:
         raise ApiError(401, "Log in again: the dashboard session has ended.", code="invalid_api_key")
     page, views = await _batches(request, viewer, _limit(limit), after, skip={i for i in done.split(",") if i})
@@ -240,7 +278,7 @@ webhooks_router = install_json(PREFIX, _viewer, _HEADERS)
 @router.get("/files/{file_id}/content", response_model=None)
 async def file_content(request: Request, file_id: str) -> Response:
     """A file's bytes, as `GET /v1/files/{id}/content` gives them: the viewer's own files only."""
-    viewer = _viewer(request)
+    viewer = await _viewer(request)
     if viewer is None:
         return _to_login()
     return await files.file_content(request, viewer, file_id)
@@ -249,7 +287,7 @@ async def file_content(request: Request, file_id: str) -> Response:
 @router.get("/batches/{batch_id}/results", response_model=None)
 async def batch_results(request: Request, batch_id: str, after: str | None = None, limit: int = 1000) -> Response:
     """A batch's results so far, as `GET /v1/batches/{id}/results` gives them: the viewer's own batches only."""
-    viewer = _viewer(request)
+    viewer = await _viewer(request)
     if viewer is None:
         return _to_login()
     if batch_id.startswith(MESSAGE_BATCH_KIND + "_"):  # a Message Batch's: its id, checked as any other

@@ -32,7 +32,7 @@ def install_json(prefix: str, viewer_of: Any, headers: dict[str, str]) -> APIRou
 
     @router.get(f"{prefix}/api/webhooks")
     async def webhooks_json(request: Request) -> JSONResponse:
-        viewer = viewer_of(request)
+        viewer = await viewer_of(request)
         if viewer is None:
             raise ApiError(401, "Log in again: the dashboard session has ended.", code="invalid_api_key")
         return JSONResponse({"data": await recent_deliveries(request, viewer)}, headers=headers)

@@ -69,6 +69,10 @@ quotas (`RedisQuotaLedger`, `RedisRates`, `RedisStorageLedger`)
                                       JSON once done; expires when its reservation lapses, or 24 h after
                                       it was made once done (the caller's key last: any text, no ambiguity)
 
+dashboard (`RedisDashboardSessions`)
+    session:{digest}          hash    one dashboard login (gateway.store.sessions): `key_digest`, `expires_at`;
+                                      keyed by the SHA-256 of the cookie's id (64 hex digits), expires with it
+
 coordination (`RedisCoordination`, for `gateway.pipeline.coordinator`)
     worker:{name}             string  heartbeat JSON (routes, pid, host), with a TTL
     workers                   zset    worker names, score = last heartbeat
@@ -210,6 +214,9 @@ class Keys:
 
     def idempotency(self, team: str, key: str) -> str:
         return f"{self.prefix}idempotency:{len(team)}:{team}:{key}"
+
+    def session(self, name: str) -> str:
+        return f"{self.prefix}session:{name}"
 
     # -- upkeep ------------------------------------------------------------------
     def worker(self, name: str) -> str:

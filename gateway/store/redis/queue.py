@@ -75,9 +75,12 @@ class RedisStreamQueue:
     def __init__(
         self, client: aioredis.Redis, routes: Collection[str], *, keys: Keys | None = None,
         consumer: str | None = None, claim_idle: float = DEFAULT_CLAIM_IDLE, owns_client: bool = False,
-        weights: Mapping[str, float] | None = None,
+        weights: Mapping[str, float] | None = None, lane: Callable[[str], str] | None = None,
     ) -> None:
         self._r = client
+        # A shard's route -> the route its streams are keyed by and workers host (`Config.lane`: a wildcard
+        # route's concrete models queue under its pattern, which is what `routes` and `get` name)
+        self._lane = lane or str
         self._k = keys or Keys()
         self._routes = [r for r in routes if r]  # what `get(None)` reads: every route of the config
         self.consumer = consumer or consumer_name()
@@ -99,8 +102,9 @@ class RedisStreamQueue:
 
     async def _enqueue(self, shard: Shard, only_missing: bool) -> bool:
         k = self._k
-        keys = [k.stream(shard.route, shard.team, shard.batch_id), k.queued, k.ready(shard.route, shard.team),
-                k.teams(shard.route), k.streams(shard.route)]
+        lane = self._lane(shard.route)
+        keys = [k.stream(lane, shard.team, shard.batch_id), k.queued, k.ready(lane, shard.team),
+                k.teams(lane), k.streams(lane)]
         args: list[str | int] = [STREAM_FIELD, json.dumps(shard.to_json()), shard.key, GROUP, shard.deadline,
                                  shard.team, "1" if only_missing else "0"]
         return await self._put(keys=keys, args=args) is not None
@@ -172,7 +176,8 @@ class RedisStreamQueue:
         if stream is None or entry_id is None:
             entry_id, _, stream = delivery.token.partition("@")
         shard = delivery.shard
-        keys = [stream, self._k.queued, self._k.ready(shard.route, shard.team), self._k.streams(shard.route)]
+        lane = self._lane(shard.route)
+        keys = [stream, self._k.queued, self._k.ready(lane, shard.team), self._k.streams(lane)]
         await self._ack(keys=keys, args=[GROUP, entry_id, shard.key])
 
     # -- holding on to shards --------------------------------------------------------

@@ -17,6 +17,7 @@ the parts share one client:
 - `RedisRates` (`gateway.store.redis.rates`): the teams' rpm/tpm windows;
 - `RedisStorageLedger` (`gateway.store.redis.storage`): the bytes of the teams' uploads;
 - `RedisIdempotencyKeys` (`gateway.store.redis.idempotency`): the teams' idempotency keys.
+- `RedisDashboardSessions` (`gateway.store.redis.sessions`): the dashboard's login sessions.
 
 Key names live in `gateway.store.redis.keys`. On a Redis Cluster every key carries one hash tag
 (`keys.slot_prefix`): the scripts touch a batch's keys and the global indexes together, in one slot.
@@ -34,6 +35,7 @@ from gateway.store.redis.keys import Keys
 from gateway.store.redis.ledger import RedisLedger
 from gateway.store.redis.quota import RedisQuotaLedger
 from gateway.store.redis.rates import RedisRates
+from gateway.store.redis.sessions import RedisDashboardSessions
 from gateway.store.redis.state import RedisBackendState
 from gateway.store.redis.storage import RedisStorageLedger
 from gateway.store.redis.webhooks import RedisWebhookDeliveries
@@ -54,6 +56,7 @@ class RedisStore:
         self.rates = RedisRates(client, keys, rate_window_seconds)
         self.storage = RedisStorageLedger(client, keys)
         self.idempotency = RedisIdempotencyKeys(client, keys)
+        self.sessions = RedisDashboardSessions(client, keys)
 
     async def aclose(self) -> None:
         if self._owns_client:

@@ -65,8 +65,12 @@ _INSERT = ("INTO queue (key, seq, route, shard, consumer, claimed_at, team, batc
 
 
 class SQLiteQueue:
-    def __init__(self, path: Path, consumer: str, weights: Mapping[str, float] | None = None) -> None:
+    def __init__(self, path: Path, consumer: str, weights: Mapping[str, float] | None = None,
+                 lane: Callable[[str], str] | None = None) -> None:
         self.sql = Database(path)
+        # A shard's route -> the route a worker hosts it under (`Config.lane`: a wildcard route's concrete
+        # models queue under its pattern); the row's `route` column is that lane.
+        self._lane = lane or str
         self._db = self.sql.conn
         _ensure_schema(self._db)
         self.consumer = consumer
@@ -75,7 +79,8 @@ class SQLiteQueue:
         self.on_lost: Callable[[str], None] | None = None
 
     def _row(self, shard: Shard) -> tuple[Any, ...]:
-        return (shard.key, shard.route, json.dumps(shard.to_json()), shard.team, shard.batch_id, shard.deadline)
+        lane = self._lane(shard.route)
+        return (shard.key, lane, json.dumps(shard.to_json()), shard.team, shard.batch_id, shard.deadline)
 
     async def put(self, shard: Shard) -> None:
         await self._insert("INSERT OR REPLACE", shard)

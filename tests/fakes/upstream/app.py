@@ -68,6 +68,14 @@ BAD_USAGE: dict[str, object] = {
     "list": [1, 2, 3],
 }
 _SLEEP_RE = re.compile(r"#sleep:(\d+(?:\.\d+)?)")
+# `#toolong:MODEL` / `#unsafe:MODEL`: a request for that model is refused as OpenAI refuses a prompt over the
+# context window / one its safety system rejects (400), so a fallback to another model can answer it.
+_REFUSE_RE = re.compile(r"#(toolong|unsafe):([\w.\-]+)")
+_REFUSALS = {
+    "toolong": ("This model's maximum context length is 16 tokens. However, your messages resulted in 99 tokens.",
+                "context_length_exceeded"),
+    "unsafe": ("Your request was rejected as a result of our safety system.", "content_policy_violation"),
+}
 _HANG_RE = re.compile(r"#hang(?:x(\d+))?")
 # How long a `#hang` request is held: longer than any test's route timeout, short enough that a server stopped
 # with requests still held exits soon (uvicorn waits for open requests up to its graceful timeout anyway).
@@ -92,6 +100,11 @@ class UpstreamServer(FilesAndBatches):
         if "#" in text:
             if "#count" in text:
                 self.counters.by_custom[text] += 1
+            for refusal, refused_model in _REFUSE_RE.findall(text):
+                if refused_model == model:
+                    message, code = _REFUSALS[refusal]
+                    error = {"message": message, "type": "invalid_request_error", "param": "messages", "code": code}
+                    return 400, {"error": error}, None
             match = _FAIL_RE.search(text)
             if match:
                 self.attempts[text] += 1

@@ -1,0 +1,109 @@
+"""bench/server_load.py --message-batch-create: one large Message Batch create, its memory and its neighbours.
+
+A fresh `serve` (one worker: the API process is what is measured) gets, from team alpha, a `--mb-requests`
+request, `--mb-size-mb` MB `POST /v1/messages/batches` of normal requests (a user message of filler text),
+then one of the same size and request count whose params are pathological (a list of `{}`, the issue's
+shape, each request within the bound on values). For each: the API process's peak RSS over its idle RSS
+(aim: <= 2x the body + 50 MB), the create's wall (aim for the normal one: <= 1.2x the code before issue 34:
+run the same command with PYTHONPATH pointing at that checkout), and team beta's `GET /v1/models` p50/p99
+meanwhile (aim: p99 <= 50 ms). Each batch is cancelled once created (its requests are not what is measured).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from tests.fakes.upstream.server import start_upstream
+from tests.support.server_helpers import Gateway, gateway_config, start_gateway
+
+MODEL = "gpt-mini"
+TEAMS = [{"team_id": "alpha", "api_keys": ["sk-alpha"]}, {"team_id": "beta", "api_keys": ["sk-beta"]}]
+MIB = 1024 * 1024
+
+
+def _body(requests: int, size: int, pathological: bool) -> bytes:
+    """`requests` requests of about `size` bytes in all: filler text, or a list of `{}` (3 bytes each)."""
+    each = max(size // requests - 120, 8)
+    if pathological:
+        pad = b"[" + b",".join([b"{}"] * max(each // 3, 1)) + b"]"
+        parts = (b'{"custom_id":"r%d","params":{"model":"%s","max_tokens":8,"messages":[],"pad":%s}}'
+                 % (i, MODEL.encode(), pad) for i in range(requests))
+    else:
+        text = json.dumps("lorem ipsum " * (each // 12 + 1))[: each].encode().rstrip(b"\\") + b'"'
+        parts = (b'{"custom_id":"r%d","params":{"model":"%s","max_tokens":8,"messages":[{"role":"user",'
+                 b'"content":%s}]}}' % (i, MODEL.encode(), text) for i in range(requests))
+    return b'{"requests":[' + b",".join(parts) + b"]}"
+
+
+def _measure(gw: Gateway, body: bytes) -> tuple[float, float, float, list[float], int]:
+    """(idle RSS, peak RSS, wall, beta's GET latencies, status) of one create."""
+    api = psutil.Process(gw.process.pid)
+    idle = peak = api.memory_info().rss
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, api.memory_info().rss)
+            time.sleep(0.005)
+
+    def probe() -> None:
+        with httpx.Client(headers={"Authorization": "Bearer sk-beta"}, timeout=60) as client:
+            while not stop.is_set():
+                started = time.perf_counter()
+                client.get(gw.url + "/v1/models")
+                latencies.append(time.perf_counter() - started)
+                time.sleep(0.01)
+
+    threads = [threading.Thread(target=sample), threading.Thread(target=probe)]
+    for thread in threads:
+        thread.start()
+    started = time.perf_counter()
+    reply = httpx.post(gw.url + "/v1/messages/batches", content=body, timeout=900,
+                       headers={"x-api-key": "sk-alpha", "content-type": "application/json"})
+    wall = time.perf_counter() - started
+    stop.set()
+    for thread in threads:
+        thread.join()
+    if reply.status_code == 200:
+        httpx.post(f"{gw.url}/v1/messages/batches/{reply.json()['id']}/cancel", headers={"x-api-key": "sk-alpha"},
+                   timeout=60)
+    else:
+        print(f"    the create answered {reply.status_code}: {reply.text[:300]}")
+    return idle, peak, wall, sorted(latencies), reply.status_code
+
+
+def message_batch_create(requests: int, size_mb: int) -> None:
+    size = size_mb * MIB
+    print(f"\none Message Batch create of {requests:,} requests, {size_mb} MB (API process RSS; team beta's "
+          "GET /v1/models meanwhile)", flush=True)
+    with start_upstream() as upstream, tempfile.TemporaryDirectory() as tmp:
+        config = gateway_config(upstream, models=(MODEL,), teams=TEAMS, max_lines=max(requests, 50_000),
+                                max_file_bytes=size * 2 + 64 * MIB)
+        with start_gateway(config, Path(tmp) / "data", workers=1) as gw:
+            for kind, pathological in (("normal", False), ("pathological", True)):
+                body = _body(requests, size, pathological)
+                idle, peak, wall, lat, status = _measure(gw, body)
+                bound = 2 * len(body) + 50 * MIB
+                p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
+                p50 = statistics.median(lat) if lat else float("nan")
+                print(f"  {kind:12s} body {len(body) / MIB:7.1f} MiB  status {status}  wall {wall:6.2f} s  "
+                      f"peak RSS over idle {(peak - idle) / MIB:7.1f} MiB (bound {bound / MIB:.0f}: "
+                      f"{'ok' if peak - idle <= bound else 'OVER'})  idle {idle / MIB:.0f} MiB", flush=True)
+                print(f"  {'':12s} beta GET /v1/models p50 {1000 * p50:6.1f} ms  p99 {1000 * p99:6.1f} ms "
+                      f"({len(lat)} probes; aim p99 <= 50 ms)", flush=True)
+                del body
+    print(f"  load average {os.getloadavg()[0]:.1f} (1 min)")
+
+
+__all__ = ["message_batch_create"]
