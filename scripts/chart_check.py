@@ -61,15 +61,15 @@ def config_of(docs: list[dict[str, Any]], where: str) -> Any:
 
 def check_container(where: str, container: dict[str, Any]) -> list[str]:
     """The parsed args of a batchyard container; fails unless the CLI takes them as they are."""
-    args = [a.replace("$(REDIS_URL)", "redis://redis:6379/0") for a in container["args"]]
+    args = list(container["args"])
     try:
         parsed, extra = build_parser().parse_known_args(args)
     except SystemExit:
         fail(where, f"batchyard refuses the args {args}")
     if extra:
         fail(where, f"flags batchyard does not know: {extra}")
-    if not any(e["name"] == "REDIS_URL" for e in container.get("env", [])):
-        fail(where, "no REDIS_URL env var for --redis-url $(REDIS_URL)")
+    if not any(e["name"] == "BATCHYARD_REDIS_URL" for e in container.get("env", [])):
+        fail(where, "no BATCHYARD_REDIS_URL env var: the Redis URL serve and worker read")
     return [parsed.command, *(parsed.models.split(",") if getattr(parsed, "models", None) else [])]
 
 

@@ -84,7 +84,8 @@ def refused_flag(args: argparse.Namespace, extra: Sequence[str] = ()) -> str | N
             given = {"--data-dir": args.data_dir, "--workers": args.workers}
         else:
             mode = "embedded mode (serve without --redis-url: everything in --data-dir)"
-            given = {"--storage": args.storage, "--claim-idle": args.claim_idle, "--with-worker": args.with_worker}
+            given = {"--storage": args.storage, "--claim-idle": args.claim_idle, "--with-worker": args.with_worker,
+                     **_redis_flags(args)}
     elif args.command == "worker":
         if args.upstream_only and args.models:
             return "--models does not apply to a worker with --upstream-only (it hosts no local model)"
@@ -94,11 +95,15 @@ def refused_flag(args: argparse.Namespace, extra: Sequence[str] = ()) -> str | N
             return None  # no mode chosen: the worker command says it needs one
         else:
             mode = "embedded mode (worker --data-dir)"
-            given = {"--storage": args.storage, "--claim-idle": args.claim_idle}
+            given = {"--storage": args.storage, "--claim-idle": args.claim_idle, **_redis_flags(args)}
     else:
         return None
     wrong = [flag for flag, value in given.items() if value not in (None, False)]
     return f"{wrong[0]} does not apply in {mode}" if wrong else None
+
+
+def _redis_flags(args: argparse.Namespace) -> dict[str, object]:
+    return {"--redis-ca-file": args.redis_ca_file, "--allow-evicting-redis": args.allow_evicting_redis}
 
 
 __all__ = ["ENGINE_OPTIONS", "count", "port", "positive_int", "positive_seconds", "refused_flag", "refused_run_flag"]

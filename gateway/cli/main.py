@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from gateway.config.schema import Config, load_config, local_model_config
 from gateway.errors import ConfigError, GatewayError
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_DELIVERY, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+REDIS_URL_ENV = "BATCHYARD_REDIS_URL"  # serve's and worker's --redis-url, where a flag would show its password
 STRICT_HELP = ("refuse to start (exit status 2) when the config holds LiteLLM settings batchyard does not apply, "
                "instead of naming them once at start (as batch_settings.strict_config: true; default: off)")
 
@@ -198,8 +200,14 @@ def _verbose(p: argparse.ArgumentParser) -> None:
 
 
 def _shared_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--redis-url", help="shared mode: records and the shard queue in this Redis (redis://host:port/db; "
-                   "default: none, embedded mode)")
+    p.add_argument("--redis-url", help="shared mode: records and the shard queue in this Redis or Redis Cluster "
+                   "(redis://[user:password@]host:port/0, rediss:// for TLS; default: $BATCHYARD_REDIS_URL, where a "
+                   "password stays out of `ps`; neither: embedded mode)")
+    p.add_argument("--redis-ca-file", help="shared mode: the CA certificate(s) that signed a rediss:// Redis's "
+                   "certificate (default: the system's CAs, or the URL's ssl_ca_certs=)")
+    p.add_argument("--allow-evicting-redis", action="store_true",
+                   help="shared mode: run on a Redis whose maxmemory-policy is not noeviction, which may drop "
+                   "batches under memory pressure (default: off: such a Redis is refused at start)")
     p.add_argument("--storage", help="shared mode: files in s3://bucket/prefix (endpoint: $BATCHYARD_S3_ENDPOINT_URL "
                    f"or $AWS_ENDPOINT_URL_S3) or a directory every process reaches (default: {DEFAULT_STORAGE})")
     p.add_argument("--claim-idle", type=positive_seconds, default=None,
@@ -274,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "run":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command in ("serve", "worker") and not args.redis_url:
+        args.redis_url = os.environ.get(REDIS_URL_ENV) or None  # a secret's URL, out of `ps`
     refused = refused_flag(args, extra)
     if refused is not None:
         parser.error(refused)  # exit status 2, as for any bad usage
@@ -321,8 +331,8 @@ def _serve_command(args: argparse.Namespace) -> int:
 
         serve_shared(args.config, args.host, args.port, redis_url=args.redis_url,
                      storage=args.storage or DEFAULT_STORAGE, with_worker=args.with_worker,
-                     claim_idle=args.claim_idle, log_level=log_level,
-                     forwarded_allow_ips=args.forwarded_allow_ips)
+                     claim_idle=args.claim_idle, log_level=log_level, redis_ca_file=args.redis_ca_file,
+                     allow_evicting_redis=args.allow_evicting_redis, forwarded_allow_ips=args.forwarded_allow_ips)
     else:
         from gateway.cli.serve import serve
 

@@ -135,7 +135,7 @@ def serve(
 def serve_shared(
     config_path: str | Path, host: str, port: int, *, redis_url: str, storage: str | Path,
     with_worker: bool = False, claim_idle: float | None = None, log_level: str = "info",
-    forwarded_allow_ips: str | None = None,
+    redis_ca_file: str | None = None, allow_evicting_redis: bool = False, forwarded_allow_ips: str | None = None,
 ) -> None:
     """`batchyard serve --redis-url U --storage s3://…`: one API replica over the shared store."""
 
@@ -144,7 +144,8 @@ def serve_shared(
         from gateway.runtime.validation_processes import VALIDATION_PROCESSES
 
         return await open_shared(config, redis_url, storage, routes=None if with_worker else (),
-                                 claim_idle=claim_idle, validation_processes=VALIDATION_PROCESSES)
+                                 claim_idle=claim_idle, validation_processes=VALIDATION_PROCESSES,
+                                 redis_ca_file=redis_ca_file, allow_evicting_redis=allow_evicting_redis)
 
     serve(config_path, host, port, log_level=log_level, runtime_factory=factory,
           forwarded_allow_ips=forwarded_allow_ips)

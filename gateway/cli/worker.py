@@ -82,7 +82,8 @@ async def _open(args: argparse.Namespace, config: Config) -> Runtime:
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
     routes = hosted_routes(config, models, upstream_only=args.upstream_only)
     if args.redis_url:
-        return await open_shared(config, args.redis_url, args.storage, routes=routes, claim_idle=args.claim_idle)
+        return await open_shared(config, args.redis_url, args.storage, routes=routes, claim_idle=args.claim_idle,
+                                 redis_ca_file=args.redis_ca_file, allow_evicting_redis=args.allow_evicting_redis)
     # The owner (serve, run) sweeps and recovers; its workers only run shards.
     return await open_embedded(config, Path(args.data_dir), routes=routes, owner=False)
 

@@ -103,6 +103,9 @@ class Runtime:
                                        unavailable=lambda: self.backends.unavailable)
         self._sweeping = sweeping
         self._recover_at_start = recover_at_start
+        # What the operator should fix but need not (a shared Redis without persistence): said at start, and
+        # on /health to the admin
+        self.warnings: list[str] = []
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)
@@ -162,7 +165,8 @@ class Runtime:
                           verbose=verbose)
 
     async def health(self) -> dict[str, Any]:
-        return await self.coordinator.health(self.mode)
+        info = await self.coordinator.health(self.mode)
+        return {**info, "warnings": list(self.warnings)} if self.warnings else info
 
     async def aclose(self) -> None:
         if self.runner is not None:
@@ -223,13 +227,17 @@ def open_blobs(storage: str | Path, *, endpoint_url: str | None = None) -> Blobs
 async def open_shared(
     config: Config, redis_url: str, storage: str | Path, *, routes: Collection[str] | None = (),
     claim_idle: float | None = None, name: str | None = None, prefix: str | None = None,
-    s3_endpoint_url: str | None = None, validation_processes: int = 0,
+    s3_endpoint_url: str | None = None, validation_processes: int = 0, redis_ca_file: str | None = None,
+    allow_evicting_redis: bool = False,
 ) -> Runtime:
     """The shared mode. `routes`: the routes this process runs shards for (`()`: none, an API replica;
-    `None`: every route of the config). `validation_processes`: as `open_embedded`'s."""
-    from gateway.store.redis.coordination import API_RETRIES, WORKER_RETRIES, RedisCoordination, connect_redis
-    from gateway.store.redis.keys import Keys
+    `None`: every route of the config). `validation_processes`: as `open_embedded`'s. `redis_ca_file`: the CA
+    of a `rediss://` Redis (default: the system's). A Redis that may evict keys raises `EvictingRedis` (a
+    `ConfigError`) unless `allow_evicting_redis`."""
+    from gateway.store.redis.connection import API_RETRIES, WORKER_RETRIES, open_redis
+    from gateway.store.redis.coordination import RedisCoordination
     from gateway.store.redis.layout import upgrade_key_layout
+    from gateway.store.redis.preflight import check_server
     from gateway.store.redis.queue import DEFAULT_CLAIM_IDLE, RedisStreamQueue
     from gateway.store.redis.store import RedisStore
 
@@ -237,9 +245,14 @@ async def open_shared(
     if not idle > 0:
         raise ValueError(f"claim_idle must be a positive number of seconds, not {claim_idle}")  # 0: every shard lost
     # An API replica (no routes) answers 503 soon when Redis is gone; a process that runs shards waits longer
-    client = connect_redis(redis_url, retries=API_RETRIES if routes is not None and not routes else WORKER_RETRIES)
-    await client.ping()  # fail fast on a wrong URL
-    keys = Keys(prefix) if prefix else Keys()
+    # one server or a cluster (its keys in one hash slot); fails fast on a wrong URL
+    client, keys = await open_redis(redis_url, API_RETRIES if routes is not None and not routes else WORKER_RETRIES,
+                                    ca_file=redis_ca_file, prefix=prefix)
+    try:
+        warnings = await check_server(client, keys, allow_evicting=allow_evicting_redis)
+    except BaseException:
+        await client.aclose()
+        raise
     await upgrade_key_layout(client, keys)  # an older version's fixed keys, where a team's could be
     name = name or worker_name()
     every = sorted({route.model_name for route in config.routes.values()})
@@ -249,11 +262,13 @@ async def open_shared(
     place = BlobPlace.of(storage, endpoint_url=s3_endpoint_url)
     # A worker's heartbeat lives as long as its shards may stay idle: a shard is taken over only
     # when both have run out.
-    return Runtime(config, store, place.open(), queue,
-                   RedisCoordination(client, keys, name), mode="shared", name=name, routes=routes,
-                   heartbeat=idle / 3, sweep_every=5.0,
-                   validation=ValidationProcesses(config, place, validation_processes) if validation_processes
-                   else None)
+    runtime = Runtime(config, store, place.open(), queue,
+                      RedisCoordination(client, keys, name), mode="shared", name=name, routes=routes,
+                      heartbeat=idle / 3, sweep_every=5.0,
+                      validation=ValidationProcesses(config, place, validation_processes) if validation_processes
+                      else None)
+    runtime.warnings = warnings
+    return runtime
 
 
 __all__ = ["S3_ENDPOINT_ENV", "Runtime", "open_blobs", "open_embedded", "open_shared", "worker_name"]

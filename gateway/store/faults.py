@@ -22,7 +22,14 @@ from dataclasses import dataclass
 
 from botocore.exceptions import ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
-from redis.exceptions import BusyLoadingError, ResponseError
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    ReadOnlyError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -89,6 +96,9 @@ def _kind(exc: BaseException) -> str | None:
     if isinstance(exc, OSError) and exc.errno in _ERRNO_KINDS:
         return _ERRNO_KINDS[exc.errno]
     if isinstance(exc, RedisConnectionError | RedisTimeoutError | BusyLoadingError):
+        return "redis_unreachable"
+    # a failover under way: a cluster without a master for some slots, a replica not yet promoted
+    if isinstance(exc, ClusterDownError | TryAgainError | ReadOnlyError | SlotNotCoveredError):
         return "redis_unreachable"
     if isinstance(exc, ResponseError) and str(exc).startswith(("MISCONF", "OOM", "LOADING")):
         return "redis_unreachable"  # Redis up but refusing writes: its disk or memory is full

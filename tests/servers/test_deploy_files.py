@@ -73,8 +73,12 @@ def test_every_flag_the_chart_passes_is_a_flag_of_serve_or_worker(capsys: pytest
             build_parser().parse_args([command, "--help"])
         serve_and_worker |= set(re.findall(r"(--[a-z][a-z-]*)", capsys.readouterr().out))
     flags = template_flags()
-    assert {"--config", "--redis-url", "--storage", "--models", "--upstream-only", "--metrics-port"} <= flags
+    assert {"--config", "--storage", "--models", "--upstream-only", "--metrics-port", "--redis-ca-file",
+            "--allow-evicting-redis"} <= flags
     assert flags <= serve_and_worker, f"not batchyard flags: {flags - serve_and_worker}"
+    # the Redis URL (a password from a Secret) is the environment variable serve and worker read, not an arg
+    assert "- name: BATCHYARD_REDIS_URL" in (CHART / "templates" / "_helpers.tpl").read_text()
+    assert "--redis-url" not in flags
 
 
 def test_the_keda_trigger_reads_the_queue_depth_batchyard_exports():

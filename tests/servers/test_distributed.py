@@ -35,7 +35,7 @@ from gateway.errors import ConfigError
 from gateway.records import BatchStatus
 from gateway.runtime.root import Runtime, open_shared
 from gateway.store.objects import BatchRecord
-from gateway.store.redis.coordination import connect_redis
+from gateway.store.redis.connection import connect_redis
 from gateway.store.redis.keys import GROUP, Keys
 from tests.fakes.upstream.server import Upstream
 from tests.support.services import (

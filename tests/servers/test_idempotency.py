@@ -29,7 +29,7 @@ from openai.types import FileObject
 from gateway.api.idempotency import HEADER, WAIT_SECONDS
 from gateway.runtime.root import DB_NAME
 from gateway.store.protocols import IdempotencyKeys
-from gateway.store.redis.coordination import connect_redis
+from gateway.store.redis.connection import connect_redis
 from gateway.store.redis.store import RedisStore
 from gateway.store.sqlite.store import SQLiteStore
 from tests.fakes.upstream.server import Upstream

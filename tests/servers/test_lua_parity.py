@@ -1,4 +1,5 @@
-"""Where a rule lives in Lua and in Python, both run the same cases and give the same answer (a real redis-server).
+"""Where a rule lives in Lua and in Python, both run the same cases and give the same answer (a real redis-server,
+and a 3-master Redis Cluster: `any_redis`).
 
 - The quota rule: `gateway.store.quota.exceeded` (the SQLite ledger's) and the ADMIT script of
   `gateway.store.redis.quota`, on the same admitted batches and the same new batch.
@@ -24,13 +25,13 @@ from gateway.store.quota import MAX_ENQUEUED_REQUESTS as REQUESTS
 from gateway.store.quota import MODEL_MAX_ENQUEUED_REQUESTS as PER_MODEL
 from gateway.store.quota import TeamLimits, exceeded
 from gateway.store.redis import scripts
-from gateway.store.redis.coordination import connect_redis
-from gateway.store.redis.keys import GROUP, Keys
+from gateway.store.redis.connection import open_redis
+from gateway.store.redis.keys import GROUP
 from gateway.store.redis.queue import RedisStreamQueue
 from gateway.store.redis.quota import RedisQuotaLedger
 from gateway.store.sqlite.store import SQLiteStore
 from tests.support.loops import run_apart
-from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer
+from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisClusterServers, RedisServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)]
 
@@ -61,14 +62,13 @@ QUOTA: list[tuple[list[Admitted], TeamLimits, int, dict[str, int], str | None]] 
 
 @pytest.mark.parametrize(("admitted", "limits", "requests", "by_model", "expected"), QUOTA)
 def test_the_quota_rule_in_lua_and_in_python(
-    redis_server: RedisServer, tmp_path: Path, admitted: list[Admitted], limits: TeamLimits, requests: int,
-    by_model: dict[str, int], expected: str | None,
+    any_redis: RedisServer | RedisClusterServers, tmp_path: Path, admitted: list[Admitted], limits: TeamLimits,
+    requests: int, by_model: dict[str, int], expected: str | None,
 ) -> None:
     async def scenario() -> tuple[str | None, str | None, str | None]:
-        with redis_server.client() as c:
-            c.flushall()
-        client = connect_redis(redis_server.url)
-        lua = RedisQuotaLedger(client, Keys())
+        any_redis.flush()
+        client, keys = await open_redis(any_redis.url)  # on a cluster: its keys in one slot
+        lua = RedisQuotaLedger(client, keys)
         sqlite = SQLiteStore(tmp_path / "q.sqlite3")
         try:
             for i, (n, models) in enumerate(admitted):
@@ -148,17 +148,15 @@ def _python_pick(case: Case) -> str | None:
 
 
 @pytest.mark.parametrize("name", PICKS)
-def test_the_fair_pick_in_lua_and_in_python(redis_server: RedisServer, name: str) -> None:
+def test_the_fair_pick_in_lua_and_in_python(any_redis: RedisServer | RedisClusterServers, name: str) -> None:
     case = PICKS[name]
-    keys = Keys()
     routes = sorted({w.route for w in case.work})
 
     async def lua_pick() -> str | None:
-        with redis_server.client() as c:
-            c.flushall()
-        client = connect_redis(redis_server.url)
+        any_redis.flush()
+        client, keys = await open_redis(any_redis.url)  # on a cluster: its keys in one slot
         try:
-            queue = RedisStreamQueue(client, routes, consumer="me")
+            queue = RedisStreamQueue(client, routes, keys=keys, consumer="me")
             for w in case.work:
                 for i in range(w.held + w.waiting):
                     await queue.put(Shard(w.batch, i, w.route, 1, team=w.team, deadline=w.deadline))

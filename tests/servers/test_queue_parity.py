@@ -24,12 +24,12 @@ import pytest
 from gateway.records import Shard
 from gateway.store.objects import Delivery
 from gateway.store.protocols import Coordination, Queue
-from gateway.store.redis.coordination import RedisCoordination, connect_redis
-from gateway.store.redis.keys import Keys
+from gateway.store.redis.connection import connect_redis, open_redis
+from gateway.store.redis.coordination import RedisCoordination
 from gateway.store.redis.queue import RedisStreamQueue
 from gateway.store.sqlite.coordination import SQLiteCoordination
 from gateway.store.sqlite.queue import SQLiteQueue
-from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer
+from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisClusterServers, RedisServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)]
 
@@ -73,14 +73,13 @@ async def _embedded(tmp_path: Path) -> AsyncIterator[Open]:
 
 
 @contextlib.asynccontextmanager
-async def _shared(redis_server: RedisServer) -> AsyncIterator[Open]:
-    with redis_server.client() as c:
-        c.flushall()
-    client = connect_redis(redis_server.url)
+async def _shared(redis: RedisServer | RedisClusterServers) -> AsyncIterator[Open]:
+    redis.flush()
+    client, keys = await open_redis(redis.url)  # a cluster's keys in one slot, as open_shared has them
     opened: list[RedisStreamQueue] = []
 
     def open_(name: str) -> Worker:
-        queue = RedisStreamQueue(client, ROUTES, consumer=name, claim_idle=CLAIM_IDLE)
+        queue = RedisStreamQueue(client, ROUTES, keys=keys, consumer=name, claim_idle=CLAIM_IDLE)
         opened.append(queue)
 
         async def die() -> None:  # a live consumer refreshes what it holds; a killed one stops
@@ -90,7 +89,7 @@ async def _shared(redis_server: RedisServer) -> AsyncIterator[Open]:
                     await queue._refresher
             queue._held.clear()
 
-        return Worker(queue, RedisCoordination(client, Keys(), name), die)
+        return Worker(queue, RedisCoordination(client, keys, name), die)
 
     try:
         yield open_
@@ -173,11 +172,11 @@ SCENARIOS: dict[str, Callable[[Open], Awaitable[list[Any]]]] = {"queue": _queue,
 
 @pytest.mark.parametrize("concept", sorted(SCENARIOS))
 async def test_shared_queue_and_coordination_answer_as_embedded_ones_do(
-    concept: str, redis_server: RedisServer, tmp_path: Path
+    concept: str, any_redis: RedisServer | RedisClusterServers, tmp_path: Path
 ) -> None:
     async with _embedded(tmp_path) as open_:
         expected = await SCENARIOS[concept](open_)
-    async with _shared(redis_server) as open_:
+    async with _shared(any_redis) as open_:
         got = await SCENARIOS[concept](open_)
     for i, (e, g) in enumerate(zip(expected, got, strict=True)):
         assert g == e, f"{concept}, step {i}"

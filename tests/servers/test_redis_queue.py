@@ -13,7 +13,7 @@ import time
 import pytest
 
 from gateway.records import Shard
-from gateway.store.redis.coordination import connect_redis
+from gateway.store.redis.connection import connect_redis
 from gateway.store.redis.keys import GROUP, Keys
 from gateway.store.redis.queue import RedisStreamQueue
 from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer

@@ -25,23 +25,23 @@ from gateway.store.idempotency import IdempotencyEntry
 from gateway.store.objects import BatchOptions, BatchRecord, FileRecord, RequestCounts
 from gateway.store.protocols import Store
 from gateway.store.quota import SpendTo, TeamLimits
-from gateway.store.redis.coordination import connect_redis
+from gateway.store.redis.connection import connect_redis, open_redis
 from gateway.store.redis.store import RedisStore
 from gateway.store.sessions import Session, session_name
 from gateway.store.sqlite.store import SQLiteStore
-from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer
+from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisClusterServers, RedisServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)]
 
 
 @contextlib.asynccontextmanager
-async def _stores(redis_server: RedisServer, tmp_path: Path) -> AsyncIterator[tuple[Store, Store]]:
-    """A fresh `SQLiteStore` and a `RedisStore` over an empty Redis (opened in the test's own event loop)."""
-    with redis_server.client() as c:
-        c.flushall()
+async def _stores(redis: RedisServer | RedisClusterServers, tmp_path: Path) -> AsyncIterator[tuple[Store, Store]]:
+    """A fresh `SQLiteStore` and a `RedisStore` over an empty Redis or cluster (opened in the test's own event
+    loop, as `open_shared` opens it: a cluster's keys in one slot)."""
+    redis.flush()
     # An hour's rate window: a scenario never straddles two (a minute's could, between the two stores' runs).
     sqlite = SQLiteStore(tmp_path / "s.sqlite3", rate_window_seconds=3600)
-    shared = RedisStore(connect_redis(redis_server.url), rate_window_seconds=3600)
+    shared = RedisStore(*await open_redis(redis.url), rate_window_seconds=3600)
     try:
         yield sqlite, shared
     finally:
@@ -324,16 +324,18 @@ SCENARIOS: dict[str, Callable[[Store], Awaitable[list[Any]]]] = {
 
 
 @pytest.mark.parametrize("concept", sorted(SCENARIOS))
-async def test_redis_store_answers_as_sqlite_does(concept: str, redis_server: RedisServer, tmp_path: Path) -> None:
-    async with _stores(redis_server, tmp_path) as (sqlite, shared):
+async def test_redis_store_answers_as_sqlite_does(concept: str, any_redis: RedisServer | RedisClusterServers,
+                                                  tmp_path: Path) -> None:
+    async with _stores(any_redis, tmp_path) as (sqlite, shared):
         expected = await SCENARIOS[concept](sqlite)
         got = await SCENARIOS[concept](shared)
     for i, (e, g) in enumerate(zip(expected, got, strict=True)):
         assert g == e, f"{concept}, step {i}"
 
 
-async def test_store_counts_each_result_once_under_concurrency(redis_server: RedisServer, tmp_path: Path) -> None:
-    async with _stores(redis_server, tmp_path) as (_, store):
+async def test_store_counts_each_result_once_under_concurrency(any_redis: RedisServer | RedisClusterServers,
+                                                               tmp_path: Path) -> None:
+    async with _stores(any_redis, tmp_path) as (_, store):
         await store.batches.put(_batch("batch_c", "t", 1))
         shard = Shard("batch_c", 0, "m", 200)
         results = [_result(i, 200 if i % 2 else 429, 1) for i in range(1, 201)]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.store.protocols import WebhookDeliveries
-from gateway.store.redis.coordination import connect_redis
+from gateway.store.redis.connection import connect_redis
 from gateway.store.redis.keys import Keys
 from gateway.store.redis.webhooks import RedisWebhookDeliveries
 from gateway.store.sqlite.store import SQLiteStore

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,14 @@ def _stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: 
 
 
 class RedisServer:
-    def __init__(self, *, appendonly: bool = False, port: int | None = None) -> None:
+    """`args`: more of redis-server's flags (a maxmemory policy, a TLS port, an ACL user); `binary`: the server
+    (`valkey-server` speaks the same flags)."""
+
+    def __init__(self, *, appendonly: bool = False, port: int | None = None, args: Sequence[str] = (),
+                 binary: str = "redis-server") -> None:
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.args, self.binary = list(args), binary
         self.dir = Path(tempfile.mkdtemp(prefix="redis-"))
         self.log_path = self.dir / "redis.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -68,8 +74,8 @@ class RedisServer:
 
     def start(self, timeout: float = 10) -> RedisServer:
         persist = ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else ["--appendonly", "no"]
-        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *persist,
-               "--dir", str(self.dir), "--logfile", str(self.log_path)]
+        cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *persist,
+               "--dir", str(self.dir), "--logfile", str(self.log_path), *self.args]
         self.process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
@@ -80,6 +86,10 @@ class RedisServer:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server did not start:\n{_tail(self.log_path)}")
             time.sleep(0.05)
+
+    def flush(self) -> None:
+        with self.client() as c:
+            c.flushall()
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """SIGTERM: Redis' own shutdown (it flushes the append-only file); SIGKILL: a crash."""
@@ -94,6 +104,85 @@ class RedisServer:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def make_tls_files(where: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1/localhost signed by it, made with the `openssl` CLI in
+    `where`: (CA, certificate, key)."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=where, check=True, capture_output=True, timeout=60)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
+            "-subj", "/CN=batchyard test CA")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+            "-subj", "/CN=localhost")
+    (where / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.crt", "-days", "1", "-extfile", "san.ext")
+    return where / "ca.crt", where / "server.crt", where / "server.key"
+
+
+class RedisClusterServers:
+    """A Redis Cluster of `masters` masters (and `replicas` replicas each) on loopback: `redis-server
+    --cluster-enabled yes` processes joined by `redis-cli --cluster create`. `url` names one node, as a managed
+    configuration endpoint would."""
+
+    def __init__(self, masters: int = 3, replicas: int = 0, binary: str = "redis-server",
+                 tls: tuple[Path, Path, Path] | None = None) -> None:
+        """`tls`: (CA, certificate, key): each node also listens with TLS (`tls_url`), its bus too, and the
+        cluster tells TLS clients the TLS ports."""
+        self.tls, self.tls_ports = tls, [free_port() for _ in range(masters * (1 + replicas))]
+        self.nodes = [RedisServer(binary=binary, args=[
+            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
+            "--cluster-port", str(free_port()),  # named: the default (port + 10000) may be past 65535
+            *self._tls_args(tls_port)]) for tls_port in self.tls_ports]
+        self.replicas = replicas
+
+    def _tls_args(self, port: int) -> list[str]:
+        if self.tls is None:
+            return []
+        ca, cert, key = self.tls
+        return ["--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+                "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no", "--tls-cluster", "yes"]
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    @property
+    def tls_url(self) -> str:
+        return f"rediss://127.0.0.1:{self.tls_ports[0]}/0"
+
+    def start(self, timeout: float = 30) -> RedisClusterServers:
+        for node in self.nodes:
+            node.start()
+        cli = shutil.which("redis-cli") or shutil.which("valkey-cli") or "redis-cli"
+        if self.tls is None:
+            tls, ports = [], [n.port for n in self.nodes]
+        else:  # created over TLS, so that the nodes meet on their TLS ports
+            tls, ports = ["--tls", "--cacert", str(self.tls[0])], self.tls_ports
+        subprocess.run([cli, *tls, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
+                        "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                       check=True, capture_output=True, timeout=60)
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.nodes[0].client() as c:
+                info = c.execute_command("CLUSTER", "INFO")
+                text = info if isinstance(info, str) else str(info)
+                if "cluster_state:ok" in text:
+                    return self
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not come up: {text}")
+            time.sleep(0.1)
+
+    def flush(self) -> None:
+        for node in self.nodes:
+            with contextlib.suppress(redis.RedisError), node.client() as c:
+                c.flushall()
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
 
 
 class MotoS3:
@@ -214,6 +303,6 @@ def write_config(path: Path, config: dict[str, Any]) -> Path:
 
 
 __all__ = [
-    "HAVE_REDIS", "NO_REDIS_REASON", "S3_ENV", "MotoS3", "RedisServer", "WorkerProcess", "free_port",
-    "process_env", "shared_config", "start_worker", "write_config",
+    "HAVE_REDIS", "NO_REDIS_REASON", "S3_ENV", "MotoS3", "RedisClusterServers", "RedisServer", "WorkerProcess",
+    "free_port", "make_tls_files", "process_env", "shared_config", "start_worker", "write_config",
 ]

@@ -12,7 +12,7 @@ import sqlite3
 
 import pytest
 from botocore.exceptions import ClientError, ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
-from redis.exceptions import BusyLoadingError, ResponseError
+from redis.exceptions import BusyLoadingError, ClusterDownError, ReadOnlyError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -36,6 +36,9 @@ def _s3(code: str, status: int) -> ClientError:
     (RedisTimeoutError("Timeout reading from socket"), "redis_unreachable"),
     (BusyLoadingError("Redis is loading the dataset in memory"), "redis_unreachable"),
     (ResponseError("MISCONF Redis is configured to save RDB snapshots"), "redis_unreachable"),
+    (ClusterDownError("CLUSTERDOWN The cluster is down"), "redis_unreachable"),  # a cluster failing over
+    (TryAgainError("TRYAGAIN Multiple keys request during rehashing of slot"), "redis_unreachable"),
+    (ReadOnlyError("READONLY You can't write against a read only replica."), "redis_unreachable"),
     (_s3("SlowDown", 503), "s3_unavailable"),
     (_s3("InternalError", 500), "s3_unavailable"),
     (_s3("RequestTimeout", 400), "s3_unavailable"),

@@ -73,9 +73,10 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "%s-redis" (include "batchyard.fullname" .) -}}
 {{- end -}}
 
-{{/* The Redis URL env var (REDIS_URL) of every batchyard container. */}}
+{{/* The Redis URL of every batchyard container: BATCHYARD_REDIS_URL, which serve and worker read when no
+--redis-url is given (a password from a Secret stays out of the process's arguments). */}}
 {{- define "batchyard.redisEnv" -}}
-- name: REDIS_URL
+- name: BATCHYARD_REDIS_URL
 {{- if .Values.redis.existingSecret }}
   valueFrom:
     secretKeyRef:
@@ -114,12 +115,34 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "batchyard.sharedArgs" -}}
 - --config
 - /config/team.yaml
-- --redis-url
-- $(REDIS_URL)
+{{- if .Values.redis.tls.caSecret }}
+- --redis-ca-file
+- {{ printf "/etc/batchyard/redis-ca/%s" .Values.redis.tls.caKey | quote }}
+{{- end }}
+{{- if .Values.redis.allowEvicting }}
+- --allow-evicting-redis
+{{- end }}
 - --storage
 - {{ printf "s3://%s/%s" .Values.s3.bucket (trimAll "/" .Values.s3.prefix) | trimSuffix "/" }}
 - --claim-idle
 - {{ .Values.claimIdle | quote }}
+{{- end -}}
+
+{{/* The CA of a rediss:// Redis (redis.tls.caSecret), mounted where --redis-ca-file names it. */}}
+{{- define "batchyard.redisCaMount" -}}
+{{- if .Values.redis.tls.caSecret }}
+- name: redis-ca
+  mountPath: /etc/batchyard/redis-ca
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "batchyard.redisCaVolume" -}}
+{{- if .Values.redis.tls.caSecret }}
+- name: redis-ca
+  secret:
+    secretName: {{ .Values.redis.tls.caSecret }}
+{{- end }}
 {{- end -}}
 
 {{/* Pod annotations: config/keys checksums (a change rolls the pods) and the scrape annotations. */}}

@@ -15,12 +15,6 @@ import time
 from typing import Any, cast
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff, NoBackoff
-from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.store.leases import hold
 from gateway.store.redis.keys import Keys
@@ -29,42 +23,6 @@ LEASE_SECONDS = 30.0
 
 _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
-
-
-# How a command is tried again on a lost connection. A worker: 30 times with backoff (0.1 s, doubling, at most
-# 1 s), riding out a Redis restart of ~25 s. An API replica: once, at once, so a stale connection is replaced
-# while a Redis that is gone answers 503 in milliseconds instead of holding every request (3 retries with
-# backoff held each for 0.7 s); the SDKs retry a 503 themselves, and the openai SDK's POSTs carry an
-# Idempotency-Key, which create honours.
-WORKER_RETRIES = 30
-API_RETRIES = 1
-
-
-class _Script(AsyncScript):
-    """redis-py's script, loaded again when Redis forgot it more than once in one call.
-
-    redis-py loads a script again on NOSCRIPT and calls it once more; a Redis that restarts (its script
-    cache is empty) around that second call answered NOSCRIPT again, and the caller met the error."""
-
-    async def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
-        for _ in range(3):
-            with contextlib.suppress(NoScriptError):
-                return await super().__call__(keys, args, client)
-        return await super().__call__(keys, args, client)
-
-
-class _Redis(aioredis.Redis):
-    def register_script(self, script: Any) -> AsyncScript:  # type: ignore[override]  # the async one
-        return _Script(self, script)
-
-
-def connect_redis(url: str, retries: int = WORKER_RETRIES) -> aioredis.Redis:
-    """A client that rides out a Redis restart (retries with backoff; `retries`: how patient; 1: once, at once)."""
-    retry = Retry(ExponentialBackoff(cap=1.0, base=0.05) if retries > 1 else NoBackoff(), retries=retries)
-    return _Redis.from_url(
-        url, decode_responses=True, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        health_check_interval=15, socket_timeout=10,
-    )
 
 
 class RedisCoordination:
@@ -119,4 +77,4 @@ class RedisCoordination:
         return None
 
 
-__all__ = ["API_RETRIES", "LEASE_SECONDS", "WORKER_RETRIES", "RedisCoordination", "connect_redis"]
+__all__ = ["LEASE_SECONDS", "RedisCoordination"]

@@ -1,7 +1,8 @@
 """Every Redis key batchyard uses, in one place (as arq does).
 
 All keys start with a prefix (default `batchyard:`) so one Redis can hold
-several deployments.
+several deployments. On a Redis Cluster the prefix is a hash tag (`{batchyard}:`, `slot_prefix`):
+every key of a deployment is in one slot, where every script and transaction may touch them together.
 
 Names never collide: a key built from a team id (`files:`, `batches:`,
 `webhooks:`, `quota:`, `quota-models:`, `spend:`) is the only kind of key in its
@@ -85,6 +86,19 @@ from dataclasses import dataclass
 DEFAULT_PREFIX = "batchyard:"
 GROUP = "workers"  # the one consumer group every worker joins, on every stream
 STREAM_FIELD = "shard"  # the stream entry's field holding the shard JSON
+
+
+def slot_prefix(prefix: str) -> str:
+    """`prefix` as a Redis Cluster hash tag (`batchyard:` -> `{batchyard}:`): every key then hashes to one slot.
+
+    Why one slot: the scripts read keys they find as they go (the fair pick walks every team's ready set and
+    its batch streams; a batch's finish moves its record, its owner's list and the global indexes together),
+    which a cluster allows only within one slot. The bound: a deployment's records and queue live on one
+    master (its memory and its commands per second), as on a single Redis; the cluster adds managed
+    failover and the endpoint operators have, not throughput. A prefix that already starts with a tag is kept."""
+    if prefix.startswith("{") and "}" in prefix:
+        return prefix
+    return "{" + prefix.rstrip(":") + "}:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,4 +230,4 @@ class Keys:
         return f"{self.prefix}lease:{what}"
 
 
-__all__ = ["DEFAULT_PREFIX", "GROUP", "STREAM_FIELD", "Keys"]
+__all__ = ["DEFAULT_PREFIX", "GROUP", "STREAM_FIELD", "Keys", "slot_prefix"]

@@ -19,8 +19,8 @@ the parts share one client:
 - `RedisIdempotencyKeys` (`gateway.store.redis.idempotency`): the teams' idempotency keys.
 - `RedisDashboardSessions` (`gateway.store.redis.sessions`): the dashboard's login sessions.
 
-Key names live in `gateway.store.redis.keys`. Not for Redis Cluster: scripts touch a
-batch's keys and the global indexes together.
+Key names live in `gateway.store.redis.keys`. On a Redis Cluster every key carries one hash tag
+(`keys.slot_prefix`): the scripts touch a batch's keys and the global indexes together, in one slot.
 """
 
 from __future__ import annotations

@@ -1,0 +1,208 @@
+"""Shared mode on a Redis Cluster named by one node's address, as a managed configuration endpoint is.
+
+A 3-master cluster on loopback (`redis-server --cluster-enabled yes` x3, `redis-cli --cluster create`):
+`serve` (an API replica) and two `batchyard worker`s, a batch, one worker SIGKILLed mid-batch: the batch
+completes with every custom_id once and no line failed. Every key carries the deployment's hash tag (one
+slot: `gateway.store.redis.keys.slot_prefix`). A single redis-server keeps the untagged names it had, so a
+deployment written before the cluster support reads its batches on (nothing to migrate).
+(The store and queue parity suites run on a cluster too: `any_redis` in tests/conftest.py.)
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from openai import InternalServerError, OpenAI
+from openai.types import Batch
+
+from gateway.config.schema import parse_config
+from gateway.records import BatchStatus
+from gateway.runtime.root import open_shared
+from gateway.store.objects import BatchOptions, BatchRecord
+from gateway.store.redis.connection import connect_redis
+from gateway.store.redis.keys import Keys
+from gateway.store.redis.store import RedisStore
+from tests.fakes.upstream.server import Upstream
+from tests.servers.test_faults_redis import tracebacks
+from tests.support.server_helpers import chat_line, gateway_config, read_jsonl, submit
+from tests.support.services import (
+    HAVE_REDIS,
+    NO_REDIS_REASON,
+    RedisClusterServers,
+    RedisServer,
+    WorkerProcess,
+    make_tls_files,
+    shared_config,
+    start_worker,
+)
+from tests.support.team_helpers import done, finished, start_shared, until
+from tests.support.waiting import eventually
+
+pytestmark = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)]
+
+TEAMS = [{"team_id": "alpha", "api_keys": ["sk-alpha"]}]
+LINES = 300
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisClusterServers]:
+    servers = RedisClusterServers(3).start()
+    yield servers
+    servers.close()
+
+
+def _all_keys(cluster: RedisClusterServers) -> list[str]:
+    """Every key on every master (the test's look; the gateway never lists the keyspace)."""
+    names: list[str] = []
+    for node in cluster.nodes:
+        with node.client() as c:
+            names += [str(k) for k in c.scan_iter(count=1000)]
+    return names
+
+
+def test_serve_and_two_workers_on_a_cluster_with_one_worker_killed(
+    cluster: RedisClusterServers, upstream: Upstream, tmp_path: Path,
+) -> None:
+    cluster.flush()
+    config = gateway_config(upstream, models=("gpt-mini",), teams=TEAMS, shard_size=25)
+    gw = start_shared(config, tmp_path / "data", cluster.url, with_worker=False)
+    workers: list[WorkerProcess] = []
+    try:
+        storage = str(tmp_path / "data" / "blobs")
+        workers = [start_worker(tmp_path / "shared.config.yaml", cluster.url, storage, claim_idle=1.0)
+                   for _ in range(2)]
+        for worker in workers:
+            worker.wait_ready(120)
+        lines = [chat_line(f"c-{i}", "gpt-mini", f"#sleep:20 line {i}") for i in range(LINES)]
+        alpha = gw.client("sk-alpha")
+        batch_id = submit(alpha, lines).id
+        until(gw, "sk-alpha", batch_id, lambda b: done(b) >= 50, timeout=90)
+        workers[0].kill()  # SIGKILL: its shards are taken over once idle past --claim-idle
+        batch = until(gw, "sk-alpha", batch_id, finished, timeout=180)
+        logs = "\n".join([gw.log(), *(w.log() for w in workers)])
+        assert batch.status == "completed", logs[-4000:]
+        assert read_jsonl(alpha, batch.error_file_id) == []
+        output = [r["custom_id"] for r in read_jsonl(alpha, batch.output_file_id)]
+        assert sorted(output) == sorted(line["custom_id"] for line in lines)  # each once
+        assert tracebacks(logs) == [], "\n".join(tracebacks(logs))
+        names = _all_keys(cluster)
+        assert names and all(name.startswith("{batchyard}:") for name in names), names[:5]
+        # ...so they all live on the master of one slot
+        masters = set()
+        for node in cluster.nodes:
+            with node.client() as c:
+                if c.dbsize():
+                    masters.add(node.port)
+        assert len(masters) == 1
+    finally:
+        for worker in workers:
+            worker.close()
+        gw.stop()
+
+
+def _master_of_the_tag(cluster: RedisClusterServers) -> RedisServer:
+    """The master that holds the deployment's slot (every key: `{batchyard}:…`)."""
+    with cluster.nodes[0].client() as c:
+        slot = int(c.execute_command("CLUSTER", "KEYSLOT", "{batchyard}:x"))
+        for start, end, master, *_ in c.execute_command("CLUSTER", "SLOTS"):
+            if int(start) <= slot <= int(end):
+                port = int(master[1])
+                return next(n for n in cluster.nodes if n.port == port)
+    raise AssertionError(f"no master holds slot {slot}")
+
+
+def _finished_or_none(client: OpenAI, batch_id: str) -> Batch | None:
+    """The batch once finished; None meanwhile, and while the API answers 503 (Redis failing over: the API
+    tries once and says so, in OpenAI's error shape)."""
+    try:
+        batch = client.batches.retrieve(batch_id)
+    except InternalServerError as exc:
+        assert exc.status_code == 503, exc
+        return None
+    return batch if finished(batch) else None
+
+
+def test_a_master_killed_mid_batch_and_its_replica_promoted_loses_nothing(
+    upstream: Upstream, tmp_path: Path,
+) -> None:
+    """A 3+3 cluster; the master holding the deployment's slot SIGKILLed mid-batch: its replica takes over
+    (cluster-node-timeout 2 s) and the batch completes, every custom_id once, no line failed."""
+    cluster = RedisClusterServers(3, replicas=1).start()
+    config = gateway_config(upstream, models=("gpt-mini",), teams=TEAMS, shard_size=25)
+    gw = start_shared(config, tmp_path / "data", cluster.url, with_worker=False)
+    workers: list[WorkerProcess] = []
+    try:
+        storage = str(tmp_path / "data" / "blobs")
+        workers = [start_worker(tmp_path / "shared.config.yaml", cluster.url, storage, claim_idle=2.0)
+                   for _ in range(2)]
+        for worker in workers:
+            worker.wait_ready(120)
+        lines = [chat_line(f"f-{i}", "gpt-mini", f"#sleep:20 line {i}") for i in range(LINES)]
+        alpha = gw.client("sk-alpha")
+        batch_id = submit(alpha, lines).id
+        until(gw, "sk-alpha", batch_id, lambda b: done(b) >= 50, timeout=90)
+        master = _master_of_the_tag(cluster)  # any node, the URL's own included
+        master.stop(signal.SIGKILL)
+        batch = eventually(lambda: _finished_or_none(alpha, batch_id), 240, "the batch to finish", interval=0.5)
+        logs = "\n".join([gw.log(), *(w.log() for w in workers)])
+        assert batch.status == "completed", logs[-4000:]
+        assert read_jsonl(alpha, batch.error_file_id) == []
+        output = [r["custom_id"] for r in read_jsonl(alpha, batch.output_file_id)]
+        assert sorted(output) == sorted(line["custom_id"] for line in lines)  # each once: none lost, none twice
+        assert all(w.alive() for w in workers), logs[-4000:]
+        assert tracebacks(logs) == [], "\n".join(tracebacks(logs))
+    finally:
+        for worker in workers:
+            worker.close()
+        gw.stop()
+        cluster.close()
+
+
+async def test_a_tls_cluster_with_a_ca_file(upstream: Upstream, tmp_path: Path) -> None:
+    """`rediss://` to one node of a cluster whose nodes (and bus) speak TLS, the CA from --redis-ca-file."""
+    ca, cert, key = make_tls_files(tmp_path)
+    cluster = RedisClusterServers(3, tls=(ca, cert, key)).start()
+    try:
+        config = parse_config(shared_config(upstream.v1_url))
+        runtime = await open_shared(config, cluster.tls_url, tmp_path / "blobs", redis_ca_file=str(ca))
+        try:
+            await runtime.store.backend_state.put("probe", {"ok": 1})
+            assert await runtime.store.backend_state.get("probe") == {"ok": 1}
+            assert (await runtime.health())["mode"] == "shared"
+        finally:
+            await runtime.aclose()
+        assert [k for k in _all_keys(cluster) if k.startswith("{batchyard}:meta:")] == ["{batchyard}:meta:probe"]
+    finally:
+        cluster.close()
+
+
+async def test_a_database_other_than_0_is_refused_on_a_cluster(cluster: RedisClusterServers, upstream: Upstream,
+                                                               tmp_path: Path) -> None:
+    from gateway.errors import ConfigError
+
+    config = parse_config(shared_config(upstream.v1_url))
+    with pytest.raises(ConfigError, match="database 0 only"):
+        await open_shared(config, cluster.url.rsplit("/", 1)[0] + "/2", tmp_path / "blobs")
+
+
+async def test_a_single_redis_written_before_keeps_its_key_names(redis_server: RedisServer, upstream: Upstream,
+                                                                 tmp_path: Path) -> None:
+    redis_server.flush()
+    before = RedisStore(connect_redis(redis_server.url), Keys())  # the layout the previous release wrote
+    await before.batches.put(BatchRecord(
+        id="batch_old", owner="alpha", endpoint="/v1/chat/completions", input_file_id="file_in",
+        completion_window="24h", status=BatchStatus.VALIDATING, created_at=1, expires_at=86_401,
+        options=BatchOptions()))
+    await before.aclose()
+    runtime = await open_shared(parse_config(shared_config(upstream.v1_url)), redis_server.url, tmp_path / "blobs")
+    try:
+        record = await runtime.store.batches.get("batch_old")
+        assert record is not None and record.owner == "alpha"
+    finally:
+        await runtime.aclose()
+    with redis.Redis(port=redis_server.port, decode_responses=True) as c:
+        assert not [k for k in c.scan_iter() if str(k).startswith("{")]
