@@ -18,6 +18,7 @@ export PATH="$VENV/bin:$PATH"
 # test drives Debian's chromium with Playwright (its own browser download cannot work offline).
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)  # the cluster tests: redis-cli --cluster create
 [[ -x /usr/bin/chromium ]] || missing+=(chromium)
 if ! command -v docker-compose >/dev/null 2>&1 && ! { command -v docker >/dev/null 2>&1 && docker compose version >/dev/null 2>&1; }; then
     missing+=(docker-compose)
