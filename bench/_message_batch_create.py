@@ -83,7 +83,11 @@ def _measure(gw: Gateway, body: bytes) -> tuple[float, float, float, list[float]
     return idle, peak, wall, sorted(latencies), reply.status_code
 
 
-def message_batch_create(requests: int, size_mb: int) -> None:
+def message_batch_create(requests: int, size_mb: int, repeat: int = 1,
+                         kinds: tuple[str, ...] = ("normal", "pathological")) -> None:
+    """Each kind `repeat` times on one server; with several, the medians too (wall, peak over idle, p99).
+    `kinds=("normal",)` alone for the code before issue 34, which would hold the pathological body as Python
+    objects (several GB)."""
     size = size_mb * MIB
     print(f"\none Message Batch create of {requests:,} requests, {size_mb} MB (API process RSS; team beta's "
           "GET /v1/models meanwhile)", flush=True)
@@ -91,19 +95,32 @@ def message_batch_create(requests: int, size_mb: int) -> None:
         config = gateway_config(upstream, models=(MODEL,), teams=TEAMS, max_lines=max(requests, 50_000),
                                 max_file_bytes=size * 2 + 64 * MIB)
         with start_gateway(config, Path(tmp) / "data", workers=1) as gw:
-            for kind, pathological in (("normal", False), ("pathological", True)):
-                body = _body(requests, size, pathological)
-                idle, peak, wall, lat, status = _measure(gw, body)
-                bound = 2 * len(body) + 50 * MIB
-                p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
-                p50 = statistics.median(lat) if lat else float("nan")
-                print(f"  {kind:12s} body {len(body) / MIB:7.1f} MiB  status {status}  wall {wall:6.2f} s  "
-                      f"peak RSS over idle {(peak - idle) / MIB:7.1f} MiB (bound {bound / MIB:.0f}: "
-                      f"{'ok' if peak - idle <= bound else 'OVER'})  idle {idle / MIB:.0f} MiB", flush=True)
-                print(f"  {'':12s} beta GET /v1/models p50 {1000 * p50:6.1f} ms  p99 {1000 * p99:6.1f} ms "
-                      f"({len(lat)} probes; aim p99 <= 50 ms)", flush=True)
+            for kind in kinds:
+                body = _body(requests, size, kind == "pathological")
+                walls, peaks, p99s = [], [], []
+                for _ in range(repeat):
+                    idle, peak, wall, lat, status = _measure(gw, body)
+                    walls.append(wall)
+                    peaks.append(peak - idle)
+                    p99s.append(lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan"))
+                    _report(kind, body, idle, peak, wall, lat, status)
+                if repeat > 1:
+                    print(f"  {kind:12s} MEDIAN of {repeat}: wall {statistics.median(walls):6.2f} s  peak RSS over idle "
+                          f"{statistics.median(peaks) / MIB:7.1f} MiB  beta p99 {1000 * statistics.median(p99s):6.1f} ms",
+                          flush=True)
                 del body
     print(f"  load average {os.getloadavg()[0]:.1f} (1 min)")
+
+
+def _report(kind: str, body: bytes, idle: int, peak: int, wall: float, lat: list[float], status: int) -> None:
+    bound = 2 * len(body) + 50 * MIB
+    p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
+    p50 = statistics.median(lat) if lat else float("nan")
+    print(f"  {kind:12s} body {len(body) / MIB:7.1f} MiB  status {status}  wall {wall:6.2f} s  "
+          f"peak RSS over idle {(peak - idle) / MIB:7.1f} MiB (bound {bound / MIB:.0f}: "
+          f"{'ok' if peak - idle <= bound else 'OVER'})  idle {idle / MIB:.0f} MiB", flush=True)
+    print(f"  {'':12s} beta GET /v1/models p50 {1000 * p50:6.1f} ms  p99 {1000 * p99:6.1f} ms "
+          f"({len(lat)} probes; aim p99 <= 50 ms)", flush=True)
 
 
 __all__ = ["message_batch_create"]

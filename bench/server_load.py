@@ -172,12 +172,17 @@ def main() -> None:
                         help="measure only one large Message Batch create (normal, then pathological objects)")
     parser.add_argument("--mb-requests", type=int, default=100_000, help="--message-batch-create: its requests")
     parser.add_argument("--mb-size-mb", type=int, default=200, help="--message-batch-create: its body's size")
+    parser.add_argument("--mb-repeat", type=int, default=1, help="--message-batch-create: creates of each kind "
+                        "(medians printed past one)")
+    parser.add_argument("--mb-kinds", default="normal,pathological",
+                        help="--message-batch-create: which bodies, comma-separated (normal alone for the code "
+                        "before issue 34, which holds a pathological body as Python objects)")
     args = parser.parse_args()
     if args.message_batch_create:
         from bench._message_batch_create import message_batch_create
 
         print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the start")
-        message_batch_create(args.mb_requests, args.mb_size_mb)
+        message_batch_create(args.mb_requests, args.mb_size_mb, args.mb_repeat, tuple(args.mb_kinds.split(",")))
         return
     if args.during_run:
         from bench._during_run import during_run
