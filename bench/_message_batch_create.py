@@ -105,9 +105,9 @@ def message_batch_create(requests: int, size_mb: int, repeat: int = 1,
                     p99s.append(lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan"))
                     _report(kind, body, idle, peak, wall, lat, status)
                 if repeat > 1:
-                    print(f"  {kind:12s} MEDIAN of {repeat}: wall {statistics.median(walls):6.2f} s  peak RSS over idle "
-                          f"{statistics.median(peaks) / MIB:7.1f} MiB  beta p99 {1000 * statistics.median(p99s):6.1f} ms",
-                          flush=True)
+                    wall, over, p99 = statistics.median(walls), statistics.median(peaks), statistics.median(p99s)
+                    print(f"  {kind:12s} MEDIAN of {repeat}: wall {wall:6.2f} s  peak RSS over idle {over / MIB:7.1f} "
+                          f"MiB  beta p99 {1000 * p99:6.1f} ms", flush=True)
                 del body
     print(f"  load average {os.getloadavg()[0]:.1f} (1 min)")
 
