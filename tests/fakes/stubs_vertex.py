@@ -4,8 +4,8 @@
 Written from Google's references (Vertex AI REST v1 `projects.locations.batchPredictionJobs`: create, get, list,
 cancel; "Batch prediction for Gemini": the input and output row formats; OAuth 2.0's token endpoint), not from
 what LiteLLM sends. Auth: every API call needs `Authorization: Bearer <token>` of a token this server issued at
-`POST /token` (the `token_uri` of an `authorized_user` credentials file: `grant_type=refresh_token`, form
-encoded); none or another: 401 UNAUTHENTICATED. Errors: `{"error": {"code", "message", "status"}}`.
+`POST /token` (the `token_uri` of a service account's key file: RFC 7523's JWT bearer grant, signed RS256 by the
+account's key, checked against `--public-key`); none or another: 401 UNAUTHENTICATED. Errors: `{"error": {"code", "message", "status"}}`.
 
 `POST /v1/projects/{p}/locations/{l}/batchPredictionJobs` needs `displayName`, `model`
 (`publishers/google/models/gemini-*`, or the full `projects/{p}/locations/{l}/publishers/...`), `inputConfig`
@@ -28,6 +28,7 @@ CODE; `#batch:expire` / `#batch:fail` end the job `JOB_STATE_EXPIRED` / `JOB_STA
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import secrets
@@ -47,6 +48,7 @@ from tests.fakes.stubs_gemini import _CONTENT_FIELDS, _GENERATION_FIELDS, _PART_
 
 _STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
            429: "RESOURCE_EXHAUSTED", 500: "INTERNAL"}
+_GOOGLE_TOKEN_URI = "https://oauth2.googleapis.com/token"
 _ENDED = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED")
 _LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -71,8 +73,8 @@ def _gs(uri: Any) -> tuple[str, str]:
 
 
 class VertexStub:
-    def __init__(self, batch_delay: float, gcs: str) -> None:
-        self.batch_delay, self.gcs = batch_delay, gcs.rstrip("/")
+    def __init__(self, batch_delay: float, gcs: str, public_key: Any = None) -> None:
+        self.batch_delay, self.gcs, self.public_key = batch_delay, gcs.rstrip("/"), public_key
         self.tokens: set[str] = set()
         self.jobs: dict[str, dict[str, Any]] = {}  # job id -> the BatchPredictionJob
         self.tasks: dict[str, asyncio.Task[None]] = {}
@@ -80,14 +82,41 @@ class VertexStub:
         self.inputs_seen: list[dict[str, Any]] = []
 
     async def token(self, request: Request) -> Response:
+        """OAuth 2.0's token endpoint for a service account (RFC 7523): a JWT signed RS256 by the account's key,
+        `aud` Google's token URI, `iss` the account, `scope` given; with `--public-key`, its signature is checked."""
         form = urllib.parse.parse_qs((await request.body()).decode())
-        if form.get("grant_type") != ["refresh_token"] or not form.get("refresh_token") or not form.get("client_id"):
-            return JSONResponse({"error": "invalid_request"}, status_code=400)
+        if form.get("grant_type") != ["urn:ietf:params:oauth:grant-type:jwt-bearer"] or not form.get("assertion"):
+            return JSONResponse({"error": "unsupported_grant_type"}, status_code=400)
+        problem = self._invalid_assertion(form["assertion"][0], str(request.url))
+        if problem:
+            return JSONResponse({"error": "invalid_grant", "error_description": problem}, status_code=400)
         token = "ya29.stand-in-" + secrets.token_hex(8)
         self.tokens.add(token)
         self.counters["tokens"] += 1
-        return JSONResponse({"access_token": token, "expires_in": 3599, "token_type": "Bearer",
-                             "scope": "https://www.googleapis.com/auth/cloud-platform"})
+        return JSONResponse({"access_token": token, "expires_in": 3599, "token_type": "Bearer"})
+
+    def _invalid_assertion(self, assertion: str, url: str) -> str | None:
+        try:
+            head, claims, signature = (base64.urlsafe_b64decode(p + "=" * (-len(p) % 4))
+                                       for p in assertion.split("."))
+            header, body = json.loads(head), json.loads(claims)
+        except ValueError:
+            return "the assertion is not a JWT"
+        # Google's JWT flow: `aud` is Google's token URI (google-auth writes it whatever the key file's token_uri)
+        if header.get("alg") != "RS256" or not body.get("iss") or not body.get("scope") \
+                or body.get("aud") not in (_GOOGLE_TOKEN_URI, url):
+            return f"the JWT needs alg RS256, iss, scope and aud {_GOOGLE_TOKEN_URI} (claims: {sorted(body)})"
+        if self.public_key is not None:
+            from cryptography.exceptions import InvalidSignature
+            from cryptography.hazmat.primitives import hashes
+            from cryptography.hazmat.primitives.asymmetric import padding
+
+            signed = assertion.rsplit(".", 1)[0].encode()
+            try:
+                self.public_key.verify(signature, signed, padding.PKCS1v15(), hashes.SHA256())
+            except InvalidSignature:
+                return "Invalid JWT Signature."
+        return None
 
     async def dispatch(self, request: Request) -> Response:
         try:
@@ -270,8 +299,15 @@ def build_app(stub: VertexStub) -> Starlette:
 def main() -> None:
     parser = stub_arguments("python -m tests.fakes.stubs_vertex", "Vertex AI batch prediction stand-in.")
     parser.add_argument("--gcs-endpoint", required=True, help="the Cloud Storage emulator jobs read and write")
+    parser.add_argument("--public-key", default=None, help="a PEM file: the service account's key, to check JWTs")
     args = parser.parse_args()
-    serve(build_app(VertexStub(args.batch_delay, args.gcs_endpoint)), args)
+    key = None
+    if args.public_key:
+        from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+        with open(args.public_key, "rb") as pem:
+            key = load_pem_public_key(pem.read())
+    serve(build_app(VertexStub(args.batch_delay, args.gcs_endpoint, key)), args)
 
 
 if __name__ == "__main__":

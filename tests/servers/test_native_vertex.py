@@ -1,6 +1,6 @@
 """Native batches on Vertex AI: batch prediction jobs over gcp-storage-emulator (a real Cloud Storage server) and
-the Vertex stand-in (tests/fakes/stubs_vertex.py), authenticated by an `authorized_user` credentials file whose
-token endpoint is the stand-in's (google-auth refreshes it, through LiteLLM's VertexBase). Nothing is mocked.
+the Vertex stand-in (tests/fakes/stubs_vertex.py), authenticated by a service account's key file whose token
+endpoint is the stand-in's (google-auth refreshes it, through LiteLLM's VertexBase). Nothing is mocked.
 
 The spec: rows in GCS as `{"request": GenerateContentRequest}` (LiteLLM's Vertex translation, each row's input
 line in its `labels`), one job per part, results back as `chat.completion`s with usage at the batch rate from
@@ -51,19 +51,38 @@ def gcs() -> Iterator[GcsEmulator]:
         emulator.close()
 
 
-@pytest.fixture
-def vertex(gcs: GcsEmulator) -> Iterator[Stub]:
-    stub = start_stub("tests.fakes.stubs_vertex", ["--batch-delay", "0.3", "--gcs-endpoint", gcs.url])
+@pytest.fixture(scope="module")
+def key_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """A service account's RSA key: (its private PEM, the path of its public PEM for the stand-in)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+    public = tmp_path_factory.mktemp("sa") / "public.pem"
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+def _vertex(gcs: GcsEmulator, key_pair: tuple[str, Path], delay: str) -> Iterator[Stub]:
+    stub = start_stub("tests.fakes.stubs_vertex", ["--batch-delay", delay, "--gcs-endpoint", gcs.url,
+                                                   "--public-key", str(key_pair[1])])
+    stub.key = key_pair[0]  # type: ignore[attr-defined]
     yield stub
     stub.stop()
 
 
 @pytest.fixture
-def slow_vertex(gcs: GcsEmulator) -> Iterator[Stub]:
+def vertex(gcs: GcsEmulator, key_pair: tuple[str, Path]) -> Iterator[Stub]:
+    yield from _vertex(gcs, key_pair, "0.3")
+
+
+@pytest.fixture
+def slow_vertex(gcs: GcsEmulator, key_pair: tuple[str, Path]) -> Iterator[Stub]:
     """Jobs long enough to cancel or restart."""
-    stub = start_stub("tests.fakes.stubs_vertex", ["--batch-delay", "6", "--gcs-endpoint", gcs.url])
-    yield stub
-    stub.stop()
+    yield from _vertex(gcs, key_pair, "6")
 
 
 @pytest.fixture
@@ -74,11 +93,11 @@ async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
 
 
 def credentials(stub: Stub) -> str:
-    """An `authorized_user` credentials file (what `gcloud auth application-default login` writes), pointed at
-    the stand-in's token endpoint."""
-    return json.dumps({"type": "authorized_user", "client_id": "batchyard.apps.googleusercontent.com",
-                       "client_secret": "stand-in", "refresh_token": "1//stand-in", "token_uri": f"{stub.url}/token",
-                       "quota_project_id": PROJECT})
+    """A service account's key file, as the IAM console writes it, its `token_uri` the stand-in's (google-auth
+    pins an `authorized_user` file's token endpoint to Google's, so that kind cannot be pointed at a stand-in)."""
+    return json.dumps({"type": "service_account", "project_id": PROJECT, "private_key_id": "stand-in",
+                       "private_key": stub.key, "client_email": f"batchyard@{PROJECT}.iam.gserviceaccount.com",
+                       "client_id": "1", "token_uri": f"{stub.url}/token"})  # type: ignore[attr-defined]
 
 
 def route(stub: Stub, gcs: GcsEmulator, **info: Any) -> Route:
