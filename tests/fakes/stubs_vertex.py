@@ -5,7 +5,8 @@ Written from Google's references (Vertex AI REST v1 `projects.locations.batchPre
 cancel; "Batch prediction for Gemini": the input and output row formats; OAuth 2.0's token endpoint), not from
 what LiteLLM sends. Auth: every API call needs `Authorization: Bearer <token>` of a token this server issued at
 `POST /token` (the `token_uri` of a service account's key file: RFC 7523's JWT bearer grant, signed RS256 by the
-account's key, checked against `--public-key`); none or another: 401 UNAUTHENTICATED. Errors: `{"error": {"code", "message", "status"}}`.
+account's key, checked against `--public-key`); none or another: 401 UNAUTHENTICATED. Errors: `{"error":
+{"code", "message", "status"}}`.
 
 `POST /v1/projects/{p}/locations/{l}/batchPredictionJobs` needs `displayName`, `model`
 (`publishers/google/models/gemini-*`, or the full `projects/{p}/locations/{l}/publishers/...`), `inputConfig`

@@ -135,7 +135,7 @@ async def test_a_job_of_rows_in_gcs_answers_at_the_batch_rate_and_leaves_the_buc
     price = litellm.model_cost[MODEL]  # the map's *_batches prices
     assert summary["cost_usd"] == pytest.approx(30 * (5 * price["input_cost_per_token_batches"]
                                                       + 4 * price["output_cost_per_token_batches"]))
-    assert gcs.keys() == []  # the input and predictions.jsonl deleted with the batch
+    assert gcs.object_names() == []  # the input and predictions.jsonl deleted with the batch
 
 
 async def test_keep_files_keeps_them_a_row_error_keeps_its_code_and_an_unmappable_line_is_refused(
@@ -152,7 +152,7 @@ async def test_keep_files_keeps_them_a_row_error_keeps_its_code_and_an_unmappabl
     assert refused.status_code == 400 and refused.body is not None
     assert refused.body["error"]["code"] == "unsupported_parameter" and refused.body["error"]["param"] == "logit_bias"
     assert vertex.stats()["batch_requests"] == 5
-    keys = gcs.keys()
+    keys = gcs.object_names()
     assert any(k.startswith("kept/input/") for k in keys) and any(k.endswith("/predictions.jsonl") for k in keys)
 
 
@@ -165,7 +165,7 @@ async def test_a_failed_or_expired_job_fails_every_line(directive: str, code: st
     results = await run_shard(backend, await new_shard(store, 4), requests)
     for res in results:
         assert res.status_code is None and res.error is not None and res.error["code"] == code, res
-    assert not any(k.startswith(f"f{code}/") for k in gcs.keys())  # the input is gone all the same
+    assert not any(k.startswith(f"f{code}/") for k in gcs.object_names())  # the input is gone all the same
 
 
 async def test_cancel_cancels_the_job(slow_vertex: Stub, gcs: GcsEmulator, store: SQLiteStore) -> None:

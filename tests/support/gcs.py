@@ -39,7 +39,7 @@ class GcsEmulator:
         deadline = time.monotonic() + timeout
         while True:
             with contextlib.suppress(OSError):
-                self.keys()
+                self.object_names()
                 return self
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"gcp-storage-emulator did not start:\n{_tail(self.log_path)}")
@@ -51,7 +51,7 @@ class GcsEmulator:
         with _OPENER.open(self.url + path, timeout=5) as reply:
             return json.loads(reply.read() or b"{}")
 
-    def keys(self) -> list[str]:
+    def object_names(self) -> list[str]:
         """The names of every object in the bucket."""
         listing = self._get(f"/storage/v1/b/{urllib.parse.quote(self.bucket)}/o")
         return [str(item["name"]) for item in listing.get("items") or []]
