@@ -30,7 +30,7 @@ from providers.native import NativeBatchBackend, native_route_summary
 from tests.fakes.stub_process import Stub, start_stub
 from tests.servers.test_native import ROUTE, content, new_shard, run_shard, upstream_ids
 from tests.servers.test_native_providers import chat
-from tests.support.gcs import GcsEmulator
+from tests.support.gcs import GcsEmulator, service_account_json, service_account_key
 
 MODEL = "gemini-2.5-flash"
 PROJECT = "batchyard-test"
@@ -53,17 +53,7 @@ def gcs() -> Iterator[GcsEmulator]:
 
 @pytest.fixture(scope="module")
 def key_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
-    """A service account's RSA key: (its private PEM, the path of its public PEM for the stand-in)."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption()).decode()
-    public = tmp_path_factory.mktemp("sa") / "public.pem"
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
-    return private, public
+    return service_account_key(tmp_path_factory.mktemp("sa"))
 
 
 def _vertex(gcs: GcsEmulator, key_pair: tuple[str, Path], delay: str) -> Iterator[Stub]:
@@ -93,11 +83,7 @@ async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
 
 
 def credentials(stub: Stub) -> str:
-    """A service account's key file, as the IAM console writes it, its `token_uri` the stand-in's (google-auth
-    pins an `authorized_user` file's token endpoint to Google's, so that kind cannot be pointed at a stand-in)."""
-    return json.dumps({"type": "service_account", "project_id": PROJECT, "private_key_id": "stand-in",
-                       "private_key": stub.key, "client_email": f"batchyard@{PROJECT}.iam.gserviceaccount.com",
-                       "client_id": "1", "token_uri": f"{stub.url}/token"})  # type: ignore[attr-defined]
+    return service_account_json(stub.key, f"{stub.url}/token", PROJECT)  # type: ignore[attr-defined]
 
 
 def route(stub: Stub, gcs: GcsEmulator, **info: Any) -> Route:

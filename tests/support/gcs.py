@@ -1,8 +1,10 @@
-"""gcp-storage-emulator (a real Cloud Storage JSON API server) on a free loopback port, with one bucket."""
+"""gcp-storage-emulator (a real Cloud Storage JSON API server) on a free loopback port, with one bucket; and a
+Google service account's key file for the Vertex stand-in (tests/fakes/stubs_vertex.py) to issue tokens to."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -46,8 +48,6 @@ class GcsEmulator:
             time.sleep(0.1)
 
     def _get(self, path: str) -> Any:
-        import json
-
         with _OPENER.open(self.url + path, timeout=5) as reply:
             return json.loads(reply.read() or b"{}")
 
@@ -60,3 +60,25 @@ class GcsEmulator:
         _stop(self.process)
         with contextlib.suppress(OSError):
             self.log_path.unlink()
+
+
+def service_account_key(directory: Path) -> tuple[str, Path]:
+    """A new RSA key: (its private PEM, the path of its public PEM, which the Vertex stand-in checks JWTs with)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+    public = directory / "service-account.pub.pem"
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+def service_account_json(private_key: str, token_uri: str, project: str) -> str:
+    """A service account's key file, as the IAM console writes it, its `token_uri` the stand-in's (google-auth
+    pins an `authorized_user` file's token endpoint to Google's, so that kind cannot be pointed at a stand-in)."""
+    return json.dumps({"type": "service_account", "project_id": project, "private_key_id": "stand-in",
+                       "private_key": private_key, "client_email": f"batchyard@{project}.iam.gserviceaccount.com",
+                       "client_id": "1", "token_uri": token_uri})
