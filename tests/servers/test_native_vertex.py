@@ -27,6 +27,7 @@ from gateway.records import BatchStatus, Result
 from gateway.store.objects import now
 from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend, native_route_summary
+from providers.openai_batches import shard_meta_key
 from tests.fakes.stub_process import Stub, start_stub
 from tests.servers.test_native import ROUTE, content, new_shard, run_shard, upstream_ids
 from tests.servers.test_native_providers import chat
@@ -190,6 +191,36 @@ async def test_restart_polls_the_job_it_created(slow_vertex: Stub, gcs: GcsEmula
         second = NativeBatchBackend(route(slow_vertex, gcs), {}, second_store)
         results = await run_shard(second, shard, requests[1:])
         assert slow_vertex.stats()["batches_created"] == 1, "a restart must not create the job again"
+        assert all(r.ok for r in results)
+        assert (await native_route_summary(second_store, shard.batch_id, ROUTE))["upstream_batch_ids"] == [job]
+    finally:
+        await second_store.aclose()
+
+
+async def test_a_job_created_but_not_recorded_before_a_crash_is_found_by_its_display_name(
+        slow_vertex: Stub, gcs: GcsEmulator, tmp_path: Path) -> None:
+    """A crash between Vertex's reply to the create and the store's write: the input's object is recorded, the
+    job is not. The restart lists the jobs by the input's display name and polls that one."""
+    path = tmp_path / "crash.sqlite3"
+    first_store = SQLiteStore(path)
+    first = NativeBatchBackend(route(slow_vertex, gcs), {}, first_store)
+    requests = [chat(i) for i in range(1, 4)]
+    shard = await new_shard(first_store, len(requests))
+    task = asyncio.create_task(anext(first.execute_shard(shard, requests)))
+    (job,) = await upstream_ids(first_store, shard)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    meta = await first_store.backend_state.get(shard_meta_key(shard))
+    assert meta is not None and meta["parts"][0]["file_id"]
+    meta["parts"][0]["batch_id"] = None  # as if the process died before recording the job
+    await first_store.backend_state.put(shard_meta_key(shard), meta)
+    await first_store.aclose()
+    second_store = SQLiteStore(path)
+    try:
+        second = NativeBatchBackend(route(slow_vertex, gcs), {}, second_store)
+        results = await run_shard(second, shard, requests)
+        assert slow_vertex.stats()["batches_created"] == 1, "the job was found, not made again"
         assert all(r.ok for r in results)
         assert (await native_route_summary(second_store, shard.batch_id, ROUTE))["upstream_batch_ids"] == [job]
     finally:
