@@ -5,7 +5,7 @@ Each shard is rewritten for the provider (its line form, the deployment's model,
 custom_id `l<line>`), split under the provider's job limits and made into upstream
 jobs by that provider's `UpstreamJobs` (OpenAI and Azure: `providers.openai_jobs`;
 Anthropic: `providers.anthropic_jobs`; Mistral: `providers.mistral_jobs`; the Gemini API:
-`providers.gemini_jobs`). The file
+`providers.gemini_jobs`; Bedrock: `providers.bedrock_jobs`; Vertex AI: `providers.vertex_jobs`). The file
 and job ids are recorded in the store's meta (`native:<batch>:<shard>`) before any
 polling, so a restarted process polls the jobs it already created instead of
 creating new ones. No job is created while the team is over its budget

@@ -107,7 +107,8 @@ def call_kwargs(params: Mapping[str, Any], provider: str, timeout: float | None)
     """The LiteLLM keyword arguments of a deployment's batch calls (credentials never logged)."""
     kwargs: dict[str, Any] = {"custom_llm_provider": provider}
     for name in ("api_base", "api_key", "api_version", "organization", "timeout", "aws_access_key_id",
-                 "aws_secret_access_key", "aws_session_token", "aws_region_name"):
+                 "aws_secret_access_key", "aws_session_token", "aws_region_name", "vertex_project",
+                 "vertex_location", "vertex_credentials"):
         if params.get(name) is not None:
             kwargs[name] = params[name]
     if "timeout" not in kwargs and timeout is not None:

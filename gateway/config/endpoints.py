@@ -113,8 +113,6 @@ class NativeJobs:
 # Endpoints that OpenAI's and Azure's batch jobs accept.
 _OPENAI_BATCH = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES})
 
-# LiteLLM 1.110.2 also reaches Vertex AI (Google Cloud Storage) batches; not offered yet (no stand-in of its
-# batchPredictionJobs is in the tests: not offered untested).
 NATIVE_JOBS: dict[str, NativeJobs] = {
     "openai": NativeJobs("providers.openai_jobs:OpenAIJobs", _OPENAI_BATCH),
     "azure": NativeJobs("providers.openai_jobs:OpenAIJobs", _OPENAI_BATCH),
@@ -122,5 +120,6 @@ NATIVE_JOBS: dict[str, NativeJobs] = {
     "mistral": NativeJobs("providers.mistral_jobs:MistralJobs", frozenset({Endpoint.CHAT, Endpoint.EMBEDDINGS})),
     "gemini": NativeJobs("providers.gemini_jobs:GeminiJobs", frozenset({Endpoint.CHAT})),
     "bedrock": NativeJobs("providers.bedrock_jobs:BedrockJobs", frozenset({Endpoint.CHAT})),
+    "vertex_ai": NativeJobs("providers.vertex_jobs:VertexJobs", frozenset({Endpoint.CHAT})),
 }
 NATIVE_PROVIDERS = tuple(NATIVE_JOBS)

@@ -157,6 +157,8 @@ class NativeModelInfo(ModelInfo):
       from the first up to the second.
     - `native_s3_bucket`, `native_role_arn` (required), `native_s3_prefix`, `native_keep_files`,
       `native_min_records`: Bedrock's storage and job size (`providers.bedrock_jobs`); refused elsewhere.
+    - `native_gcs_bucket` (required), `native_gcs_prefix`, `native_keep_files`: Vertex AI's storage
+      (`providers.vertex_jobs`); refused elsewhere.
     """
 
     native_max_lines: PositiveInt | None = None
@@ -174,9 +176,15 @@ class NativeModelInfo(ModelInfo):
     native_role_arn: str | None = None
     """Bedrock: the service role Bedrock assumes to read the inputs and write the outputs (required on `bedrock/`)."""
     native_keep_files: bool = False
-    """Bedrock: keep a job's input and output objects in the bucket when its batch ends (default: deleted)."""
+    """Bedrock, Vertex AI: keep a job's input and output objects in the bucket when its batch ends (default:
+    deleted)."""
     native_min_records: PositiveInt | None = None
     """Bedrock: records per job at least (default 100, Bedrock's quota); a smaller part runs in real time."""
+    native_gcs_bucket: str | None = None
+    """Vertex AI: the Cloud Storage bucket job inputs are uploaded to and outputs written to (required on
+    `vertex_ai/`)."""
+    native_gcs_prefix: str = "batchyard"
+    """Vertex AI: the object prefix in `native_gcs_bucket` (`<prefix>/input/`, `<prefix>/output/`)."""
 
 
 class LocalModelInfo(ModelInfo):
@@ -276,10 +284,19 @@ class NativeEntry(UpstreamEntry):
             raise PydanticCustomError("native_provider", "batch_mode: native on {name}: {refusal}",
                                       {"name": repr(context.data.get("model_name")), "refusal": refusal})
         provider, _, model = params.model.partition("/") if isinstance(params, LiteLLMParams) else ("", "", "")
-        given = sorted(k for k in _BEDROCK_KEYS if k in info.model_fields_set)
-        if provider != "bedrock" and given:
-            raise PydanticCustomError("native_key", "{names}: not a setting of a {provider}/ deployment (Bedrock's "
-                                      "storage keys)", {"names": ", ".join(given), "provider": provider})
+        mine = _STORAGE_KEYS.get(provider, ())
+        given = sorted(k for k in _ALL_STORAGE_KEYS if k in info.model_fields_set and k not in mine)
+        if given:
+            raise PydanticCustomError("native_key", "{names}: not a setting of a {provider}/ deployment (storage keys "
+                                      "of Bedrock's or Vertex AI's batch jobs)",
+                                      {"names": ", ".join(given), "provider": provider})
+        if provider == "vertex_ai":
+            if not info.native_gcs_bucket:
+                raise PydanticCustomError("native_storage", "batch_mode: native on vertex_ai/ needs native_gcs_bucket "
+                                          "(the Cloud Storage bucket of Vertex AI's batch prediction jobs)", {})
+            if not model.rsplit("/", 1)[-1].startswith("gemini-"):
+                raise PydanticCustomError("native_provider", "batch_mode: native on vertex_ai/ runs gemini-* models "
+                                          "only, not {model}", {"model": model})
         if provider == "bedrock":
             missing = [k for k in ("native_s3_bucket", "native_role_arn") if not getattr(info, k)]
             if missing:
@@ -291,7 +308,11 @@ class NativeEntry(UpstreamEntry):
         return info
 
 
-_BEDROCK_KEYS = ("native_s3_bucket", "native_s3_prefix", "native_role_arn", "native_keep_files", "native_min_records")
+_STORAGE_KEYS = {
+    "bedrock": ("native_s3_bucket", "native_s3_prefix", "native_role_arn", "native_keep_files", "native_min_records"),
+    "vertex_ai": ("native_gcs_bucket", "native_gcs_prefix", "native_keep_files"),
+}
+_ALL_STORAGE_KEYS = frozenset(k for keys in _STORAGE_KEYS.values() for k in keys)
 
 
 def entry_kind(raw: Any) -> str:

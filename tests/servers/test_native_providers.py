@@ -285,10 +285,9 @@ async def test_mistral_embeddings_and_an_endpoint_a_provider_lacks(stubs: dict[s
     assert res.body["error"]["code"] == "unsupported_endpoint" and "anthropic" in res.body["error"]["message"]
 
 
-@pytest.mark.parametrize("model", ["groq/llama-3.1-8b-instant", "vertex_ai/gemini-2.0-flash"])
+@pytest.mark.parametrize("model", ["groq/llama-3.1-8b-instant", "cohere/command-r"])
 def test_config_refuses_native_on_a_provider_without_native_batches(model: str) -> None:
-    """Never silently run in real time: the entry is named, and the providers that can. Vertex has
-    a batch API LiteLLM reaches, but nothing on loopback stands in for it yet: refused, not run untested."""
+    """Never silently run in real time: the entry is named, and the providers that can."""
     raw = {"model_list": [
         {"model_name": "claude-cheap", "litellm_params": {"model": "anthropic/claude-haiku-4-5"},
          "model_info": {"batch_mode": "native"}},
@@ -308,7 +307,7 @@ def test_every_provider_the_config_accepts_has_its_jobs() -> None:
     for provider in NATIVE_PROVIDERS:
         cls = jobs_class(provider)
         assert cls is not None and cls.endpoints and cls.max_lines > 0 and cls.max_bytes > 0, provider
-    assert jobs_class("vertex_ai") is None  # documented, untested
+    assert jobs_class("groq") is None
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -56,7 +56,7 @@ def test_every_native_provider_has_its_jobs_class(provider: str) -> None:
     assert native_refusal(f"{provider}/some-model") is None
 
 
-@pytest.mark.parametrize("provider", ["vertex_ai", "hosted_vllm", "groq"])
+@pytest.mark.parametrize("provider", ["cohere", "hosted_vllm", "groq"])
 def test_other_providers_run_no_native_jobs(provider: str) -> None:
     assert jobs_class(provider) is None and native_refusal(f"{provider}/m") is not None
 
