@@ -106,8 +106,9 @@ def gw(
 
 @pytest.fixture(scope="module")
 def batches(gw: Gateway) -> dict[str, str]:
-    """One batch per team, still running (each line waits 3 s upstream) when the lists below are read."""
-    return {t: submit(gw.client(_key(t)), [chat_line(f"{t}-1", "gpt-mini", f"#sleep:3000 {t}")]).id for t in TEAMS}
+    """One batch per team, still running (each line waits 10 s upstream) when the lists below are read: seven
+    uploads and creates take a few seconds on a loaded machine, and a 3-s line had ended before the last."""
+    return {t: submit(gw.client(_key(t)), [chat_line(f"{t}-1", "gpt-mini", f"#sleep:10000 {t}")]).id for t in TEAMS}
 
 
 @pytest.mark.redis
