@@ -1,6 +1,7 @@
 """Log lines written while a span is active carry its `trace_id` and `span_id` (the W3C hex forms), so a
 log line leads to its trace. A `logging.Filter` on the root logger's handlers: it adds the two fields to every
-record (empty outside a span, or with tracing off), and `install` puts them in the format's tail."""
+record (empty outside a span, or with tracing off), and `install` puts them at the end of the handlers'
+format (`trace_ids`: both, or nothing outside a span)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from opentelemetry import trace
 
 from gateway.tracing.switch import STATE
 
-TRACE_FORMAT = " trace_id=%(trace_id)s span_id=%(span_id)s"
+TRACE_FORMAT = "%(trace_ids)s"  # " trace_id=… span_id=…" inside a span, nothing outside
 
 
 class TraceIds(logging.Filter):
@@ -23,6 +24,7 @@ class TraceIds(logging.Filter):
             if ctx.is_valid:
                 trace_id, span_id = format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
         record.trace_id, record.span_id = trace_id, span_id
+        record.trace_ids = f" trace_id={trace_id} span_id={span_id}" if trace_id else ""
         return True
 
 
@@ -34,7 +36,7 @@ def install(logger: logging.Logger | None = None) -> None:
             continue
         handler.addFilter(TraceIds())
         formatter = handler.formatter
-        if STATE.tracer is not None and formatter is not None and "%(trace_id)" not in (formatter._fmt or ""):
+        if STATE.tracer is not None and formatter is not None and "%(trace_ids)" not in (formatter._fmt or ""):
             handler.setFormatter(logging.Formatter((formatter._fmt or "%(message)s") + TRACE_FORMAT,
                                                    formatter.datefmt))
 
