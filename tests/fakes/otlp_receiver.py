@@ -50,10 +50,14 @@ class Span:
 
 
 class OTLPReceiver:
-    def __init__(self) -> None:
+    """`keep=False`: only count the spans (`count`), for a benchmark's receiver."""
+
+    def __init__(self, *, keep: bool = True) -> None:
         self.port = free_port()
         self.spans: list[Span] = []
         self.requests = 0
+        self.count = 0  # spans received
+        self.keep = keep
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -90,6 +94,12 @@ class OTLPReceiver:
         return self
 
     def take(self, request: ExportTraceServiceRequest) -> None:
+        if not self.keep:
+            n = sum(len(scope.spans) for rs in request.resource_spans for scope in rs.scope_spans)
+            with self._lock:
+                self.requests += 1
+                self.count += n
+            return
         found = []
         for resource_spans in request.resource_spans:
             resource = _attributes(resource_spans.resource.attributes)
@@ -104,6 +114,7 @@ class OTLPReceiver:
                     ))
         with self._lock:
             self.requests += 1
+            self.count += len(found)
             self.spans += found
 
     def named(self, name: str) -> list[Span]:
