@@ -26,6 +26,7 @@ from gateway.errors import ConfigError
 from gateway.records import BatchStatus
 from gateway.runtime.root import Runtime, open_embedded
 from gateway.store.objects import BatchRecord
+from gateway.store.sqlite.store import SQLiteStore
 from gateway.tracing import genai
 from gateway.tracing.logs import TraceIds
 from gateway.tracing.switch import configure, protocol, wanted
@@ -236,3 +237,34 @@ def test_log_lines_in_a_span_carry_its_ids(spans: InMemorySpanExporter, caplog: 
     assert outside.trace_id == "" and outside.span_id == ""
     assert inside.trace_id == format(span.context.trace_id, "032x")
     assert inside.span_id == format(span.context.span_id, "016x")
+
+
+async def test_a_native_job_has_spans_for_its_create_each_poll_and_the_download(
+        spans: InMemorySpanExporter, tmp_path: Path) -> None:
+    from providers.native import NativeBatchBackend
+    from tests.servers.test_native import chat, native_route, new_shard, run_shard
+
+    configure("worker", exporter=spans)
+    store = SQLiteStore(tmp_path / "store.sqlite3")
+    try:
+        with start_upstream(batch_delay=0.6) as native_upstream:
+            backend = NativeBatchBackend(native_route(native_upstream), {}, store)
+            shard = await new_shard(store, 3)
+            with tracing.client_span("batch.shard"):  # as the runner's shard span would be
+                results = await run_shard(backend, shard, [chat(1), chat(2), chat(3, f"{SECRET}")])
+            await backend.aclose()
+    finally:
+        await store.aclose()
+    assert all(r.ok for r in results)
+    finished = spans.get_finished_spans()
+    [parent] = _by_name(finished, "batch.shard")
+    [create], polls, [download] = (_by_name(finished, f"batch_job.{n}") for n in ("create", "poll", "download"))
+    assert len(polls) >= 1
+    for span in (create, *polls, download):
+        assert span.kind is SpanKind.CLIENT and span.parent is not None
+        assert span.parent.span_id == parent.context.span_id
+        assert (span.attributes or {})[genai.PROVIDER_NAME] == "openai"
+    upstream_id = (download.attributes or {})[genai.UPSTREAM_BATCH_ID]
+    assert upstream_id and all((p.attributes or {})[genai.UPSTREAM_BATCH_ID] == upstream_id for p in polls)
+    assert (create.attributes or {})[genai.SHARD_LINES] == 3
+    _no_content(finished)
