@@ -268,3 +268,27 @@ async def test_a_native_job_has_spans_for_its_create_each_poll_and_the_download(
     assert upstream_id and all((p.attributes or {})[genai.UPSTREAM_BATCH_ID] == upstream_id for p in polls)
     assert (create.attributes or {})[genai.SHARD_LINES] == 3
     _no_content(finished)
+
+
+async def test_litellms_own_path_sends_the_request_spans_traceparent(upstream: Upstream,
+                                                                     spans: InMemorySpanExporter) -> None:
+    from gateway.records import BatchRequest, Endpoint
+    from providers.litellm_backend import LiteLLMBackend
+
+    configure("worker", exporter=spans)
+    entry = {"model_name": "mistral", "litellm_params": {"model": "mistral/mistral-small", "api_key": "sk-traces",
+                                                         "api_base": upstream.v1_url}}
+    backend = LiteLLMBackend(list(parse_config({"model_list": [entry]}).routes.values()), {"num_retries": 0}, 4)
+    before = len(upstream.stats()["traceparents"])
+    request = BatchRequest(line=1, custom_id="m1", url=Endpoint.CHAT,
+                           body={"model": "mistral", "messages": [{"role": "user", "content": SECRET}]})
+    try:
+        [result] = [r async for r in backend.execute([request])]
+    finally:
+        await backend.aclose()
+    assert result.ok
+    [span] = spans.get_finished_spans()  # LiteLLM translated the line for Mistral: its completion path
+    assert span.name == "chat mistral" and (span.attributes or {})[genai.PROVIDER_NAME] == "mistral_ai"
+    [sent] = upstream.stats()["traceparents"][before:]
+    assert sent.split("-")[1:3] == [format(span.context.trace_id, "032x"), format(span.context.span_id, "016x")]
+    _no_content(spans.get_finished_spans())
