@@ -5,7 +5,7 @@
 - `batch_spans`: the batch's create span and stored context, its stages, its shards, native job calls, the
   `traceparent` headers for a call out;
 - `request_spans`: a span per request (sampled; failures always kept) with the GenAI attributes;
-- `sampling`: the request sampling rule and the processor that applies it at a span's end;
+- `sampling`: the request sampling rule, and the span ids that let a failure outside the sample be kept;
 - `api_spans`: the API's SERVER spans (FastAPI's instrumentation);
 - `process`: a process's start (its role, its log lines);
 - `logs`: `trace_id`/`span_id` on the log lines written inside a span.

@@ -14,15 +14,25 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    get_current_span,
+    set_span_in_context,
+)
 
 from gateway.tracing import genai
 from gateway.tracing.batch_spans import requests_sampling
+from gateway.tracing.sampling import forced_span_id
 from gateway.tracing.switch import STATE
 
 if TYPE_CHECKING:
@@ -56,13 +66,12 @@ def capture(provider: Callable[[str], str], *, internal: bool = False) -> Reques
 
 
 async def traced(trace: RequestTrace, req: BatchRequest, call: Call) -> Result:
-    """`call(req)` inside the request's span."""
+    """`call(req)` inside the request's span (see `gateway.tracing.sampling` for one outside the sample)."""
+    sampled = trace.ratio >= 1.0 or random.random() < trace.ratio
+    if not sampled:
+        return await _unsampled(trace, req, call)
     operation, model = genai.operation(req.url), req.model
-    attributes: dict[str, Any] = {
-        genai.OPERATION_NAME: operation, genai.PROVIDER_NAME: trace.provider(model), genai.REQUEST_MODEL: model,
-        genai.CUSTOM_ID: req.custom_id, genai.LINE: req.line,
-        genai.SAMPLED: trace.ratio >= 1.0 or random.random() < trace.ratio,
-    }
+    attributes = _attributes(trace, req, operation, sampled=True)
     assert STATE.tracer is not None
     with STATE.tracer.start_as_current_span(f"{operation} {model}", context=trace.context, kind=trace.kind,
                                             attributes=attributes, record_exception=False,
@@ -76,6 +85,37 @@ async def traced(trace: RequestTrace, req: BatchRequest, call: Call) -> Result:
         if span.is_recording():
             record(span, req, result, trace.capture_content)
     return result
+
+
+async def _unsampled(trace: RequestTrace, req: BatchRequest, call: Call) -> Result:
+    """A request outside the sample: its `traceparent` names a span id of its own (a non-recording span, no
+    cost beyond the id), and only if it fails is a real span made, with that id and the request's start."""
+    parent = get_current_span(trace.context).get_span_context()
+    span_id = random.getrandbits(64) or 1
+    ghost = NonRecordingSpan(SpanContext(parent.trace_id, span_id, is_remote=False, trace_flags=parent.trace_flags,
+                                         trace_state=parent.trace_state))
+    started = time.time_ns()
+    token = otel_context.attach(set_span_in_context(ghost, trace.context))
+    try:
+        result = await call(req)
+    finally:
+        otel_context.detach(token)
+    if not result.ok and parent.is_valid:
+        operation = genai.operation(req.url)
+        assert STATE.tracer is not None
+        with forced_span_id(span_id):
+            span = STATE.tracer.start_span(f"{operation} {req.model}", context=trace.context, kind=trace.kind,
+                                           attributes=_attributes(trace, req, operation, sampled=False),
+                                           start_time=started)
+        record(span, req, result, trace.capture_content)
+        span.end()
+    return result
+
+
+def _attributes(trace: RequestTrace, req: BatchRequest, operation: str, *, sampled: bool) -> dict[str, Any]:
+    model = req.model
+    return {genai.OPERATION_NAME: operation, genai.PROVIDER_NAME: trace.provider(model), genai.REQUEST_MODEL: model,
+            genai.CUSTOM_ID: req.custom_id, genai.LINE: req.line, genai.SAMPLED: sampled}
 
 
 def record(span: Span, req: BatchRequest, result: Result, capture_content: bool) -> None:

@@ -1,22 +1,25 @@
 """Which request spans are sent: a share of a batch's requests, and every failed one.
 
-A request's span must exist while the request runs (its `traceparent` goes to the upstream), but whether it
-is kept can only be known at its end (a failure is always kept). So every request of a sampled batch gets a
-recording span marked with `batchyard.request.sampled`, and `RequestSampling` (the processor in front of the
-exporter's) drops, at the span's end, one outside the sample that did not fail. Batch, stage and shard spans
-carry no mark: the SDK's own sampler (`OTEL_TRACES_SAMPLER`) decides those.
+A request's `traceparent` goes out while it runs, but whether its span is kept can only be known at its end
+(a failure is always kept). So a request inside the sample gets its span at its start, as usual; one outside
+gets only a span id (a non-recording span: no attributes, no export, almost no cost), and if it fails, a
+real span is made at its end with that same id and the request's start time (`forced_span_id`, read by
+`SpanIds`, the provider's id generator), marked `batchyard.request.sampled: false`. Whatever the upstream
+traced under that `traceparent` then hangs below it. Batch, stage and shard spans are not sampled here: the
+SDK's sampler (`OTEL_TRACES_SAMPLER`) decides those.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import contextvars
+from collections.abc import Iterator
 
-from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-from opentelemetry.trace import StatusCode
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
 from gateway.config.sections import TracingSettings
-from gateway.tracing.genai import SAMPLED
+
+_FORCED: contextvars.ContextVar[int] = contextvars.ContextVar("batchyard_forced_span_id", default=0)
 
 
 def request_ratio(settings: TracingSettings, lines: int) -> float:
@@ -28,26 +31,21 @@ def request_ratio(settings: TracingSettings, lines: int) -> float:
     return 1.0 if lines <= bound else bound / lines
 
 
-class RequestSampling(SpanProcessor):
-    """Hands every span on to `inner` but a request span outside the sample that ended well."""
+class SpanIds(RandomIdGenerator):
+    """The SDK's random ids, but the span id `forced_span_id` names while it is in force."""
 
-    def __init__(self, inner: SpanProcessor) -> None:
-        self.inner = inner
-
-    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        self.inner.on_start(span, parent_context)
-
-    def on_end(self, span: ReadableSpan) -> None:
-        attributes = span.attributes or {}
-        if attributes.get(SAMPLED) is False and span.status.status_code is not StatusCode.ERROR:
-            return
-        self.inner.on_end(span)
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30_000) -> Any:
-        return self.inner.force_flush(timeout_millis)
+    def generate_span_id(self) -> int:
+        return _FORCED.get() or super().generate_span_id()
 
 
-__all__ = ["RequestSampling", "request_ratio"]
+@contextlib.contextmanager
+def forced_span_id(span_id: int) -> Iterator[None]:
+    """The next span started here gets `span_id` (that of a request outside the sample, now kept)."""
+    token = _FORCED.set(span_id)
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
+
+
+__all__ = ["SpanIds", "forced_span_id", "request_ratio"]

@@ -95,17 +95,16 @@ def configure(role: str, settings: TracingSettings | None = None, *, exporter: S
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
-    from gateway.tracing.sampling import RequestSampling
+    from gateway.tracing.sampling import SpanIds
 
     resource = Resource.create({"service.instance.id": f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
                                 "batchyard.role": role})
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: "batchyard"}))
-    provider = TracerProvider(resource=resource)
-    if exporter is not None:  # the tests': every span at its end, in order
-        provider.add_span_processor(RequestSampling(SimpleSpanProcessor(exporter)))
-    else:
-        provider.add_span_processor(RequestSampling(BatchSpanProcessor(_exporter())))
+    provider = TracerProvider(resource=resource, id_generator=SpanIds())
+    # the tests' exporter: every span at its end, in order
+    provider.add_span_processor(SimpleSpanProcessor(exporter) if exporter is not None
+                                else BatchSpanProcessor(_exporter()))
     STATE.provider = provider
     STATE.tracer = provider.get_tracer("batchyard")
     return True

@@ -159,7 +159,12 @@ async def test_request_spans_are_sampled_and_failures_always_kept(upstream: Upst
         assert sorted((s.attributes or {})[genai.CUSTOM_ID] for s in requests) == ["c2", "c5"]  # only the failures
         assert all((s.attributes or {})[genai.SAMPLED] is False for s in requests)
         assert len(_by_name(finished, "batch.shard")) == 2  # the batch's own spans are not request spans
-        assert len(upstream.stats()["traceparents"][before:]) == 6  # every request still carried its traceparent
+        sent = upstream.stats()["traceparents"][before:]
+        assert len(sent) == 6  # every request still carried a traceparent of its own
+        # a kept failure's span is the one its traceparent named (made at its end, from its start)
+        assert {format(s.context.span_id, "016x") for s in requests} <= {p.split("-")[2] for p in sent}
+        assert all(s.start_time is not None and s.end_time is not None and s.start_time < s.end_time
+                   for s in requests)
 
 
 def test_the_sampling_rule_bounds_a_large_batchs_spans() -> None:
