@@ -51,6 +51,11 @@ _POLL_SECONDS = 0.5  # how often a running shard looks for cancel and expiry
 _FULL_POLL = 0.25  # a full process looks this often for a newcomer team's shard
 
 
+def _fault_kind(exc: Exception) -> str | None:
+    fault = machine_fault(exc)
+    return fault.kind if fault is not None else None
+
+
 def price(prices: Prices | None, result: Result) -> None:
     """Give a result the route's prices when its backend did not price it (local routes)."""
     if prices is None or result.cost_usd is not None or not result.ok:
@@ -204,7 +209,7 @@ class ShardRunner:
         batch = await self.store.batches.get(shard.batch_id)
         if batch is None:
             return
-        with tracing.shard_span(shard, batch, attempt):  # the requests' spans are its children
+        with tracing.shard_span(shard, batch, attempt, fault=_fault_kind):  # the requests' spans are its children
             await self._run(shard, batch)
 
     async def _run(self, shard: Shard, batch: BatchRecord) -> None:

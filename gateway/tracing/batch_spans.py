@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import propagate, trace
@@ -30,6 +30,7 @@ from gateway.tracing.switch import STATE
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
+    from opentelemetry.trace import Span
 
     from gateway.records import Shard
     from gateway.store.objects import BatchRecord
@@ -74,6 +75,25 @@ def stored_context(batch: BatchRecord | None) -> Context | None:
     return propagate.extract(batch.trace_context)
 
 
+@contextlib.contextmanager
+def _span(name: str, context: Context | None, attributes: dict[str, Any], kind: SpanKind = SpanKind.INTERNAL,
+          fault: Callable[[Exception], str | None] | None = None) -> Iterator[Span]:
+    """A current span; an exception marks it ERROR with `error.type` (its class) and, when `fault` names one,
+    `batchyard.machine_fault`. The exception's message is not recorded: it may quote a line."""
+    assert STATE.tracer is not None
+    with STATE.tracer.start_as_current_span(name, context=context, kind=kind, attributes=attributes,
+                                            record_exception=False, set_status_on_exception=False) as span:
+        try:
+            yield span
+        except Exception as exc:
+            span.set_status(Status(StatusCode.ERROR))
+            span.set_attribute(genai.ERROR_TYPE, type(exc).__qualname__)
+            kind_of_fault = fault(exc) if fault is not None else None
+            if kind_of_fault:
+                span.set_attribute(genai.MACHINE_FAULT, kind_of_fault)
+            raise
+
+
 def _batch_attributes(batch: BatchRecord) -> dict[str, Any]:
     return {genai.BATCH_ID: batch.id, genai.TEAM: batch.owner, genai.ENDPOINT: batch.endpoint}
 
@@ -84,8 +104,7 @@ def batch_create(batch: BatchRecord) -> Iterator[None]:
     if STATE.tracer is None:
         yield
         return
-    with STATE.tracer.start_as_current_span("batch.create", kind=SpanKind.INTERNAL,
-                                            attributes=_batch_attributes(batch)) as span:
+    with _span("batch.create", None, _batch_attributes(batch)) as span:
         if span.get_span_context().is_valid:  # not sampled too: its stages then follow the decision
             batch.trace_context = carrier()
         yield
@@ -97,8 +116,7 @@ def stage(name: str, batch: BatchRecord | None) -> Iterator[None]:
     if STATE.tracer is None or batch is None:
         yield
         return
-    with STATE.tracer.start_as_current_span(name, context=stored_context(batch), kind=SpanKind.INTERNAL,
-                                            attributes={**_batch_attributes(batch), genai.STATUS: batch.status.value}):
+    with _span(name, stored_context(batch), {**_batch_attributes(batch), genai.STATUS: batch.status.value}):
         yield
 
 
@@ -108,8 +126,7 @@ def remote_span(name: str, trace_context: Mapping[str, str] | None) -> Iterator[
     if STATE.tracer is None or not trace_context:
         yield
         return
-    with STATE.tracer.start_as_current_span(name, context=propagate.extract(dict(trace_context)),
-                                            kind=SpanKind.INTERNAL):
+    with _span(name, propagate.extract(dict(trace_context)), {}):
         yield
 
 
@@ -128,9 +145,11 @@ def status_event(status: Any, **counts: int) -> None:
 
 
 @contextlib.contextmanager
-def shard_span(shard: Shard, batch: BatchRecord, attempt: int | None = None) -> Iterator[None]:
+def shard_span(shard: Shard, batch: BatchRecord, attempt: int | None = None,
+               fault: Callable[[Exception], str | None] | None = None) -> Iterator[None]:
     """A shard's run, a child of its batch's stored context; its request spans are sampled at the batch's
-    ratio (`gateway.tracing.sampling.request_ratio`)."""
+    ratio (`gateway.tracing.sampling.request_ratio`). `fault`: the kind of machine fault an exception is, if
+    any (the store's classifier, handed in): the span names the fault the shard stopped on."""
     if STATE.tracer is None:
         yield
         return
@@ -138,8 +157,7 @@ def shard_span(shard: Shard, batch: BatchRecord, attempt: int | None = None) -> 
                                   genai.SHARD_LINES: shard.size, genai.LINES: batch.counts.total}
     if attempt is not None:
         attributes[genai.ATTEMPT] = attempt
-    with STATE.tracer.start_as_current_span("batch.shard", context=stored_context(batch), kind=SpanKind.INTERNAL,
-                                            attributes=attributes):
+    with _span("batch.shard", stored_context(batch), attributes, fault=fault):
         token = _REQUESTS.set((request_ratio(STATE.settings, batch.counts.total or shard.size), batch.owner))
         try:
             yield
@@ -166,14 +184,8 @@ def client_span(name: str, attributes: Mapping[str, Any] | None = None, *, curre
         finally:
             span.end()
         return
-    with STATE.tracer.start_as_current_span(name, kind=SpanKind.CLIENT, attributes=dict(attributes or {}),
-                                            record_exception=False, set_status_on_exception=False) as span:
-        try:
-            yield
-        except Exception as exc:
-            span.set_status(Status(StatusCode.ERROR))
-            span.set_attribute(genai.ERROR_TYPE, type(exc).__qualname__)
-            raise
+    with _span(name, None, dict(attributes or {}), SpanKind.CLIENT):
+        yield
 
 
 def requests_sampling() -> tuple[float, str] | None:

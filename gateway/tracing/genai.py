@@ -46,6 +46,7 @@ COST = "batchyard.request.cost_usd"
 SAMPLED = "batchyard.request.sampled"  # false: a request outside the sample, kept because it failed
 ROLE = "batchyard.role"
 UPSTREAM_BATCH_ID = "batchyard.upstream.batch_id"
+MACHINE_FAULT = "batchyard.machine_fault"  # the fault of the machine a shard stopped on (disk_full, ...)
 
 # gen_ai.operation.name of each endpoint (the conventions' well-known values where one fits)
 OPERATIONS: dict[Endpoint, str] = {
