@@ -110,6 +110,8 @@ def test_a_batch_through_serve_is_one_trace_at_the_collector(upstream: Upstream,
         batch = submit(client, _lines(7))
         assert wait_batch(client, batch.id).status == "completed"
         assert gw.http("GET", "/health").status_code == 200
+        card = gw.http("GET", "/ui/api/batches").json()["cards"][batch.id]  # the dashboard's card: its trace id
+        assert f"trace <code>{trace_id}</code>" in card
         _check_trace(receiver, upstream, trace_id, batch.id, 7, sent_before)
 
 
@@ -163,5 +165,6 @@ def test_nothing_is_exported_with_the_variables_unset(upstream: Upstream, tmp_pa
             batch = submit(client, _lines(3))
             assert wait_batch(client, batch.id).status == "completed"
             assert "trace" not in (client.batches.retrieve(batch.id).model_extra or {})
+            assert "trace-id" not in gw.http("GET", "/ui/api/batches").json()["cards"][batch.id]
         assert listening.requests == 0
         assert upstream.stats()["traceparents"][sent_before:] == []
