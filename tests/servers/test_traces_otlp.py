@@ -8,6 +8,7 @@ spans with the GenAI attributes (in the worker), and the loopback upstream got e
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -168,3 +169,21 @@ def test_nothing_is_exported_with_the_variables_unset(upstream: Upstream, tmp_pa
             assert "trace-id" not in gw.http("GET", "/ui/api/batches").json()["cards"][batch.id]
         assert listening.requests == 0
         assert upstream.stats()["traceparents"][sent_before:] == []
+
+
+def test_batchyard_submit_starts_the_trace(upstream: Upstream, receiver: OTLPReceiver, tmp_path: Path) -> None:
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_bytes(b"".join(json.dumps(line).encode() + b"\n" for line in _lines(2)))
+    with start_gateway(gateway_config(upstream, models=(MODEL,)), tmp_path / "data", workers=1) as gw:
+        env = {**process_env(), "OPENAI_API_KEY": "none"}
+        done = subprocess.run([sys.executable, "-m", "gateway.cli", "submit", "-i", str(src), "-o", str(out),
+                               "--base-url", gw.url + "/v1", "--poll", "0.2"], cwd=REPO_ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        [submit_span] = eventually(lambda: receiver.named("batchyard.submit") or None, 30, "submit's span")
+        assert submit_span.kind == "CLIENT" and submit_span.resource["batchyard.role"] == "submit"
+        [create] = eventually(lambda: [s for s in receiver.named("batch.create")
+                                       if s.trace_id == submit_span.trace_id] or None, 30, "the batch in its trace")
+        by_id = {s.span_id: s for s in receiver.spans}
+        assert by_id[create.parent_span_id].kind == "SERVER"
+        assert by_id[create.parent_span_id].parent_span_id == submit_span.span_id
