@@ -141,7 +141,7 @@ def error_reply(message: str | Exception, **kwargs: Any) -> Reply:
 @dataclass(slots=True)
 class _Route:
     parse: Callable[[dict[str, Any]], Any]
-    handler: Callable[[Any], Any]
+    handler: Callable[..., Any]  # (request) or, for chat and completions, (request, raw_request=...)
     fields: frozenset[str] = frozenset()  # the request model's fields: vLLM ignores others, we refuse them
 
 
