@@ -17,7 +17,6 @@ OPERATION_NAME = "gen_ai.operation.name"
 PROVIDER_NAME = "gen_ai.provider.name"
 REQUEST_MODEL = "gen_ai.request.model"
 RESPONSE_MODEL = "gen_ai.response.model"
-RESPONSE_ID = "gen_ai.response.id"
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"  # the older name of input_tokens

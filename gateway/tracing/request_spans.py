@@ -113,36 +113,38 @@ async def _unsampled(trace: RequestTrace, req: BatchRequest, call: Call) -> Resu
 
 
 def _attributes(trace: RequestTrace, req: BatchRequest, operation: str, *, sampled: bool) -> dict[str, Any]:
+    # Few on purpose: the SDK checks every attribute of every span, and a batch has thousands of them.
     model = req.model
-    return {genai.OPERATION_NAME: operation, genai.PROVIDER_NAME: trace.provider(model), genai.REQUEST_MODEL: model,
-            genai.CUSTOM_ID: req.custom_id, genai.LINE: req.line, genai.SAMPLED: sampled}
+    attributes = {genai.OPERATION_NAME: operation, genai.PROVIDER_NAME: trace.provider(model),
+                  genai.REQUEST_MODEL: model, genai.CUSTOM_ID: req.custom_id}
+    if not sampled:
+        attributes[genai.SAMPLED] = False  # kept because it failed
+    return attributes
 
 
 def record(span: Span, req: BatchRequest, result: Result, capture_content: bool) -> None:
     """The reply's facts on the request's span (content only with `capture_content`)."""
     body = result.body if isinstance(result.body, dict) else {}
-    if result.status_code is not None:
-        span.set_attribute(genai.HTTP_STATUS, result.status_code)
     if capture_content:
         span.set_attribute(genai.INPUT_MESSAGES, _json(_input(req.body)))
     if not result.ok:
         span.set_status(Status(StatusCode.ERROR))
-        span.set_attribute(genai.ERROR_TYPE, _error_type(result, body))
+        span.set_attributes({genai.ERROR_TYPE: _error_type(result, body), genai.LINE: req.line,
+                             **({genai.HTTP_STATUS: result.status_code} if result.status_code is not None else {})})
         return
-    if isinstance(body.get("model"), str):
-        span.set_attribute(genai.RESPONSE_MODEL, body["model"])
-    if isinstance(body.get("id"), str):
-        span.set_attribute(genai.RESPONSE_ID, body["id"])
     usage = result.usage
-    span.set_attributes({genai.INPUT_TOKENS: usage.input_tokens, genai.OUTPUT_TOKENS: usage.output_tokens,
-                         genai.PROMPT_TOKENS: usage.input_tokens, genai.COMPLETION_TOKENS: usage.output_tokens})
+    attributes: dict[str, Any] = {genai.INPUT_TOKENS: usage.input_tokens, genai.OUTPUT_TOKENS: usage.output_tokens,
+                                  genai.PROMPT_TOKENS: usage.input_tokens, genai.COMPLETION_TOKENS: usage.output_tokens}
+    if isinstance(body.get("model"), str):
+        attributes[genai.RESPONSE_MODEL] = body["model"]
     reasons = _finish_reasons(body)
     if reasons:
-        span.set_attribute(genai.FINISH_REASONS, reasons)
+        attributes[genai.FINISH_REASONS] = reasons
     if result.cost_usd is not None:
-        span.set_attribute(genai.COST, result.cost_usd)
+        attributes[genai.COST] = result.cost_usd
     if capture_content:
-        span.set_attribute(genai.OUTPUT_MESSAGES, _json(_output(body)))
+        attributes[genai.OUTPUT_MESSAGES] = _json(_output(body))
+    span.set_attributes(attributes)
 
 
 def _error_type(result: Result, body: dict[str, Any]) -> str:
