@@ -115,8 +115,8 @@ async def _unsampled(trace: RequestTrace, req: BatchRequest, call: Call) -> Resu
 def _attributes(trace: RequestTrace, req: BatchRequest, operation: str, *, sampled: bool) -> dict[str, Any]:
     # Few on purpose: the SDK checks every attribute of every span, and a batch has thousands of them.
     model = req.model
-    attributes = {genai.OPERATION_NAME: operation, genai.PROVIDER_NAME: trace.provider(model),
-                  genai.REQUEST_MODEL: model, genai.CUSTOM_ID: req.custom_id}
+    attributes: dict[str, Any] = {genai.OPERATION_NAME: operation, genai.PROVIDER_NAME: trace.provider(model),
+                                  genai.REQUEST_MODEL: model, genai.CUSTOM_ID: req.custom_id}
     if not sampled:
         attributes[genai.SAMPLED] = False  # kept because it failed
     return attributes
