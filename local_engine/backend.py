@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from gateway.backends.bounded import run_bounded
+from gateway.backends.bounded import RequestSpans, run_bounded
 from gateway.backends.interface import BackendUnavailable
 from gateway.pipeline.body_fields import unknown_field, unrecognized, unsupported
 from gateway.pipeline.media_urls import refused_media
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
     from local_engine.serving import ServingLayer
 
+# INTERNAL spans: the engine runs in this process (gen_ai.provider.name "vllm")
+_SPANS = RequestSpans(lambda _model: "vllm", internal=True)
 log = logging.getLogger(__name__)
 
 # vLLM's priority scheduling is our default: the fair-share rule then orders the engine's waiting queue too
@@ -207,7 +209,7 @@ class LocalEngineBackend:
 
         # aclosing: closing this iterator must close the inner one now, not at garbage collection
         ordered = group_by_prefix(requests) if self.group_prefixes else requests
-        async with contextlib.aclosing(run_bounded(ordered, one, slots, self._tasks)) as results:
+        async with contextlib.aclosing(run_bounded(ordered, one, slots, self._tasks, _SPANS)) as results:
             async for result in results:
                 yield result
 

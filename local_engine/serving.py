@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from gateway import tracing
 from gateway.config.endpoints import ENDPOINTS
 from gateway.records import Endpoint
 from local_engine import cpu_threads, vllm_compat
@@ -70,8 +71,10 @@ def build_args(engine_args: Mapping[str, Any]) -> Namespace:
     unknown = sorted(k for k in engine_args if k.replace("-", "_") not in known)
     if unknown:
         raise ValueError(f"unknown engine_args for vLLM: {', '.join(unknown)}")
-    if not any(k.replace("-", "_") == "disable_log_stats" for k in engine_args):
-        args.disable_log_stats = OFFLINE_DISABLE_LOG_STATS
+    names = {k.replace("-", "_") for k in engine_args}
+    if "disable_log_stats" not in names:
+        # vLLM's own traces (`otlp_traces_endpoint`) are built from the per-request stats: kept on for them
+        args.disable_log_stats = OFFLINE_DISABLE_LOG_STATS and "otlp_traces_endpoint" not in names
     for key, value in engine_args.items():
         name = key.replace("-", "_")
         if name == "model":
@@ -138,8 +141,22 @@ def error_reply(message: str | Exception, **kwargs: Any) -> Reply:
 @dataclass(slots=True)
 class _Route:
     parse: Callable[[dict[str, Any]], Any]
-    handler: Callable[[Any], Any]
+    handler: Callable[..., Any]  # (request) or, for chat and completions, (request, raw_request=...)
     fields: frozenset[str] = frozenset()  # the request model's fields: vLLM ignores others, we refuse them
+
+
+# the endpoints whose vLLM handlers read `trace_headers` from the request (`raw_request`)
+_TRACED = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS})
+
+
+def _carrier(headers: Mapping[str, str]) -> Any:
+    """A bare HTTP request holding only `headers`: all vLLM's handlers read of one here (its headers, and its
+    `state`, which they write to)."""
+    from starlette.requests import Request
+
+    scope = {"type": "http", "method": "POST", "path": "/", "query_string": b"", "state": {},
+             "headers": [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]}
+    return Request(scope)
 
 
 def _fields_of(model: Any) -> frozenset[str]:
@@ -234,8 +251,12 @@ class ServingLayer:
             return await self._validation_reply(exc)
         except Exception as exc:  # a validator that raises outside pydantic (e.g. vLLM's VLLMValidationError)
             return error_reply(exc)
+        headers = tracing.headers() if url in _TRACED else None
         try:
-            response = await route.handler(request)
+            # the request span's traceparent, where vLLM reads it (`trace_headers`, from the HTTP request's
+            # headers): an engine started with `otlp_traces_endpoint` puts its llm_request span below ours
+            response = await (route.handler(request, raw_request=_carrier(headers)) if headers
+                              else route.handler(request))
         except Exception as exc:  # run_batch: any exception becomes create_error_response(e)
             return error_reply(exc)
         return await _to_reply(response)

@@ -21,7 +21,8 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from gateway.backends.bounded import run_bounded
+from gateway import tracing
+from gateway.backends.bounded import RequestSpans, run_bounded
 from gateway.config.endpoints import ENDPOINTS, UPSTREAM_ENDPOINTS, WIRE_ENDPOINTS
 from gateway.config.priced_fields import Charge, missing_price, priced_fields
 from gateway.config.prices import DeploymentPrices
@@ -30,6 +31,7 @@ from gateway.pipeline.body_fields import LITELLM_OWN_FIELDS, unknown_field, unre
 from gateway.pipeline.media_urls import api_host, internal_deployment, refused_media, resolves_private
 from gateway.records import BatchRequest, Endpoint, Result
 from gateway.scheduling.fairness import FairSlots
+from gateway.tracing import genai
 from providers import litellm_setup
 from providers.messages_bridge import message_through_wire
 from providers.passthrough import DEFAULT_MAX_REPLY_BYTES, PassThrough, wire_provider
@@ -73,6 +75,7 @@ class LiteLLMBackend:
         # the config declares (`Route.declared`: the pattern of a wildcard route).
         self._resolve = resolve or {route.model_name: route for route in routes}.get
         self._groups: dict[str, str] = {}
+        self._providers: dict[str, str] = {}  # group -> gen_ai.provider.name (gateway.tracing)
         self._litellm_settings = dict(litellm_settings or {})
         self._settings = router_kwargs(router_settings, self._litellm_settings)
         self._limit = FairSlots(max_concurrency)  # shared by every shard, divided between teams
@@ -121,7 +124,8 @@ class LiteLLMBackend:
     async def execute(self, requests: Sequence[BatchRequest]) -> AsyncIterator[Result]:
         await self.start()
         # aclosing: closing this iterator must close the inner one now, not at garbage collection
-        async with contextlib.aclosing(run_bounded(requests, self._call, self._limit)) as results:
+        spans = RequestSpans(self._provider)
+        async with contextlib.aclosing(run_bounded(requests, self._call, self._limit, spans=spans)) as results:
             async for result in results:
                 yield result
 
@@ -132,6 +136,16 @@ class LiteLLMBackend:
             route = self._resolve(model)
             group = self._groups[model] = route.declared if route is not None else model
         return group
+
+    def _provider(self, model: str) -> str:
+        """gen_ai.provider.name of a line's model: its group's first deployment's LiteLLM provider."""
+        group = self._group(model)
+        name = self._providers.get(group)
+        if name is None:
+            found = next((str(d["litellm_params"].get("model", "")) for d in self._model_list
+                          if d.get("model_name") == group), "")
+            name = self._providers[group] = genai.provider_name(found.split("/", 1)[0] if "/" in found else "openai")
+        return name
 
     async def _call(self, req: BatchRequest) -> Result:
         body = dict(req.body)
@@ -160,6 +174,9 @@ class LiteLLMBackend:
         if bridged:
             return await message_through_wire(req, model, body, self._pass_through)
         try:
+            headers = tracing.headers()  # the request span's traceparent: ours, a line cannot set extra_headers
+            if headers and "extra_headers" not in body:
+                body["extra_headers"] = headers
             reply = await call(model=model, **body)
         except Exception as exc:  # a provider error is this line's result, never the batch's end
             err = provider_error(exc, model)

@@ -26,6 +26,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
+from gateway import tracing
 from gateway.config.endpoints import NATIVE_JOBS, NATIVE_PROVIDERS
 from gateway.config.entries import NativeModelInfo
 from gateway.config.priced_fields import priced_fields
@@ -37,6 +38,7 @@ from gateway.pipeline.lifecycle import OVER_BUDGET, stop_reason
 from gateway.pipeline.media_urls import internal_deployment, refused_media
 from gateway.records import BatchRequest, Endpoint, Result, Shard, Usage, new_id
 from gateway.store.protocols import Store
+from gateway.tracing import genai
 from providers.openai_batches import (
     TERMINAL,
     Part,
@@ -72,6 +74,12 @@ def jobs_class(provider: str) -> Any:
         return None
     module, _, name = native.jobs.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def _job_attributes(jobs: UpstreamJobs, shard: Shard) -> dict[str, Any]:
+    """A native job call's span attributes (gateway.tracing): the provider, our batch and shard."""
+    return {genai.PROVIDER_NAME: genai.provider_name(jobs.provider), genai.BATCH_ID: shard.batch_id,
+            genai.SHARD: shard.index}
 
 
 class NativeBatchBackend:
@@ -254,7 +262,9 @@ class NativeBatchBackend:
         name = f"batchyard-{shard.batch_id}-{shard.index}-{index}.jsonl"
         metadata = {"batchyard_shard": shard.key, "batchyard_part": str(index)}
         try:
-            await jobs.create(part, data, name, metadata, save)
+            with tracing.client_span("batch_job.create", {**_job_attributes(jobs, shard), genai.SHARD_LINES:
+                                                          len(part.lines)}):
+                await jobs.create(part, data, name, metadata, save)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -284,7 +294,9 @@ class NativeBatchBackend:
             for part in list(pending):
                 assert part.batch_id is not None
                 try:
-                    job = await jobs.retrieve(part.batch_id)
+                    with tracing.client_span("batch_job.poll", {**_job_attributes(jobs, shard),
+                                                                genai.UPSTREAM_BATCH_ID: part.batch_id}):
+                        job = await jobs.retrieve(part.batch_id)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -318,18 +330,21 @@ class NativeBatchBackend:
         seen: set[int] = set()
         usage = Usage()
         try:
-            async for obj in jobs.results(job):
-                line = line_of(obj.get("custom_id"))
-                if line is None or line not in mine or line in seen:
-                    continue
-                seen.add(line)
-                req = by_line.get(line)
-                if req is None:  # recorded before a restart: only its tokens count
-                    usage.add(line_usage(obj))
-                    continue
-                result = result_from_line(obj, req)
-                usage.add(result.usage)
-                yield result
+            download = {genai.PROVIDER_NAME: genai.provider_name(jobs.provider),
+                        genai.UPSTREAM_BATCH_ID: part.batch_id or ""}
+            with tracing.client_span("batch_job.download", download, current=False):
+                async for obj in jobs.results(job):
+                    line = line_of(obj.get("custom_id"))
+                    if line is None or line not in mine or line in seen:
+                        continue
+                    seen.add(line)
+                    req = by_line.get(line)
+                    if req is None:  # recorded before a restart: only its tokens count
+                        usage.add(line_usage(obj))
+                        continue
+                    result = result_from_line(obj, req)
+                    usage.add(result.usage)
+                    yield result
         except Exception as exc:
             if retryable(exc):
                 raise  # transient: the runner runs the shard again, which reads this job again

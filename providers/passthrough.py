@@ -32,6 +32,7 @@ from typing import Any
 import aiohttp
 import httpx
 
+from gateway import tracing
 from gateway.config.endpoints import ENDPOINTS
 from gateway.json_codec import dumps, loads
 from gateway.records import BatchRequest, Endpoint, Result
@@ -254,7 +255,8 @@ class PassThrough:
     async def _send(self, target: _Target, endpoint: Endpoint, data: bytes) -> tuple[int, httpx.Headers, bytes]:
         session = self._session(target)
         timeout = aiohttp.ClientTimeout(total=target.timeout)
-        async with session.post(target.url(endpoint), data=data, headers=target.headers, timeout=timeout,
+        headers = tracing.outgoing(target.headers)  # the request span's traceparent, with tracing on
+        async with session.post(target.url(endpoint), data=data, headers=headers, timeout=timeout,
                                 proxy=target.proxy) as reply:
             raw = await self._read(reply)
             if 200 <= reply.status < 300:

@@ -15,9 +15,10 @@ else
     exit 0
 fi
 
-# Default services, then with the optional s3 profile (minio).
+# Default services, then with the optional s3 profile (minio) and traces profile (jaeger).
 "${COMPOSE[@]}" -f "$FILE" config -q
 "${COMPOSE[@]}" -f "$FILE" --profile s3 config -q
+"${COMPOSE[@]}" -f "$FILE" --profile traces config -q
 "${COMPOSE[@]}" -f "$FILE" --profile s3 config --services | sort | tr '\n' ' '
 echo
 echo "check_compose: $FILE is valid (${COMPOSE[*]})"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from gateway import tracing
 from gateway.api import batches, dashboard, estimate, files, scrape
 from gateway.api.auth import Authenticator, current_principal, log_auth_mode
 from gateway.api.deps import Caller, check_api_version, runtime_of
@@ -153,4 +154,5 @@ def create_app(runtime: Runtime, *, manage_runtime: bool = False, workers: Worke
     app.include_router(_health)
     dashboard.install(app)
     scrape.install(app)
+    tracing.instrument_app(app)  # a SERVER span per request, with tracing on (gateway.tracing.api_spans)
     return app

@@ -19,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
+from gateway import tracing
 from gateway.metrics import RequestMeter
 from gateway.records import BatchRequest, Result
 from gateway.scheduling.fairness import FairSlots, Flow, current_share
@@ -40,12 +42,15 @@ class BoundedRun:
     """
 
     def __init__(self, requests: Sequence[BatchRequest], call: Call, slots: FairSlots,
-                 tracked: set[asyncio.Task[Any]] | None = None) -> None:
+                 tracked: set[asyncio.Task[Any]] | None = None, spans: RequestSpans | None = None) -> None:
         self.total = len(requests)
         self._requests: Iterator[BatchRequest] = iter(requests)
         self._all = requests  # the pacer reads them (their sizes) to estimate tokens
         self._call, self._slots, self._tracked = call, slots, tracked
         self.share, self.pacer = current_share(), current_pacer()
+        # each request's span (gateway.tracing): a child of the caller's (the shard's) span, made here for the same
+        # reason as the share: the calls start from whichever task frees a slot
+        self._trace = tracing.capture(spans.provider, internal=spans.internal) if spans is not None else None
         self.started = 0  # calls started (each holds a slot until it finishes)
         self.granted = 0  # requests the pacer let through so far (unpaced: not counted)
         self.stopped = False  # `stop_sending`: nothing more starts
@@ -140,15 +145,25 @@ class BoundedRun:
             meter = self._meters[req.model] = RequestMeter(req.model, self.share.team)
         began = time.monotonic()
         with meter.in_flight():
-            result = await self._call(req)
+            result = await (self._call(req) if self._trace is None else tracing.traced(self._trace, req, self._call))
         meter.observe_latency(time.monotonic() - began)
         return result
 
 
+@dataclass(frozen=True, slots=True)
+class RequestSpans:
+    """How a backend's requests are traced: `provider` names a request's model's gen_ai.provider.name;
+    `internal`: the in-process engine (INTERNAL spans), not an upstream (CLIENT)."""
+
+    provider: Callable[[str], str]
+    internal: bool = False
+
+
 def run_bounded(requests: Sequence[BatchRequest], call: Call, slots: FairSlots,
-                tracked: set[asyncio.Task[Any]] | None = None) -> AsyncGenerator[Result, None]:
+                tracked: set[asyncio.Task[Any]] | None = None,
+                spans: RequestSpans | None = None) -> AsyncGenerator[Result, None]:
     """`BoundedRun(...).results()`: `call` on every request through `slots`, results as they finish."""
-    return BoundedRun(requests, call, slots, tracked).results()
+    return BoundedRun(requests, call, slots, tracked, spans).results()
 
 
-__all__ = ["BoundedRun", "Call", "run_bounded"]
+__all__ = ["BoundedRun", "Call", "RequestSpans", "run_bounded"]

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gateway import tracing
 from gateway.cli import console
 from gateway.cli.flags import ENGINE_OPTIONS, count, port, positive_int, positive_seconds, refused_flag
 from gateway.cli.heap import StartupHeap
@@ -353,6 +354,7 @@ def _run_command(args: argparse.Namespace, extra: list[str], *, own_process: boo
 
 def _run_file(args: argparse.Namespace, extra: list[str], heap: StartupHeap | None) -> int:
     config = _load(args, extra)
+    tracing.start_process("run", config.batch.tracing)
     from gateway.cli.offline import RunOptions, run_batch_file
 
     opts = RunOptions(

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
+from gateway import tracing
 from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
 from gateway.config.notices import notice_text
@@ -54,6 +55,7 @@ async def _serve(
     from gateway.runtime.validation_processes import VALIDATION_PROCESSES
 
     config = load_config(config_path)
+    tracing.start_process("api", config.batch.tracing)  # before the app: its SERVER spans need the provider
     pool: WorkerPool | None = None
     if runtime_factory is not None:
         runtime, where = await runtime_factory(config), "shared store"

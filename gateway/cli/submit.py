@@ -22,6 +22,7 @@ from typing import Any
 import openai
 from openai import OpenAI
 
+from gateway import tracing
 from gateway.cli.console import say
 from gateway.cli.follow import Arrivals, State, load_state, save_state, state_path, write_final
 
@@ -91,8 +92,11 @@ def submit_command(args: argparse.Namespace) -> int:
     except OSError as exc:
         say(f"cannot read {args.input_file}: {exc.strerror or exc}")
         return EXIT_INPUT
+    tracing.start_process("submit")
     try:
-        return _submit(client, args, sha, args.endpoint or first_url, metadata)
+        with tracing.client_span("batchyard.submit"):  # the gateway's spans join this trace (traceparent)
+            traced = client.with_options(default_headers=tracing.headers()) if tracing.enabled() else client
+            return _submit(traced, args, sha, args.endpoint or first_url, metadata)
     except openai.AuthenticationError as exc:
         say(f"the gateway refused the key (401): set OPENAI_API_KEY to a key of your team ({_message(exc)})")
         return EXIT_USAGE

@@ -21,7 +21,7 @@ import signal
 import sys
 from pathlib import Path
 
-from gateway import metrics
+from gateway import metrics, tracing
 from gateway.api.scrape import worker_metrics
 from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
@@ -97,6 +97,7 @@ def run_worker_command(args: argparse.Namespace) -> int:
     if config.notices and args.parent_pid is None:  # a worker that serve or run started: they said it
         print(f"batchyard: {notice_text(config.notices)}", file=sys.stderr)
 
+    tracing.start_process("worker", config.batch.tracing)
     heap = StartupHeap()  # a process of its own: its start-up heap is frozen once its backends have started
     heap.pause()
 

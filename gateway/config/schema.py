@@ -222,6 +222,11 @@ def parse_config(raw: Any, path: str = "<config>", *, strict: bool = False) -> C
     )
     check_fallbacks(router_settings, config.route, path)
     _check_teams(file.batch_settings.teams, config, path)
+    declared = {team.team_id for team in file.batch_settings.teams}
+    for team_id in file.batch_settings.tracing.capture_content_teams:  # a team no key can be: never applies
+        if team_id not in declared:
+            raise ConfigError(path, "batch_settings.tracing.capture_content_teams",
+                              f"{team_id!r} is not a team_id of batch_settings.teams")
     return config
 
 

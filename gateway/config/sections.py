@@ -136,6 +136,22 @@ class MetricsSettings(Strict):
     false opens it."""
 
 
+class TracingSettings(Strict):
+    """`batch_settings.tracing`: what OpenTelemetry's variables cannot say. Traces themselves are switched on by
+    the standard `OTEL_*` variables (`OTEL_EXPORTER_OTLP_ENDPOINT`, ...): without them nothing is sent and
+    these settings have no effect (`gateway.tracing`)."""
+
+    request_sample_ratio: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    """The share of a batch's requests that get a span (failed requests always do). Null: every request of a
+    batch under `max_request_spans_per_batch` lines, then that many spans' worth of a larger batch."""
+    max_request_spans_per_batch: PositiveInt = 10_000
+    """With `request_sample_ratio` null, a batch of more lines samples its requests at this count over its
+    lines, so one batch sends about this many request spans (plus its failures)."""
+    capture_content_teams: list[NonEmpty] = Field(default_factory=list)
+    """The teams whose prompts and completions go into their request spans (`gen_ai.input.messages`,
+    `gen_ai.output.messages`). Empty: no team's; no key, token or header value is ever captured."""
+
+
 class Limits(BaseModel):
     """The input limits (flat keys of `batch_settings`), gathered for the validator and the upload path."""
 
@@ -195,6 +211,8 @@ class BatchSettings(Strict):
     """The Prometheus scrape at `/metrics`."""
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     """How webhook deliveries are retried."""
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
+    """OpenTelemetry traces: request sampling and content capture (switched on by the `OTEL_*` variables)."""
     strict_config: bool = False
     """Refuse to load a config holding LiteLLM settings batchyard does not apply (as `--strict-config` does);
     false: load it and name them once at start (stderr for `run`, the log and `/health` for `serve`)."""
@@ -250,5 +268,5 @@ def check_router_settings(section: dict[str, Any], path: str) -> dict[str, Any]:
 
 __all__ = [
     "ROUTER_SETTINGS", "TEAM_ID_PATTERN", "WEBHOOK_EVENTS", "BatchSettings", "GeneralSettings", "Limits",
-    "MetricsSettings", "Team", "WebhookSettings", "check_router_settings",
+    "MetricsSettings", "Team", "TracingSettings", "WebhookSettings", "check_router_settings",
 ]

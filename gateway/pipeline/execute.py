@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Coroutine
 from typing import Any
 
-from gateway import metrics
+from gateway import metrics, tracing
 from gateway.backends.interface import ROUTE_UNAVAILABLE, Backends, BackendUnavailable, ShardAwareBackend
 from gateway.config.prices import Prices, route_prices
 from gateway.config.schema import Config
@@ -40,7 +40,7 @@ from gateway.scheduling.fairness import DEFAULT_WEIGHT, Share, running_for, stop
 from gateway.scheduling.pacing import Pacer, pacing_with
 from gateway.store.faults import Pause, machine_fault
 from gateway.store.lines import read_lines
-from gateway.store.objects import Delivery
+from gateway.store.objects import BatchRecord, Delivery
 from gateway.store.protocols import Blobs, Queue, Store
 
 log = logging.getLogger("batchyard.runner")
@@ -49,6 +49,11 @@ _FLUSH_EVERY = 64  # results per journal write
 _FLUSH_SECONDS = 0.25
 _POLL_SECONDS = 0.5  # how often a running shard looks for cancel and expiry
 _FULL_POLL = 0.25  # a full process looks this often for a newcomer team's shard
+
+
+def _fault_kind(exc: Exception) -> str | None:
+    fault = machine_fault(exc)
+    return fault.kind if fault is not None else None
 
 
 def price(prices: Prices | None, result: Result) -> None:
@@ -138,7 +143,7 @@ class ShardRunner:
                 await seal_shard(self.store, self.blobs, shard, missing=GIVEN_UP)
                 await self._finish_shard(shard)
             else:
-                await self.run_shard(shard)
+                await self.run_shard(shard, attempts)
             await self.queue.ack(delivery)
             self.pause.succeeded(started)
         except asyncio.CancelledError:
@@ -196,7 +201,7 @@ class ShardRunner:
         if task is not None:
             task.cancel()
 
-    async def run_shard(self, shard: Shard) -> None:
+    async def run_shard(self, shard: Shard, attempt: int | None = None) -> None:
         """Run a shard's unfinished requests, seal it, and finalize the batch if it was the last."""
         if await self.blobs.size(shard.results_key) is not None:
             await self._finish_shard(shard)  # sealed before a crash; only the bookkeeping is left
@@ -204,6 +209,10 @@ class ShardRunner:
         batch = await self.store.batches.get(shard.batch_id)
         if batch is None:
             return
+        with tracing.shard_span(shard, batch, attempt, fault=_fault_kind):  # the requests' spans are its children
+            await self._run(shard, batch)
+
+    async def _run(self, shard: Shard, batch: BatchRecord) -> None:
         reason = stop_reason(batch) or (OVER_BUDGET if await self.budgets.over(batch.owner) else None)
         requests: list[BatchRequest] | None = None
         if reason is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from gateway import tracing
 from gateway.backends.interface import RouteReporter
 from gateway.pipeline.lifecycle import (
     CANCELLED,
@@ -50,7 +51,9 @@ class Finalizer:
     async def finalize(self, batch_id: str) -> None:
         async with self._coordination.lease(f"finalize:{batch_id}") as ours:
             if ours:
-                await self._finalize(batch_id)
+                with tracing.stage("batch.finalize", await self.store.batches.get(batch_id)
+                                   if tracing.enabled() else None):
+                    await self._finalize(batch_id)
 
     async def _finalize(self, batch_id: str) -> None:
         batch = await self.store.batches.get(batch_id)
@@ -105,6 +108,7 @@ class Finalizer:
         else:
             fields.update({"status": BatchStatus.COMPLETED, "completed_at": now()})
         await self._announce(batch.owner, batch_id, fields["status"])
+        tracing.status_event(fields["status"], completed=summary.succeeded, failed=summary.failed)
         await self.store.batches.update(batch_id, fields)
         await self.store.ledger.drop_log(batch_id)  # after the update: a reader that saw it running still finds it
         await self.blobs.delete_prefix(f"batches/{batch_id}")

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, C
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from gateway import metrics
+from gateway import metrics, tracing
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_endpoint
 from gateway.errors import Conflict, InvalidRequest, OverQuota, TooLarge, invalid_value, not_found
@@ -201,8 +201,9 @@ class BatchService:
             expires_at=created + window, metadata=meta, options=opts,
             output_expires_after=output_expiry.model_dump() if output_expiry else None,
         )
-        await self._admit(batch, source)
-        await self.store.batches.put(batch)
+        with tracing.batch_create(batch):  # sets batch.trace_context: the trace every later stage joins
+            await self._admit(batch, source)
+            await self.store.batches.put(batch)
         self._spawn(self.validate(batch.id), f"validate-{batch.id}")
         return batch
 
@@ -314,7 +315,9 @@ class BatchService:
         """Plan a `validating` batch into shards and queue them (or fail it). Under a lease: one process."""
         async with self._coordination.lease(f"validate:{batch_id}") as ours:
             if ours:
-                await self._validate(batch_id)
+                with tracing.stage("batch.validate", await self.store.batches.get(batch_id)
+                                   if tracing.enabled() else None):
+                    await self._validate(batch_id)
 
     async def _validate(self, batch_id: str) -> None:
         batch = await self.store.batches.get(batch_id)
@@ -336,6 +339,7 @@ class BatchService:
                 batch_id, source.blob_key,
                 endpoint=normalise_endpoint(batch.endpoint) if batch.endpoint != "*" else None,
                 strict=batch.options.strict, allowed_models=batch.options.allowed_models,
+                trace_context=tracing.headers() or None,
             ))
         except BrokenProcessPool:
             raise  # the validation process died (killed, out of memory): the sweep validates the batch again
@@ -371,6 +375,7 @@ class BatchService:
         )
         if not started:
             return  # cancelled or expired meanwhile: the coordinator finalizes it from the shards
+        tracing.status_event(BatchStatus.IN_PROGRESS, lines=outcome.total, shards=len(shards))
         if outcome.answered is not None:
             await self._finish_shard(outcome.answered)  # the last one when every line was answered in place
         for shard in outcome.shards:
@@ -384,6 +389,7 @@ class BatchService:
                                       if_status={BatchStatus.VALIDATING})
 
     async def _fail(self, batch: BatchRecord, errors: list[dict[str, Any]]) -> None:
+        tracing.status_event(BatchStatus.FAILED)
         await self._announce(batch.owner, batch.id, BatchStatus.FAILED)
         await self.store.batches.update(
             batch.id, {"status": BatchStatus.FAILED, "failed_at": now(), "errors": errors},

@@ -55,6 +55,8 @@ class PlanJob:
     endpoint: Endpoint | None  # the batch's endpoint; None: any url (the CLI)
     strict: bool
     allowed_models: list[str] | None
+    # the validating stage's span (`gateway.tracing`), so that the validation process plans in the batch's trace
+    trace_context: dict[str, str] | None = None
 
 
 async def plan_batch(config: Config, blobs: Blobs, job: PlanJob) -> PlanOutcome:

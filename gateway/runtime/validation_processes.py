@@ -25,6 +25,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
+from gateway import tracing
 from gateway.config.schema import Config
 from gateway.pipeline.estimate import Estimate, EstimateJob, estimate_file
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
@@ -110,6 +111,7 @@ def _start_child(config: Config, place: BlobPlace, log_level: int, parent_pid: i
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(parent_pid,), name="watch-parent", daemon=True).start()
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tracing.start_process("validation", config.batch.tracing)
     # One loop for the child's life: the blobs' clients (S3's connection pool) are opened once, on it.
     _child = (config, place.open(), asyncio.new_event_loop())
 
@@ -135,13 +137,16 @@ def _plan_in_child(job: PlanJob) -> PlanOutcome:
     assert _child is not None, "the pool's initializer sets up the child"
     config, blobs, loop = _child
     try:
-        return loop.run_until_complete(plan_batch(config, blobs, job))
+        with tracing.remote_span("batch.plan", job.trace_context):  # in the batch's trace, from the API process
+            return loop.run_until_complete(plan_batch(config, blobs, job))
     except Exception as exc:
         fault = machine_fault(exc)
         if fault is not None:  # the machine's, not the file's: the batch waits for the sweep, no traceback
             raise StorageUnavailable(fault.kind, fault.detail) from None
         log.exception("planning batch %s failed", job.batch_id)  # the traceback stays in this process's log
         raise PlanFailed(f"{type(exc).__name__}: {str(exc)[:200]}") from None
+    finally:
+        tracing.flush()  # a pool's child ends by os._exit: no exit hook would send its spans
 
 
 def _estimate_in_child(job: EstimateJob) -> Estimate:

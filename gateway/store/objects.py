@@ -126,6 +126,9 @@ class BatchRecord:
     # What the run ended with (`gateway.pipeline.merge.Summary.to_json`): counts by model and status, token
     # totals; set when the batch is finalized. Records written before it kept it as `routes["summary"]`.
     summary: dict[str, Any] | None = None
+    # The W3C context (`traceparent`, `tracestate`) of the batch's `batch.create` span, so that every process
+    # working on the batch puts its spans in that trace (`gateway.tracing`); None with tracing off.
+    trace_context: dict[str, str] | None = None
 
     @property
     def files_owner(self) -> str:

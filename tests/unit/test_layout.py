@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gateway", "gateway.records", "gateway.errors", "gateway.json_codec"),
     ("gateway.config",),
     ("gateway.scheduling",),
-    ("gateway.store", "gateway.metrics"),
+    ("gateway.store", "gateway.metrics", "gateway.tracing"),
     ("gateway.backends", "gateway.webhooks"),
     ("gateway.pipeline", "gateway.message_batches", "providers", "local_engine"),
     ("gateway.runtime",),

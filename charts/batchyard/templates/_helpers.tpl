@@ -98,6 +98,20 @@ app.kubernetes.io/component: {{ index . 1 }}
 - name: AWS_ENDPOINT_URL_S3
   value: {{ . | quote }}
 {{- end }}
+{{- with .Values.tracing.otlpEndpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ . | quote }}
+- name: OTEL_SERVICE_NAME
+  value: {{ $.Values.tracing.serviceName | quote }}
+{{- with $.Values.tracing.sampler }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ . | quote }}
+{{- end }}
+{{- with $.Values.tracing.samplerArg }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{- define "batchyard.envFrom" -}}

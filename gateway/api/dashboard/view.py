@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway import tracing
 from gateway.records import BatchStatus, RouteStats, Usage
 from gateway.store.objects import BatchRecord
 
@@ -59,6 +60,7 @@ class BatchView:
     error_file_id: str | None = None
     metadata: dict[str, str] | None = None
     waiting: str | None = None  # "waiting: disk full since 10:02 UTC": a fault of the machine holds it
+    trace_id: str | None = None  # the batch's trace (gateway.tracing), to look it up in Jaeger or Tempo
 
     @property
     def done(self) -> int:
@@ -114,6 +116,7 @@ def batch_view(
         error_file_id=rec.error_file_id,
         metadata=rec.metadata,
         waiting=None if rec.status.finished else waiting,
+        trace_id=tracing.trace_id(rec.trace_context),
     )
 
 

@@ -158,6 +158,7 @@ class UpstreamServer(FilesAndBatches):
         """Status, body bytes and headers for one real-time request."""
         if not self.key_ok(headers):
             return _raw(401, error_body(401))
+        self.counters.traceparents += [v.decode() for k, v in headers if k == b"traceparent"]
         try:
             body = _loads(raw)
         except ValueError:

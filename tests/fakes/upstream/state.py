@@ -57,6 +57,8 @@ class Counters:
     by_model: Counter[str] = field(default_factory=Counter)
     by_status: Counter[str] = field(default_factory=Counter)
     by_custom: Counter[str] = field(default_factory=Counter)
+    # the W3C `traceparent` headers the real-time requests carried (the gateway's request spans), in order
+    traceparents: list[str] = field(default_factory=list)
 
     def to_json(self) -> JSON:
         return {
@@ -68,6 +70,7 @@ class Counters:
             "batch_lines": self.batch_lines,
             "files_created": self.files_created,
             "batches_created": self.batches_created,
+            "traceparents": self.traceparents,
         }
 
 

@@ -1,0 +1,185 @@
+"""A span per upstream or engine request, named and attributed by the GenAI conventions (`genai`).
+
+`capture` is called where a shard's requests are set off (`gateway.backends.bounded.BoundedRun`): it keeps
+the current context (the shard's span), the shard's sampling share and whether the team's content is
+captured. `traced` then runs each request's call inside its span: CLIENT for an upstream, INTERNAL for the
+in-process engine, named `{gen_ai.operation.name} {gen_ai.request.model}`. The backends send the span's
+`traceparent` on (`gateway.tracing.batch_spans.headers`), so the upstream's or vLLM's spans join the trace.
+
+What a span never holds: a key, a token, a header value, and (unless `capture_content_teams` names the team)
+any prompt or completion text. The line's `custom_id` and our cost are ours to show.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context as otel_context
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    get_current_span,
+    set_span_in_context,
+)
+
+from gateway.tracing import genai
+from gateway.tracing.batch_spans import requests_sampling
+from gateway.tracing.sampling import forced_span_id
+from gateway.tracing.switch import STATE
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span
+
+    from gateway.records import BatchRequest, Result
+
+Call = Callable[["BatchRequest"], Coroutine[Any, Any, "Result"]]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTrace:
+    """What the request spans of one run share."""
+
+    context: Context
+    ratio: float
+    capture_content: bool
+    provider: Callable[[str], str]  # the request's model -> gen_ai.provider.name
+    kind: SpanKind
+
+
+def capture(provider: Callable[[str], str], *, internal: bool = False) -> RequestTrace | None:
+    """The request spans' parent and sampling for the requests about to be set off (None: tracing is off)."""
+    if STATE.tracer is None:
+        return None
+    sampling = requests_sampling()
+    ratio, team = sampling if sampling is not None else (1.0, "")
+    return RequestTrace(otel_context.get_current(), ratio, team in STATE.capture_teams, provider,
+                        SpanKind.INTERNAL if internal else SpanKind.CLIENT)
+
+
+async def traced(trace: RequestTrace, req: BatchRequest, call: Call) -> Result:
+    """`call(req)` inside the request's span (see `gateway.tracing.sampling` for one outside the sample)."""
+    sampled = trace.ratio >= 1.0 or random.random() < trace.ratio
+    if not sampled:
+        return await _unsampled(trace, req, call)
+    operation, model = genai.operation(req.url), req.model
+    attributes = _attributes(trace, req, operation, sampled=True)
+    assert STATE.tracer is not None
+    with STATE.tracer.start_as_current_span(f"{operation} {model}", context=trace.context, kind=trace.kind,
+                                            attributes=attributes, record_exception=False,
+                                            set_status_on_exception=False) as span:
+        try:
+            result = await call(req)
+        except BaseException as exc:  # cancelled or a backend's bug: the span says so, the caller handles it
+            span.set_status(Status(StatusCode.ERROR))
+            span.set_attribute(genai.ERROR_TYPE, type(exc).__qualname__)
+            raise
+        if span.is_recording():
+            record(span, req, result, trace.capture_content)
+    return result
+
+
+async def _unsampled(trace: RequestTrace, req: BatchRequest, call: Call) -> Result:
+    """A request outside the sample: its `traceparent` names a span id of its own (a non-recording span, no
+    cost beyond the id), and only if it fails is a real span made, with that id and the request's start."""
+    parent = get_current_span(trace.context).get_span_context()
+    span_id = random.getrandbits(64) or 1
+    ghost = NonRecordingSpan(SpanContext(parent.trace_id, span_id, is_remote=False, trace_flags=parent.trace_flags,
+                                         trace_state=parent.trace_state))
+    started = time.time_ns()
+    token = otel_context.attach(set_span_in_context(ghost, trace.context))
+    try:
+        result = await call(req)
+    finally:
+        otel_context.detach(token)
+    if not result.ok and parent.is_valid:
+        operation = genai.operation(req.url)
+        assert STATE.tracer is not None
+        with forced_span_id(span_id):
+            span = STATE.tracer.start_span(f"{operation} {req.model}", context=trace.context, kind=trace.kind,
+                                           attributes=_attributes(trace, req, operation, sampled=False),
+                                           start_time=started)
+        record(span, req, result, trace.capture_content)
+        span.end()
+    return result
+
+
+def _attributes(trace: RequestTrace, req: BatchRequest, operation: str, *, sampled: bool) -> dict[str, Any]:
+    # Few on purpose: the SDK checks every attribute of every span, and a batch has thousands of them.
+    model = req.model
+    attributes: dict[str, Any] = {genai.OPERATION_NAME: operation, genai.PROVIDER_NAME: trace.provider(model),
+                                  genai.REQUEST_MODEL: model, genai.CUSTOM_ID: req.custom_id}
+    if not sampled:
+        attributes[genai.SAMPLED] = False  # kept because it failed
+    return attributes
+
+
+def record(span: Span, req: BatchRequest, result: Result, capture_content: bool) -> None:
+    """The reply's facts on the request's span (content only with `capture_content`)."""
+    body = result.body if isinstance(result.body, dict) else {}
+    if capture_content:
+        span.set_attribute(genai.INPUT_MESSAGES, _json(_input(req.body)))
+    if not result.ok:
+        span.set_status(Status(StatusCode.ERROR))
+        span.set_attributes({genai.ERROR_TYPE: _error_type(result, body), genai.LINE: req.line,
+                             **({genai.HTTP_STATUS: result.status_code} if result.status_code is not None else {})})
+        return
+    usage = result.usage
+    attributes: dict[str, Any] = {genai.INPUT_TOKENS: usage.input_tokens, genai.OUTPUT_TOKENS: usage.output_tokens,
+                                  genai.PROMPT_TOKENS: usage.input_tokens, genai.COMPLETION_TOKENS: usage.output_tokens}
+    if isinstance(body.get("model"), str):
+        attributes[genai.RESPONSE_MODEL] = body["model"]
+    reasons = _finish_reasons(body)
+    if reasons:
+        attributes[genai.FINISH_REASONS] = reasons
+    if result.cost_usd is not None:
+        attributes[genai.COST] = result.cost_usd
+    if capture_content:
+        attributes[genai.OUTPUT_MESSAGES] = _json(_output(body))
+    span.set_attributes(attributes)
+
+
+def _error_type(result: Result, body: dict[str, Any]) -> str:
+    if result.error is not None:
+        return str(result.error.get("code") or "error")
+    error = body.get("error")
+    if isinstance(error, dict):
+        named = error.get("type") or error.get("code")
+        if named:
+            return str(named)
+    return str(result.status_code)
+
+
+def _finish_reasons(body: dict[str, Any]) -> list[str]:
+    choices = body.get("choices")
+    if isinstance(choices, list):
+        return [str(c["finish_reason"]) for c in choices if isinstance(c, dict) and c.get("finish_reason")]
+    if isinstance(body.get("stop_reason"), str):  # Anthropic's Messages
+        return [body["stop_reason"]]
+    return []
+
+
+def _input(body: dict[str, Any]) -> Any:
+    return next((body[k] for k in ("messages", "input", "prompt") if k in body), None)
+
+
+def _output(body: dict[str, Any]) -> Any:
+    choices = body.get("choices")
+    if isinstance(choices, list):
+        return [c.get("message", c.get("text")) for c in choices if isinstance(c, dict)]
+    return body.get("content", body.get("output"))
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+__all__ = ["RequestTrace", "capture", "record", "traced"]

@@ -1,0 +1,133 @@
+"""Traces switched on (or not) the way OpenTelemetry users switch them on: the standard `OTEL_*` variables.
+
+- On when `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT` is set, unless
+  `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`. Off otherwise: no provider, no exporter, no thread;
+  every helper of this package returns at its first line (the no-op path costs a flag test).
+- `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`: `http/protobuf` (ours, and the default); `grpc` needs
+  `opentelemetry-exporter-otlp-proto-grpc`, which batchyard does not depend on: refused with a clear message
+  when it is not installed. The exporter reads its own variables (endpoint, headers, timeout, compression).
+- `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`: the SDK's resource detection; our default service name is
+  `batchyard`, and every process adds `service.instance.id` and `batchyard.role` (api, worker, validation,
+  run, submit). `OTEL_TRACES_SAMPLER[_ARG]`: the SDK's sampler (parent-based always-on by default);
+  `OTEL_BSP_*`: the batch span processor's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gateway.config.sections import TracingSettings
+from gateway.errors import ConfigError
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import Tracer
+
+log = logging.getLogger("batchyard.tracing")
+
+ROLES = ("api", "worker", "validation", "run", "submit")
+HTTP_PROTOBUF = "http/protobuf"
+
+
+@dataclass(slots=True)
+class _State:
+    tracer: Tracer | None = None  # None: tracing is off
+    provider: TracerProvider | None = None
+    settings: TracingSettings = field(default_factory=TracingSettings)
+    capture_teams: frozenset[str] = frozenset()
+
+
+STATE = _State()
+
+
+def wanted(env: dict[str, str] | os._Environ[str] | None = None) -> bool:
+    """Whether the variables ask for traces."""
+    env = os.environ if env is None else env
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+        return False
+    return bool(env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
+
+def protocol(env: dict[str, str] | os._Environ[str] | None = None) -> str:
+    env = os.environ if env is None else env
+    return (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or HTTP_PROTOBUF).strip()
+
+
+def _exporter() -> SpanExporter:
+    chosen = protocol()
+    if chosen == HTTP_PROTOBUF:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    if chosen == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        except ImportError:
+            raise ConfigError("environment", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTLP over gRPC needs the package "
+                              "opentelemetry-exporter-otlp-proto-grpc, which batchyard does not install; use "
+                              f"{HTTP_PROTOBUF!r} (the default) or install it") from None
+        return GrpcExporter()
+    raise ConfigError("environment", "OTEL_EXPORTER_OTLP_PROTOCOL",
+                      f"{chosen!r} is not an OTLP protocol batchyard sends: {HTTP_PROTOBUF!r} or 'grpc'")
+
+
+def configure(role: str, settings: TracingSettings | None = None, *, exporter: SpanExporter | None = None) -> bool:
+    """Set this process's tracing up from the variables (and the config's `batch_settings.tracing`); True when
+    on. Once per process; again replaces the provider (tests). `exporter`: instead of OTLP, whatever the
+    variables say (the tests' in-memory exporter): tracing is then on without them."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}")
+    shutdown()
+    STATE.settings = settings or TracingSettings()
+    STATE.capture_teams = frozenset(STATE.settings.capture_content_teams)
+    if exporter is None and not wanted():
+        return False
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+    from gateway.tracing.sampling import SpanIds
+
+    resource = Resource.create({"service.instance.id": f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+                                "batchyard.role": role})
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: "batchyard"}))
+    provider = TracerProvider(resource=resource, id_generator=SpanIds())
+    # the tests' exporter: every span at its end, in order
+    provider.add_span_processor(SimpleSpanProcessor(exporter) if exporter is not None
+                                else BatchSpanProcessor(_exporter()))
+    STATE.provider = provider
+    STATE.tracer = provider.get_tracer("batchyard")
+    return True
+
+
+def shutdown() -> None:
+    """Send what is buffered and switch tracing off (a process's end; tests between cases)."""
+    provider, STATE.provider, STATE.tracer = STATE.provider, None, None
+    if provider is not None:
+        provider.shutdown()
+
+
+def flush(timeout_millis: int = 5_000) -> None:
+    if STATE.provider is not None:
+        STATE.provider.force_flush(timeout_millis)
+
+
+def enabled() -> bool:
+    return STATE.tracer is not None
+
+
+def tracer() -> Any:
+    return STATE.tracer
+
+
+__all__ = ["ROLES", "STATE", "configure", "enabled", "flush", "protocol", "shutdown", "tracer", "wanted"]
