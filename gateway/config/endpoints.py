@@ -2,7 +2,7 @@
 
 `ENDPOINTS` has one row per canonical `Endpoint`; `NATIVE_JOBS` one per provider whose batch jobs a
 native route can run. Everything else reads these: url normalising (`gateway.config.urls`), body checks
-(`gateway.pipeline.body_fields`), the upstream backend and its pass-through (`providers.litellm_backend`,
+(`gateway.lines.body_fields`), the upstream backend and its pass-through (`providers.litellm_backend`,
 `providers.passthrough`), the native backend (`providers.native` and each provider's jobs), and the local
 engine's refusals (`local_engine.serving`). A local route serves what its vLLM model serves (vLLM tells
 at start), less `never_local`.

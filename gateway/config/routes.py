@@ -67,7 +67,7 @@ class Route:
         model = entry.litellm_params.model.removeprefix("vllm/")
         # The engine answers to the name lines use (vLLM checks body.model against it). vLLM fetches media
         # only from the hosts the gateway allows (an empty list is vLLM's "any host": the gateway refuses
-        # every fetched URL itself then, see gateway.pipeline.media_urls).
+        # every fetched URL itself then, see gateway.lines.media_urls).
         args = {"model": model, "served_model_name": [self.model_name], **entry.engine_args}
         if self.allowed_media_domains:
             args["allowed_media_domains"] = sorted(self.allowed_media_domains)

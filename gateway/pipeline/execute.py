@@ -32,7 +32,7 @@ from gateway.backends.interface import ROUTE_UNAVAILABLE, Backends, BackendUnava
 from gateway.config.prices import Prices, route_prices
 from gateway.config.schema import Config
 from gateway.json_codec import loads
-from gateway.pipeline.budget import Budgets, spending_for
+from gateway.lines.budget import Budgets, spending_for
 from gateway.pipeline.lifecycle import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
 from gateway.pipeline.merge import seal_shard
 from gateway.records import BatchRequest, Result, Shard

@@ -26,8 +26,8 @@ from gateway import metrics
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_endpoint
 from gateway.errors import Conflict, InvalidRequest, OverQuota, TooLarge, invalid_value, not_found
+from gateway.lines.budget import Budgets
 from gateway.pipeline.batch_params import ExpiresAfter, checked, checked_metadata
-from gateway.pipeline.budget import Budgets
 from gateway.pipeline.lifecycle import (
     NO_EXPIRY,
     Announce,

@@ -20,7 +20,7 @@ from gateway.config.urls import normalise_url
 from gateway.config.wildcards import team_allows
 from gateway.errors import LineCode, LineError, shown
 from gateway.json_codec import loads_checked
-from gateway.pipeline.body_fields import check_body
+from gateway.lines.body_fields import check_body
 from gateway.records import BatchRequest, Endpoint
 from gateway.store.lines import Overlong
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.backends.interface import ROUTE_UNAVAILABLE, BackendUnavailable
 from gateway.config.schema import Config
-from gateway.pipeline.budget import Budgets
+from gateway.lines.budget import Budgets
 from gateway.pipeline.coordinator import Coordinator
 from gateway.pipeline.execute import ShardRunner
 from gateway.pipeline.finalizer import Finalizer

@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gateway.config",),
     ("gateway.scheduling",),
     ("gateway.store", "gateway.metrics"),
+    ("gateway.lines",),  # the rules about one line: the pipeline and the backends both apply them
     ("gateway.backends", "gateway.webhooks"),
     ("gateway.pipeline", "gateway.message_batches", "providers", "local_engine"),
     ("gateway.runtime",),
@@ -31,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gateway.cli",),
 ]
 # The pipeline's stages in the order a batch meets them: a stage imports only earlier ones, even lazily.
-STAGES = ["batch_params", "lifecycle", "budget", "body_fields", "media_urls", "validate", "plan", "tokens", "estimate",
+STAGES = ["batch_params", "lifecycle", "validate", "plan", "tokens", "estimate",
           "intake", "message_batch_create", "merge", "execute", "finalizer", "coordinator",
           "results", "retry_failed"]  # the last two read what finalizing left
 
