@@ -33,7 +33,7 @@ from gateway.config.routes import Route
 from gateway.lines.body_fields import unknown_field, unrecognized, unsupported, upstream_fields
 from gateway.lines.budget import over_budget_now
 from gateway.lines.media_urls import internal_deployment, refused_media
-from gateway.pipeline.lifecycle import OVER_BUDGET, stop_reason
+from gateway.lines.stops import OVER_BUDGET, stop_reason
 from gateway.records import BatchRequest, Endpoint, Result, Shard, Usage, new_id
 from gateway.store.protocols import Store
 from providers.openai_batches import (

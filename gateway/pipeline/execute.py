@@ -33,7 +33,7 @@ from gateway.config.prices import Prices, route_prices
 from gateway.config.schema import Config
 from gateway.json_codec import loads
 from gateway.lines.budget import Budgets, spending_for
-from gateway.pipeline.lifecycle import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
+from gateway.lines.stops import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
 from gateway.pipeline.merge import seal_shard
 from gateway.records import BatchRequest, Result, Shard
 from gateway.scheduling.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending

@@ -12,17 +12,8 @@ import logging
 from collections.abc import Callable
 
 from gateway.backends.interface import RouteReporter
-from gateway.pipeline.lifecycle import (
-    CANCELLED,
-    EXPIRED,
-    LOST,
-    Announce,
-    announce_nothing,
-    derived_id,
-    expiry,
-    order_key,
-    stop_reason,
-)
+from gateway.lines.stops import CANCELLED, EXPIRED, LOST, stop_reason
+from gateway.pipeline.lifecycle import Announce, announce_nothing, derived_id, expiry, order_key
 from gateway.pipeline.merge import merge_shards, seal_shard
 from gateway.records import BatchStatus, Shard
 from gateway.store.objects import BatchFields, FileRecord, now, storage_team

@@ -26,7 +26,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("gateway.store", "gateway.metrics"),
     ("gateway.lines",),  # the rules about one line: the pipeline and the backends both apply them
     ("gateway.backends", "gateway.webhooks"),
-    ("gateway.pipeline", "gateway.message_batches", "providers", "local_engine"),
+    ("providers", "local_engine"),  # the backends the pipeline drives: they never import it
+    ("gateway.pipeline", "gateway.message_batches"),
     ("gateway.runtime",),
     ("gateway.api",),
     ("gateway.cli",),
