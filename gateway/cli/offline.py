@@ -28,7 +28,7 @@ from gateway.cli.report import report_invalid, summarise
 from gateway.cli.transfer import Reader, TransferError, deliver, is_url, read_source, source_name
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
-from gateway.pipeline.estimate import estimate_lines
+from gateway.estimate.cost import estimate_lines
 from gateway.pipeline.validate import LINE_SLACK
 from gateway.records import BatchStatus
 from gateway.runtime.root import Runtime, open_embedded

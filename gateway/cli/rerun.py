@@ -2,7 +2,7 @@
 
 The run is found as a resumed run finds it (the input's hash and the run's options, `offline.previous_run`).
 Its lines without a 2xx reply (failed, expired, cancelled before they ran) are chosen by the server's own
-retry (`pipeline.retry_failed.retry_batch`): a new batch in D whose metadata says `retry_of`. When that
+retry (`finished.retry_failed.retry_batch`): a new batch in D whose metadata says `retry_of`. When that
 batch ends, the run's output (and error) files are rewritten beside the order blob the finalizer wrote
 (`lifecycle.order_key`): every line once, in input order, a retried line's new result in its place. Rewritten in
 place, so the same command without `--retry-failed` delivers the merged files too, and a second
@@ -27,8 +27,8 @@ from gateway.cli.transfer import TransferError, read_source
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
 from gateway.errors import Conflict
+from gateway.finished.retry_failed import retry_batch
 from gateway.pipeline.lifecycle import order_key
-from gateway.pipeline.retry_failed import retry_batch
 from gateway.records import BatchStatus
 from gateway.runtime.root import Runtime, open_embedded
 from gateway.store.lines import read_lines

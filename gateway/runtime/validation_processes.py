@@ -26,7 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from gateway.config.schema import Config
-from gateway.pipeline.estimate import Estimate, EstimateJob, estimate_file
+from gateway.estimate.cost import Estimate, EstimateJob, estimate_file
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
 from gateway.store.blobs.place import BlobPlace
 from gateway.store.faults import StorageUnavailable, machine_fault

@@ -28,14 +28,14 @@ LAYERS: list[tuple[str, ...]] = [
     ("gateway.backends", "gateway.webhooks"),
     ("providers", "local_engine"),  # the backends the pipeline drives: they never import it
     ("gateway.pipeline", "gateway.message_batches"),
+    ("gateway.estimate", "gateway.finished"),  # a file's cost before it runs; what is asked after a batch's end
     ("gateway.runtime",),
     ("gateway.api",),
     ("gateway.cli",),
 ]
 # The pipeline's stages in the order a batch meets them: a stage imports only earlier ones, even lazily.
-STAGES = ["batch_params", "lifecycle", "validate", "plan", "tokens", "estimate",
-          "intake", "message_batch_create", "merge", "execute", "finalizer", "coordinator",
-          "results", "retry_failed"]  # the last two read what finalizing left
+STAGES = ["batch_params", "lifecycle", "validate", "plan",
+          "intake", "message_batch_create", "merge", "execute", "finalizer", "coordinator"]
 
 
 def _modules() -> dict[str, Path]:

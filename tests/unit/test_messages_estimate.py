@@ -3,7 +3,7 @@ output is bounded by its `max_tokens`, as a chat line's is."""
 
 from __future__ import annotations
 
-from gateway.pipeline.tokens import Limit, TokenCounter, output_bound
+from gateway.estimate.tokens import Limit, TokenCounter, output_bound
 from gateway.records import Endpoint
 
 BODY = {"model": "m", "max_tokens": 7, "system": [{"type": "text", "text": "abcd" * 3}],

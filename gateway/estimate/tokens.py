@@ -1,5 +1,5 @@
 """A batch line's tokens, before it runs: its input tokens by the route's own tokenizer where one is at hand
-offline, and the bound on its output tokens (what `gateway.pipeline.estimate` adds up).
+offline, and the bound on its output tokens (what `gateway.estimate.cost` adds up).
 
 - A local route's tokenizer comes from its model directory or the hub cache (`transformers`, loaded once per
   process on first use, never downloaded); an OpenAI model's is tiktoken through LiteLLM's `token_counter`
