@@ -13,6 +13,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.blob_keys import shard_requests_key, shard_results_key
+
 
 def new_id(prefix: str, sep: str = "_") -> str:
     """An id with 128 random bits from the OS's CSPRNG, OpenAI-style: for what callers name.
@@ -347,12 +349,12 @@ class Shard:
 
     @property
     def requests_key(self) -> str:
-        return f"batches/{self.batch_id}/shards/{self.index:06d}.requests.jsonl"
+        return shard_requests_key(self.batch_id, self.index)
 
     @property
     def results_key(self) -> str:
         """Sorted results, written once the shard is finished."""
-        return f"batches/{self.batch_id}/shards/{self.index:06d}.results.jsonl"
+        return shard_results_key(self.batch_id, self.index)
 
     def to_json(self) -> dict[str, Any]:
         return {"batch_id": self.batch_id, "index": self.index, "route": self.route, "size": self.size,

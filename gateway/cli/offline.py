@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.blob_keys import file_key
 from gateway.cli.console import log_path, say, stdout_bytes, terminal
 from gateway.cli.report import report_invalid, summarise
 from gateway.cli.transfer import Reader, TransferError, deliver, is_url, read_source, source_name
@@ -330,7 +331,7 @@ async def deliver_run(runtime: Runtime, batch: BatchRecord, opts: RunOptions) ->
     for file_id, dest in pairs:
         read, size = _nothing, 0  # no such file (e.g. no failed request): an empty one, as run_batch writes
         if file_id is not None:
-            key = f"files/{file_id}"
+            key = file_key(file_id)
             read, size = functools.partial(blobs.read, key, _CHUNK), await blobs.size(key) or 0
         try:
             await _copy_out(read, size, dest)

@@ -23,6 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from gateway import metrics
+from gateway.blob_keys import batch_prefix, file_key, order_key
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_endpoint
 from gateway.errors import Conflict, InvalidRequest, OverQuota, TooLarge, invalid_value, not_found
@@ -34,7 +35,6 @@ from gateway.pipeline.lifecycle import (
     announce_nothing,
     expiry,
     for_queue,
-    order_key,
     results_batch,
 )
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
@@ -90,7 +90,7 @@ class BatchService:
         if expires_at is None and self.config.batch.file_expiry_seconds is not None:
             expires_at = created + self.config.batch.file_expiry_seconds
         file_id = new_id("file", sep="-")  # older data dirs hold `file_` ids: still valid
-        key = f"files/{file_id}"
+        key = file_key(file_id)
         limit = self.config.batch.limits.max_file_bytes
         size = 0
         team = storage_team(owner)  # one account per team, whatever door made the file
@@ -350,11 +350,11 @@ class BatchService:
             log.exception("validating batch %s failed", batch_id)
             await self._fail(batch, [{"code": "validation_failed", "message": "The input file could not be "
                                       "validated; the batch was not run.", "param": None, "line": None}])
-            await self.blobs.delete_prefix(f"batches/{batch_id}")
+            await self.blobs.delete_prefix(batch_prefix(batch_id))
             return
         if outcome.failed:
             await self._fail(batch, [e.to_openai() for e in outcome.errors])
-            await self.blobs.delete_prefix(f"batches/{batch_id}")
+            await self.blobs.delete_prefix(batch_prefix(batch_id))
             return
         shards = [*outcome.shards, *([outcome.answered] if outcome.answered else [])]
         await self.store.ledger.put_shards(batch_id, shards)

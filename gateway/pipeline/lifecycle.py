@@ -2,8 +2,8 @@
 `gateway.lines.stops`, below the backends, which ask it too).
 
 - When a file or batch expires (`expiry`, from OpenAI's `expires_after` objects).
-- The ids derived from a batch id (`derived_id`), so work done twice lands once, and what a finished
-  batch leaves beside its result files (`order_key`), which goes with them (`results_batch`).
+- The ids derived from a batch id (`derived_id`), so work done twice lands once, and which batch a
+  result file is of (`results_batch`: its results order index goes with it).
 - `Announce`: the hook told a batch is about to end, before its final status is
   set (webhooks record their event there: at least once, even across a crash).
 
@@ -45,13 +45,6 @@ def derived_id(prefix: str, batch_id: str, what: str) -> str:
     return f"{prefix}-{hashlib.sha256(f'{batch_id}:{what}'.encode()).hexdigest()[:32]}"
 
 
-def order_key(batch_id: str) -> str:
-    """The blob beside a finished batch's output files: one `{line} {seq} {o|e}` per result, in input order
-    (`o`: a 2xx reply, `e`: anything else), for the results endpoint's cursor and the retry's lines. It
-    lives as long as the files: deleting either of them (or their expiry) deletes it."""
-    return f"results/{batch_id}.order"
-
-
 def results_batch(rec: FileRecord) -> str | None:
     """The batch whose output or error file `rec` is (the finalizer names it `{batch_id}_{what}.jsonl`, and
     its id follows from the batch's); None for any other file."""
@@ -69,5 +62,5 @@ def expiry(expires_after: ExpiresAfter | Mapping[str, Any] | None, created_at: i
     return checked(ExpiresAfter, expires_after, param).at(created_at)
 
 
-__all__ = ["NO_EXPIRY", "Announce", "announce_nothing", "derived_id", "expiry", "for_queue", "order_key",
+__all__ = ["NO_EXPIRY", "Announce", "announce_nothing", "derived_id", "expiry", "for_queue",
            "results_batch"]

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from gateway.blob_keys import order_key
 from gateway.errors import InvalidRequest
 from gateway.finished.results import Cursor, results_page
 from gateway.json_codec import dumps, loads
 from gateway.pipeline.finalizer import Finalizer
-from gateway.pipeline.lifecycle import order_key
 from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard
 from gateway.store.blobs.directory import LocalBlobs
 from gateway.store.lines import read_lines
