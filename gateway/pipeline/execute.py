@@ -74,7 +74,7 @@ class ShardRunner:
         self.weights = {t.team_id: t.weight for t in config.batch.teams}
         self._teams = {t.team_id: t for t in config.batch.teams}
         self.budgets = budgets or Budgets(config, None)
-        self.pause = Pause()
+        self.pause = Pause(count=metrics.observe_machine_fault, show=metrics.set_paused)
         self._owed: dict[str, Shard] = {}  # attempts to give back that the store could not take yet
         queue.on_lost = self._lost
 
