@@ -32,7 +32,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from gateway.blob_keys import file_key  # noqa: E402
 from gateway.config.schema import parse_config  # noqa: E402
-from gateway.runtime.root import open_shared  # noqa: E402
+from gateway.runtime.runtime import open_shared  # noqa: E402
 from tests.fakes.upstream.server import start_upstream  # noqa: E402
 from tests.support.services import MotoS3, RedisServer, shared_config, start_worker, write_config  # noqa: E402
 

@@ -32,7 +32,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from gateway.config.endpoints import ENDPOINTS
-from gateway.records import Endpoint
+from gateway.domain import Endpoint
 from local_engine import cpu_threads, vllm_compat
 
 if TYPE_CHECKING:

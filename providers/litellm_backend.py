@@ -26,9 +26,9 @@ from gateway.config.endpoints import ENDPOINTS, UPSTREAM_ENDPOINTS, WIRE_ENDPOIN
 from gateway.config.priced_fields import Charge, missing_price, priced_fields
 from gateway.config.prices import DeploymentPrices
 from gateway.config.routes import Route
+from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.lines.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecognized, unsupported, upstream_fields
 from gateway.lines.media_urls import api_host, internal_deployment, refused_media, resolves_private
-from gateway.records import BatchRequest, Endpoint, Result
 from gateway.scheduling.fairness import FairSlots
 from providers import litellm_setup
 from providers.messages_bridge import message_through_wire

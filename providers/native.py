@@ -30,11 +30,11 @@ from gateway.config.entries import NativeModelInfo
 from gateway.config.priced_fields import priced_fields
 from gateway.config.prices import Prices, batch_prices, cost_of
 from gateway.config.routes import Route
+from gateway.domain import BatchRequest, Endpoint, Result, Shard, Usage, new_id
 from gateway.lines.body_fields import unknown_field, unrecognized, unsupported, upstream_fields
 from gateway.lines.budget import over_budget_now
 from gateway.lines.media_urls import internal_deployment, refused_media
 from gateway.lines.stops import OVER_BUDGET, stop_reason
-from gateway.records import BatchRequest, Endpoint, Result, Shard, Usage, new_id
 from gateway.store.protocols import Store
 from providers.openai_batches import (
     TERMINAL,

@@ -55,8 +55,8 @@ def litellm_names() -> set[str]:
 
 def openai_fields() -> set[str]:
     sys.path.insert(0, str(ROOT))
+    from gateway.domain import Endpoint
     from gateway.lines.body_fields import upstream_fields
-    from gateway.records import Endpoint
 
     return set().union(*(upstream_fields(e) for e in Endpoint))
 

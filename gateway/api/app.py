@@ -27,7 +27,7 @@ from gateway.api.message_batches import message_batches_app
 from gateway.api.request_id import RequestIdMiddleware
 
 if TYPE_CHECKING:
-    from gateway.runtime.root import Runtime
+    from gateway.runtime.runtime import Runtime
     from gateway.runtime.supervisor import WorkerPool
 
 log = logging.getLogger(__name__)

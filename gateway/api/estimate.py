@@ -21,9 +21,9 @@ from fastapi.responses import JSONResponse
 from gateway.api.deps import Caller, check_id, runtime_of
 from gateway.api.http_errors import ApiError
 from gateway.config.urls import normalise_endpoint
+from gateway.domain import Endpoint
 from gateway.errors import InvalidRequest, invalid_value, not_found
 from gateway.estimate.cost import Estimate, EstimateJob, estimate_file
-from gateway.records import Endpoint
 
 router = APIRouter()
 

@@ -24,12 +24,12 @@ from gateway.api.auth import Principal
 from gateway.api.deps import Caller, runtime_of
 from gateway.api.form import Body, declared_length
 from gateway.api.http_errors import RETRY_AFTER_SECONDS, STORAGE_ERRORS, ApiError, storage_fault
+from gateway.domain import MESSAGE_BATCH_KIND
 from gateway.errors import Conflict, GatewayError, NotFound, OverQuota, TooLarge, shown
 from gateway.finished.message_results import message_batch_results
 from gateway.message_batches.outcomes import request_counts
 from gateway.message_batches.wire import MAX_BODY_BYTES, EnvelopeError, batch_object, error_body, error_type
 from gateway.pipeline.message_batch_create import create_message_batch, delete_message_batch
-from gateway.records import MESSAGE_BATCH_KIND
 from gateway.store.objects import BatchRecord
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
 from typing import Any, cast
 
+from gateway.domain import BatchRequest, Result
 from gateway.metrics import RequestMeter
-from gateway.records import BatchRequest, Result
 from gateway.scheduling.fairness import FairSlots, Flow, current_share
 from gateway.scheduling.pacing import current_pacer
 

@@ -29,10 +29,10 @@ from gateway.cli.report import report_invalid, summarise
 from gateway.cli.transfer import Reader, TransferError, deliver, is_url, read_source, source_name
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
+from gateway.domain import BatchStatus
 from gateway.estimate.cost import estimate_lines
 from gateway.pipeline.validate import LINE_SLACK
-from gateway.records import BatchStatus
-from gateway.runtime.root import Runtime, open_embedded
+from gateway.runtime.runtime import Runtime, open_embedded
 from gateway.runtime.supervisor import WorkerPool, default_workers
 from gateway.store.lines import split_lines
 from gateway.store.objects import BatchOptions, BatchRecord

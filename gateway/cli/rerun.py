@@ -21,11 +21,11 @@ from gateway.cli.report import report_invalid
 from gateway.cli.transfer import TransferError, read_source
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
+from gateway.domain import BatchStatus
 from gateway.errors import Conflict
 from gateway.finished.retry_failed import retry_batch
 from gateway.finished.retry_merge import is_merged, merge_retry
-from gateway.records import BatchStatus
-from gateway.runtime.root import Runtime, open_embedded
+from gateway.runtime.runtime import Runtime, open_embedded
 from gateway.store.objects import BatchRecord
 
 

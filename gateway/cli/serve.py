@@ -30,7 +30,7 @@ from gateway.config.notices import notice_text
 from gateway.config.schema import Config, load_config
 
 if TYPE_CHECKING:
-    from gateway.runtime.root import Runtime
+    from gateway.runtime.runtime import Runtime
 
 log = logging.getLogger("gateway.cli.serve")  # not "__main__" under python -m
 
@@ -49,7 +49,7 @@ async def _serve(
     forwarded_allow_ips: str | None = None,
 ) -> None:
     from gateway.api.app import create_app
-    from gateway.runtime.root import open_embedded  # the runtime imports the backends: only when serving
+    from gateway.runtime.runtime import open_embedded  # the runtime imports the backends: only when serving
     from gateway.runtime.supervisor import WorkerPool, default_workers
     from gateway.runtime.validation_processes import VALIDATION_PROCESSES
 
@@ -140,7 +140,7 @@ def serve_shared(
     """`batchyard serve --redis-url U --storage s3://…`: one API replica over the shared store."""
 
     async def factory(config: Config) -> Runtime:
-        from gateway.runtime.root import open_shared
+        from gateway.runtime.runtime import open_shared
         from gateway.runtime.validation_processes import VALIDATION_PROCESSES
 
         return await open_shared(config, redis_url, storage, routes=None if with_worker else (),

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.records import Endpoint
+from gateway.domain import Endpoint
 
 FieldTypes = Mapping[str, tuple[tuple[type, ...], str]]  # field -> (accepted types, how OpenAI names them)
 _STRING_OR_ARRAY = ((str, list), "a string or an array")

@@ -79,7 +79,7 @@ class Team(Strict):
     max_budget: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     """A budget in USD per `budget_duration` (LiteLLM's name). Over it, new batches are refused with 429
     `budget_exceeded` and running ones stop sending (their unrun lines: `budget_exceeded`;
-    `gateway.pipeline.execute`). Null: none."""
+    `gateway.pipeline.shard_runner`). Null: none."""
     budget_duration: Annotated[str, Field(pattern=r"^[1-9][0-9]*(s|m|h|d)$")] | None = None
     """The budget period: a number and `s`, `m`, `h` or `d` (`30d`, `1h`, `10m`, `30s`); null: the budget
     never resets."""

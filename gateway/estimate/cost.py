@@ -23,11 +23,11 @@ from typing import Any
 from gateway.config.prices import Prices, batch_prices, deployment_prices, route_prices
 from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import Config
+from gateway.domain import BatchRequest, Endpoint
 from gateway.errors import LineCode, LineError
 from gateway.estimate.tokens import TokenCounter, counter_for, output_bound, price_map, price_names
 from gateway.pipeline.plan import chunks
 from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, line_failure
-from gateway.records import BatchRequest, Endpoint
 from gateway.store.lines import Overlong, split_lines
 from gateway.store.protocols import Blobs
 

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from gateway.config.routes import Route, RouteKind
-from gateway.records import Endpoint
+from gateway.domain import Endpoint
 
 log = logging.getLogger(__name__)
 

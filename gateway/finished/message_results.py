@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.domain import BatchStatus
 from gateway.json_codec import dumps, loads
 from gateway.message_batches.outcomes import message_result
 from gateway.message_batches.wire import error_body
-from gateway.records import BatchStatus
 from gateway.store.lines import read_line_runs
 from gateway.store.objects import BatchRecord
 from gateway.store.protocols import Blobs, Store

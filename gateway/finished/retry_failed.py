@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from gateway.blob_keys import order_key
+from gateway.domain import BatchStatus
 from gateway.errors import Conflict, not_found
-from gateway.pipeline.intake import BatchService
-from gateway.records import BatchStatus
+from gateway.pipeline.batch_service import BatchService
 from gateway.store.lines import split_lines
 from gateway.store.objects import BatchOptions, BatchRecord
 from gateway.store.order_index import OrderEntry, read_entries

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config.endpoints import ENDPOINTS
+from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.errors import LineCode, LineError
-from gateway.records import BatchRequest, Endpoint, Result
 
 _JSON_NAMES = {str: "a string", list: "an array", dict: "an object", int: "an integer", float: "a number",
                bool: "a boolean", type(None): "null"}

@@ -7,7 +7,7 @@ commits) all ask it, so it sits below the backends as well as the pipeline.
 
 from __future__ import annotations
 
-from gateway.records import BatchStatus
+from gateway.domain import BatchStatus
 from gateway.store.objects import BatchRecord, now
 
 StopReason = tuple[str, str]  # (error code, message) for each request that will not run

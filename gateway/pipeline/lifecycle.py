@@ -18,8 +18,8 @@ import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from gateway.domain import BatchStatus, Shard
 from gateway.pipeline.batch_params import ExpiresAfter, checked
-from gateway.records import BatchStatus, Shard
 from gateway.store.objects import BatchRecord, FileRecord
 
 # (owner, batch id, the final status about to be set): called before the status is written, so an

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import metrics
+from gateway.domain import BatchRequest, Result, Shard, Usage
 from gateway.json_codec import dumps, loads
-from gateway.records import BatchRequest, Result, Shard, Usage
 from gateway.store.lines import read_lines
 from gateway.store.order_index import entry_line
 from gateway.store.protocols import Blobs, Store

@@ -18,10 +18,10 @@ from gateway.config.routes import Route
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_url
 from gateway.config.wildcards import team_allows
+from gateway.domain import BatchRequest, Endpoint
 from gateway.errors import LineCode, LineError, shown
 from gateway.json_codec import loads_checked
 from gateway.lines.body_fields import check_body
-from gateway.records import BatchRequest, Endpoint
 from gateway.store.lines import Overlong
 
 _BOM = b"\xef\xbb\xbf"

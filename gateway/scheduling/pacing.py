@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.domain import BatchRequest, Result
 from gateway.json_codec import dumps
-from gateway.records import BatchRequest, Result
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequen
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-from gateway.records import BatchStatus, Result, RouteStats, Shard
+from gateway.domain import BatchStatus, Result, RouteStats, Shard
 from gateway.scheduling.pacing import RateWindows  # the contract scheduling owns; each store implements it
 from gateway.store.idempotency import IdempotencyEntry
 from gateway.store.objects import BatchFields, BatchRecord, Delivery, FileRecord, Page

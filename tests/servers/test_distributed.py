@@ -31,9 +31,9 @@ import pytest
 
 from gateway.cli.worker import hosted_routes
 from gateway.config.schema import Config, parse_config
+from gateway.domain import BatchStatus
 from gateway.errors import ConfigError
-from gateway.records import BatchStatus
-from gateway.runtime.root import Runtime, open_shared
+from gateway.runtime.runtime import Runtime, open_shared
 from gateway.store.objects import BatchRecord
 from gateway.store.redis.coordination import connect_redis
 from gateway.store.redis.keys import GROUP, Keys

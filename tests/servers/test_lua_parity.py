@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.records import Shard
+from gateway.domain import Shard
 from gateway.scheduling.fairness import Candidate, pick
 from gateway.store.quota import MAX_ACTIVE_BATCHES as BATCHES
 from gateway.store.quota import MAX_ENQUEUED_REQUESTS as REQUESTS

@@ -18,8 +18,8 @@ import pytest
 from openai import OpenAI
 
 from gateway.config.schema import parse_config
-from gateway.records import BatchStatus
-from gateway.runtime.root import open_embedded
+from gateway.domain import BatchStatus
+from gateway.runtime.runtime import open_embedded
 from gateway.store.objects import BatchRecord
 from tests.fakes.upstream.server import Upstream
 from tests.fakes.webhook_receiver import Receiver

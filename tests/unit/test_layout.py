@@ -19,9 +19,9 @@ MAX_LINES = 420  # "no module over ~400 lines, tests included"
 # The layers, lowest first. A module's layer is that of the longest prefix listed; a module may import
 # its own layer and those below (lazy imports too): packages only, no module placed apart.
 # `gateway.runtime.pool` knows the implementations (providers, local_engine): the composition root does;
-# the intake (`pipeline.intake`) is pipeline work both front doors ask, composed by the runtime.
+# the intake (`pipeline.batch_service`) is pipeline work both front doors ask, composed by the runtime.
 LAYERS: list[tuple[str, ...]] = [
-    ("gateway", "gateway.records", "gateway.errors", "gateway.json_codec"),
+    ("gateway", "gateway.domain", "gateway.errors", "gateway.json_codec"),
     ("gateway.config",),
     ("gateway.scheduling",),
     ("gateway.store",),
@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 # The pipeline's stages in the order a batch meets them: a stage imports only earlier ones, even lazily.
 STAGES = ["batch_params", "lifecycle", "validate", "plan",
-          "intake", "message_batch_create", "merge", "execute", "finalizer", "coordinator"]
+          "batch_service", "message_batch_create", "merge", "shard_runner", "finalizer", "sweeper"]
 
 
 def _modules() -> dict[str, Path]:
@@ -147,7 +147,7 @@ def test_a_pipeline_stage_imports_only_earlier_stages() -> None:
         module = f"gateway.pipeline.{stage}"
         for dep in _imports(MODULES[module]):
             later = dep.startswith("gateway.pipeline.") and STAGES.index(dep.split(".")[-1]) > STAGES.index(stage)
-            if later or dep.startswith(("gateway.api", "gateway.cli", "gateway.runtime.root")):
+            if later or dep.startswith(("gateway.api", "gateway.cli", "gateway.runtime.runtime")):
                 wrong.append(f"{module} imports {dep}")
     assert wrong == []
 

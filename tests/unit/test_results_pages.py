@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from gateway.blob_keys import order_key
+from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result, Shard
 from gateway.errors import InvalidRequest
 from gateway.finished.results import Cursor, results_page
 from gateway.json_codec import dumps, loads
 from gateway.pipeline.finalizer import Finalizer
-from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard
 from gateway.store.blobs.directory import LocalBlobs
 from gateway.store.lines import read_lines
 from gateway.store.objects import BatchRecord, RequestCounts

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.records import BatchStatus, RouteStats, Usage
+from gateway.domain import BatchStatus, RouteStats, Usage
 from gateway.store.objects import BatchRecord
 
 # Route key under which the store counts lines answered at validation (no call made).

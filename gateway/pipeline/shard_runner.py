@@ -31,11 +31,11 @@ from gateway import metrics
 from gateway.backends.interface import ROUTE_UNAVAILABLE, Backends, BackendUnavailable, ShardAwareBackend
 from gateway.config.prices import Prices, route_prices
 from gateway.config.schema import Config
+from gateway.domain import BatchRequest, Result, Shard
 from gateway.json_codec import loads
 from gateway.lines.budget import Budgets, spending_for
 from gateway.lines.stops import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
 from gateway.pipeline.merge import seal_shard
-from gateway.records import BatchRequest, Result, Shard
 from gateway.scheduling.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
 from gateway.scheduling.pacing import Pacer, pacing_with
 from gateway.store.faults import Pause, machine_fault

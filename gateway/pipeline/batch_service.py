@@ -26,6 +26,7 @@ from gateway import metrics
 from gateway.blob_keys import batch_prefix, file_key, order_key
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_endpoint
+from gateway.domain import BatchStatus, Endpoint, Shard, new_id
 from gateway.errors import Conflict, InvalidRequest, OverQuota, TooLarge, invalid_value, not_found
 from gateway.lines.budget import Budgets
 from gateway.pipeline.batch_params import ExpiresAfter, checked, checked_metadata
@@ -39,7 +40,6 @@ from gateway.pipeline.lifecycle import (
 )
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
 from gateway.pipeline.validate import LINE_SLACK, count_routes
-from gateway.records import BatchStatus, Endpoint, Shard, new_id
 from gateway.store.faults import machine_fault
 from gateway.store.lines import Overlong, split_lines
 from gateway.store.objects import BatchOptions, BatchRecord, FileRecord, RequestCounts, now, storage_team

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 from gateway.backends.interface import ROUTE_UNAVAILABLE, BackendUnavailable
 from gateway.config.schema import Config
 from gateway.lines.budget import Budgets
-from gateway.pipeline.coordinator import Coordinator
-from gateway.pipeline.execute import ShardRunner
+from gateway.pipeline.batch_service import BatchService
 from gateway.pipeline.finalizer import Finalizer
-from gateway.pipeline.intake import BatchService
+from gateway.pipeline.shard_runner import ShardRunner
+from gateway.pipeline.sweeper import Coordinator
 from gateway.runtime.pool import BackendPool
 from gateway.runtime.validation_processes import ValidationProcesses
 from gateway.store.blobs.place import S3_ENDPOINT_ENV, BlobPlace

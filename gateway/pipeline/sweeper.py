@@ -25,10 +25,10 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from typing import Any
 
+from gateway.domain import BatchStatus
+from gateway.pipeline.batch_service import BatchService
 from gateway.pipeline.finalizer import Finalizer
-from gateway.pipeline.intake import BatchService
 from gateway.pipeline.lifecycle import for_queue
-from gateway.records import BatchStatus
 from gateway.store.faults import forget, machine_fault, notice, noticed, once_a_minute
 from gateway.store.objects import BatchRecord, now
 from gateway.store.protocols import Coordination, Queue, Store
