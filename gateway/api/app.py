@@ -28,7 +28,7 @@ from gateway.api.request_id import RequestIdMiddleware
 
 if TYPE_CHECKING:
     from gateway.runtime.runtime import Runtime
-    from gateway.runtime.supervisor import WorkerPool
+    from gateway.runtime.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def _api_router() -> APIRouter:
     return router
 
 
-def create_app(runtime: Runtime, *, manage_runtime: bool = False, workers: WorkerPool | None = None,
+def create_app(runtime: Runtime, *, manage_runtime: bool = False, workers: Supervisor | None = None,
                on_started: Callable[[], None] | None = None) -> FastAPI:
     """The ASGI app over `runtime`.
 

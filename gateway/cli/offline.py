@@ -33,7 +33,7 @@ from gateway.domain import BatchStatus
 from gateway.estimate.cost import estimate_lines
 from gateway.pipeline.validate import LINE_SLACK
 from gateway.runtime.runtime import Runtime, open_embedded
-from gateway.runtime.supervisor import WorkerPool, default_workers
+from gateway.runtime.supervisor import Supervisor, default_workers
 from gateway.store.lines import split_lines
 from gateway.store.objects import BatchOptions, BatchRecord
 
@@ -247,7 +247,7 @@ async def _get(runtime: Runtime, batch_id: str) -> BatchRecord:
     return batch
 
 
-async def _start_workers(runtime: Runtime, batch_id: str, opts: RunOptions) -> WorkerPool | None:
+async def _start_workers(runtime: Runtime, batch_id: str, opts: RunOptions) -> Supervisor | None:
     """Worker processes for the upstream routes, when the file has enough upstream requests to pay for them."""
     count = opts.workers if opts.workers is not None else default_workers(runtime.config, serving=False)
     upstream = {r.model_name for r in runtime.config.routes.values() if r.kind is not RouteKind.LOCAL}

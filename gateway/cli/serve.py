@@ -50,11 +50,11 @@ async def _serve(
 ) -> None:
     from gateway.api.app import create_app
     from gateway.runtime.runtime import open_embedded  # the runtime imports the backends: only when serving
-    from gateway.runtime.supervisor import WorkerPool, default_workers
+    from gateway.runtime.supervisor import Supervisor, default_workers
     from gateway.runtime.validation_processes import VALIDATION_PROCESSES
 
     config = load_config(config_path)
-    pool: WorkerPool | None = None
+    pool: Supervisor | None = None
     if runtime_factory is not None:
         runtime, where = await runtime_factory(config), "shared store"
     else:

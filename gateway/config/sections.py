@@ -183,7 +183,7 @@ class BatchSettings(Strict):
     """Files without their own expiry expire this long after they are created, as OpenAI's do: uploads
     without `expires_after`, batch output and error files of batches created without
     `output_expires_after` (those two still override it, within OpenAI's 3600..2592000). Expired files are
-    deleted, record and bytes, by the coordinator's sweep (every 5 s). Null: never. Files stored by an
+    deleted, record and bytes, by the sweeper (every 5 s). Null: never. Files stored by an
     older version without an `expires_at` keep none (an upgrade does not delete data)."""
     max_file_storage_bytes: PositiveInt | None = None
     """The file storage quota of each team without its own `max_file_storage_bytes`, and of uploads made

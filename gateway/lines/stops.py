@@ -1,7 +1,7 @@
 """Why a batch's requests must stop (`stop_reason`), and the error each unrun request then gets
 (`StopReason`: a code and a message).
 
-The runner, the finalizer, the coordinator and a native-batch backend (before each provider job it
+The runner, the finalizer, the sweeper and a native-batch backend (before each provider job it
 commits) all ask it, so it sits below the backends as well as the pipeline.
 """
 

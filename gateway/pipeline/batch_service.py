@@ -4,7 +4,7 @@ Create, read, cancel and delete files and batches; admit a new batch against its
 team's quotas and budget; validate and plan it into shards, record them and put
 them on the queue. Refusals are domain errors (`gateway.errors`); the server maps
 them to HTTP. The intake owns a batch while it is `validating`: it fails it,
-cancels it before any shard exists, or expires it (the coordinator's sweep asks).
+cancels it before any shard exists, or expires it (the sweeper asks).
 Running the shards is the `ShardRunner`'s job, finishing the batch the `Finalizer`'s.
 
 What it needs from later stages or higher layers is handed in, never imported:
@@ -370,7 +370,7 @@ class BatchService:
             if_status={BatchStatus.VALIDATING},
         )
         if not started:
-            return  # cancelled or expired meanwhile: the coordinator finalizes it from the shards
+            return  # cancelled or expired meanwhile: the sweeper finalizes it from the shards
         if outcome.answered is not None:
             await self._finish_shard(outcome.answered)  # the last one when every line was answered in place
         for shard in outcome.shards:

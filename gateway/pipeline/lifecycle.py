@@ -8,7 +8,7 @@
   set (webhooks record their event there: at least once, even across a crash).
 
 It depends on the records and the store's record types only: the runner, the
-finalizer and the coordinator all ask it, so it must sit below all of them.
+finalizer and the sweeper all ask it, so it must sit below all of them.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ streamed, and send back only the `PlanOutcome` (the shards' names and sizes, the
 The API process records it, as before: nothing is recorded by a child.
 
 A child that dies mid-plan (killed, out of memory) fails the plans it held with `BrokenProcessPool`: their
-batches stay `validating`, their validate leases are released, and the coordinator's sweep validates them
+batches stay `validating`, their validate leases are released, and the sweeper validates them
 again (the one recovery path); the next plan starts fresh processes.
 """
 
