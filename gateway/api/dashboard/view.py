@@ -15,8 +15,6 @@ from typing import Any
 from gateway.domain import BatchStatus, RouteStats, Usage
 from gateway.store.objects import BatchRecord
 
-# Route key under which the store counts lines answered at validation (no call made).
-VALIDATION_ROUTE = ""
 MAX_ERRORS_SHOWN = 10
 NONE = "\u2013"  # an en dash: "no value yet"
 
