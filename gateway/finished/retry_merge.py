@@ -29,7 +29,8 @@ async def is_merged(blobs: Blobs, retry_id: str) -> bool:
 async def merge_retry(blobs: Blobs, first: BatchRecord, retry: BatchRecord) -> tuple[int, int]:
     """Rewrite the first run's files with the retry's results in place; (now 2xx, still failing) lines."""
     split = first.options.split_errors
-    places = {"output": file_key(first.output_file_id), "order": order_key(first.id)}
+    # str(): the key as it was always spelled, even for a run that never wrote its output (no merge then reads it)
+    places = {"output": file_key(str(first.output_file_id)), "order": order_key(first.id)}
     if split and first.error_file_id is not None:
         places["errors"] = file_key(first.error_file_id)
     ok = failed = 0
