@@ -29,6 +29,9 @@ from gateway.config.endpoints import ENDPOINTS
 from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.errors import LineCode, LineError
 
+# Containers a line may nest (its body is about two levels in): far more than any request's JSON schema
+# needs, and under orjson's 254, so a checked line is always written back by the fast codec.
+MAX_LINE_DEPTH = 128
 _JSON_NAMES = {str: "a string", list: "an array", dict: "an object", int: "an integer", float: "a number",
                bool: "a boolean", type(None): "null"}
 

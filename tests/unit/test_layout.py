@@ -28,9 +28,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("gateway.store",),
     ("gateway.metrics",),  # reads the store at scrape time; the store counts nothing itself
     ("gateway.lines",),  # the rules about one line: the pipeline and the backends both apply them
-    ("gateway.backends", "gateway.webhooks"),
+    ("gateway.backends", "gateway.webhooks", "gateway.message_batches"),  # message_batches: Anthropic's words
     ("providers", "local_engine"),  # the backends the pipeline drives: they never import it
-    ("gateway.pipeline", "gateway.message_batches"),
+    ("gateway.pipeline",),
     ("gateway.estimate", "gateway.finished"),  # a file's cost before it runs; what is asked after a batch's end
     ("gateway.runtime",),
     ("gateway.api",),
