@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from gateway.config.routes import NATIVE_PROVIDERS, Route, RouteKind
+from gateway.config.endpoints import NATIVE_PROVIDERS
+from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import parse_config
 from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result
 from gateway.errors import ConfigError
