@@ -9,6 +9,7 @@ same.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -182,3 +183,12 @@ def test_modules_stay_small() -> None:
         (p, MAX_TEST_LINES) for p in [*sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "bench").glob("*.py"))]]
     big = {str(p.relative_to(ROOT)): n for p, cap in caps if (n := len(p.read_text().splitlines())) > cap}
     assert big == {}
+
+
+def test_the_http_layer_writes_no_record_and_no_blob() -> None:
+    # `gateway/api` reads; every batch, file and blob write goes through the intake (`pipeline.batch_service`,
+    # `pipeline.message_batch_create`) or the services after a batch's end (`gateway.finished`).
+    write = re.compile(r"store\.\w+\.(create|update|delete|put|add)\w*\(|blobs\.(put|write|writing|delete)\w*\(")
+    wrong = [f"{m}: {hit.group(0)}" for m, p in MODULES.items() if m.startswith("gateway.api")
+             for hit in write.finditer(p.read_text())]
+    assert wrong == []
