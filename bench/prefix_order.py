@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from gateway.records import BatchRequest, Endpoint  # noqa: E402
+from gateway.domain import BatchRequest, Endpoint  # noqa: E402
 from local_engine import LocalEngineBackend, build_tiny_models  # noqa: E402
 
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo")

@@ -38,8 +38,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from gateway.blob_keys import file_key  # noqa: E402
 from gateway.config.schema import parse_config  # noqa: E402
-from gateway.runtime.root import open_shared  # noqa: E402
+from gateway.runtime.runtime import open_shared  # noqa: E402
 from tests.fakes.upstream.server import start_upstream  # noqa: E402
 from tests.support.services import (  # noqa: E402
     MotoS3,
@@ -122,7 +123,7 @@ async def _one_batch(config_raw: dict, server: RedisServer | RedisClusterServers
         if rec.counts.completed != n:
             sample = b""
             if rec.error_file_id:
-                async for chunk in api.blobs.read(f"files/{rec.error_file_id}"):
+                async for chunk in api.blobs.read(file_key(rec.error_file_id)):
                     sample += chunk
                     break
             raise SystemExit(f"batch ended {rec.status.value} with {rec.counts}: {sample[:600]!r}")

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.backends.bounded import RequestSpans, run_bounded
 from gateway.backends.interface import BackendUnavailable
-from gateway.pipeline.body_fields import unknown_field, unrecognized, unsupported
-from gateway.pipeline.media_urls import refused_media
-from gateway.records import BatchRequest, Endpoint, Result
+from gateway.domain import BatchRequest, Endpoint, Result
+from gateway.lines.body_fields import unknown_field, unrecognized, unsupported
+from gateway.lines.media_urls import refused_media
 from gateway.scheduling.engine_priority import with_priority
 from gateway.scheduling.fairness import FairSlots, current_share
 from local_engine.ordering import group_by_prefix

@@ -18,8 +18,8 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.domain import BatchRequest, Endpoint
 from gateway.json_codec import dumps
-from gateway.records import BatchRequest, Endpoint
 
 _LEADING_ROLES = ("system", "developer")
 

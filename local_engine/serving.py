@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway import tracing
 from gateway.config.endpoints import ENDPOINTS
-from gateway.records import Endpoint
+from gateway.domain import Endpoint
 from local_engine import cpu_threads, vllm_compat
 
 if TYPE_CHECKING:

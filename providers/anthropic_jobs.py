@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.config.endpoints import NATIVE_JOBS
-from gateway.records import BatchRequest, Endpoint, Result
+from gateway.domain import BatchRequest, Endpoint, Result
 from providers.openai_batches import Part, call_with_retries, detached, line_of, upstream_custom_id
 from providers.upstream_errors import ANTHROPIC_ERROR_TYPES
 from providers.upstream_jobs import JobState, Save, http_json, http_lines

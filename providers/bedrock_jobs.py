@@ -33,7 +33,7 @@ from typing import Any
 
 from gateway.config.endpoints import NATIVE_JOBS
 from gateway.config.entries import NativeModelInfo
-from gateway.records import BatchRequest, Endpoint, Result
+from gateway.domain import BatchRequest, Endpoint, Result
 from providers.openai_batches import Part, call_with_retries, upstream_custom_id
 from providers.upstream_jobs import JobState, Save, UpstreamHTTPError
 

@@ -27,9 +27,9 @@ from gateway.config.endpoints import ENDPOINTS, UPSTREAM_ENDPOINTS, WIRE_ENDPOIN
 from gateway.config.priced_fields import Charge, missing_price, priced_fields
 from gateway.config.prices import DeploymentPrices
 from gateway.config.routes import Route
-from gateway.pipeline.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecognized, unsupported, upstream_fields
-from gateway.pipeline.media_urls import api_host, internal_deployment, refused_media, resolves_private
-from gateway.records import BatchRequest, Endpoint, Result
+from gateway.domain import BatchRequest, Endpoint, Result
+from gateway.lines.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecognized, unsupported, upstream_fields
+from gateway.lines.media_urls import api_host, internal_deployment, refused_media, resolves_private
 from gateway.scheduling.fairness import FairSlots
 from gateway.tracing import genai
 from providers import litellm_setup
@@ -201,7 +201,7 @@ class LiteLLMBackend:
         and the operator's extras for the model, LiteLLM's own `metadata`, or a media URL we may not fetch.
 
         `body` is splatted into a LiteLLM call below, so this check is what keeps a line from setting a key,
-        a base URL, a mock, a fallback or a price (see gateway.pipeline.body_fields)."""
+        a base URL, a mock, a fallback or a price (see gateway.lines.body_fields)."""
         charges = priced_fields(req.url, body)
         if charges:
             refused = self._unpriced(req, group, charges)
@@ -221,7 +221,7 @@ class LiteLLMBackend:
             return unsupported(req, own, "LiteLLM reads it for itself on this provider's path")
         if (wire or bridged) and group not in self._internal:
             # The bytes go to a public provider's own host as they are (or translated, bridged): the provider
-            # fetches media itself, from its own network. An internal server (gateway.pipeline.media_urls)
+            # fetches media itself, from its own network. An internal server (gateway.lines.media_urls)
             # fetches from inside ours, so its lines hold the gateway's own rule, as LiteLLM's translation does.
             return None
         return await refused_media(req, body, self._media_hosts.get(group, frozenset()))
@@ -316,7 +316,7 @@ def wire_groups(deployments: Sequence[dict[str, Any]], litellm_settings: dict[st
 
 async def internal_groups(deployments: Sequence[dict[str, Any]], fallbacks: Any) -> frozenset[str]:
     """The model groups whose lines may reach an operator's own server: a deployment of the group, or of a
-    group it falls back to, is internal (`gateway.pipeline.media_urls.internal_deployment`) or its public-looking
+    group it falls back to, is internal (`gateway.lines.media_urls.internal_deployment`) or its public-looking
     host resolves to a private address. Decided once, when the backend starts: one lookup per host."""
     hosts: dict[str, bool] = {}
     inside: set[str] = set()

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gateway.records import BatchRequest, Endpoint, Result
+from gateway.domain import BatchRequest, Endpoint, Result
 from providers.upstream_errors import anthropic_error
 
 PassThrough = Callable[[BatchRequest, str], Awaitable[Result]]

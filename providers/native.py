@@ -9,7 +9,7 @@ Anthropic: `providers.anthropic_jobs`; Mistral: `providers.mistral_jobs`; the Ge
 and job ids are recorded in the store's meta (`native:<batch>:<shard>`) before any
 polling, so a restarted process polls the jobs it already created instead of
 creating new ones. No job is created while the team is over its budget
-(`gateway.pipeline.budget.over_budget_now`): its lines get `budget_exceeded`, as
+(`gateway.lines.budget.over_budget_now`): its lines get `budget_exceeded`, as
 on a real-time route. Jobs are polled with backoff and read back as OpenAI-shaped
 result lines; every request gets exactly one `Result`. When the shard runner
 cancels a shard because our batch was cancelled or expired, the upstream jobs are
@@ -32,11 +32,11 @@ from gateway.config.entries import NativeModelInfo
 from gateway.config.priced_fields import priced_fields
 from gateway.config.prices import Prices, batch_prices, cost_of
 from gateway.config.routes import Route
-from gateway.pipeline.body_fields import unknown_field, unrecognized, unsupported, upstream_fields
-from gateway.pipeline.budget import over_budget_now
-from gateway.pipeline.lifecycle import OVER_BUDGET, stop_reason
-from gateway.pipeline.media_urls import internal_deployment, refused_media
-from gateway.records import BatchRequest, Endpoint, Result, Shard, Usage, new_id
+from gateway.domain import BatchRequest, Endpoint, Result, Shard, Usage, new_id
+from gateway.lines.body_fields import unknown_field, unrecognized, unsupported, upstream_fields
+from gateway.lines.budget import over_budget_now
+from gateway.lines.media_urls import internal_deployment, refused_media
+from gateway.lines.stops import OVER_BUDGET, stop_reason
 from gateway.store.protocols import Store
 from gateway.tracing import genai
 from providers.openai_batches import (
@@ -97,7 +97,7 @@ class NativeBatchBackend:
         self._poll_first = min(info.native_poll_initial_seconds, self._poll_max)
         self._timeout = router_settings.get("timeout")
         self._litellm: Any = None
-        # a deployment pointed at an operator's own server fetches media from inside (gateway.pipeline.media_urls)
+        # a deployment pointed at an operator's own server fetches media from inside (gateway.lines.media_urls)
         self._internal = any(internal_deployment(e.litellm_params.model_dump()) for e in route.entries)
 
     @property

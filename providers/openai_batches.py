@@ -20,7 +20,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, S
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from gateway.records import BatchRequest, Endpoint, Result, Shard, Usage
+from gateway.domain import BatchRequest, Endpoint, Result, Shard, Usage
 from gateway.store.lines import Overlong, split_lines
 from gateway.store.protocols import Store
 from providers.retry_policy import job_call_retrying

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.config.endpoints import NATIVE_JOBS
-from gateway.records import BatchRequest, Endpoint, Result
+from gateway.domain import BatchRequest, Endpoint, Result
 from providers.openai_batches import (
     Part,
     call_with_retries,

@@ -34,8 +34,8 @@ import httpx
 
 from gateway import tracing
 from gateway.config.endpoints import ENDPOINTS
+from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.json_codec import dumps, loads
-from gateway.records import BatchRequest, Endpoint, Result
 from providers.retry_policy import should_retry, wire_retried
 from providers.upstream_errors import UPSTREAM_TIMEOUT, UPSTREAM_UNREACHABLE, provider_error, reply_error
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from gateway.records import BatchRequest, Endpoint, Result
+from gateway.domain import BatchRequest, Endpoint, Result
 from providers.openai_batches import Part, reply_lines
 from providers.upstream_errors import error_message
 

@@ -35,7 +35,7 @@ import httpx
 
 from gateway.config.endpoints import NATIVE_JOBS
 from gateway.config.entries import NativeModelInfo
-from gateway.records import BatchRequest, Result
+from gateway.domain import BatchRequest, Result
 from providers.gemini_jobs import GeminiJobs
 from providers.openai_batches import Part, call_with_retries, upstream_custom_id
 from providers.upstream_errors import error_message

@@ -64,7 +64,7 @@ def holders(r: redis.Redis, workers: list[str], podman: str) -> dict[str, int]:
     keys = Keys()
     for stream in (s for route in (UPSTREAM, LOCAL) for s in r.smembers(keys.streams(route))):
         for consumer in r.xinfo_consumers(stream, GROUP):
-            # A worker's consumer name starts with its host name (gateway.runtime.root.worker_name: host:pid).
+            # A worker's consumer name starts with its host name (gateway.runtime.runtime.worker_name: host:pid).
             for host, container in hostnames.items():
                 if str(consumer["name"]).startswith(host) and int(consumer["pending"]) > 0:
                     held[container] = held.get(container, 0) + int(consumer["pending"])

@@ -9,7 +9,7 @@ key LiteLLM knows is named as not applied rather than refused as a typo.
 The names: LiteLLM's own list of its parameters (`litellm.types.utils.all_litellm_params`), the
 signatures of its call functions (completion, embedding, responses, images, moderation, rerank) and
 the Router's, every `kwargs` key the Router reads, and the fields of its mock-testing params; less
-the request fields OpenAI documents (`gateway.pipeline.body_fields.upstream_fields`), which are
+the request fields OpenAI documents (`gateway.lines.body_fields.upstream_fields`), which are
 the provider's, not LiteLLM's. The config refuses these in `model_info.allowed_params`, and the
 security tests put each of them into a batch line. Written out so that loading a config does not
 import LiteLLM (seconds, and a price-map fetch unless told not to).
@@ -55,8 +55,8 @@ def litellm_names() -> set[str]:
 
 def openai_fields() -> set[str]:
     sys.path.insert(0, str(ROOT))
-    from gateway.pipeline.body_fields import upstream_fields
-    from gateway.records import Endpoint
+    from gateway.domain import Endpoint
+    from gateway.lines.body_fields import upstream_fields
 
     return set().union(*(upstream_fields(e) for e in Endpoint))
 

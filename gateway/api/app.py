@@ -28,8 +28,8 @@ from gateway.api.message_batches import message_batches_app
 from gateway.api.request_id import RequestIdMiddleware
 
 if TYPE_CHECKING:
-    from gateway.runtime.root import Runtime
-    from gateway.runtime.supervisor import WorkerPool
+    from gateway.runtime.runtime import Runtime
+    from gateway.runtime.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def _api_router() -> APIRouter:
     return router
 
 
-def create_app(runtime: Runtime, *, manage_runtime: bool = False, workers: WorkerPool | None = None,
+def create_app(runtime: Runtime, *, manage_runtime: bool = False, workers: Supervisor | None = None,
                on_started: Callable[[], None] | None = None) -> FastAPI:
     """The ASGI app over `runtime`.
 

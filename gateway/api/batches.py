@@ -1,5 +1,5 @@
 """Batches: create, list, get, cancel; and our extensions, a batch's results so far and a retry of its
-lines without a 2xx reply (`gateway.pipeline.results`, `gateway.pipeline.retry_failed`)."""
+lines without a 2xx reply (`gateway.finished.results`, `gateway.finished.retry_failed`)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from gateway.api import idempotency
 from gateway.api.deps import Caller, bad_request, check_id, check_limit, list_reply, parse_body, runtime_of
 from gateway.api.form import read_capped
 from gateway.config.urls import normalise_endpoint
+from gateway.domain import MESSAGE_BATCH_KIND, Endpoint
 from gateway.errors import invalid_value, not_found, shown
+from gateway.finished.results import Cursor, results_page
+from gateway.finished.retry_failed import retry_batch
 from gateway.json_codec import loads_checked
 from gateway.pipeline.batch_params import CreateBatch
-from gateway.pipeline.results import Cursor, results_page
-from gateway.pipeline.retry_failed import retry_batch
-from gateway.records import MESSAGE_BATCH_KIND, Endpoint
 
 if TYPE_CHECKING:
     from gateway.api.auth import Principal

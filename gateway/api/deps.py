@@ -13,7 +13,7 @@ from gateway.api.auth import Principal, current_principal
 from gateway.api.http_errors import ApiError
 
 if TYPE_CHECKING:
-    from gateway.runtime.root import Runtime
+    from gateway.runtime.runtime import Runtime
 
 Caller = Annotated[Principal, Depends(current_principal)]
 

@@ -1,5 +1,5 @@
 """`GET /v1/files/{file_id}/cost_estimate` (our extension): what a batch of the caller's file would cost, per
-model and in total, and the validation errors it would hit; nothing is sent (`gateway.pipeline.estimate`).
+model and in total, and the validation errors it would hit; nothing is sent (`gateway.estimate.cost`).
 
 The file is read as validation reads it: streamed, in one of the validation processes where the runtime has
 them (`batchyard serve`), so the CPU work never holds the API's event loop; else in threads. Those processes
@@ -21,9 +21,9 @@ from fastapi.responses import JSONResponse
 from gateway.api.deps import Caller, check_id, runtime_of
 from gateway.api.http_errors import ApiError
 from gateway.config.urls import normalise_endpoint
+from gateway.domain import Endpoint
 from gateway.errors import InvalidRequest, invalid_value, not_found
-from gateway.pipeline.estimate import Estimate, EstimateJob, estimate_file
-from gateway.records import Endpoint
+from gateway.estimate.cost import Estimate, EstimateJob, estimate_file
 
 router = APIRouter()
 

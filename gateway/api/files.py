@@ -25,7 +25,7 @@ from gateway.store.faults import machine_fault
 from gateway.store.objects import FileRecord
 
 if TYPE_CHECKING:
-    from gateway.runtime.root import Runtime
+    from gateway.runtime.runtime import Runtime
     from gateway.store.idempotency import IdempotencyEntry
 
 router = APIRouter()

@@ -13,8 +13,7 @@ mode): a bad one is that request's `errored` result. The words (envelope, batch 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,17 +24,13 @@ from gateway.api.auth import Principal
 from gateway.api.deps import Caller, runtime_of
 from gateway.api.form import Body, declared_length
 from gateway.api.http_errors import RETRY_AFTER_SECONDS, STORAGE_ERRORS, ApiError, storage_fault
+from gateway.domain import MESSAGE_BATCH_KIND
 from gateway.errors import Conflict, GatewayError, NotFound, OverQuota, TooLarge, shown
-from gateway.json_codec import dumps, loads
-from gateway.message_batches.outcomes import message_result, request_counts
+from gateway.finished.message_results import message_batch_results
+from gateway.message_batches.outcomes import request_counts
 from gateway.message_batches.wire import MAX_BODY_BYTES, EnvelopeError, batch_object, error_body, error_type
 from gateway.pipeline.message_batch_create import create_message_batch, delete_message_batch
-from gateway.records import MESSAGE_BATCH_KIND, BatchStatus
-from gateway.store.lines import read_line_runs
 from gateway.store.objects import BatchRecord
-
-if TYPE_CHECKING:
-    from gateway.runtime.root import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -130,40 +125,8 @@ async def results(request: Request, caller: Caller, batch_id: str) -> Response:
         raise AnthropicError(400, f"Message Batch '{rec.id}' has not ended yet; its results are available once "
                                   "its processing_status is 'ended'.")
     runtime = runtime_of(request)
-    output = await runtime.store.files.get(rec.output_file_id, rec.files_owner) if rec.output_file_id else None
-    lines = _result_lines(runtime, output.blob_key) if output is not None else await _unrun_lines(runtime, rec)
-    return StreamingResponse(lines, media_type="application/binary")
-
-
-async def _result_lines(runtime: Runtime, key: str) -> AsyncIterator[bytes]:
-    # A run of lines per chunk read, sent as one: a send per line cost more than the lines' own mapping.
-    async for run in read_line_runs(runtime.blobs, key):
-        if sent := b"".join(dumps(message_result(loads(raw))) + b"\n" for raw in run if raw):
-            yield sent
-
-
-async def _unrun_lines(runtime: Runtime, rec: BatchRecord) -> AsyncIterator[bytes]:
-    """A batch that ended before any request ran (cancelled, expired or failed while validating) has no
-    output: each request's result is what ended it, read from its input file."""
-    kind = {BatchStatus.CANCELLED: "canceled", BatchStatus.EXPIRED: "expired"}.get(rec.status)
-    source = await runtime.store.files.get(rec.input_file_id, rec.files_owner)
-    if source is None:
-        return _empty()
-    result: dict[str, Any] = {"type": kind} if kind else {"type": "errored", "error": error_body(
-        "api_error", "; ".join(str(e.get("message")) for e in rec.errors) or "The batch failed.")}
-
-    async def lines() -> AsyncIterator[bytes]:
-        async for run in read_line_runs(runtime.blobs, source.blob_key):
-            if sent := b"".join(dumps({"custom_id": loads(raw).get("custom_id"), "result": result}) + b"\n"
-                                for raw in run if raw):
-                yield sent
-
-    return lines()
-
-
-async def _empty() -> AsyncIterator[bytes]:
-    return
-    yield b""
+    return StreamingResponse(await message_batch_results(runtime.store, runtime.blobs, rec),
+                             media_type="application/binary")
 
 
 # -- errors, in Anthropic's shape ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from gateway.metrics import TeamState
 
 if TYPE_CHECKING:
-    from gateway.runtime.root import Runtime
+    from gateway.runtime.runtime import Runtime
 
 
 async def team_states(runtime: Runtime) -> list[TeamState]:

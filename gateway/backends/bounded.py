@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from gateway import tracing
+from gateway.domain import BatchRequest, Result
 from gateway.metrics import RequestMeter
-from gateway.records import BatchRequest, Result
 from gateway.scheduling.fairness import FairSlots, Flow, current_share
 from gateway.scheduling.pacing import current_pacer
 

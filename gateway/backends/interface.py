@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from gateway.records import BatchRequest, Endpoint, Result, Shard
+from gateway.domain import BatchRequest, Endpoint, Result, Shard
 
 
 @runtime_checkable

@@ -23,16 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.blob_keys import file_key
 from gateway.cli.console import log_path, say, stdout_bytes, terminal
 from gateway.cli.report import report_invalid, summarise
 from gateway.cli.transfer import Reader, TransferError, deliver, is_url, read_source, source_name
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
-from gateway.pipeline.estimate import estimate_lines
+from gateway.domain import BatchStatus
+from gateway.estimate.cost import estimate_lines
 from gateway.pipeline.validate import LINE_SLACK
-from gateway.records import BatchStatus
-from gateway.runtime.root import Runtime, open_embedded
-from gateway.runtime.supervisor import WorkerPool, default_workers
+from gateway.runtime.runtime import Runtime, open_embedded
+from gateway.runtime.supervisor import Supervisor, default_workers
 from gateway.store.lines import split_lines
 from gateway.store.objects import BatchOptions, BatchRecord
 
@@ -246,7 +247,7 @@ async def _get(runtime: Runtime, batch_id: str) -> BatchRecord:
     return batch
 
 
-async def _start_workers(runtime: Runtime, batch_id: str, opts: RunOptions) -> WorkerPool | None:
+async def _start_workers(runtime: Runtime, batch_id: str, opts: RunOptions) -> Supervisor | None:
     """Worker processes for the upstream routes, when the file has enough upstream requests to pay for them."""
     count = opts.workers if opts.workers is not None else default_workers(runtime.config, serving=False)
     upstream = {r.model_name for r in runtime.config.routes.values() if r.kind is not RouteKind.LOCAL}
@@ -330,7 +331,7 @@ async def deliver_run(runtime: Runtime, batch: BatchRecord, opts: RunOptions) ->
     for file_id, dest in pairs:
         read, size = _nothing, 0  # no such file (e.g. no failed request): an empty one, as run_batch writes
         if file_id is not None:
-            key = f"files/{file_id}"
+            key = file_key(file_id)
             read, size = functools.partial(blobs.read, key, _CHUNK), await blobs.size(key) or 0
         try:
             await _copy_out(read, size, dest)

@@ -31,7 +31,7 @@ from gateway.config.notices import notice_text
 from gateway.config.schema import Config, load_config
 
 if TYPE_CHECKING:
-    from gateway.runtime.root import Runtime
+    from gateway.runtime.runtime import Runtime
 
 log = logging.getLogger("gateway.cli.serve")  # not "__main__" under python -m
 
@@ -50,13 +50,13 @@ async def _serve(
     forwarded_allow_ips: str | None = None,
 ) -> None:
     from gateway.api.app import create_app
-    from gateway.runtime.root import open_embedded  # the runtime imports the backends: only when serving
-    from gateway.runtime.supervisor import WorkerPool, default_workers
+    from gateway.runtime.runtime import open_embedded  # the runtime imports the backends: only when serving
+    from gateway.runtime.supervisor import Supervisor, default_workers
     from gateway.runtime.validation_processes import VALIDATION_PROCESSES
 
     config = load_config(config_path)
     tracing.start_process("api", config.batch.tracing)  # before the app: its SERVER spans need the provider
-    pool: WorkerPool | None = None
+    pool: Supervisor | None = None
     if runtime_factory is not None:
         runtime, where = await runtime_factory(config), "shared store"
     else:
@@ -142,7 +142,7 @@ def serve_shared(
     """`batchyard serve --redis-url U --storage s3://…`: one API replica over the shared store."""
 
     async def factory(config: Config) -> Runtime:
-        from gateway.runtime.root import open_shared
+        from gateway.runtime.runtime import open_shared
         from gateway.runtime.validation_processes import VALIDATION_PROCESSES
 
         return await open_shared(config, redis_url, storage, routes=None if with_worker else (),

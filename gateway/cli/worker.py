@@ -29,7 +29,7 @@ from gateway.config.notices import notice_text
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config, load_config
 from gateway.errors import ConfigError
-from gateway.runtime.root import Runtime, open_embedded, open_shared
+from gateway.runtime.runtime import Runtime, open_embedded, open_shared
 from gateway.runtime.supervisor import watch_parent
 
 EXIT_OK, EXIT_USAGE = 0, 2

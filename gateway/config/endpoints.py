@@ -2,7 +2,7 @@
 
 `ENDPOINTS` has one row per canonical `Endpoint`; `NATIVE_JOBS` one per provider whose batch jobs a
 native route can run. Everything else reads these: url normalising (`gateway.config.urls`), body checks
-(`gateway.pipeline.body_fields`), the upstream backend and its pass-through (`providers.litellm_backend`,
+(`gateway.lines.body_fields`), the upstream backend and its pass-through (`providers.litellm_backend`,
 `providers.passthrough`), the native backend (`providers.native` and each provider's jobs), and the local
 engine's refusals (`local_engine.serving`). A local route serves what its vLLM model serves (vLLM tells
 at start), less `never_local`.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.records import Endpoint
+from gateway.domain import Endpoint
 
 FieldTypes = Mapping[str, tuple[tuple[type, ...], str]]  # field -> (accepted types, how OpenAI names them)
 _STRING_OR_ARRAY = ((str, list), "a string or an array")

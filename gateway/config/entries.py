@@ -30,7 +30,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from gateway.config.engine_fields import unknown_engine_args
-from gateway.config.routes import RouteKind, native_refusal
+from gateway.config.kinds import RouteKind, inferred_provider, native_refusal
 
 LOCAL_PREFIX = "vllm/"
 NATIVE_KEY_PREFIX = "native_"  # batchyard's keys of native entries; LiteLLM has none of that name
@@ -62,8 +62,7 @@ class LiteLLMParams(BaseModel):
         model (`*`) is left as written: LiteLLM infers per request, and so does our route (wildcards)."""
         if "/" in model or "*" in model:
             return model
-        from gateway.config.wildcards import inferred_provider  # imports LiteLLM: only for a prefix-less model
-
+        # inferred_provider imports LiteLLM (seconds): called only for a prefix-less model
         provider = inferred_provider(model)
         if provider is None:
             raise PydanticCustomError(

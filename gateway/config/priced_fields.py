@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.records import Endpoint
+from gateway.domain import Endpoint
 
 _TOOLS = (Endpoint.CHAT, Endpoint.RESPONSES, Endpoint.MESSAGES)
 _OPENAI_TIER = (Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES, Endpoint.EMBEDDINGS, Endpoint.IMAGES)

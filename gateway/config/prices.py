@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from gateway.config.priced_fields import Charge, extra_cost, tier_of
-from gateway.records import Usage
+from gateway.domain import Usage
 
 _KEYS = ("input_cost_per_token", "output_cost_per_token")
 

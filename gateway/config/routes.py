@@ -9,33 +9,14 @@ upstream-native (shards forwarded as provider batch jobs).
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-if TYPE_CHECKING:  # the entries' validators use this module's RouteKind and native_refusal
+from gateway.config.kinds import RouteKind, native_refusal
+
+if TYPE_CHECKING:
     from gateway.config.entries import Entry, LocalEntry, ModelInfo
-
-from gateway.config.endpoints import NATIVE_PROVIDERS  # one row each in NATIVE_JOBS, with its jobs class
-
-
-def native_refusal(model: str) -> str | None:
-    """Why a deployment of `model` (`provider/name`) cannot be `batch_mode: native`; None when it can.
-
-    Checked at load: a native route on another provider would otherwise have every line fail, or be
-    quietly run in real time at twice the price."""
-    provider = model.partition("/")[0]
-    if provider in NATIVE_PROVIDERS:
-        return None
-    return (f"native batches run on {', '.join(NATIVE_PROVIDERS)} deployments, not {provider}/ "
-            "(use batch_mode: realtime)")
-
-
-class RouteKind(str, enum.Enum):
-    LOCAL = "local"
-    UPSTREAM = "upstream"
-    NATIVE = "native"
 
 
 @dataclass(slots=True)
@@ -67,7 +48,7 @@ class Route:
         model = entry.litellm_params.model.removeprefix("vllm/")
         # The engine answers to the name lines use (vLLM checks body.model against it). vLLM fetches media
         # only from the hosts the gateway allows (an empty list is vLLM's "any host": the gateway refuses
-        # every fetched URL itself then, see gateway.pipeline.media_urls).
+        # every fetched URL itself then, see gateway.lines.media_urls).
         args = {"model": model, "served_model_name": [self.model_name], **entry.engine_args}
         if self.allowed_media_domains:
             args["allowed_media_domains"] = sorted(self.allowed_media_domains)
@@ -93,3 +74,6 @@ class Route:
 def _common(sets: Iterable[frozenset[str]]) -> frozenset[str]:
     listed = list(sets)
     return frozenset.intersection(*listed) if listed else frozenset()
+
+
+__all__ = ["Route", "RouteKind", "native_refusal"]

@@ -79,7 +79,7 @@ class Team(Strict):
     max_budget: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     """A budget in USD per `budget_duration` (LiteLLM's name). Over it, new batches are refused with 429
     `budget_exceeded` and running ones stop sending (their unrun lines: `budget_exceeded`;
-    `gateway.pipeline.execute`). Null: none."""
+    `gateway.pipeline.shard_runner`). Null: none."""
     budget_duration: Annotated[str, Field(pattern=r"^[1-9][0-9]*(s|m|h|d)$")] | None = None
     """The budget period: a number and `s`, `m`, `h` or `d` (`30d`, `1h`, `10m`, `30s`); null: the budget
     never resets."""
@@ -199,7 +199,7 @@ class BatchSettings(Strict):
     """Files without their own expiry expire this long after they are created, as OpenAI's do: uploads
     without `expires_after`, batch output and error files of batches created without
     `output_expires_after` (those two still override it, within OpenAI's 3600..2592000). Expired files are
-    deleted, record and bytes, by the coordinator's sweep (every 5 s). Null: never. Files stored by an
+    deleted, record and bytes, by the sweeper (every 5 s). Null: never. Files stored by an
     older version without an `expires_at` keep none (an upgrade does not delete data)."""
     max_file_storage_bytes: PositiveInt | None = None
     """The file storage quota of each team without its own `max_file_storage_bytes`, and of uploads made

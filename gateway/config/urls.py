@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from gateway.config.endpoints import ENDPOINTS
-from gateway.records import Endpoint
+from gateway.domain import Endpoint
 
 _TAILS: dict[str, Endpoint] = {rule.tail: endpoint for endpoint, rule in ENDPOINTS.items()}
 

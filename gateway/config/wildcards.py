@@ -24,6 +24,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.config.kinds import inferred_provider
 from gateway.config.routes import Route
 
 _COMPLEXITY = ("*", "+", "?", "\\", "^", "$", "|", "(", ")")
@@ -53,18 +54,6 @@ def concrete_model(deployment_model: str, match: re.Match[str]) -> str:
     for segment in segments:
         deployment_model = deployment_model.replace("*", segment, 1)
     return deployment_model
-
-
-def inferred_provider(model: str) -> str | None:
-    """The provider LiteLLM gives a model name without a `provider/` prefix; None when it knows none.
-
-    Imports LiteLLM (seconds): only called for a name no exact route or pattern takes as written, or an
-    entry whose model has no prefix."""
-    import litellm
-    from litellm.litellm_core_utils.get_llm_provider_logic import inferred_provider as infer
-
-    litellm.suppress_debug_info = True  # get_llm_provider prints a banner on an unknown name otherwise
-    return infer(model)
 
 
 def alias_target(entry: Any) -> str | None:
@@ -138,5 +127,5 @@ def derived(pattern_route: Route, model: str, match: re.Match[str]) -> Route:
     return Route(model_name=model, kind=pattern_route.kind, entries=entries, group=pattern_route.model_name)
 
 
-__all__ = ["Resolver", "alias_target", "concrete_model", "derived", "hidden_aliases", "inferred_provider",
-           "is_pattern", "pattern_regex", "team_allows"]
+__all__ = ["Resolver", "alias_target", "concrete_model", "derived", "hidden_aliases", "is_pattern", "pattern_regex",
+           "team_allows"]

@@ -14,8 +14,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
-from gateway.pipeline.validate import MAX_LINE_DEPTH
-from gateway.records import BatchStatus
+from gateway.domain import BatchStatus
+from gateway.lines.body_fields import MAX_LINE_DEPTH
 from gateway.store.objects import BatchRecord
 
 MAX_REQUESTS = 100_000  # Anthropic's limits on one Message Batch

@@ -19,7 +19,7 @@ an embedded worker process):
   successful results;
 - `batchyard_cost_usd_total{team, route}`: what those results cost;
 - `batchyard_upstream_usage_rejected_total{route}`: successful results whose reply's `usage`
-  was not sane non-negative integers (`gateway.records.Usage.read`): counted as zero tokens and cost;
+  was not sane non-negative integers (`gateway.domain.Usage.read`): counted as zero tokens and cost;
 - `batchyard_requests_in_flight{route}`: requests being executed right now;
 - `batchyard_team_requests_in_flight{team, route}`: the same by team (its share
   of the route is this over the route's total);

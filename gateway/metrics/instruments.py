@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gateway.domain import MAX_USAGE_TOKENS, Result, billable
 from gateway.metrics.multiproc import multiprocess_dir, process_exited, reserve_value_files
-from gateway.records import MAX_USAGE_TOKENS, Result, billable
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge, Histogram

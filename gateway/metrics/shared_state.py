@@ -9,8 +9,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gateway.domain import BatchStatus
 from gateway.metrics.instruments import UNROUTED
-from gateway.records import BatchStatus
 
 if TYPE_CHECKING:
     from gateway.store.protocols import Store

@@ -13,19 +13,11 @@ from collections.abc import Callable
 
 from gateway import tracing
 from gateway.backends.interface import RouteReporter
-from gateway.pipeline.lifecycle import (
-    CANCELLED,
-    EXPIRED,
-    LOST,
-    Announce,
-    announce_nothing,
-    derived_id,
-    expiry,
-    order_key,
-    stop_reason,
-)
+from gateway.blob_keys import batch_prefix, file_key, order_key
+from gateway.domain import BatchStatus, Shard
+from gateway.lines.stops import CANCELLED, EXPIRED, LOST, stop_reason
+from gateway.pipeline.lifecycle import Announce, announce_nothing, derived_id, expiry
 from gateway.pipeline.merge import merge_shards, seal_shard
-from gateway.records import BatchStatus, Shard
 from gateway.store.objects import BatchFields, FileRecord, now, storage_team
 from gateway.store.protocols import Blobs, Coordination, Store
 
@@ -69,7 +61,7 @@ class Finalizer:
         output_id = derived_id("file", batch_id, "output")
         error_id = derived_id("file", batch_id, "errors") if batch.options.split_errors else None
         summary, n_out, n_err = await merge_shards(
-            self.blobs, shards, f"files/{output_id}", f"files/{error_id}" if error_id else None,
+            self.blobs, shards, file_key(output_id), file_key(error_id) if error_id else None,
             run_batch_errors=batch.options.run_batch_errors, index_key=order_key(batch_id),
         )
         created = now()
@@ -87,7 +79,7 @@ class Finalizer:
         for file_id, count, what in ((output_id, n_out, "output"), (error_id, n_err, "error")):
             if file_id is None:
                 continue
-            key = f"files/{file_id}"
+            key = file_key(file_id)
             if count == 0 and (what == "error" or batch.options.split_errors):
                 await self.blobs.delete(key)
                 continue
@@ -111,7 +103,7 @@ class Finalizer:
         tracing.status_event(fields["status"], completed=summary.succeeded, failed=summary.failed)
         await self.store.batches.update(batch_id, fields)
         await self.store.ledger.drop_log(batch_id)  # after the update: a reader that saw it running still finds it
-        await self.blobs.delete_prefix(f"batches/{batch_id}")
+        await self.blobs.delete_prefix(batch_prefix(batch_id))
         for reporter in reporters.values():  # after the record holds the summary: a re-run still finds the state
             await reporter.forget_batch(batch_id)
 

@@ -1,16 +1,14 @@
-"""A batch's lifecycle rules, in one place every stage may import.
+"""A batch's lifecycle rules, in one place every stage may import (why its requests must stop is
+`gateway.lines.stops`, below the backends, which ask it too).
 
-- Why a batch's requests must stop (`stop_reason`) and the error each unrun
-  request then gets (`StopReason`: a code and a message).
 - When a file or batch expires (`expiry`, from OpenAI's `expires_after` objects).
-- The ids derived from a batch id (`derived_id`), so work done twice lands once, and what a finished
-  batch leaves beside its result files (`order_key`), which goes with them (`results_batch`).
+- The ids derived from a batch id (`derived_id`), so work done twice lands once, and which batch a
+  result file is of (`results_batch`: its results order index goes with it).
 - `Announce`: the hook told a batch is about to end, before its final status is
   set (webhooks record their event there: at least once, even across a crash).
 
 It depends on the records and the store's record types only: the runner, the
-finalizer, the coordinator and the native-batch backend all ask it, so it must
-sit below all of them.
+finalizer and the sweeper all ask it, so it must sit below all of them.
 """
 
 from __future__ import annotations
@@ -20,9 +18,9 @@ import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from gateway.domain import BatchStatus, Shard
 from gateway.pipeline.batch_params import ExpiresAfter, checked
-from gateway.records import BatchStatus, Shard
-from gateway.store.objects import BatchRecord, FileRecord, now
+from gateway.store.objects import BatchRecord, FileRecord
 
 # (owner, batch id, the final status about to be set): called before the status is written, so an
 # event recorded there survives a crash between the two (the finalizer runs again and records it again).
@@ -33,31 +31,7 @@ async def announce_nothing(owner: str, batch_id: str, status: BatchStatus) -> No
     """The `Announce` of a runtime without webhooks."""
 
 
-StopReason = tuple[str, str]  # (error code, message) for each request that will not run
-CANCELLED: StopReason = ("batch_cancelled", "The batch was cancelled before this request ran.")
-EXPIRED: StopReason = ("batch_expired", "The batch expired before this request ran.")
-LOST: StopReason = ("internal_error", "No result was recorded for this request.")
-OVER_BUDGET: StopReason = ("budget_exceeded", "The team's budget (max_budget) was spent before this request ran.")
-
-MAX_ATTEMPTS = 3  # a shard that failed (or killed its worker) this often is given up
-GIVEN_UP: StopReason = (
-    "shard_failed",
-    f"The request's shard was attempted {MAX_ATTEMPTS} times and failed each time (a worker died or errored "
-    "while running it); the request was not run again.",
-)
-
 NO_EXPIRY = 10 * 365 * 86_400  # the CLI's batches don't expire
-
-
-def stop_reason(batch: BatchRecord) -> StopReason | None:
-    """Why a batch's requests must not run any more, if they mustn't."""
-    if batch.status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
-        return CANCELLED
-    if batch.expired_at is not None or now() >= batch.expires_at:
-        return EXPIRED
-    if batch.status.finished:
-        return LOST
-    return None
 
 
 def for_queue(shard: Shard, batch: BatchRecord) -> Shard:
@@ -69,13 +43,6 @@ def derived_id(prefix: str, batch_id: str, what: str) -> str:
     # Output file ids follow from the batch id (128 random bits), so finalizing
     # twice (a retry after a crash) writes the same files instead of new ones.
     return f"{prefix}-{hashlib.sha256(f'{batch_id}:{what}'.encode()).hexdigest()[:32]}"
-
-
-def order_key(batch_id: str) -> str:
-    """The blob beside a finished batch's output files: one `{line} {seq} {o|e}` per result, in input order
-    (`o`: a 2xx reply, `e`: anything else), for the results endpoint's cursor and the retry's lines. It
-    lives as long as the files: deleting either of them (or their expiry) deletes it."""
-    return f"results/{batch_id}.order"
 
 
 def results_batch(rec: FileRecord) -> str | None:
@@ -95,7 +62,5 @@ def expiry(expires_after: ExpiresAfter | Mapping[str, Any] | None, created_at: i
     return checked(ExpiresAfter, expires_after, param).at(created_at)
 
 
-__all__ = [
-    "CANCELLED", "EXPIRED", "GIVEN_UP", "LOST", "MAX_ATTEMPTS", "NO_EXPIRY", "OVER_BUDGET", "StopReason", "derived_id",
-    "expiry", "for_queue", "stop_reason",
-]
+__all__ = ["NO_EXPIRY", "Announce", "announce_nothing", "derived_id", "expiry", "for_queue",
+           "results_batch"]

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import metrics
+from gateway.domain import BatchRequest, Result, Shard, Usage
 from gateway.json_codec import dumps, loads
-from gateway.records import BatchRequest, Result, Shard, Usage
 from gateway.store.lines import read_lines
+from gateway.store.order_index import entry_line
 from gateway.store.protocols import Blobs, Store
 
 
@@ -92,7 +93,7 @@ async def merge_shards(
     index_key: str | None = None,
 ) -> tuple[Summary, int, int]:
     """Merge sealed shards by line into `output_key` (and failures into `error_key` when given), and with
-    `index_key` each result's line, seq and kind there (`order_key`).
+    `index_key` each result's line, seq and kind there (the results order index, `gateway.store.order_index`).
 
     Returns the summary and the number of lines written to each file.
     """
@@ -120,7 +121,7 @@ async def merge_shards(
                 await out.write(data)
                 n_out += 1
             if index is not None:
-                await index.write(b"%d %d %s\n" % (result.line, result.seq, b"o" if result.ok else b"e"))
+                await index.write(entry_line(result.line, result.seq, result.ok))
             following = await anext(streams[i], None)
             if following is not None:
                 heapq.heappush(heap, (following.line, i, following))

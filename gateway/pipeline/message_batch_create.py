@@ -17,11 +17,11 @@ import tempfile
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import IO
 
+from gateway.domain import MESSAGE_BATCH_KIND, Endpoint
 from gateway.errors import TooLarge
 from gateway.message_batches.envelope import read_create
 from gateway.message_batches.wire import COMPLETION_WINDOW
-from gateway.pipeline.intake import BatchService
-from gateway.records import MESSAGE_BATCH_KIND, Endpoint
+from gateway.pipeline.batch_service import BatchService
 from gateway.store.objects import BatchOptions, BatchRecord, RequestCounts, message_batch_files_owner
 
 _READ = 1 << 20  # bytes of the input lines read from disk per chunk uploaded

@@ -20,10 +20,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from gateway.config.schema import Config
+from gateway.domain import BatchRequest, Endpoint, Result, Shard
 from gateway.errors import LINE_HTTP_STATUS, LineCode, LineError
 from gateway.json_codec import dumps
 from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, line_failure
-from gateway.records import BatchRequest, Endpoint, Result, Shard
 from gateway.store.lines import Overlong, split_lines
 from gateway.store.protocols import Blobs, BlobWriter
 

@@ -18,16 +18,13 @@ from gateway.config.routes import Route
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_url
 from gateway.config.wildcards import team_allows
+from gateway.domain import BatchRequest, Endpoint
 from gateway.errors import LineCode, LineError, shown
 from gateway.json_codec import loads_checked
-from gateway.pipeline.body_fields import check_body
-from gateway.records import BatchRequest, Endpoint
+from gateway.lines.body_fields import MAX_LINE_DEPTH, check_body
 from gateway.store.lines import Overlong
 
 _BOM = b"\xef\xbb\xbf"
-# Containers a line may nest (its body is about two levels in): far more than any request's JSON schema
-# needs, and under orjson's 254, so a checked line is always written back by the fast codec.
-MAX_LINE_DEPTH = 128
 # Bytes a line may carry beyond `max_line_bytes` while it is read (a BOM, a `\r`): the check is exact after.
 LINE_SLACK = len(_BOM) + 1
 

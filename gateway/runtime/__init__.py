@@ -1,1 +1,1 @@
-"""gateway.runtime.root."""
+"""gateway.runtime.runtime."""

@@ -75,7 +75,7 @@ class _Slot:
     restart: asyncio.TimerHandle | None = None
 
 
-class WorkerPool:
+class Supervisor:
     def __init__(
         self, count: int, data_dir: Path, queue: SQLiteQueue, *, config_path: str, upstream_only: bool = False,
         verbose: bool = False,
@@ -177,4 +177,4 @@ def watch_parent(parent_pid: int, stop: asyncio.Event) -> asyncio.Task[None]:
     return asyncio.create_task(watch(), name="watch-parent")
 
 
-__all__ = ["WorkerPool", "watch_parent"]
+__all__ = ["Supervisor", "watch_parent"]

@@ -8,7 +8,7 @@ streamed, and send back only the `PlanOutcome` (the shards' names and sizes, the
 The API process records it, as before: nothing is recorded by a child.
 
 A child that dies mid-plan (killed, out of memory) fails the plans it held with `BrokenProcessPool`: their
-batches stay `validating`, their validate leases are released, and the coordinator's sweep validates them
+batches stay `validating`, their validate leases are released, and the sweeper validates them
 again (the one recovery path); the next plan starts fresh processes.
 """
 
@@ -27,7 +27,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from gateway import tracing
 from gateway.config.schema import Config
-from gateway.pipeline.estimate import Estimate, EstimateJob, estimate_file
+from gateway.estimate.cost import Estimate, EstimateJob, estimate_file
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
 from gateway.store.blobs.place import BlobPlace
 from gateway.store.faults import StorageUnavailable, machine_fault

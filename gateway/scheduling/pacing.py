@@ -2,10 +2,11 @@
 
 One place every request of a shard passes, whatever the backend: `run_bounded` (upstream routes, local
 engines) hands a shard's requests to the backend's `FairSlots` only as its `Pacer` is granted them by the
-store's rate window (`gateway.store.rates`): a request over the team's rate waits for the next window before
-it takes a slot, so it holds back neither the team's other routes (each route has its own window) nor other
-teams (it holds no slot while it waits). Native routes (provider batch jobs) are not paced: their requests
-are not sent one by one.
+store's rate window (`RateWindows`: the contract is owned here and implemented by each store, over
+`gateway.store.rates`): a request over the team's rate waits for the next window before it takes a slot, so
+it holds back neither the team's other routes (each route has its own window) nor other teams (it holds no
+slot while it waits). Native routes (provider batch jobs) are not paced: their requests are not sent one by
+one.
 
 tpm counts what the results report (`usage.total_tokens`). Counting only after the fact would let every
 request of a window start before the first result is back (a burst of a whole shard), so each request
@@ -26,28 +27,37 @@ import contextlib
 import contextvars
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.domain import BatchRequest, Result
 from gateway.json_codec import dumps
-from gateway.records import BatchRequest, Result
 
 
-class Granted(Protocol):
-    @property
-    def granted(self) -> int: ...  # requests that may start now
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What a rate window answers a `take`."""
 
-    @property
-    def wait(self) -> float: ...  # seconds until the window ends
+    granted: int  # requests that may start now
+    wait: float  # seconds until the current window ends (when `granted` is 0, when to ask again)
 
 
 class RateWindows(Protocol):
-    """What pacing needs of the store's rate windows (`gateway.store.rates.RateWindows` is one): the runner
-    hands the store's in, so scheduling, below the store, imports nothing of it."""
+    """The teams' rpm/tpm windows per route: the contract pacing owns, which each store implements (the
+`rates` part of the `Store`: `gateway.store.rates`, its SQLite and Redis forms). The runner hands the
+store's in, so scheduling, below the store, imports nothing of it."""
+
+    window_seconds: float
 
     async def take(self, team: str, route: str, want: int, rpm: int | None, tpm: int | None,
-                   estimate: int = 0) -> Granted: ...
+                   estimate: int = 0) -> Grant:
+        """Start up to `want` requests of `team` on `route` in the current window (`grantable`), and reserve
+        `estimate` tokens for each one granted."""
+    async def add_tokens(self, team: str, route: str, tokens: int) -> None:
+        """Count tokens in the current window (negative: a reservation that was too large, given back)."""
+    async def used(self, team: str, route: str) -> tuple[int, int]:
+        """(requests, tokens) counted in the current window."""
 
-    async def add_tokens(self, team: str, route: str, tokens: int) -> None: ...
 
 GRANT_MAX = 16  # requests asked of the window at once (one store call per this many)
 _RECHECK_SECONDS = 0.25  # a paced shard asks again at least this often (tokens reported meanwhile are flushed)
@@ -126,4 +136,4 @@ def pacing_with(pacer: Pacer | None) -> Iterator[None]:
         _current.reset(token)
 
 
-__all__ = ["GRANT_MAX", "Pacer", "current_pacer", "pacing_with"]
+__all__ = ["GRANT_MAX", "Grant", "Pacer", "RateWindows", "current_pacer", "pacing_with"]

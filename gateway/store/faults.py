@@ -17,7 +17,7 @@ import errno
 import logging
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from botocore.exceptions import ClientError, HTTPClientError
@@ -32,8 +32,6 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-
-from gateway import metrics
 
 log = logging.getLogger("batchyard.faults")
 
@@ -187,8 +185,13 @@ class Pause:
     reset by the first success. One log line per kind and `log_every` seconds, not one per shard, and the
     `batchyard_paused{reason}` gauge while it lasts."""
 
-    def __init__(self, first: float = 1.0, ceiling: float = 30.0, log_every: float = 60.0) -> None:
+    def __init__(self, first: float = 1.0, ceiling: float = 30.0, log_every: float = 60.0, *,
+                 count: Callable[[str], None] | None = None, show: Callable[[str, bool], None] | None = None) -> None:
         self.first, self.ceiling, self.log_every = first, ceiling, log_every
+        # Where each fault is counted and a pause is shown (the runner hands in its metrics: the store
+        # imports none).
+        self._count = count or (lambda kind: None)
+        self._show = show or (lambda kind, paused: None)
         self.failures = 0
         self.until = 0.0  # monotonic time before which the runner takes no shard
         self.since: dict[str, float] = {}  # kind -> wall-clock time the fault was first met
@@ -209,11 +212,11 @@ class Pause:
         delay = min(self.first * 2 ** (max(self.failures, 1) - 1), self.ceiling)
         self.until = max(self.until, now + delay)
         self.last_fault = now
-        metrics.observe_machine_fault(fault.kind)
+        self._count(fault.kind)
         notice(fault.kind)
         if fault.kind not in self.since:
             self.since[fault.kind] = time.time()
-            metrics.set_paused(fault.kind, True)
+            self._show(fault.kind, True)
         if now - self._logged.get(fault.kind, -self.log_every) >= self.log_every:
             self._logged[fault.kind] = now
             log.warning("%s unavailable (%s: %s); pausing, retry in %d s",
@@ -232,7 +235,7 @@ class Pause:
         for kind, since in self.since.items():
             service, words = KINDS[kind]
             log.warning("%s available again (%s for %d s); resuming", service, words, round(now - since))
-            metrics.set_paused(kind, False)
+            self._show(kind, False)
         forget(self.since)
         self.since.clear()
         self._logged.clear()

@@ -1,6 +1,6 @@
 """Splitting a stream of byte chunks into lines, in time linear in the bytes and memory bounded by a cap.
 
-`read_lines` and `write_lines`: a blob's lines, read and written (`gateway.store.protocols.Blobs`);
+`read_lines`: a blob's lines, read (`gateway.store.protocols.Blobs`);
 `read_line_runs`: the same lines a run per chunk read, for a reader whose work per line is small enough
 that an async iteration per line would be most of it (a Message Batch's results: 20,000 lines).
 
@@ -80,14 +80,4 @@ async def read_line_runs(blobs: Blobs, key: str) -> AsyncIterator[list[bytes]]:
         yield cast("list[bytes]", run)  # without a cap, never an `Overlong`
 
 
-async def write_lines(blobs: Blobs, key: str, lines: AsyncIterable[bytes]) -> int:
-    """Write the lines (each given without its line end); returns the blob's size."""
-    size = 0
-    async with blobs.writing(key) as w:
-        async for line in lines:
-            await w.write(line + b"\n")
-            size += len(line) + 1
-    return size
-
-
-__all__ = ["Overlong", "read_line_runs", "read_lines", "split_line_runs", "split_lines", "write_lines"]
+__all__ = ["Overlong", "read_line_runs", "read_lines", "split_line_runs", "split_lines"]

@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
-from gateway.records import MESSAGE_BATCH_KIND, BatchStatus, RouteStats, Shard, Usage
+from gateway.domain import MESSAGE_BATCH_KIND, BatchStatus, RouteStats, Shard, Usage
 
 
 def now() -> int:

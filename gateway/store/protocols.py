@@ -23,11 +23,11 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequen
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-from gateway.records import BatchStatus, Result, RouteStats, Shard
+from gateway.domain import BatchStatus, Result, RouteStats, Shard
+from gateway.scheduling.pacing import RateWindows  # the contract scheduling owns; each store implements it
 from gateway.store.idempotency import IdempotencyEntry
 from gateway.store.objects import BatchFields, BatchRecord, Delivery, FileRecord, Page
 from gateway.store.quota import SpendTo, TeamLimits, TeamUsage
-from gateway.store.rates import Grant
 from gateway.store.sessions import Session
 from gateway.store.webhook_deliveries import WebhookDelivery
 
@@ -144,21 +144,6 @@ class QuotaLedger(Protocol):
     async def release(self, batch_ids: Collection[str]) -> None: ...
     async def spend(self, team: str, period: int) -> float:
         """The team's spend in the budget period that starts at `period` (see `SpendTo`)."""
-
-
-class RateWindows(Protocol):
-    """The teams' rpm/tpm windows per route (`gateway.store.rates`)."""
-
-    window_seconds: float
-
-    async def take(self, team: str, route: str, want: int, rpm: int | None, tpm: int | None,
-                   estimate: int = 0) -> Grant:
-        """Start up to `want` requests of `team` on `route` in the current window (`grantable`), and reserve
-        `estimate` tokens for each one granted."""
-    async def add_tokens(self, team: str, route: str, tokens: int) -> None:
-        """Count tokens in the current window (negative: a reservation that was too large, given back)."""
-    async def used(self, team: str, route: str) -> tuple[int, int]:
-        """(requests, tokens) counted in the current window."""
 
 
 class StorageLedger(Protocol):

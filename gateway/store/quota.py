@@ -5,7 +5,7 @@ transaction, a Redis script), so two API replicas creating batches at once
 never both pass the last free place. What is counted: each active batch of a
 team, the requests it enqueues, and (when the team has per-model limits) its
 requests per model. An admission is let go when its batch has finished: the
-coordinator's sweep (the one recovery path) releases those, so a batch that
+sweeper (the one recovery path) releases those, so a batch that
 failed, was cancelled or expired frees its place however it ended; so does an
 admission whose batch was never stored (its creation died), once
 `GRACE_SECONDS` old.

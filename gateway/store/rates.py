@@ -1,5 +1,6 @@
 """Rate windows: the `rates` part of the `Store`, the counters behind a team's `rpm_limit` / `tpm_limit` on a
-route (LiteLLM proxy's names), shared by every process of a deployment.
+route (LiteLLM proxy's names), shared by every process of a deployment: the rules both stores apply to
+implement `gateway.scheduling.pacing.RateWindows` (its contract, with the `Grant` it answers).
 
 Time is cut into fixed windows of `window_seconds` (60: the limits are per minute, as their names say; tests
 shorten it). Per (team, route) and window the store counts the requests started and their tokens: an
@@ -13,15 +14,8 @@ to well under a window).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 DEFAULT_WINDOW_SECONDS = 60
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    granted: int  # requests that may start now
-    wait: float  # seconds until the current window ends (when `granted` is 0, when to ask again)
 
 
 def window_of(window_seconds: float, at: float | None = None) -> tuple[int, float]:
@@ -44,4 +38,4 @@ def grantable(want: int, requests: int, tokens: int, rpm: int | None, tpm: int |
     return granted
 
 
-__all__ = ["DEFAULT_WINDOW_SECONDS", "Grant", "grantable", "window_of"]
+__all__ = ["DEFAULT_WINDOW_SECONDS", "grantable", "window_of"]

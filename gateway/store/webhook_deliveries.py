@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 PENDING, DELIVERED, FAILED, SUPERSEDED = "pending", "delivered", "failed", "superseded"
-STATES = (PENDING, DELIVERED, FAILED, SUPERSEDED)
 
 
 @dataclass(slots=True)
@@ -39,4 +38,4 @@ class WebhookDelivery:
         return cls(**data)
 
 
-__all__ = ["DELIVERED", "FAILED", "PENDING", "STATES", "SUPERSEDED", "WebhookDelivery"]
+__all__ = ["DELIVERED", "FAILED", "PENDING", "SUPERSEDED", "WebhookDelivery"]

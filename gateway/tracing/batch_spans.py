@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span
 
-    from gateway.records import Shard
+    from gateway.domain import Shard
     from gateway.store.objects import BatchRecord
 
 # The share of requests a shard's request spans keep, and the shard's team (set by `shard_span`)

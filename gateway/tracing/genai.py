@@ -9,7 +9,7 @@ well: vLLM's own `llm_request` spans and the tools built on them still read thos
 
 from __future__ import annotations
 
-from gateway.records import Endpoint
+from gateway.domain import Endpoint
 
 SEMCONV_VERSION = "1.38.0"
 

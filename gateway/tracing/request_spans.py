@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span
 
-    from gateway.records import BatchRequest, Result
+    from gateway.domain import BatchRequest, Result
 
 Call = Callable[["BatchRequest"], Coroutine[Any, Any, "Result"]]
 

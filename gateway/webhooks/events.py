@@ -14,8 +14,8 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
+from gateway.domain import BatchStatus
 from gateway.json_codec import dumps
-from gateway.records import BatchStatus
 
 EVENT_TYPES: dict[BatchStatus, str] = {
     BatchStatus.COMPLETED: "batch.completed",

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from gateway.records import BatchStatus
+from gateway.domain import BatchStatus
 from gateway.store.protocols import WebhookDeliveries
 from gateway.store.webhook_deliveries import DELIVERED, FAILED, PENDING, SUPERSEDED, WebhookDelivery
 from gateway.webhooks.events import EVENT_TYPES, WebhookTarget, event_ids, payload, signed_headers

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from gateway.records import BatchRequest, Endpoint
+from gateway.domain import BatchRequest, Endpoint
 from local_engine import LocalEngineBackend, TinyModels
 from local_engine.cpu_threads import MULTIPROCESSING_ENV, uniproc_by_default
 from tests.support.engine_helpers import ENGINE_MARKS, built_tiny_models

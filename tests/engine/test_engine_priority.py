@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from gateway.records import BatchRequest, Endpoint, Result
+from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.scheduling.engine_priority import engine_priority, with_priority
 from gateway.scheduling.fairness import Share, running_for
 from local_engine import LocalEngineBackend, TinyModels

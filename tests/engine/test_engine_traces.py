@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from gateway import tracing
-from gateway.records import BatchRequest, Endpoint
+from gateway.domain import BatchRequest, Endpoint
 from gateway.tracing import genai
 from local_engine import LocalEngineBackend, TinyModels
 from tests.fakes.otlp_receiver import OTLPReceiver

@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 
 from gateway.backends.interface import Backend
-from gateway.records import BatchRequest, Endpoint, Result
+from gateway.domain import BatchRequest, Endpoint, Result
 from local_engine import EngineStartError, LocalEngineBackend, TinyModels, build_tiny_models
 from tests.support.engine_helpers import built_tiny_models
 

@@ -30,7 +30,7 @@ import pytest
 from openai import OpenAI
 
 from gateway.errors import SHOWN_CHARS
-from gateway.pipeline.validate import MAX_LINE_DEPTH
+from gateway.lines.body_fields import MAX_LINE_DEPTH
 from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, start_gateway, wait_batch
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gateway.pipeline.media_urls import internal_deployment, resolves_private
+from gateway.lines.media_urls import internal_deployment, resolves_private
 from tests.fakes.upstream.server import Upstream
 from tests.servers.test_upstream_routes import req, run
 

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from gateway.config.schema import parse_config
-from gateway.records import BatchStatus
-from gateway.runtime.root import open_shared
+from gateway.domain import BatchStatus
+from gateway.runtime.runtime import open_shared
 from gateway.store.objects import BatchRecord
 from gateway.store.redis.keys import Keys
 from gateway.store.webhook_deliveries import PENDING, WebhookDelivery

@@ -23,8 +23,8 @@ import openai
 import pytest
 
 from gateway.config.schema import parse_config
-from gateway.pipeline.budget import Budgets, spending_for
-from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard, new_id
+from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result, Shard, new_id
+from gateway.lines.budget import Budgets, spending_for
 from gateway.store.objects import BatchRecord, now
 from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend

@@ -31,9 +31,9 @@ import pytest
 
 from gateway.cli.worker import hosted_routes
 from gateway.config.schema import Config, parse_config
+from gateway.domain import BatchStatus
 from gateway.errors import ConfigError
-from gateway.records import BatchStatus
-from gateway.runtime.root import Runtime, open_shared
+from gateway.runtime.runtime import Runtime, open_shared
 from gateway.store.objects import BatchRecord
 from gateway.store.redis.connection import connect_redis
 from gateway.store.redis.keys import GROUP, Keys
@@ -194,7 +194,7 @@ async def test_sweeper_enqueues_shards_lost_from_the_queue(cluster: Cluster, ups
         lost = connect_redis(url)
         await lost.delete(*await lost.smembers(Keys().streams(MODEL)), Keys().queued)
         await worker.start()
-        await api.coordinator.sweep()
+        await api.sweeper.sweep()
         batch = await _wait(api, batch_id, timeout=60)
         assert batch.status is BatchStatus.COMPLETED
         _check_exactly_once(await _output(api, batch), lines)

@@ -27,7 +27,7 @@ from openai import OpenAI
 from openai.types import FileObject
 
 from gateway.api.idempotency import HEADER, WAIT_SECONDS
-from gateway.runtime.root import DB_NAME
+from gateway.runtime.runtime import DB_NAME
 from gateway.store.protocols import IdempotencyKeys
 from gateway.store.redis.connection import connect_redis
 from gateway.store.redis.store import RedisStore

@@ -3,6 +3,8 @@ and a 3-master Redis Cluster: `any_redis`).
 
 - The quota rule: `gateway.store.quota.exceeded` (the SQLite ledger's) and the ADMIT script of
   `gateway.store.redis.quota`, on the same admitted batches and the same new batch.
+- The rate grant: `gateway.store.rates.grantable` (the SQLite windows') and the take script of
+  `gateway.store.redis.rates`, on the same window (requests and tokens counted already) and the same ask.
 - The fair pick: `gateway.scheduling.fairness.pick` (the SQLite queue's) and the CLAIM script of
   `gateway.store.redis.scripts`, on the same waiting and held shards. Every case has one winner: between
   keys that tie, the two break ties by their own orders (Python the earlier candidate, Lua Redis' hash order).
@@ -18,17 +20,19 @@ from pathlib import Path
 
 import pytest
 
-from gateway.records import Shard
+from gateway.domain import Shard
 from gateway.scheduling.fairness import Candidate, pick
 from gateway.store.quota import MAX_ACTIVE_BATCHES as BATCHES
 from gateway.store.quota import MAX_ENQUEUED_REQUESTS as REQUESTS
 from gateway.store.quota import MODEL_MAX_ENQUEUED_REQUESTS as PER_MODEL
 from gateway.store.quota import TeamLimits, exceeded
+from gateway.store.rates import grantable, window_of
 from gateway.store.redis import scripts
 from gateway.store.redis.connection import open_redis
 from gateway.store.redis.keys import GROUP
 from gateway.store.redis.queue import RedisStreamQueue
 from gateway.store.redis.quota import RedisQuotaLedger
+from gateway.store.redis.rates import RedisRates
 from gateway.store.sqlite.store import SQLiteStore
 from tests.support.loops import run_apart
 from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisClusterServers, RedisServer
@@ -82,6 +86,41 @@ def test_the_quota_rule_in_lua_and_in_python(
             await sqlite.aclose()
 
     assert run_apart(scenario()) == (expected, expected, expected)
+
+
+# -- the rate grant ------------------------------------------------------------------------------------
+
+# (want, requests and tokens in the window already, rpm, tpm, estimate per request, how many are granted)
+GRANTS: list[tuple[int, int, int, int | None, int | None, int, int]] = [
+    (5, 0, 0, None, None, 0, 5),  # no limit
+    (5, 6, 0, 8, None, 0, 2),  # rpm: what is left
+    (5, 8, 0, 8, None, 0, 0),  # rpm: the window is full
+    (5, 9, 0, 8, None, 0, 0),  # rpm: over already (a limit lowered): none, never negative
+    (5, 0, 100, None, 100, 0, 0),  # tpm: the window's tokens are spent
+    (5, 0, 99, None, 100, 0, 5),  # tpm: under, no estimate yet: all
+    (5, 0, 10, None, 100, 30, 3),  # tpm: as many as the tokens left hold at the estimate
+    (5, 0, 90, None, 100, 30, 1),  # tpm: at least one while any are left
+    (5, 2, 10, 4, 100, 30, 2),  # both: the smaller
+    (0, 0, 0, 8, 100, 10, 0),  # nothing asked
+]
+
+
+@pytest.mark.parametrize(("want", "requests", "tokens", "rpm", "tpm", "estimate", "expected"), GRANTS)
+def test_the_rate_grant_in_lua_and_in_python(redis_server: RedisServer, want: int, requests: int, tokens: int,
+                                             rpm: int | None, tpm: int | None, estimate: int, expected: int) -> None:
+    window_seconds = 10**6  # one window for the whole case: the count set and the take see the same one
+
+    async def lua_grant() -> int:
+        client, keys = await open_redis(redis_server.url)
+        await client.flushall()
+        await client.hset(keys.rate("team", "m", window_of(window_seconds)[0]),
+                          mapping={"requests": requests, "tokens": tokens})
+        try:
+            return (await RedisRates(client, keys, window_seconds).take("team", "m", want, rpm, tpm, estimate)).granted
+        finally:
+            await client.aclose()
+
+    assert (run_apart(lua_grant()), grantable(want, requests, tokens, rpm, tpm, estimate)) == (expected, expected)
 
 
 # -- the fair pick -------------------------------------------------------------------------------------

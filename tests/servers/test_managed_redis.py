@@ -26,7 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.config.schema import Config, parse_config
 from gateway.errors import ConfigError
-from gateway.runtime.root import Runtime, open_shared
+from gateway.runtime.runtime import Runtime, open_shared
 from gateway.store.redis.preflight import EvictingRedis
 from tests.fakes.upstream.server import Upstream
 from tests.support.services import (

@@ -30,8 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway import metrics
 from gateway.config.schema import parse_config
+from gateway.domain import Result
 from gateway.errors import ConfigError
-from gateway.records import Result
 from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import FINISHED, chat_line, gateway_config, start_gateway, submit, wait_batch
 from tests.support.services import (

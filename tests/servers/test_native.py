@@ -17,8 +17,8 @@ import yaml
 
 from gateway.config.routes import Route
 from gateway.config.schema import Config, parse_config
-from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard, new_id
-from gateway.runtime.root import open_embedded
+from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result, Shard, new_id
+from gateway.runtime.runtime import open_embedded
 from gateway.store.objects import BatchRecord, now
 from gateway.store.protocols import Store
 from gateway.store.sqlite.store import SQLiteStore

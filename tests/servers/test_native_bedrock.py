@@ -20,8 +20,8 @@ import pytest
 
 from gateway.config.routes import Route
 from gateway.config.schema import parse_config
+from gateway.domain import BatchStatus, Result
 from gateway.errors import ConfigError
-from gateway.records import BatchStatus, Result
 from gateway.store.objects import now
 from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend, native_route_summary

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from gateway.config.routes import NATIVE_PROVIDERS, Route, RouteKind
+from gateway.config.endpoints import NATIVE_PROVIDERS
+from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import parse_config
+from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result
 from gateway.errors import ConfigError
-from gateway.records import BatchRequest, BatchStatus, Endpoint, Result
 from gateway.store.objects import now
 from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend, jobs_class, native_route_summary

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from gateway.records import Shard
+from gateway.domain import Shard
 from gateway.store.objects import Delivery
 from gateway.store.protocols import Coordination, Queue
 from gateway.store.redis.connection import connect_redis, open_redis

@@ -20,8 +20,8 @@ from openai import InternalServerError, OpenAI
 from openai.types import Batch
 
 from gateway.config.schema import parse_config
-from gateway.records import BatchStatus
-from gateway.runtime.root import open_shared
+from gateway.domain import BatchStatus
+from gateway.runtime.runtime import open_shared
 from gateway.store.objects import BatchOptions, BatchRecord
 from gateway.store.redis.connection import connect_redis
 from gateway.store.redis.keys import Keys

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from gateway.records import Shard
+from gateway.domain import Shard
 from gateway.store.redis.connection import connect_redis
 from gateway.store.redis.keys import GROUP, Keys
 from gateway.store.redis.queue import RedisStreamQueue

@@ -15,7 +15,7 @@ import pytest
 from openai import OpenAI
 
 from gateway.config.schema import parse_config
-from gateway.runtime.root import open_embedded
+from gateway.runtime.runtime import open_embedded
 from gateway.store.objects import FileRecord
 from tests.fakes.upstream.server import Upstream
 from tests.support.loops import run_apart

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from gateway.records import BatchStatus, Result, Shard
+from gateway.domain import BatchStatus, Result, Shard
 from gateway.store.idempotency import IdempotencyEntry
 from gateway.store.objects import BatchOptions, BatchRecord, FileRecord, RequestCounts
 from gateway.store.protocols import Store

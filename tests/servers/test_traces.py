@@ -22,9 +22,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 from gateway import tracing
 from gateway.config.schema import parse_config
 from gateway.config.sections import TracingSettings
+from gateway.domain import BatchStatus
 from gateway.errors import ConfigError
-from gateway.records import BatchStatus
-from gateway.runtime.root import Runtime, open_embedded
+from gateway.runtime.runtime import Runtime, open_embedded
 from gateway.store.objects import BatchRecord
 from gateway.store.sqlite.store import SQLiteStore
 from gateway.tracing import genai
@@ -277,7 +277,7 @@ async def test_a_native_job_has_spans_for_its_create_each_poll_and_the_download(
 
 async def test_litellms_own_path_sends_the_request_spans_traceparent(upstream: Upstream,
                                                                      spans: InMemorySpanExporter) -> None:
-    from gateway.records import BatchRequest, Endpoint
+    from gateway.domain import BatchRequest, Endpoint
     from providers.litellm_backend import LiteLLMBackend
 
     configure("worker", exporter=spans)

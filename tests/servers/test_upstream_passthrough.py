@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from gateway.config.schema import parse_config
-from gateway.records import BatchRequest, Endpoint, Result
+from gateway.domain import BatchRequest, Endpoint, Result
 from providers.litellm_backend import LiteLLMBackend
 from tests.fakes.upstream.server import Upstream, start_upstream
 

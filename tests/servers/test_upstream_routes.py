@@ -183,7 +183,7 @@ async def test_aclose_closes_every_client(upstream: Upstream) -> None:
     import litellm
 
     from gateway.config.schema import parse_config
-    from gateway.records import BatchRequest, Endpoint
+    from gateway.domain import BatchRequest, Endpoint
     from providers.litellm_backend import LiteLLMBackend
 
     # m and v take the pass-through (our sessions); t LiteLLM's completion path (its cached clients)

@@ -1,7 +1,7 @@
 """One team's upload never stalls another team's API calls: the API's runtime validates a new batch in a
 process of its own (`gateway.runtime.validation_processes`), which reads the file from the blobs and writes the
 shards there, so another team's `GET /v1/batches` is answered promptly meanwhile, in both modes. A
-validation process that dies mid-file leaves its batch to the coordinator's sweep, which validates it again.
+validation process that dies mid-file leaves its batch to the sweeper, which validates it again.
 Real processes: `batchyard serve` (embedded; shared over redis-server and moto's S3), the OpenAI SDK.
 """
 

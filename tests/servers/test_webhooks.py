@@ -18,8 +18,8 @@ import pytest
 from openai import OpenAI
 
 from gateway.config.schema import parse_config
-from gateway.records import BatchStatus
-from gateway.runtime.root import open_embedded
+from gateway.domain import BatchStatus
+from gateway.runtime.runtime import open_embedded
 from gateway.store.objects import BatchRecord
 from tests.fakes.upstream.server import Upstream
 from tests.fakes.webhook_receiver import Receiver
@@ -174,7 +174,7 @@ async def test_a_batch_that_expires_while_validating_is_announced_expired(upstre
         await runtime.store.batches.put(BatchRecord(
             id="batch_left_validating", owner="solo", endpoint="/v1/chat/completions", input_file_id="file-gone",
             completion_window="24h", status=BatchStatus.VALIDATING, created_at=now - 60, expires_at=now - 1))
-        await runtime.coordinator.sweep()
+        await runtime.sweeper.sweep()
         batch = await runtime.store.batches.get("batch_left_validating")
         assert batch is not None and (batch.status, batch.expired_at is not None) == (BatchStatus.EXPIRED, True)
         [event] = await runtime.store.webhooks.recent("solo", 10)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from gateway.config.schema import Config, parse_config
-from gateway.records import BatchStatus
-from gateway.runtime.root import open_shared
+from gateway.domain import BatchStatus
+from gateway.runtime.runtime import open_shared
 from gateway.store.objects import BatchRecord
 from gateway.store.webhook_deliveries import DELIVERED, PENDING
 from tests.fakes.webhook_receiver import Receiver

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.records import BatchStatus
+from gateway.domain import BatchStatus
 from gateway.store.objects import BatchFields, BatchRecord, RequestCounts, batch_fields
 
 

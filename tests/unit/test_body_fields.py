@@ -10,9 +10,9 @@ import pytest
 
 from gateway.config.endpoints import ENDPOINTS
 from gateway.config.schema import parse_config
+from gateway.domain import BatchRequest, Endpoint
 from gateway.errors import LineCode, LineError
 from gateway.pipeline.validate import LineChecker, LineProblem
-from gateway.records import BatchRequest, Endpoint
 
 CONFIG = parse_config({"model_list": [
     {"model_name": "m", "litellm_params": {"model": "openai/m", "api_key": "sk-test", "api_base": "http://127.0.0.1:9"}},

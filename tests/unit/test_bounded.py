@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 
 from gateway.backends.bounded import run_bounded
-from gateway.records import BatchRequest, Endpoint, Result
+from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.scheduling.fairness import Candidate, FairSlots, Share, pick, running_for, stop_sending
 
 # -- the fair pick ----------------------------------------------------------------------------------------

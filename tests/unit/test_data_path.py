@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from gateway.config.schema import parse_config
+from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result, Shard, Usage
 from gateway.json_codec import loads
 from gateway.pipeline.merge import seal_shard
 from gateway.pipeline.plan import Planner
-from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard, Usage
 from gateway.store.blobs.directory import LocalBlobs
 from gateway.store.lines import read_lines
 from gateway.store.objects import BatchRecord

@@ -9,8 +9,8 @@ import pytest
 from gateway.config.endpoints import ENDPOINTS, NATIVE_JOBS, NATIVE_PROVIDERS, UPSTREAM_ENDPOINTS, WIRE_ENDPOINTS
 from gateway.config.routes import native_refusal
 from gateway.config.urls import normalise_url
-from gateway.pipeline.body_fields import typed_dict_fields, upstream_fields
-from gateway.records import Endpoint
+from gateway.domain import Endpoint
+from gateway.lines.body_fields import typed_dict_fields, upstream_fields
 from providers.native import jobs_class
 
 # endpoint: (url tail, served upstream in real time, as bytes on OpenAI-wire routes, never by a local engine)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.records import BatchRequest, Endpoint
+from gateway.domain import BatchRequest, Endpoint
 from local_engine import vllm_compat
 from local_engine.ordering import group_by_prefix, prefix_key
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from anthropic.types.messages import MessageBatch, MessageBatchIndividualResponse
 
+from gateway.domain import BatchStatus
 from gateway.message_batches.envelope import MAX_REQUEST_VALUES, read_create
 from gateway.message_batches.outcomes import message_result, request_counts
 from gateway.message_batches.wire import MAX_PARAMS_DEPTH, MAX_REQUESTS, EnvelopeError, batch_object
-from gateway.records import BatchStatus
 from gateway.store.objects import BatchRecord, RequestCounts
 
 MESSAGE = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [

@@ -3,8 +3,8 @@ output is bounded by its `max_tokens`, as a chat line's is."""
 
 from __future__ import annotations
 
-from gateway.pipeline.tokens import Limit, TokenCounter, output_bound
-from gateway.records import Endpoint
+from gateway.domain import Endpoint
+from gateway.estimate.tokens import Limit, TokenCounter, output_bound
 
 BODY = {"model": "m", "max_tokens": 7, "system": [{"type": "text", "text": "abcd" * 3}],
         "messages": [{"role": "user", "content": [{"type": "text", "text": "efgh" * 5}]},

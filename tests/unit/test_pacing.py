@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from gateway.backends.bounded import run_bounded
-from gateway.records import BatchRequest, Endpoint, Result
+from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.scheduling.fairness import FairSlots, Share, running_for, stop_sending
 from gateway.scheduling.pacing import Pacer, pacing_with
 from gateway.store.sqlite.store import SQLiteStore

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gateway.config.prices import DeploymentPrices, Prices, batch_prices, cost_of, route_prices
-from gateway.records import Usage
+from gateway.domain import Usage
 
 USAGE = Usage(input_tokens=1000, output_tokens=100)
 

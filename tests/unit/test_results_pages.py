@@ -1,4 +1,4 @@
-"""A batch's results so far, a page at a time (`gateway.pipeline.results`), on the embedded store in process.
+"""A batch's results so far, a page at a time (`gateway.finished.results`), on the embedded store in process.
 
 - While the batch runs, pages come from the result log in the order results were journaled; the cursor
   fetches only what is new.
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from gateway.blob_keys import order_key
+from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result, Shard
 from gateway.errors import InvalidRequest
+from gateway.finished.results import Cursor, results_page
 from gateway.json_codec import dumps, loads
 from gateway.pipeline.finalizer import Finalizer
-from gateway.pipeline.lifecycle import order_key
-from gateway.pipeline.results import Cursor, results_page
-from gateway.records import BatchRequest, BatchStatus, Endpoint, Result, Shard
 from gateway.store.blobs.directory import LocalBlobs
 from gateway.store.lines import read_lines
 from gateway.store.objects import BatchRecord, RequestCounts

@@ -103,8 +103,8 @@ def test_resolution_is_cached_per_model() -> None:
 def test_a_teams_pattern_lets_its_lines_through_and_no_others() -> None:
     import json
 
+    from gateway.domain import BatchRequest
     from gateway.pipeline.validate import LineChecker
-    from gateway.records import BatchRequest
 
     config = parse_config({"model_list": [entry("*", "openai/*"), entry("exact", "openai/x")],
                            "router_settings": {"model_group_alias": {"nick": "exact"}}})

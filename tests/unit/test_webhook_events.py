@@ -17,7 +17,7 @@ from openai.types.webhooks import (
     BatchFailedWebhookEvent,
 )
 
-from gateway.records import BatchStatus
+from gateway.domain import BatchStatus
 from gateway.webhooks.events import ALL_EVENTS, EVENT_TYPES, event_ids, payload, signed_headers
 
 SECRET = "whsec_" + base64.b64encode(b"a-32-byte-secret-for-the-tests!!").decode()

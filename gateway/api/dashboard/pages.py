@@ -35,8 +35,8 @@ from gateway.api.dashboard.webhooks import install_json, recent_deliveries
 from gateway.api.deps import bad_request, runtime_of
 from gateway.api.http_errors import ApiError
 from gateway.api.teams_view import team_states
-from gateway.pipeline.coordinator import unavailable_routes
-from gateway.records import MESSAGE_BATCH_KIND
+from gateway.domain import MESSAGE_BATCH_KIND
+from gateway.pipeline.sweeper import unavailable_routes
 from gateway.store.faults import noticed, waiting_words
 from gateway.store.objects import BatchRecord, Page
 from gateway.store.protocols import Store

@@ -13,11 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import tracing
-from gateway.records import BatchStatus, RouteStats, Usage
+from gateway.domain import BatchStatus, RouteStats, Usage
 from gateway.store.objects import BatchRecord
 
-# Route key under which the store counts lines answered at validation (no call made).
-VALIDATION_ROUTE = ""
 MAX_ERRORS_SHOWN = 10
 NONE = "\u2013"  # an en dash: "no value yet"
 

@@ -17,24 +17,25 @@ S3_ENDPOINT_ENV = "BATCHYARD_S3_ENDPOINT_URL"
 
 @dataclass(frozen=True, slots=True)
 class BlobPlace:
-    """`storage`: `s3://bucket/prefix` (S3, MinIO, moto) or a directory every process can reach.
+    """`location` (the CLI's `--storage`): `s3://bucket/prefix` (S3, MinIO, moto) or a directory every process
+    can reach.
     `endpoint_url`: a non-AWS S3 endpoint (default: `BATCHYARD_S3_ENDPOINT_URL`, then botocore's own)."""
 
-    storage: str
+    location: str
     endpoint_url: str | None = None
 
     @classmethod
-    def of(cls, storage: str | Path, *, endpoint_url: str | None = None) -> BlobPlace:
-        return cls(str(storage), endpoint_url or os.environ.get(S3_ENDPOINT_ENV) or None)
+    def of(cls, location: str | Path, *, endpoint_url: str | None = None) -> BlobPlace:
+        return cls(str(location), endpoint_url or os.environ.get(S3_ENDPOINT_ENV) or None)
 
     def open(self) -> Blobs:
-        if self.storage.startswith("s3://"):
+        if self.location.startswith("s3://"):
             from gateway.store.blobs.s3 import S3Blobs  # aiobotocore only where S3 is used
 
-            return S3Blobs.from_url(self.storage, endpoint_url=self.endpoint_url)
+            return S3Blobs.from_url(self.location, endpoint_url=self.endpoint_url)
         from gateway.store.blobs.directory import LocalBlobs
 
-        return LocalBlobs(Path(self.storage))
+        return LocalBlobs(Path(self.location))
 
 
 __all__ = ["S3_ENDPOINT_ENV", "BlobPlace"]

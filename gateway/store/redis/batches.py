@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 
-from gateway.records import BatchStatus, Usage
+from gateway.domain import BatchStatus, Usage
 from gateway.store.objects import BatchFields, BatchRecord, Page, RequestCounts, batch_fields
 from gateway.store.redis.keys import Keys
 

@@ -73,7 +73,7 @@ dashboard (`RedisDashboardSessions`)
     session:{digest}          hash    one dashboard login (gateway.store.sessions): `key_digest`, `expires_at`;
                                       keyed by the SHA-256 of the cookie's id (64 hex digits), expires with it
 
-coordination (`RedisCoordination`, for `gateway.pipeline.coordinator`)
+coordination (`RedisCoordination`, for `gateway.pipeline.sweeper`)
     worker:{name}             string  heartbeat JSON (routes, pid, host), with a TTL
     workers                   zset    worker names, score = last heartbeat
     lease:{what}              string  holder name, with a TTL (validate/finalize a batch, the sweep)

@@ -21,8 +21,8 @@ from typing import cast
 
 import redis.asyncio as aioredis
 
+from gateway.domain import Result, RouteStats, Shard, billable
 from gateway.json_codec import dumps, loads
-from gateway.records import Result, RouteStats, Shard, billable
 from gateway.store.quota import SpendTo
 from gateway.store.redis.keys import Keys
 

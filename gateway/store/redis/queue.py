@@ -13,7 +13,7 @@
   removed with its index entries, and `put` makes it again with its group).
 - A dead worker's pending shards are taken over once they have been idle for
   `claim_idle` seconds (default 30) and their consumer has no heartbeat key
-  (`worker:{name}`, which `gateway.pipeline.coordinator` keeps with a TTL of
+  (`worker:{name}`, which `gateway.pipeline.sweeper` keeps with a TTL of
   `claim_idle`): XAUTOCLAIM's rule plus a liveness check, in one script, so a
   Redis restart that leaves every entry idle for a moment does not hand live
   workers' shards around.
@@ -49,7 +49,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from gateway.records import Shard
+from gateway.domain import Shard
 from gateway.store.objects import Delivery
 from gateway.store.redis import scripts
 from gateway.store.redis.keys import GROUP, STREAM_FIELD, Keys

@@ -7,7 +7,8 @@ import math
 
 import redis.asyncio as aioredis
 
-from gateway.store.rates import DEFAULT_WINDOW_SECONDS, Grant, window_of
+from gateway.scheduling.pacing import Grant
+from gateway.store.rates import DEFAULT_WINDOW_SECONDS, window_of
 from gateway.store.redis.keys import Keys
 
 # KEYS: the window's hash. ARGV: want, rpm ('' none), tpm ('' none), ttl (ms), estimate. Returns how many were

@@ -11,7 +11,7 @@ import json
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from gateway.records import BatchStatus, Usage
+from gateway.domain import BatchStatus, Usage
 from gateway.store.objects import BatchFields, BatchRecord, Page, RequestCounts, batch_fields
 from gateway.store.sqlite.db import Database, immediate, off_loop
 

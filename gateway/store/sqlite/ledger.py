@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gateway.domain import Result, RouteStats, Shard, Usage, billable
 from gateway.json_codec import dumps, loads
-from gateway.records import Result, RouteStats, Shard, Usage, billable
 from gateway.store.quota import SpendTo
 from gateway.store.sqlite.db import Database, immediate, off_loop
 

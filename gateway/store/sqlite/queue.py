@@ -29,7 +29,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
-from gateway.records import Shard
+from gateway.domain import Shard
 from gateway.scheduling.fairness import Candidate, pick
 from gateway.store.objects import Delivery
 from gateway.store.sqlite import coordination

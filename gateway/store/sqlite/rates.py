@@ -3,7 +3,8 @@ transaction (see `gateway.store.rates`)."""
 
 from __future__ import annotations
 
-from gateway.store.rates import DEFAULT_WINDOW_SECONDS, Grant, grantable, window_of
+from gateway.scheduling.pacing import Grant
+from gateway.store.rates import DEFAULT_WINDOW_SECONDS, grantable, window_of
 from gateway.store.sqlite.db import Database, immediate, off_loop
 
 SCHEMA = """

@@ -13,6 +13,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.blob_keys import shard_requests_key, shard_results_key
+
 
 def new_id(prefix: str, sep: str = "_") -> str:
     """An id with 128 random bits from the OS's CSPRNG, OpenAI-style: for what callers name.
@@ -48,7 +50,7 @@ class Endpoint(str, enum.Enum):
     IMAGES = "/v1/images/generations"
     TRANSCRIPTIONS = "/v1/audio/transcriptions"
     TRANSLATIONS = "/v1/audio/translations"
-    MESSAGES = "/v1/messages"  # Anthropic's Messages: the lines of a Message Batch (gateway.anthropic)
+    MESSAGES = "/v1/messages"  # Anthropic's Messages: the lines of a Message Batch (gateway.message_batches)
 
 
 class BatchStatus(str, enum.Enum):
@@ -98,13 +100,6 @@ MAX_USAGE_TOKENS = 10**9
 _WRONG: dict[str, Any] = {}  # a details object that is not an object (`_details`)
 
 
-def sane_tokens(value: Any) -> int | None:
-    """A token count as an upstream reports it, if it is sane: an int (not a bool) in [0, MAX_USAGE_TOKENS]."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_USAGE_TOKENS:
-        return value
-    return None
-
-
 def _details(usage: dict[str, Any], *names: str) -> dict[str, Any] | None:
     """The first of the `*_tokens_details` objects present; `_WRONG` when it is there but not an object."""
     for name in names:
@@ -145,7 +140,8 @@ class Usage:
 
     @classmethod
     def read(cls, body: dict[str, Any] | None) -> tuple[Usage, bool]:
-        """The body's token counts, and whether any was refused (counted as zero; see `sane_tokens`).
+        """The body's token counts, and whether any was refused (counted as zero: a sane count is an int, not
+        a bool, in [0, MAX_USAGE_TOKENS]).
 
         A reply's `usage` is the upstream's word, not the operator's: only sane counts are priced and
         summed into a batch's usage and a team's spend. Absent or null fields are 0 and refuse nothing.
@@ -347,12 +343,12 @@ class Shard:
 
     @property
     def requests_key(self) -> str:
-        return f"batches/{self.batch_id}/shards/{self.index:06d}.requests.jsonl"
+        return shard_requests_key(self.batch_id, self.index)
 
     @property
     def results_key(self) -> str:
         """Sorted results, written once the shard is finished."""
-        return f"batches/{self.batch_id}/shards/{self.index:06d}.results.jsonl"
+        return shard_results_key(self.batch_id, self.index)
 
     def to_json(self) -> dict[str, Any]:
         return {"batch_id": self.batch_id, "index": self.index, "route": self.route, "size": self.size,

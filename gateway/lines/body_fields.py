@@ -26,9 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config.endpoints import ENDPOINTS
+from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.errors import LineCode, LineError
-from gateway.records import BatchRequest, Endpoint, Result
 
+# Containers a line may nest (its body is about two levels in): far more than any request's JSON schema
+# needs, and under orjson's 254, so a checked line is always written back by the fast codec.
+MAX_LINE_DEPTH = 128
 _JSON_NAMES = {str: "a string", list: "an array", dict: "an object", int: "an integer", float: "a number",
                bool: "a boolean", type(None): "null"}
 

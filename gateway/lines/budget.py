@@ -4,7 +4,7 @@ Spend is the cost the runner already puts on each result (LiteLLM's price for an
 route's `model_info` prices otherwise), added by the store in the step that journals the results
 (`SpendTo`), so every process and a restarted one see one figure, and a crash between the two cannot
 happen. Over budget: the service refuses new batches and the runner stops
-sending (`gateway.pipeline.execute`).
+sending (`gateway.pipeline.shard_runner`).
 
 A backend that commits money in bulk (a native route's provider batch job) asks `over_budget_now()` before
 each commitment: the runner says whose budget its requests spend with `spending_for` (a context variable,

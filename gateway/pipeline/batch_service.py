@@ -4,7 +4,7 @@ Create, read, cancel and delete files and batches; admit a new batch against its
 team's quotas and budget; validate and plan it into shards, record them and put
 them on the queue. Refusals are domain errors (`gateway.errors`); the server maps
 them to HTTP. The intake owns a batch while it is `validating`: it fails it,
-cancels it before any shard exists, or expires it (the coordinator's sweep asks).
+cancels it before any shard exists, or expires it (the sweeper asks).
 Running the shards is the `ShardRunner`'s job, finishing the batch the `Finalizer`'s.
 
 What it needs from later stages or higher layers is handed in, never imported:
@@ -23,23 +23,23 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from gateway import metrics, tracing
+from gateway.blob_keys import batch_prefix, file_key, order_key
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_endpoint
+from gateway.domain import BatchStatus, Endpoint, Shard, new_id
 from gateway.errors import Conflict, InvalidRequest, OverQuota, TooLarge, invalid_value, not_found
+from gateway.lines.budget import Budgets
 from gateway.pipeline.batch_params import ExpiresAfter, checked, checked_metadata
-from gateway.pipeline.budget import Budgets
 from gateway.pipeline.lifecycle import (
     NO_EXPIRY,
     Announce,
     announce_nothing,
     expiry,
     for_queue,
-    order_key,
     results_batch,
 )
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
 from gateway.pipeline.validate import LINE_SLACK, count_routes
-from gateway.records import BatchStatus, Endpoint, Shard, new_id
 from gateway.store.faults import machine_fault
 from gateway.store.lines import Overlong, split_lines
 from gateway.store.objects import BatchOptions, BatchRecord, FileRecord, RequestCounts, now, storage_team
@@ -90,7 +90,7 @@ class BatchService:
         if expires_at is None and self.config.batch.file_expiry_seconds is not None:
             expires_at = created + self.config.batch.file_expiry_seconds
         file_id = new_id("file", sep="-")  # older data dirs hold `file_` ids: still valid
-        key = f"files/{file_id}"
+        key = file_key(file_id)
         limit = self.config.batch.limits.max_file_bytes
         size = 0
         team = storage_team(owner)  # one account per team, whatever door made the file
@@ -354,11 +354,11 @@ class BatchService:
             log.exception("validating batch %s failed", batch_id)
             await self._fail(batch, [{"code": "validation_failed", "message": "The input file could not be "
                                       "validated; the batch was not run.", "param": None, "line": None}])
-            await self.blobs.delete_prefix(f"batches/{batch_id}")
+            await self.blobs.delete_prefix(batch_prefix(batch_id))
             return
         if outcome.failed:
             await self._fail(batch, [e.to_openai() for e in outcome.errors])
-            await self.blobs.delete_prefix(f"batches/{batch_id}")
+            await self.blobs.delete_prefix(batch_prefix(batch_id))
             return
         shards = [*outcome.shards, *([outcome.answered] if outcome.answered else [])]
         await self.store.ledger.put_shards(batch_id, shards)
@@ -374,7 +374,7 @@ class BatchService:
             if_status={BatchStatus.VALIDATING},
         )
         if not started:
-            return  # cancelled or expired meanwhile: the coordinator finalizes it from the shards
+            return  # cancelled or expired meanwhile: the sweeper finalizes it from the shards
         tracing.status_event(BatchStatus.IN_PROGRESS, lines=outcome.total, shards=len(shards))
         if outcome.answered is not None:
             await self._finish_shard(outcome.answered)  # the last one when every line was answered in place

@@ -31,11 +31,11 @@ from gateway import metrics, tracing
 from gateway.backends.interface import ROUTE_UNAVAILABLE, Backends, BackendUnavailable, ShardAwareBackend
 from gateway.config.prices import Prices, route_prices
 from gateway.config.schema import Config
+from gateway.domain import BatchRequest, Result, Shard
 from gateway.json_codec import loads
-from gateway.pipeline.budget import Budgets, spending_for
-from gateway.pipeline.lifecycle import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
+from gateway.lines.budget import Budgets, spending_for
+from gateway.lines.stops import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
 from gateway.pipeline.merge import seal_shard
-from gateway.records import BatchRequest, Result, Shard
 from gateway.scheduling.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
 from gateway.scheduling.pacing import Pacer, pacing_with
 from gateway.store.faults import Pause, machine_fault
@@ -79,7 +79,7 @@ class ShardRunner:
         self.weights = {t.team_id: t.weight for t in config.batch.teams}
         self._teams = {t.team_id: t for t in config.batch.teams}
         self.budgets = budgets or Budgets(config, None)
-        self.pause = Pause()
+        self.pause = Pause(count=metrics.observe_machine_fault, show=metrics.set_paused)
         self._owed: dict[str, Shard] = {}  # attempts to give back that the store could not take yet
         queue.on_lost = self._lost
 

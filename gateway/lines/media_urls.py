@@ -30,7 +30,7 @@ from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from gateway.records import BatchRequest, Result
+from gateway.domain import BatchRequest, Result
 
 # Keys whose string value is a URL that a server fetches (OpenAI's and vLLM's content parts, both shapes:
 # `{"image_url": {"url": ...}}` and the Responses API's `{"image_url": "..."}`).

@@ -1,4 +1,4 @@
-"""The coordinator: heartbeats, expiry, and picking up what dead processes left.
+"""The sweeper (`Sweeper`): heartbeats, expiry, and picking up what dead processes left.
 
 One recovery path for both modes. The sweep (one process at a time, under the
 `sweep` lease) looks at every unfinished batch:
@@ -25,22 +25,22 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from typing import Any
 
+from gateway.domain import BatchStatus
+from gateway.pipeline.batch_service import BatchService
 from gateway.pipeline.finalizer import Finalizer
-from gateway.pipeline.intake import BatchService
 from gateway.pipeline.lifecycle import for_queue
-from gateway.records import BatchStatus
 from gateway.store.faults import forget, machine_fault, notice, noticed, once_a_minute
 from gateway.store.objects import BatchRecord, now
 from gateway.store.protocols import Coordination, Queue, Store
 from gateway.store.quota import GRACE_SECONDS
 
-log = logging.getLogger("batchyard.coordinator")
+log = logging.getLogger("batchyard.coordinator")  # the logger keeps its name: operators filter on it
 
 STALE_VALIDATION_SECONDS = 10  # a batch validating this long with no lease held was left by a dead process
 _FILE_SWEEP_SECONDS = 5.0  # a cheap indexed query; expired files should not linger
 
 
-class Coordinator:
+class Sweeper:
     def __init__(
         self, store: Store, queue: Queue, coordination: Coordination, intake: BatchService, finalizer: Finalizer,
         *, name: str, routes: Collection[str], spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
@@ -193,4 +193,4 @@ def unavailable_routes(workers: list[dict[str, Any]]) -> dict[str, str]:
     return {route: reason for w in workers for route, reason in w.get("unavailable", {}).items()}
 
 
-__all__ = ["STALE_VALIDATION_SECONDS", "Coordinator", "unavailable_routes"]
+__all__ = ["STALE_VALIDATION_SECONDS", "Sweeper", "unavailable_routes"]

@@ -4,7 +4,7 @@
 - `runner` (`ShardRunner`): runs the shards of the routes this process hosts
   (None in a process that hosts none, like the API process with workers).
 - `finalizer` (`Finalizer`): merges a finished batch into its output files.
-- `coordinator` (`Coordinator`): heartbeats, expiry, and recovery.
+- `sweeper` (`Sweeper`): heartbeats, expiry, and recovery.
 - `webhooks` (`WebhookSender`): the teams' batch webhooks, recorded in `store.webhooks`
   before a batch ends and sent by the process that sweeps (one at a time).
 
@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.backends.interface import ROUTE_UNAVAILABLE, BackendUnavailable
 from gateway.config.schema import Config
-from gateway.pipeline.budget import Budgets
-from gateway.pipeline.coordinator import Coordinator
-from gateway.pipeline.execute import ShardRunner
+from gateway.lines.budget import Budgets
+from gateway.pipeline.batch_service import BatchService
 from gateway.pipeline.finalizer import Finalizer
-from gateway.pipeline.intake import BatchService
+from gateway.pipeline.shard_runner import ShardRunner
+from gateway.pipeline.sweeper import Sweeper
 from gateway.runtime.pool import BackendPool
 from gateway.runtime.validation_processes import ValidationProcesses
 from gateway.store.blobs.place import S3_ENDPOINT_ENV, BlobPlace
@@ -46,7 +46,7 @@ from gateway.webhooks.sender import WebhookSender
 from gateway.webhooks.targets import retry_schedule, webhook_targets
 
 if TYPE_CHECKING:
-    from gateway.runtime.supervisor import WorkerPool
+    from gateway.runtime.supervisor import Supervisor
     from gateway.store.sqlite.queue import SQLiteQueue
 
 log = logging.getLogger("batchyard.runtime")
@@ -88,7 +88,7 @@ class Runtime:
                                    file_expiry_seconds=config.batch.file_expiry_seconds)
         self.quotas = store.quota
         self.budgets = Budgets(config, self.quotas)
-        # The stages before the finalizer are handed its `finish_shard`; the coordinator, after it, holds it.
+        # The stages before the finalizer are handed its `finish_shard`; the sweeper, after it, holds it.
         self.service = BatchService(config, store, blobs, queue, coordination, spawn=self.spawn,
                                     finish_shard=self.finalizer.finish_shard, announce=announce,
                                     budgets=self.budgets, plan=validation.plan if validation else None)
@@ -98,7 +98,7 @@ class Runtime:
                                    finish_shard=self.finalizer.finish_shard, routes=hosted, spawn=self.spawn,
                                    budgets=self.budgets)
                        if hosted else None)
-        self.coordinator = Coordinator(store, queue, coordination, self.service, self.finalizer, name=name,
+        self.sweeper = Sweeper(store, queue, coordination, self.service, self.finalizer, name=name,
                                        routes=hosted, spawn=self.spawn, heartbeat=heartbeat, sweep_every=sweep_every,
                                        unavailable=lambda: self.backends.unavailable)
         self._sweeping = sweeping
@@ -129,10 +129,10 @@ class Runtime:
                     await self.backends.get(route)
                 except BackendUnavailable as exc:  # this route stops alone; every other one runs
                     log.error("route %r cannot run: %s; its lines get %r errors", route, exc, ROUTE_UNAVAILABLE)
-            await self._unless_machine_fault(self.coordinator.beat())
+            await self._unless_machine_fault(self.sweeper.beat())
         if self._recover_at_start:
-            await self._unless_machine_fault(self.coordinator.sweep(stale_after=0))
-        self.coordinator.start(hosting=self.runner is not None, sweeping=self._sweeping)
+            await self._unless_machine_fault(self.sweeper.sweep(stale_after=0))
+        self.sweeper.start(hosting=self.runner is not None, sweeping=self._sweeping)
         if self._sweeping and any(t.webhook_url for t in self.config.batch.teams):
             self.webhooks.start()
         if self.runner is not None:
@@ -153,19 +153,19 @@ class Runtime:
 
     def worker_pool(
         self, count: int, *, config_path: str, upstream_only: bool = False, verbose: bool = False,
-    ) -> WorkerPool:
+    ) -> Supervisor:
         """`count` worker processes over this runtime's data directory, which hand the shards of one that
         dies back to the queue at once. The embedded mode only: shared-mode workers are `batchyard worker`s."""
-        from gateway.runtime.supervisor import WorkerPool
+        from gateway.runtime.supervisor import Supervisor
 
         if self._embedded is None:
             raise RuntimeError("worker processes belong to the embedded mode")
         data_dir, queue = self._embedded
-        return WorkerPool(count, data_dir, queue, config_path=config_path, upstream_only=upstream_only,
+        return Supervisor(count, data_dir, queue, config_path=config_path, upstream_only=upstream_only,
                           verbose=verbose)
 
     async def health(self) -> dict[str, Any]:
-        info = await self.coordinator.health(self.mode)
+        info = await self.sweeper.health(self.mode)
         return {**info, "warnings": list(self.warnings)} if self.warnings else info
 
     async def aclose(self) -> None:
@@ -178,7 +178,7 @@ class Runtime:
                 await task
         if self.validation is not None:
             await self.validation.aclose()
-        await self.coordinator.stop(hosting=self.runner is not None)
+        await self.sweeper.stop(hosting=self.runner is not None)
         await self.backends.aclose()
         await self.webhooks.aclose()
         await self.queue.aclose()
@@ -219,21 +219,17 @@ async def open_embedded(
                    else None)
 
 
-def open_blobs(storage: str | Path, *, endpoint_url: str | None = None) -> Blobs:
-    """`s3://bucket/prefix` (S3, MinIO, moto) or a directory every process can reach."""
-    return BlobPlace.of(storage, endpoint_url=endpoint_url).open()
-
-
 async def open_shared(
-    config: Config, redis_url: str, storage: str | Path, *, routes: Collection[str] | None = (),
+    config: Config, redis_url: str, blob_location: str | Path, *, routes: Collection[str] | None = (),
     claim_idle: float | None = None, name: str | None = None, prefix: str | None = None,
     s3_endpoint_url: str | None = None, validation_processes: int = 0, redis_ca_file: str | None = None,
     allow_evicting_redis: bool = False,
 ) -> Runtime:
-    """The shared mode. `routes`: the routes this process runs shards for (`()`: none, an API replica;
-    `None`: every route of the config). `validation_processes`: as `open_embedded`'s. `redis_ca_file`: the CA
-    of a `rediss://` Redis (default: the system's). A Redis that may evict keys raises `EvictingRedis` (a
-    `ConfigError`) unless `allow_evicting_redis`."""
+    """The shared mode: the store on Redis at `redis_url`, the blobs at `blob_location` (the CLI's `--storage`:
+    `s3://bucket/prefix` or a directory every process can reach). `routes`: the routes this process runs
+    shards for (`()`: none, an API replica; `None`: every route of the config). `validation_processes`: as
+    `open_embedded`'s. `redis_ca_file`: the CA of a `rediss://` Redis (default: the system's). A Redis that may
+    evict keys raises `EvictingRedis` (a `ConfigError`) unless `allow_evicting_redis`."""
     from gateway.store.redis.connection import API_RETRIES, WORKER_RETRIES, open_redis
     from gateway.store.redis.coordination import RedisCoordination
     from gateway.store.redis.layout import upgrade_key_layout
@@ -259,7 +255,7 @@ async def open_shared(
     queue = RedisStreamQueue(client, every, keys=keys, consumer=name, claim_idle=idle, weights=weights_of(config),
                              lane=config.lane)
     store = RedisStore(client, keys, owns_client=True, rate_window_seconds=config.batch.rate_window_seconds)
-    place = BlobPlace.of(storage, endpoint_url=s3_endpoint_url)
+    place = BlobPlace.of(blob_location, endpoint_url=s3_endpoint_url)
     # A worker's heartbeat lives as long as its shards may stay idle: a shard is taken over only
     # when both have run out.
     runtime = Runtime(config, store, place.open(), queue,
@@ -271,4 +267,4 @@ async def open_shared(
     return runtime
 
 
-__all__ = ["S3_ENDPOINT_ENV", "Runtime", "open_blobs", "open_embedded", "open_shared", "worker_name"]
+__all__ = ["S3_ENDPOINT_ENV", "Runtime", "open_embedded", "open_shared", "worker_name"]

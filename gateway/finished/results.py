@@ -2,7 +2,7 @@
 
 While the batch runs its results come from the store's result log (`ShardLedger.logged`), in the order
 they were journaled; once it is finished, from its output and error files, in input order, walked beside
-the order blob the finalizer wrote with them (`lifecycle.order_key`: each line's number, seq and kind). Each
+the order blob the finalizer wrote with them (`gateway.store.order_index`: each line's number, seq and kind). Each
 line is the output file's line with a `"kind"` in front: `"output"` (a 2xx reply) or `"error"` (anything
 else: the error file's line).
 
@@ -20,11 +20,12 @@ import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from gateway.blob_keys import file_key, order_key
 from gateway.errors import Conflict, InvalidRequest
 from gateway.json_codec import dumps, loads
-from gateway.pipeline.lifecycle import order_key
 from gateway.store.lines import read_lines
 from gateway.store.objects import BatchRecord
+from gateway.store.order_index import read_entries
 from gateway.store.protocols import Blobs, Store
 
 _CURSOR = re.compile(r"(\d{1,18})(?:\.(\d{1,18}))?")
@@ -116,16 +117,14 @@ async def _order(blobs: Blobs, batch: BatchRecord) -> AsyncIterator[tuple[int, b
     that never ran: cancelled or expired while validating, failed), its files' lines, output first."""
     key = order_key(batch.id)
     if await blobs.size(key) is not None:
-        async for raw in read_lines(blobs, key):
-            if raw:
-                _, seq, kind = raw.split()
-                yield int(seq), kind == b"o"
+        async for entry in read_entries(blobs, key):
+            yield entry.seq, entry.ok
         return
     for file_id, ok in ((batch.output_file_id, True), (batch.error_file_id, False)):
         if file_id is not None:
-            if await blobs.size(f"files/{file_id}") is None:
+            if await blobs.size(file_key(file_id)) is None:
                 raise _deleted(batch)
-            async for raw in read_lines(blobs, f"files/{file_id}"):
+            async for raw in read_lines(blobs, file_key(file_id)):
                 if raw:
                     yield 0, ok and _replied_2xx(raw)  # without the order blob, read from the line
 

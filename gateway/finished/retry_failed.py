@@ -4,7 +4,7 @@ The new batch's input file holds exactly the original input lines whose result w
 (failed, expired, or cancelled before they ran), byte for byte with their custom_ids, in input order. It
 is uploaded and created through the intake (`BatchService.upload_file`, `create_batch`), so the team's
 storage, quotas and budget and the validation apply as to any batch. Which lines: the order blob the
-finalizer wrote beside the output files (`lifecycle.order_key`), walked beside the input file; memory: one
+finalizer wrote beside the output files (`gateway.store.order_index`), walked beside the input file; memory: one
 line, whatever the file holds.
 """
 
@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from gateway.blob_keys import order_key
+from gateway.domain import BatchStatus
 from gateway.errors import Conflict, not_found
-from gateway.pipeline.intake import BatchService
-from gateway.pipeline.lifecycle import order_key
-from gateway.records import BatchStatus
-from gateway.store.lines import read_lines, split_lines
+from gateway.pipeline.batch_service import BatchService
+from gateway.store.lines import split_lines
 from gateway.store.objects import BatchOptions, BatchRecord
+from gateway.store.order_index import OrderEntry, read_entries
 from gateway.store.protocols import Blobs
 
 _CHUNK = 1 << 16
@@ -76,8 +77,8 @@ async def _count_failed(blobs: Blobs, batch_id: str) -> int:
                        "deleted, or an older version of the gateway finished it): retry is not available for it.",
                        code="retry_unavailable")
     count = 0
-    async for raw in read_lines(blobs, order_key(batch_id)):
-        count += raw.endswith(b" e")
+    async for entry in read_entries(blobs, order_key(batch_id)):
+        count += not entry.ok
     return count
 
 
@@ -90,19 +91,16 @@ async def _all_lines(blobs: Blobs, key: str) -> AsyncIterator[bytes]:
 async def _failed_lines(blobs: Blobs, input_key: str, order: str) -> AsyncIterator[bytes]:
     """The input lines whose order entry is `e`. Both are in input order; lines are numbered as the planner
     numbers them (1, 2, … over every line, blank ones included)."""
-    entries = read_lines(blobs, order)
-    entry: tuple[int, bool] | None = None
+    entries = read_entries(blobs, order)
+    entry: OrderEntry | None = None
     number = 0
     async for raw in split_lines(blobs.read(input_key)):
         number += 1
-        while entry is None or entry[0] < number:
-            nxt = await anext(entries, None)
-            if nxt is None:
+        while entry is None or entry.line < number:
+            entry = await anext(entries, None)
+            if entry is None:
                 return
-            if nxt:
-                line, _, kind = nxt.split()
-                entry = (int(line), kind == b"e")
-        if entry[0] == number and entry[1] and isinstance(raw, bytes):
+        if entry.line == number and not entry.ok and isinstance(raw, bytes):
             yield raw
 
 

@@ -1,5 +1,5 @@
 """A batch line's tokens, before it runs: its input tokens by the route's own tokenizer where one is at hand
-offline, and the bound on its output tokens (what `gateway.pipeline.estimate` adds up).
+offline, and the bound on its output tokens (what `gateway.estimate.cost` adds up).
 
 - A local route's tokenizer comes from its model directory or the hub cache (`transformers`, loaded once per
   process on first use, never downloaded); an OpenAI model's is tiktoken through LiteLLM's `token_counter`
@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from gateway.config.routes import Route, RouteKind
-from gateway.records import Endpoint
+from gateway.domain import Endpoint
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,48 @@
+"""Where each blob lives: the one place a blob key is spelled.
+
+A file's bytes are `files/{file_id}` (its record keeps the key: `FileRecord.blob_key`); a batch's working
+blobs (its shards' requests and results) are under `batches/{batch_id}/`, dropped whole when it ends; what
+a finished batch leaves beside its output files (the results order index, `gateway.store.order_index`) and
+what a `--retry-failed` run stages while it merges are under `results/`.
+"""
+
+from __future__ import annotations
+
+
+def file_key(file_id: str) -> str:
+    """A file's bytes: an upload, or a batch's output or error file."""
+    return f"files/{file_id}"
+
+
+def batch_prefix(batch_id: str) -> str:
+    """Every working blob of a batch (its shards'): deleted whole once the batch ends or fails validation."""
+    return f"batches/{batch_id}"
+
+
+def shard_requests_key(batch_id: str, index: int) -> str:
+    return f"{batch_prefix(batch_id)}/shards/{index:06d}.requests.jsonl"
+
+
+def shard_results_key(batch_id: str, index: int) -> str:
+    """A shard's sorted results, written once the shard is finished."""
+    return f"{batch_prefix(batch_id)}/shards/{index:06d}.results.jsonl"
+
+
+def order_key(batch_id: str) -> str:
+    """The results order index beside a finished batch's output files (`gateway.store.order_index`). It
+    lives as long as the files: deleting either of them (or their expiry) deletes it."""
+    return f"results/{batch_id}.order"
+
+
+def retry_merged_key(retry_id: str) -> str:
+    """The marker that a retry's results are merged into the first run's files (`gateway.finished.retry_merge`)."""
+    return f"results/{retry_id}.merged"
+
+
+def retry_staged_key(first_id: str, part: str) -> str:
+    """A first run's merged `part` (output, errors, order), staged before it is copied into place."""
+    return f"results/{first_id}.retry-{part}"
+
+
+__all__ = ["batch_prefix", "file_key", "order_key", "retry_merged_key", "retry_staged_key", "shard_requests_key",
+           "shard_results_key"]
