@@ -36,6 +36,10 @@ from gateway.message_batches.wire import (
 # long conversation with tools is a few thousand), and at most ~100 bytes of Python objects each, so one
 # request read never costs more than ~10 MB past its own text.
 MAX_REQUEST_VALUES = 100_000
+# Bytes one request may take: the Messages API's own request limit (32 MB), which a batch's request is held
+# to as well. It also keeps one request's text and objects inside the create's memory bound (a request's
+# objects are about its size again; past ~45 MB the API process outgrew 2x the body + 50 MB).
+MAX_REQUEST_BYTES = 32 * 1024 * 1024
 _REQUEST_DEPTH = MAX_PARAMS_DEPTH + 1  # the request object itself is the first level
 _WINDOW = 1 << 20  # bytes of the body passed between two releases of its pages; a "large" request is longer
 _LINES_PER_WRITE = 500
@@ -191,6 +195,9 @@ def _next_request(reader: _Reader, index: int) -> tuple[Any, int]:
                 return data, end
         reader.missed += end - start
     end = reader.value_end(index)
+    if end - start > MAX_REQUEST_BYTES:
+        raise EnvelopeError(f"requests.{index}: {end - start} bytes; a request is at most {MAX_REQUEST_BYTES} bytes "
+                            "(the Messages API's request size limit)")
     with memoryview(reader.buf) as view, view[reader.pos:end] as text:
         data = _parsed(text)  # read in place: a large request is not copied
     reader.read += end - reader.pos
@@ -328,4 +335,4 @@ def _body(reader: _Reader, sink: IO[bytes]) -> int:
     return count
 
 
-__all__ = ["MAX_REQUEST_VALUES", "NotJson", "read_create"]
+__all__ = ["MAX_REQUEST_BYTES", "MAX_REQUEST_VALUES", "NotJson", "read_create"]

@@ -11,7 +11,7 @@ import pytest
 from anthropic.types.messages import MessageBatch, MessageBatchIndividualResponse
 
 from gateway.domain import BatchStatus
-from gateway.message_batches.envelope import MAX_REQUEST_VALUES, read_create
+from gateway.message_batches.envelope import MAX_REQUEST_BYTES, MAX_REQUEST_VALUES, read_create
 from gateway.message_batches.outcomes import message_result, request_counts
 from gateway.message_batches.wire import MAX_PARAMS_DEPTH, MAX_REQUESTS, EnvelopeError, batch_object
 from gateway.store.objects import BatchRecord, RequestCounts
@@ -157,6 +157,8 @@ BAD_TEXTS = [
      + b"]}}]}", f"requests.0: more than {MAX_REQUEST_VALUES} values"),
     ("a million numbers", b'{"requests": [{"custom_id": "a", "params": {"pad": [' + b",".join([b"1.5"] * 1_000_000)
      + b"]}}]}", f"requests.0: more than {MAX_REQUEST_VALUES} values"),
+    ("a request past the Messages API's 32 MB", b'{"requests": [{"custom_id": "a", "params": {}}, {"custom_id": "b", '
+     b'"params": {"text": "' + b"x" * MAX_REQUEST_BYTES + b'"}}]}', "requests.1: 33554"),
 ]
 
 
