@@ -29,13 +29,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.errors import ConfigError
 from gateway.store.redis.keys import DEFAULT_PREFIX, Keys, slot_prefix
 
-# How a command is tried again on a lost connection. A worker: 40 times with backoff (0.05 s, doubling, at most
-# 1 s: ~35 s in all, plus each try's connect timeout), riding out a Redis restart or a managed failover of
-# ~30 s; beyond that the shard runner's fault pause takes over (gateway.store.faults). An API replica: once,
-# at once, so a stale connection is replaced while a Redis that is gone answers 503 in milliseconds instead of
-# holding every request; the SDKs retry a 503 themselves, and the openai SDK's POSTs carry an
-# Idempotency-Key, which create honours.
-WORKER_RETRIES = 40
+# How a command is tried again on a lost connection. A worker: 30 times with backoff (0.05 s, doubling, at
+# most 1 s: ~25 s in all, plus each try's connect timeout), riding out a Redis restart; beyond that the shard
+# runner's fault pause takes over (gateway.store.faults), which also covers a managed failover of ~30 s. 30 as
+# before this stop: with 40, the unreachable-past-claim-idle case of tests/servers/test_faults_redis.py once
+# sealed a shard short of a result. An API replica: once, at once, so a stale connection is replaced while a
+# Redis that is gone answers 503 in milliseconds instead of holding every request; the SDKs retry a 503
+# themselves, and the openai SDK's POSTs carry an Idempotency-Key, which create honours.
+WORKER_RETRIES = 30
 API_RETRIES = 1
 # The errors of a failover: the old primary gone (connection, timeout), its replica not promoted yet
 # (READONLY), and, in a cluster, a node still LOADING its data. Each drops the connection and tries a new
