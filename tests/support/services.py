@@ -131,11 +131,19 @@ class RedisClusterServers:
                  tls: tuple[Path, Path, Path] | None = None) -> None:
         """`tls`: (CA, certificate, key): each node also listens with TLS (`tls_url`), its bus too, and the
         cluster tells TLS clients the TLS ports."""
-        self.tls, self.tls_ports = tls, [free_port() for _ in range(masters * (1 + replicas))]
-        self.nodes = [RedisServer(binary=binary, args=[
+        count = masters * (1 + replicas)
+        # Three ports a node (its own, TLS, cluster bus), all distinct: free_port() may hand one out twice
+        # (a fresh-clone run had a TLS node fail with "Address already in use").
+        ports: list[int] = []
+        while len(ports) < 3 * count:
+            port = free_port()
+            if port not in ports:
+                ports.append(port)
+        self.tls, self.tls_ports = tls, ports[count:2 * count]
+        self.nodes = [RedisServer(binary=binary, port=ports[i], args=[
             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
-            "--cluster-port", str(free_port()),  # named: the default (port + 10000) may be past 65535
-            *self._tls_args(tls_port)]) for tls_port in self.tls_ports]
+            "--cluster-port", str(ports[2 * count + i]),  # named: the default (port + 10000) may be past 65535
+            *self._tls_args(self.tls_ports[i])]) for i in range(count)]
         self.replicas = replicas
 
     def _tls_args(self, port: int) -> list[str]:
