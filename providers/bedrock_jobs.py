@@ -35,9 +35,8 @@ from gateway.config.endpoints import NATIVE_JOBS
 from gateway.config.entries import NativeModelInfo
 from gateway.domain import BatchRequest, Endpoint, Result
 from providers.openai_batches import Part, call_with_retries, upstream_custom_id
-from providers.upstream_jobs import JobState, Save, UpstreamHTTPError
+from providers.upstream_jobs import JobState, Save, UpstreamHTTPError, translation_refusal
 
-_BODY_FIELDS = frozenset({"model", "messages"})
 _NOT_IN_BATCHES = frozenset({"stream", "stream_options"})
 _STATUS = {"Submitted": "validating", "Validating": "validating", "Scheduled": "in_progress",
            "InProgress": "in_progress", "PartiallyCompleted": "completed", "Completed": "completed",
@@ -95,18 +94,8 @@ class BedrockJobs:
         return json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
     def reject(self, req: BatchRequest) -> Result | None:
-        unknown = sorted(k for k in req.body if k not in _BODY_FIELDS and k not in self._supported)
-        if unknown:
-            param, message, code = (unknown[0], f"{unknown[0]} is not supported by {self._model} in Bedrock batches",
-                                    "unsupported_parameter")
-        else:
-            try:
-                self._model_input(req.body)
-                return None
-            except Exception as exc:  # LiteLLM's translation refuses it: its own words
-                param, message, code = "messages", str(getattr(exc, "message", None) or exc), "invalid_value"
-        body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
-        return Result(line=req.line, custom_id=req.custom_id, status_code=400, body=body, model=req.model)
+        """A parameter Bedrock has no counterpart for, or messages LiteLLM cannot translate: a 400 for that line."""
+        return translation_refusal(req, self._supported, f"{self._model} in Bedrock", self._model_input)
 
     # -- AWS --------------------------------------------------------------------------------------------
 

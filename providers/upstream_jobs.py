@@ -9,7 +9,7 @@ helpers) for the calls it lacks (Anthropic's create and cancel, Mistral's cancel
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -114,3 +114,22 @@ def call_kwargs(params: Mapping[str, Any], provider: str, timeout: float | None)
     if "timeout" not in kwargs and timeout is not None:
         kwargs["timeout"] = timeout
     return kwargs
+
+
+def translation_refusal(req: BatchRequest, supported: Collection[str], service: str,
+                        translate: Callable[[dict[str, Any]], Any]) -> Result | None:
+    """A chat line a translated native route cannot send (Gemini, Bedrock): a body field other than `model` and
+    `messages` the provider has no counterpart for, or messages LiteLLM's translation (`translate`) refuses,
+    in its own words; that line's 400 before any job is created. None: the line can go."""
+    unknown = sorted(k for k in req.body if k not in ("model", "messages") and k not in supported)
+    if unknown:
+        param, message, code = (unknown[0], f"{unknown[0]} is not supported by {service} batches",
+                                "unsupported_parameter")
+    else:
+        try:
+            translate(req.body)
+            return None
+        except Exception as exc:  # LiteLLM's translation refuses it: its own words
+            param, message, code = "messages", str(getattr(exc, "message", None) or exc), "invalid_value"
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+    return Result(line=req.line, custom_id=req.custom_id, status_code=400, body=body, model=req.model)
