@@ -242,7 +242,7 @@ class LiteLLMBackend:
 
     async def _pass_through(self, req: BatchRequest, group: str, tried: frozenset[str] = frozenset()) -> Result:
         assert self._wire is not None
-        result, target = await self._wire.call(req, group)
+        result, target = await self._wire.call(req, group, self._group(group))
         if result.ok and target is not None and result.body is not None:
             result.cost_usd = self._prices.for_deployment(target.id, result.body, priced_fields(req.url, req.body),
                                                           f"{target.provider}/{target.model}")

@@ -34,6 +34,7 @@ import httpx
 
 from gateway import tracing
 from gateway.config.endpoints import ENDPOINTS
+from gateway.config.wildcards import is_pattern, pattern_model
 from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.json_codec import dumps, loads
 from providers.retry_policy import should_retry, wire_retried
@@ -151,22 +152,28 @@ class PassThrough:
         self._family = socket.AF_INET if getattr(litellm, "force_ipv4", False) else socket.AF_UNSPEC
         self._timeout = float(getattr(router, "timeout", None) or litellm.request_timeout or 600)
 
-    def target(self, deployment: dict[str, Any]) -> _Target:
+    def target(self, deployment: dict[str, Any], pattern: str | None = None, model: str = "") -> _Target:
+        """The target of a deployment the Router handed out. Asked by a wildcard's `pattern` (`call`), the
+        deployment's model still has its `*`s: they are filled for the line's `model` here, once per model."""
         info = deployment.get("model_info") or {}
         key = str(info.get("id"))
-        # A wildcard deployment answers for many models under one id: the Router hands it out with the
-        # concrete model in litellm_params (LiteLLM's set_deployment_model_name), so a target is per both.
-        model = str(deployment["litellm_params"]["model"])
-        target = self._targets.get((key, model))
+        # A wildcard deployment answers for many models under one id, so a target is per both.
+        wire_model = str(deployment["litellm_params"]["model"])
+        if pattern is not None and "*" in wire_model:
+            wire_model = model
+        target = self._targets.get((key, wire_model))
         if target is None:
-            target = self._targets[(key, model)] = self._new_target(key, deployment)
+            sent = str(deployment["litellm_params"]["model"])
+            if pattern is not None and "*" in sent:
+                sent = pattern_model(pattern, sent, model) or sent
+            target = self._targets[(key, wire_model)] = self._new_target(key, deployment, sent)
         return target
 
-    def _new_target(self, key: str, deployment: dict[str, Any]) -> _Target:
+    def _new_target(self, key: str, deployment: dict[str, Any], sent: str) -> _Target:
         import litellm
 
         params = deployment["litellm_params"]
-        provider, model = params["model"].split("/", 1)
+        provider, model = sent.split("/", 1)
         api_key = params.get("api_key") or os.environ.get(_KEY_ENV[provider])
         base = str(params.get("api_base") or os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
                    or "https://api.openai.com/v1")
@@ -207,29 +214,35 @@ class PassThrough:
         for session in sessions:
             await session.close()
 
-    async def call(self, req: BatchRequest, group: str) -> tuple[Result, _Target | None]:
-        """One line of model group `group`: the Router picks, we send; retried by `providers.retry_policy`."""
+    async def call(self, req: BatchRequest, group: str, declared: str | None = None) -> tuple[Result, _Target | None]:
+        """One line of model `group`: the Router picks, we send; retried by `providers.retry_policy`.
+
+        `declared`: the model_name of model_list that serves `group` (`gateway.config.wildcards`). Where it is a
+        wildcard pattern, the Router is asked by the pattern: asked by the concrete name, it would match its
+        patterns and deep-copy the deployment on every call (`PatternMatchRouter.route`), a tenth of a
+        millisecond a line (measured); the concrete model is filled once per model instead (`target`)."""
         last: list[_Target | None] = [None]  # the deployment of the latest attempt
+        pattern = declared if declared is not None and is_pattern(declared) else None
 
         async def attempt() -> _Sent:
-            sent = await self._attempt(req, group, last[0])
+            sent = await self._attempt(req, group, last[0], pattern)
             last[0] = sent.target
             return sent
 
         sent = await wire_retried(attempt, float(getattr(self._router, "retry_after", 0) or 0))  # retry_after: a floor
         return sent.result, sent.target
 
-    async def _attempt(self, req: BatchRequest, group: str, target: _Target | None) -> _Sent:
+    async def _attempt(self, req: BatchRequest, group: str, target: _Target | None, pattern: str | None) -> _Sent:
         """One try: the Router picks a deployment (anew each time), the body goes out, the reply is the result."""
         router = self._router
         try:
-            deployment = await router.async_get_available_deployment(model=group, request_kwargs={})
+            deployment = await router.async_get_available_deployment(model=pattern or group, request_kwargs={})
             await router.async_routing_strategy_pre_call_checks(deployment=deployment, parent_otel_span=None)
         except Exception as exc:  # no deployment available (all cooling down, over their rpm)
             err = provider_error(exc, req.model)
             return _Sent(Result(line=req.line, custom_id=req.custom_id, status_code=err.status, body=err.body,
                                 model=req.model), target)
-        target = self.target(deployment)
+        target = self.target(deployment, pattern, group)
         body = dict(req.body)
         body["model"] = target.model
         try:

@@ -56,6 +56,14 @@ def concrete_model(deployment_model: str, match: re.Match[str]) -> str:
     return deployment_model
 
 
+def pattern_model(pattern: str, deployment_model: str, model: str) -> str | None:
+    """The model a deployment of wildcard route `pattern` sends for a line naming `model` (LiteLLM's rule: the
+    name as written, then as `<its inferred provider>/<model>`), or None where the pattern does not match."""
+    regex = re.compile(pattern_regex(pattern))
+    match = regex.match(model) or regex.match(f"{inferred_provider(model)}/{model}")
+    return concrete_model(deployment_model, match) if match is not None else None
+
+
 def alias_target(entry: Any) -> str | None:
     """The target of one `model_group_alias` entry (LiteLLM's `resolve_model_group_alias`)."""
     target = entry.get("model") if isinstance(entry, Mapping) else entry
@@ -127,5 +135,5 @@ def derived(pattern_route: Route, model: str, match: re.Match[str]) -> Route:
     return Route(model_name=model, kind=pattern_route.kind, entries=entries, group=pattern_route.model_name)
 
 
-__all__ = ["Resolver", "alias_target", "concrete_model", "derived", "hidden_aliases", "is_pattern", "pattern_regex",
-           "team_allows"]
+__all__ = ["Resolver", "alias_target", "concrete_model", "derived", "hidden_aliases", "is_pattern", "pattern_model",
+           "pattern_regex", "team_allows"]

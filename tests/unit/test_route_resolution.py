@@ -121,3 +121,25 @@ def test_a_teams_pattern_lets_its_lines_through_and_no_others() -> None:
         refused_line = checked(allowed, model)
         assert not isinstance(refused_line, BatchRequest)
         assert "does not exist or is not supported" in str(refused_line)
+
+
+@pytest.mark.parametrize(("pattern", "deployment", "model"), [
+    ("wild/*", "openai/*", "wild/w3"),
+    ("*", "openai/*", "gpt-4o"),
+    ("openai/*", "openai/*", "gpt-4o"),  # no prefix: LiteLLM tries `openai/gpt-4o` next
+    ("openai/fo::*:static::*", "openai/fo::*:static::*", "openai/fo::bar:static::baz"),
+    ("p/*", "openai/fixed", "p/anything"),
+])
+def test_the_pass_throughs_concrete_model_is_the_one_litellms_router_sets(pattern: str, deployment: str,
+                                                                          model: str) -> None:
+    # The pass-through asks the Router by the pattern and fills the `*`s itself (gateway.config.wildcards):
+    # the model it sends is the one LiteLLM's own pattern router puts in the deployment it hands out.
+    from litellm.litellm_core_utils.pattern_match_deployments import PatternMatchRouter
+
+    from gateway.config.wildcards import pattern_model
+
+    router = PatternMatchRouter()
+    router.add_pattern(pattern, {"model_name": pattern, "litellm_params": {"model": deployment}})
+    found = router.get_deployments_by_pattern(model)  # what the Router does asked by the concrete name
+    assert found
+    assert pattern_model(pattern, deployment, model) == found[0]["litellm_params"]["model"]
