@@ -29,7 +29,7 @@ class Logins:
         await self._sessions.open(session_name(session_id), session)
         return session_id
 
-    async def key_digest(self, session_id: str) -> str | None:
+    async def digest_of(self, session_id: str) -> str | None:
         """The digest of the key that opened the session `session_id`; None when there is none or it lapsed."""
         session = await self._sessions.get(session_name(session_id))
         return session.key_digest if session is not None else None

@@ -87,7 +87,7 @@ async def _viewer(request: Request) -> Principal | None:
     session_id = request.cookies.get(COOKIE)
     if not session_id or len(session_id) > 128:
         return None
-    digest = await runtime_of(request).logins.key_digest(session_id)
+    digest = await runtime_of(request).logins.digest_of(session_id)
     return auth.by_digest(digest) if digest is not None else None
 
 
