@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from gateway.api import idempotency
 from gateway.api.deps import Caller, bad_request, check_id, check_limit, list_reply, parse_body, runtime_of
 from gateway.api.form import read_capped
+from gateway.callers import idempotent_creates
 from gateway.config.urls import normalise_endpoint
 from gateway.domain import MESSAGE_BATCH_KIND, Endpoint
 from gateway.errors import invalid_value, not_found, shown
@@ -40,16 +41,17 @@ async def create_batch(request: Request, caller: Caller) -> JSONResponse:
     body = parse_body(CreateBatch, data)
     if claim is None:
         return JSONResponse((await _create(request, caller, body)).to_openai())
-    fingerprint = idempotency.fingerprint("batch", data)
-    first = await claim.take(idempotency.BATCH_HOLD, fingerprint)
+    fingerprint = idempotent_creates.fingerprint("batch", data)
+    first = await claim.take(idempotent_creates.BATCH_HOLD, fingerprint)
     if first is not None:
-        return await claim.replay(first, fingerprint, lambda batch_id: _current(request, caller, batch_id))
+        return await idempotency.replay(claim, first, fingerprint,
+                                        lambda batch_id: _current(request, caller, batch_id))
     try:
         rec = await _create(request, caller, body)
     except BaseException:
         await claim.drop()
         raise
-    return await claim.made(fingerprint, "batch", rec.id, rec.to_openai())
+    return await idempotency.made(claim, fingerprint, "batch", rec.id, rec.to_openai())
 
 
 async def _create(request: Request, caller: Principal, body: CreateBatch) -> BatchRecord:

@@ -18,6 +18,7 @@ from gateway.api import idempotency
 from gateway.api.deps import Caller, bad_request, check_id, check_limit, list_reply, parse_body, runtime_of
 from gateway.api.form import Body, Event, Field, FileData, FileEnd, FileStart, FormReader
 from gateway.api.http_errors import ApiError
+from gateway.callers import idempotent_creates
 from gateway.errors import GatewayError, not_found, shown
 from gateway.json_codec import loads_checked
 from gateway.pipeline.batch_params import ExpiresAfter
@@ -48,14 +49,15 @@ FORM_FIELDS = frozenset({"file", "purpose", "expires_after", *(f"expires_after[{
 async def create_file(request: Request, caller: Caller) -> JSONResponse:
     runtime = runtime_of(request)
     body = Body(request.receive)
-    claim: idempotency.Claim | None = None
+    claim: idempotent_creates.Claim | None = None
     first: IdempotencyEntry | None = None  # the entry of the first request with the key: this one replays it
     ours = False  # the key is reserved for this request: it goes if the upload fails
     try:
         _check_declared_size(request, runtime.config.batch.limits.max_file_bytes)
         claim = idempotency.claim_for(request, caller.owner)
         if claim is not None:
-            first = await claim.take(idempotency.FILE_HOLD)  # before a byte is stored; the fingerprint comes last
+            # before a byte is stored; the fingerprint comes last
+            first = await claim.take(idempotent_creates.FILE_HOLD)
             ours = first is None
         reader = FormReader(request.headers.get("content-type", ""), body)
         # A replay's bytes are read for their fingerprint only: nothing is stored twice.
@@ -72,8 +74,9 @@ async def create_file(request: Request, caller: Caller) -> JSONResponse:
     if claim is None:
         return JSONResponse(file_object(rec))
     if first is not None:
-        return await claim.replay(first, upload.fingerprint(), lambda file_id: _current(runtime, caller.owner, file_id))
-    return await claim.made(upload.fingerprint(), "file", rec.id, file_object(rec))
+        return await idempotency.replay(claim, first, upload.fingerprint(),
+                                        lambda file_id: _current(runtime, caller.owner, file_id))
+    return await idempotency.made(claim, upload.fingerprint(), "file", rec.id, file_object(rec))
 
 
 async def _current(runtime: Runtime, owner: str, file_id: str) -> dict[str, Any] | None:
@@ -271,7 +274,7 @@ class _Upload:
         the expiry that applies (a late one wins, as in `_apply_late_expiry`) and its bytes' sha256."""
         given = self.late if _names_expiry(self.late) else self.fields
         expiry = _expires_after(given)
-        return idempotency.fingerprint("file", {
+        return idempotent_creates.fingerprint("file", {
             "purpose": self.fields.get("purpose", "").strip(), "filename": self.filename,
             "expires_after": expiry.model_dump() if expiry else None,
             "sha256": self.digest.hexdigest() if self.digest else ""})

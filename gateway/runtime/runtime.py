@@ -7,6 +7,9 @@
 - `sweeper` (`Sweeper`): heartbeats, expiry, and recovery.
 - `webhooks` (`WebhookSender`): the teams' batch webhooks, recorded in `store.webhooks`
   before a batch ends and sent by the process that sweeps (one at a time).
+- `logins` (`Logins`), `idempotent_creates` (`IdempotentCreates`): what the API keeps about its callers
+  between requests (the dashboard's sessions, the creates' `Idempotency-Key`s), in `store.sessions` and
+  `store.idempotency`.
 
 `open_embedded` hands the parts SQLite, a local directory and the SQLite queue
 (one machine, any number of processes); `open_shared` hands them Redis, S3 and
@@ -31,6 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.backends.interface import ROUTE_UNAVAILABLE, BackendUnavailable
+from gateway.callers.idempotent_creates import IdempotentCreates
+from gateway.callers.logins import Logins
 from gateway.config.schema import Config
 from gateway.lines.budget import Budgets
 from gateway.pipeline.batch_service import BatchService
@@ -101,6 +106,9 @@ class Runtime:
         self.sweeper = Sweeper(store, queue, coordination, self.service, self.finalizer, name=name,
                                        routes=hosted, spawn=self.spawn, heartbeat=heartbeat, sweep_every=sweep_every,
                                        unavailable=lambda: self.backends.unavailable)
+        # What the API asks about its callers: it writes neither part itself.
+        self.logins = Logins(store.sessions)
+        self.idempotent_creates = IdempotentCreates(store.idempotency)
         self._sweeping = sweeping
         self._recover_at_start = recover_at_start
         # What the operator should fix but need not (a shared Redis without persistence): said at start, and

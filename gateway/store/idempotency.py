@@ -4,9 +4,10 @@ A create (`POST /files`, `POST /batches`) sent with an `Idempotency-Key` reserve
 it does any work, in one atomic step (a SQL transaction, a Redis script): of two requests with one key,
 exactly one gets the reservation. The winner makes the object and `complete`s the entry with what it
 answered (the object's kind, id, status and body) and the request's fingerprint; a failure `release`s it,
-so a retry may make the object after all. Anyone else finds the entry: still in progress (the API waits a
-little, then answers 409), or finished (the API compares fingerprints: the same request gets the first
-object back, another one a 400).
+so a retry may make the object after all. Anyone else finds the entry: still in progress (the claim waits a
+little, then the API answers 409), or finished (the claim compares fingerprints: the same request gets the
+first object back, another one a 400). The claim, and every write of this part, is
+`gateway.callers.idempotent_creates`'.
 
 An entry is kept `KEY_TTL_SECONDS` after it was made (Stripe's 24 hours). A reservation is held for the
 `hold` its request asked for: one not completed by then was left by a process that died mid-request, and

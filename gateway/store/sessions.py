@@ -4,7 +4,8 @@ A login makes a random session id (`new_session_id`: 256 bits from `secrets`); t
 id and nothing else. The store keeps, under the id's SHA-256 (`session_name`: a copy of the store gives no
 usable cookie), the digest of the API key that logged in and when the session ends. Every dashboard request
 reads it back and maps the digest to its team through the app's `Authenticator`, so a key taken out of the
-config ends its sessions at once. Any API replica over the same store reads the same session; a session
+config ends its sessions at once (`gateway.callers.logins` opens, reads and closes them for the dashboard: the
+API writes none itself). Any API replica over the same store reads the same session; a session
 lapses `SESSION_TTL_SECONDS` after login (Redis' own TTL; SQLite deletes lapsed rows as it goes), and
 logout deletes it.
 """

@@ -26,7 +26,8 @@ import pytest
 from openai import OpenAI
 from openai.types import FileObject
 
-from gateway.api.idempotency import HEADER, WAIT_SECONDS
+from gateway.api.idempotency import HEADER
+from gateway.callers.idempotent_creates import WAIT_SECONDS
 from gateway.runtime.runtime import DB_NAME
 from gateway.store.protocols import IdempotencyKeys
 from gateway.store.redis.connection import connect_redis

@@ -1,11 +1,12 @@
 """The dashboard's pages: login, the team's batches with live progress, file downloads, results so far.
 
 A login checks the API key with the app's `Authenticator`, as the API checks its headers, and opens a
-session in the store (`gateway.store.sessions`): the HttpOnly, SameSite=Strict cookie scoped to /ui holds a
-random session id, never the key, and every request maps it back to the key's team (any replica over the same
-store can), so the owner it names is the only owner any query here asks for: another team's batch or file is
-never listed and its id answers 404. Sessions lapse after `SESSION_TTL_SECONDS`; logout deletes it. The cookie
-is `Secure` when the request came over https, as uvicorn sees it: its `X-Forwarded-Proto` from a proxy that
+session (`gateway.callers.logins` keeps it in the store: this module reads the cookie and writes nothing):
+the HttpOnly, SameSite=Strict cookie scoped to /ui holds a random session id, never the key, and every
+request maps it back to the key's team (any replica over the same store can), so the owner it names is the
+only owner any query here asks for: another team's batch or file is never listed and its id answers 404.
+Sessions lapse after `SESSION_TTL_SECONDS`; logout closes it. The cookie is `Secure` when the request came
+over https, as uvicorn sees it: its `X-Forwarded-Proto` from a proxy that
 `serve --forwarded-allow-ips` trusts included.
 
 The login and logout posts must come from our own pages (login CSRF: another site must not log a browser into
@@ -35,12 +36,12 @@ from gateway.api.dashboard.webhooks import install_json, recent_deliveries
 from gateway.api.deps import bad_request, runtime_of
 from gateway.api.http_errors import ApiError
 from gateway.api.teams_view import team_states
+from gateway.callers.logins import SESSION_TTL_SECONDS
 from gateway.domain import MESSAGE_BATCH_KIND
 from gateway.pipeline.sweeper import unavailable_routes
 from gateway.store.faults import noticed, waiting_words
 from gateway.store.objects import BatchRecord, Page
 from gateway.store.protocols import Store
-from gateway.store.sessions import SESSION_TTL_SECONDS, Session, key_digest, new_session_id, session_name
 
 PREFIX = "/ui"
 COOKIE = "batchyard_session"
@@ -86,8 +87,8 @@ async def _viewer(request: Request) -> Principal | None:
     session_id = request.cookies.get(COOKIE)
     if not session_id or len(session_id) > 128:
         return None
-    session = await runtime_of(request).store.sessions.get(session_name(session_id))
-    return auth.by_digest(session.key_digest) if session is not None else None
+    digest = await runtime_of(request).logins.digest_of(session_id)
+    return auth.by_digest(digest) if digest is not None else None
 
 
 def _same_origin(request: Request) -> bool:
@@ -146,9 +147,7 @@ async def login(request: Request) -> Response:
         await asyncio.sleep(0.5)  # a little friction for guessing from a browser
         message = "Enter your team's API key." if not key else "That API key is not valid. Check it and try again."
         return _page(request, "login.html", status=401, error=message)
-    session_id = new_session_id()
-    session = Session(key_digest(key), time.time() + SESSION_TTL_SECONDS)
-    await runtime_of(request).store.sessions.open(session_name(session_id), session)
+    session_id = await runtime_of(request).logins.open(key)
     reply = RedirectResponse(PREFIX, status_code=303, headers=_HEADERS)
     reply.set_cookie(COOKIE, session_id, max_age=SESSION_TTL_SECONDS, path=PREFIX, httponly=True,
                      samesite="strict", secure=request.url.scheme == "https")
@@ -161,7 +160,7 @@ async def logout(request: Request) -> Response:
         return _cross_site(request)
     session_id = request.cookies.get(COOKIE)
     if session_id and len(session_id) <= 128:
-        await runtime_of(request).store.sessions.close(session_name(session_id))
+        await runtime_of(request).logins.close(session_id)
     reply = _to_login()
     reply.delete_cookie(COOKIE, path=PREFIX, httponly=True, samesite="strict")
     return reply
