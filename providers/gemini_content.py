@@ -17,7 +17,7 @@ import types
 from typing import Any
 
 from gateway.domain import BatchRequest, Endpoint, Result
-from providers.upstream_jobs import translation_refusal
+from providers.upstream_jobs import TranslatedLines, translation_refusal
 
 _BODY_FIELDS = frozenset({"model", "messages"})
 _NOT_IN_BATCHES = frozenset({"stream", "stream_options"})  # a batch answers each request whole
@@ -25,7 +25,7 @@ _VERTEX_EXTRAS = ("vertex_ai_grounding_metadata", "vertex_ai_url_context_metadat
                   "vertex_ai_citation_metadata")
 
 
-class GeminiContent:
+class GeminiContent(TranslatedLines):
     """One deployment's Gemini model: its line translation, its refusals and its response translation.
 
     `chat`: LiteLLM's chat config of the provider (`GoogleAIStudioGeminiConfig` or `VertexGeminiConfig`);
@@ -55,7 +55,8 @@ class GeminiContent:
 
     def reject(self, req: BatchRequest) -> Result | None:
         """A parameter Gemini has no counterpart for, or messages LiteLLM cannot translate: a 400 for that line."""
-        return translation_refusal(req, self._supported, f"{self._model} in {self._service}", self._request)
+        return translation_refusal(req, self._supported, f"{self._model} in {self._service}",
+                                   lambda body: self.line(req))  # translated once: the line keeps it
 
     def _answer(self, custom_id: str, response: dict[str, Any]) -> dict[str, Any]:
         """A `GenerateContentResponse` as an OpenAI batch output line (a `chat.completion` with usage)."""

@@ -33,15 +33,13 @@ import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-
 from gateway.config.endpoints import NATIVE_JOBS
 from gateway.config.entries import NativeModelInfo
 from gateway.domain import BatchRequest
 from providers.gemini_content import GeminiContent
 from providers.openai_batches import Part, call_with_retries, upstream_custom_id
 from providers.upstream_errors import error_message
-from providers.upstream_jobs import JobState, Save, UpstreamHTTPError, http_json, http_lines
+from providers.upstream_jobs import JobState, Save, UpstreamHTTPError, http_json, http_lines, provider_client
 
 log = logging.getLogger("batchyard.native")
 
@@ -77,7 +75,7 @@ class GeminiJobs(GeminiContent):
 
     # -- lines --------------------------------------------------------------------------------------
 
-    def line(self, req: BatchRequest) -> bytes:
+    def _translate(self, req: BatchRequest) -> bytes:
         """The file form, `{"key", "request"}` (`create` rewrites it for inline requests)."""
         entry = {"key": upstream_custom_id(req.line), "request": self._request(req.body)}
         return json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
@@ -98,9 +96,6 @@ class GeminiJobs(GeminiContent):
             raise ValueError("a Gemini batch needs an api_key (litellm_params.api_key or GEMINI_API_KEY)")
         return {"x-goog-api-key": key, "content-type": "application/json"}
 
-    def _timeout(self) -> float:
-        return float(self._kwargs.get("timeout") or 600.0)
-
     def _batch_url(self, batch_id: str, verb: str = "") -> str:
         return self._url(f"v1beta/batches/{urllib.parse.quote(batch_id.removeprefix('batches/'), safe='')}{verb}")
 
@@ -112,7 +107,7 @@ class GeminiJobs(GeminiContent):
         headers = {**self._headers(), "x-goog-upload-protocol": "resumable", "x-goog-upload-command": "start",
                    "x-goog-upload-header-content-length": str(len(data)),
                    "x-goog-upload-header-content-type": "application/jsonl"}
-        async with httpx.AsyncClient(timeout=self._timeout()) as client:
+        async with provider_client(self._kwargs.get("timeout")) as client:
             start = await client.post(self._url("upload/v1beta/files"), headers=headers,
                                       content=json.dumps({"file": {"displayName": name}}).encode())
             session = start.headers.get("x-goog-upload-url")

@@ -40,7 +40,7 @@ from gateway.domain import BatchRequest
 from providers.gemini_content import GeminiContent
 from providers.openai_batches import Part, call_with_retries, upstream_custom_id
 from providers.upstream_errors import error_message
-from providers.upstream_jobs import JobState, Save, UpstreamHTTPError, http_json, http_lines
+from providers.upstream_jobs import JobState, Save, UpstreamHTTPError, http_json, http_lines, provider_client
 
 LABEL = "batchyard_line"  # the request label that names a row's input line
 _GCS = "https://storage.googleapis.com"
@@ -77,7 +77,7 @@ class VertexJobs(GeminiContent):
 
     # -- lines --------------------------------------------------------------------------------------
 
-    def line(self, req: BatchRequest) -> bytes:
+    def _translate(self, req: BatchRequest) -> bytes:
         request = self._request(req.body)
         request["labels"] = {**(request.get("labels") or {}), LABEL: upstream_custom_id(req.line)}
         return json.dumps({"request": request}, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
@@ -119,7 +119,7 @@ class VertexJobs(GeminiContent):
         headers = {k: v for k, v in (await self._auth()).items() if k != "content-type"}
         if content is not None:
             headers["content-type"] = "application/octet-stream"
-        async with httpx.AsyncClient(timeout=self._kwargs.get("timeout") or 600.0) as client:
+        async with provider_client(self._kwargs.get("timeout")) as client:
             reply = await client.request(method, url, headers=headers, content=content)
         if reply.status_code >= 400 and not (method == "DELETE" and reply.status_code == 404):
             raise UpstreamHTTPError(reply.status_code, error_message(reply))
