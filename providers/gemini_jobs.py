@@ -38,7 +38,7 @@ from gateway.config.entries import NativeModelInfo
 from gateway.domain import BatchRequest
 from providers.gemini_content import GeminiContent
 from providers.openai_batches import Part, call_with_retries, upstream_custom_id
-from providers.upstream_errors import error_message
+from providers.upstream_errors import describe_error, error_message
 from providers.upstream_jobs import JobState, Save, UpstreamHTTPError, http_json, http_lines, provider_client
 
 log = logging.getLogger("batchyard.native")
@@ -200,6 +200,8 @@ class GeminiJobs(GeminiContent):
             except UpstreamHTTPError as exc:
                 if exc.status_code != 404:
                     log.warning("native: deleting Gemini file %s failed: %s %s", name, exc.status_code, exc.message)
+            except Exception as exc:  # the results are out already: a lost connection leaves the file to Google
+                log.warning("native: deleting Gemini file %s failed: %s", name, describe_error(exc))
 
     def _result(self, custom_id: str, item: dict[str, Any]) -> dict[str, Any]:
         """One request's outcome (`response`: a `GenerateContentResponse`; `error`: a `google.rpc.Status`) as an
