@@ -28,7 +28,7 @@ from gateway.config.endpoints import NATIVE_JOBS
 from gateway.domain import BatchRequest, Endpoint, Result
 from providers.openai_batches import Part, call_with_retries, detached, line_of, upstream_custom_id
 from providers.upstream_errors import ANTHROPIC_ERROR_TYPES
-from providers.upstream_jobs import JobState, Save, http_json, http_lines
+from providers.upstream_jobs import QUIET_POLL, JobState, Save, TranslatedLines, http_json, http_lines
 
 ANTHROPIC_STATUS = {type_: status for status, type_ in ANTHROPIC_ERROR_TYPES.items()}  # Anthropic's own (529)
 
@@ -44,7 +44,7 @@ def _origin(api_base: str | None) -> str | None:
     return api_base.rstrip("/").removesuffix("/v1/messages").removesuffix("/v1")
 
 
-class AnthropicJobs:
+class AnthropicJobs(TranslatedLines):
     """`anthropic/` deployments: chat completions as Message Batches."""
 
     endpoints = NATIVE_JOBS["anthropic"].endpoints
@@ -78,7 +78,7 @@ class AnthropicJobs:
             litellm_params={}, headers={})
         return params
 
-    def line(self, req: BatchRequest) -> bytes:
+    def _translate(self, req: BatchRequest) -> bytes:
         if req.url is Endpoint.MESSAGES:  # already Anthropic's request: the deployment's model, nothing else
             entry = {"custom_id": f"{_MESSAGES_ID}{req.line}", "params": {**req.body, "model": self._model}}
         else:
@@ -95,7 +95,7 @@ class AnthropicJobs:
             if unknown else (None, "")
         if not unknown:
             try:
-                self._params(req.body)
+                self.line(req)  # translated once: the line keeps it
                 return None
             except Exception as exc:  # LiteLLM's translation refuses it: its own words
                 param, message = "messages", str(getattr(exc, "message", None) or exc)
@@ -129,7 +129,8 @@ class AnthropicJobs:
         return False  # no file is uploaded first: a part has an id only once its batch exists
 
     async def retrieve(self, batch_id: str) -> JobState:
-        batch = await detached(self._litellm.aretrieve_batch(batch_id=batch_id, **self._kwargs))
+        batch = await detached(self._litellm.aretrieve_batch(batch_id=batch_id, litellm_metadata=QUIET_POLL,
+                                                                    **self._kwargs))
         # LiteLLM reads `ended` as completed; the results say, request by request, what ended how.
         return JobState(status=str(batch.status), files=[batch_id])
 

@@ -35,7 +35,7 @@ from gateway.config.endpoints import NATIVE_JOBS
 from gateway.config.entries import NativeModelInfo
 from gateway.domain import BatchRequest, Endpoint, Result
 from providers.openai_batches import Part, call_with_retries, upstream_custom_id
-from providers.upstream_jobs import JobState, Save, UpstreamHTTPError, translation_refusal
+from providers.upstream_jobs import JobState, Save, TranslatedLines, UpstreamHTTPError, translation_refusal
 
 _NOT_IN_BATCHES = frozenset({"stream", "stream_options"})
 _STATUS = {"Submitted": "validating", "Validating": "validating", "Scheduled": "in_progress",
@@ -45,7 +45,7 @@ _AWS_PARAMS = {"aws_access_key_id": "aws_access_key_id", "aws_secret_access_key"
                "aws_session_token": "aws_session_token", "aws_region_name": "region_name"}
 
 
-class BedrockJobs:
+class BedrockJobs(TranslatedLines):
     """`bedrock/anthropic.claude-*` deployments: chat completions as Bedrock batch inference jobs."""
 
     endpoints = NATIVE_JOBS["bedrock"].endpoints
@@ -89,13 +89,14 @@ class BedrockJobs:
             asked, self._model, "anthropic")
         return model_input
 
-    def line(self, req: BatchRequest) -> bytes:
+    def _translate(self, req: BatchRequest) -> bytes:
         entry = {"recordId": upstream_custom_id(req.line), "modelInput": self._model_input(req.body)}
         return json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
     def reject(self, req: BatchRequest) -> Result | None:
         """A parameter Bedrock has no counterpart for, or messages LiteLLM cannot translate: a 400 for that line."""
-        return translation_refusal(req, self._supported, f"{self._model} in Bedrock", self._model_input)
+        return translation_refusal(req, self._supported, f"{self._model} in Bedrock",
+                                   lambda body: self.line(req))  # translated once: the line keeps it
 
     # -- AWS --------------------------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from providers.openai_batches import (
     upstream_custom_id,
 )
 from providers.upstream_errors import batch_error_message
-from providers.upstream_jobs import JobState, Save, http_json, http_lines
+from providers.upstream_jobs import QUIET_POLL, JobState, Save, http_json, http_lines
 
 log = logging.getLogger("batchyard.native")
 
@@ -104,7 +104,8 @@ class MistralJobs:
     # -- poll and read --------------------------------------------------------------------------------
 
     async def retrieve(self, batch_id: str) -> JobState:
-        job = await detached(self._litellm.aretrieve_batch(batch_id=batch_id, **self._job_kwargs))
+        job = await detached(self._litellm.aretrieve_batch(batch_id=batch_id, litellm_metadata=QUIET_POLL,
+                                                                  **self._job_kwargs))
         status = str(job.status)
         files = [str(f) for f in (job.output_file_id, job.error_file_id) if f]
         why = batch_error_message(job) if status in ("failed", "expired") else ""

@@ -241,6 +241,9 @@ class NativeBatchBackend:
                                                      model=req.model)
                         continue
                 pending.append(part)
+            release = getattr(jobs, "release", None)  # `TranslatedLines`: the translations are in the jobs now
+            if release is not None:
+                release()
             async for result in self._poll(jobs, shard, pending, by_line, prices, save):
                 yield result
         except (asyncio.CancelledError, GeneratorExit):

@@ -23,13 +23,10 @@ from providers.openai_batches import (
     upstream_url,
 )
 from providers.upstream_errors import batch_error_message
-from providers.upstream_jobs import JobState, Save
+from providers.upstream_jobs import QUIET_POLL, JobState, Save
 
 log = logging.getLogger("batchyard.native")
 
-# LiteLLM's success logging of a terminal `aretrieve_batch` downloads the whole output file again to price it;
-# its proxy's batch poller turns that off with this flag, and so do we (we read the file once, streamed).
-_QUIET_POLL = {"batch_ignore_default_logging": True}
 
 
 class OpenAIJobs:
@@ -78,7 +75,7 @@ class OpenAIJobs:
 
     async def retrieve(self, batch_id: str) -> JobState:
         batch = await detached(self._litellm.aretrieve_batch(
-            batch_id=batch_id, litellm_metadata=_QUIET_POLL, **self._kwargs))
+            batch_id=batch_id, litellm_metadata=QUIET_POLL, **self._kwargs))
         status = str(batch.status)
         files = [str(f) for f in (getattr(batch, "output_file_id", None), getattr(batch, "error_file_id", None)) if f]
         return JobState(status=status, files=files, why=batch_error_message(batch) if status == "failed" else "")

@@ -9,6 +9,8 @@ helpers) for the calls it lacks (Anthropic's create and cancel, Mistral's cancel
 
 from __future__ import annotations
 
+import functools
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -20,6 +22,11 @@ from providers.openai_batches import Part, reply_lines
 from providers.upstream_errors import error_message
 
 Save = Callable[[], Awaitable[None]]
+
+# LiteLLM's success logging of a terminal `aretrieve_batch` downloads the whole output file again to price it
+# (OpenAI, Azure, Mistral; Anthropic's results too): its proxy's batch poller turns that off with this flag, and so
+# do we (we read the results once, streamed). Pass it as `litellm_metadata`.
+QUIET_POLL = {"batch_ignore_default_logging": True}
 
 
 @dataclass(slots=True)
@@ -67,6 +74,28 @@ class UpstreamJobs(Protocol):
     async def cancel(self, batch_id: str) -> None: ...
 
 
+class TranslatedLines:
+    """Each request's job line translated once per shard (a mixin of the `UpstreamJobs` whose lines LiteLLM
+    translates: Anthropic, Gemini, Vertex AI, Bedrock).
+
+    `reject` translates a line to learn whether LiteLLM refuses it, planning sizes it and creating sends it: three
+    uses of one translation, which costs milliseconds a line (LiteLLM's parameter mapping). `providers.native`
+    calls `release` once the shard's jobs exist, so the lines are not held while the jobs are polled."""
+
+    def _translate(self, req: BatchRequest) -> bytes:
+        raise NotImplementedError
+
+    def line(self, req: BatchRequest) -> bytes:
+        cache: dict[int, bytes] = self.__dict__.setdefault("_translated", {})
+        encoded = cache.get(req.line)
+        if encoded is None:
+            encoded = cache[req.line] = self._translate(req)
+        return encoded
+
+    def release(self) -> None:
+        self.__dict__.pop("_translated", None)
+
+
 class UpstreamHTTPError(Exception):
     """A provider's non-2xx reply to a call LiteLLM does not make for us (status and the provider's message)."""
 
@@ -76,11 +105,23 @@ class UpstreamHTTPError(Exception):
         self.message = message
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One TLS context for every call below: making one loads the CA bundle, tens of ms of CPU, and each call
+    has a client of its own (a poll every few seconds per job adds up)."""
+    return httpx.create_ssl_context()
+
+
+def provider_client(timeout: float | None) -> httpx.AsyncClient:
+    """An HTTP client for one call to a provider (the shared TLS context; 600 s unless the deployment says)."""
+    return httpx.AsyncClient(timeout=timeout or 600.0, verify=_tls())
+
+
 async def http_json(method: str, url: str, headers: Mapping[str, str], timeout: float | None,
                     content: bytes | None = None, params: Mapping[str, str] | None = None) -> Any:
     """One call to a provider (`content`: a JSON body, sent as is); its JSON reply. A non-2xx reply raises
     `UpstreamHTTPError` with its status."""
-    async with httpx.AsyncClient(timeout=timeout or 600.0) as client:
+    async with provider_client(timeout) as client:
         reply = await client.request(method, url, headers=dict(headers), content=content, params=params)
     if reply.status_code >= 400:
         raise UpstreamHTTPError(reply.status_code, error_message(reply))
@@ -92,7 +133,7 @@ async def http_lines(url: str, headers: Mapping[str, str], timeout: float | None
 
     LiteLLM 1.110.2 streams file content for OpenAI-compatible providers only; for the others it holds the
     whole file, which for a job of 100,000 or 1,000,000 results is hundreds of MB at once."""
-    async with httpx.AsyncClient(timeout=timeout or 600.0) as client, client.stream(
+    async with provider_client(timeout) as client, client.stream(
             "GET", url, headers=dict(headers)) as reply:
         if reply.status_code >= 400:
             await reply.aread()

@@ -11,9 +11,10 @@ with the request) hold `batchyard_line: l<line>`, as LiteLLM's own Vertex batch 
 
 What is LiteLLM's: each line's translation (`VertexGeminiConfig.map_openai_params` and `transform_request_body`,
 the ones its real-time Vertex calls use) and each response's translation into a `chat.completion` with usage
-(shared with `providers.gemini_jobs`); credentials and project (`VertexBase`: `vertex_credentials` as a JSON
-string, path or mapping, else ADC through google-auth; `vertex_project`/`vertex_location` or `VERTEXAI_*`); the
-API host (`get_vertex_base_url`) and the state words (`VertexAIBatchTransformation`). What is ours, over HTTP:
+(`providers.gemini_content`, shared with Gemini API batches); credentials and project (`VertexBase`:
+`vertex_credentials` as a JSON string, path or mapping, else ADC through google-auth; `vertex_project`/
+`vertex_location` or `VERTEXAI_*`); the API host (`get_vertex_base_url`) and the state words
+(`VertexAIBatchTransformation`). What is ours, over HTTP:
 the GCS upload, download and deletes (LiteLLM's GCS calls are fixed to storage.googleapis.com, so they never
 reach `STORAGE_EMULATOR_HOST`) and the job calls (LiteLLM 1.110.2's create takes one of its own uploaded files
 and guesses the model from its GCS path).
@@ -35,19 +36,17 @@ import httpx
 
 from gateway.config.endpoints import NATIVE_JOBS
 from gateway.config.entries import NativeModelInfo
-from gateway.domain import BatchRequest, Result
-from providers.gemini_jobs import GeminiJobs
+from gateway.domain import BatchRequest
+from providers.gemini_content import GeminiContent
 from providers.openai_batches import Part, call_with_retries, upstream_custom_id
 from providers.upstream_errors import error_message
-from providers.upstream_jobs import JobState, Save, UpstreamHTTPError, http_json, http_lines
+from providers.upstream_jobs import JobState, Save, UpstreamHTTPError, http_json, http_lines, provider_client
 
 LABEL = "batchyard_line"  # the request label that names a row's input line
 _GCS = "https://storage.googleapis.com"
-_BODY_FIELDS = frozenset({"model", "messages"})
-_NOT_IN_BATCHES = frozenset({"stream", "stream_options"})
 
 
-class VertexJobs(GeminiJobs):
+class VertexJobs(GeminiContent):
     """`vertex_ai/gemini-*` deployments: chat completions as Vertex AI batch prediction jobs over GCS."""
 
     endpoints = NATIVE_JOBS["vertex_ai"].endpoints
@@ -62,15 +61,14 @@ class VertexJobs(GeminiJobs):
 
         if info is None or not info.native_gcs_bucket:
             raise ValueError("a native Vertex AI deployment needs model_info.native_gcs_bucket")
+        # `publishers/google/models/x` or `x`
+        super().__init__(VertexGeminiConfig(), model.rsplit("/", 1)[-1], "vertex_ai", "Vertex AI")
         self.provider = provider
         self._litellm = litellm
-        self._model = model.rsplit("/", 1)[-1]  # `publishers/google/models/x` or `x`
         self._kwargs = kwargs
         self._bucket = info.native_gcs_bucket
         self._prefix = info.native_gcs_prefix.strip("/")
         self._keep = info.native_keep_files
-        self._chat = VertexGeminiConfig()  # type: ignore[assignment]
-        self._supported = set(self._chat.get_supported_openai_params(self._model)) - _NOT_IN_BATCHES
         self._vertex = VertexBase()
         params = dict(kwargs)  # VertexBase's getters pop what they read
         self._project = VertexBase.get_vertex_ai_project(params)
@@ -79,28 +77,10 @@ class VertexJobs(GeminiJobs):
 
     # -- lines --------------------------------------------------------------------------------------
 
-    def _request(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Vertex's `GenerateContentRequest` of an OpenAI chat body (LiteLLM's translation)."""
-        from litellm.llms.vertex_ai.gemini.transformation import transform_request_body
-
-        asked = {k: v for k, v in body.items() if k not in _BODY_FIELDS and v is not None}
-        optional = self._chat.map_openai_params(non_default_params=asked, optional_params={}, model=self._model,
-                                                drop_params=False)
-        return dict(transform_request_body(
-            messages=list(body.get("messages") or []), model=self._model, optional_params=optional,
-            custom_llm_provider="vertex_ai", litellm_params={}, cached_content=None))
-
-    def line(self, req: BatchRequest) -> bytes:
+    def _translate(self, req: BatchRequest) -> bytes:
         request = self._request(req.body)
         request["labels"] = {**(request.get("labels") or {}), LABEL: upstream_custom_id(req.line)}
         return json.dumps({"request": request}, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
-
-    def reject(self, req: BatchRequest) -> Result | None:
-        refused = super().reject(req)
-        if refused is not None and refused.body is not None:
-            refused.body["error"]["message"] = refused.body["error"]["message"].replace("Gemini batches",
-                                                                                        "Vertex AI batches")
-        return refused
 
     # -- Google Cloud ---------------------------------------------------------------------------------
 
@@ -139,7 +119,7 @@ class VertexJobs(GeminiJobs):
         headers = {k: v for k, v in (await self._auth()).items() if k != "content-type"}
         if content is not None:
             headers["content-type"] = "application/octet-stream"
-        async with httpx.AsyncClient(timeout=self._kwargs.get("timeout") or 600.0) as client:
+        async with provider_client(self._kwargs.get("timeout")) as client:
             reply = await client.request(method, url, headers=headers, content=content)
         if reply.status_code >= 400 and not (method == "DELETE" and reply.status_code == 404):
             raise UpstreamHTTPError(reply.status_code, error_message(reply))
@@ -220,7 +200,7 @@ class VertexJobs(GeminiJobs):
         labels = (row.get("request") or {}).get("labels") or {}
         custom_id = str(labels.get(LABEL))
         if isinstance(row.get("response"), dict) and not row.get("status"):
-            return self._result(custom_id, {"response": row["response"]})
+            return self._answer(custom_id, row["response"])
         text = str(row.get("status") or "the row has neither a response nor a status")
         status = _status_in(text)
         body = {"error": {"message": text, "type": "invalid_request_error" if status == 400 else "api_error",

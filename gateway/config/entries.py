@@ -158,6 +158,8 @@ class NativeModelInfo(ModelInfo):
       `native_min_records`: Bedrock's storage and job size (`providers.bedrock_jobs`); refused elsewhere.
     - `native_gcs_bucket` (required), `native_gcs_prefix`, `native_keep_files`: Vertex AI's storage
       (`providers.vertex_jobs`); refused elsewhere.
+    - `native_inline_max_bytes`, `native_keep_files`: the Gemini API's inline bound and its uploaded files
+      (`providers.gemini_jobs`); refused elsewhere.
     """
 
     native_max_lines: PositiveInt | None = None
@@ -175,8 +177,8 @@ class NativeModelInfo(ModelInfo):
     native_role_arn: str | None = None
     """Bedrock: the service role Bedrock assumes to read the inputs and write the outputs (required on `bedrock/`)."""
     native_keep_files: bool = False
-    """Bedrock, Vertex AI: keep a job's input and output objects in the bucket when its batch ends (default:
-    deleted)."""
+    """Bedrock, Vertex AI, the Gemini API: keep a job's input and output objects (in the bucket; Gemini: its
+    uploaded input and responses files) when its batch ends (default: deleted)."""
     native_min_records: PositiveInt | None = None
     """Bedrock: records per job at least (default 100, Bedrock's quota); a smaller part runs in real time."""
     native_gcs_bucket: str | None = None
@@ -184,6 +186,9 @@ class NativeModelInfo(ModelInfo):
     `vertex_ai/`)."""
     native_gcs_prefix: str = "batchyard"
     """Vertex AI: the object prefix in `native_gcs_bucket` (`<prefix>/input/`, `<prefix>/output/`)."""
+    native_inline_max_bytes: Annotated[int, Field(ge=0, le=20_000_000)] | None = None
+    """The Gemini API: a job whose inline requests would pass this many bytes goes as a JSONL file uploaded through
+    the Files API instead (default and at most 20,000,000, Google's bound on an inline batch; 0: always a file)."""
 
 
 class LocalModelInfo(ModelInfo):
@@ -286,8 +291,8 @@ class NativeEntry(UpstreamEntry):
         mine = _STORAGE_KEYS.get(provider, ())
         given = sorted(k for k in _ALL_STORAGE_KEYS if k in info.model_fields_set and k not in mine)
         if given:
-            raise PydanticCustomError("native_key", "{names}: not a setting of a {provider}/ deployment (storage keys "
-                                      "of Bedrock's or Vertex AI's batch jobs)",
+            raise PydanticCustomError("native_key", "{names}: not a setting of a {provider}/ deployment (keys of "
+                                      "Bedrock's, Vertex AI's or the Gemini API's batch jobs)",
                                       {"names": ", ".join(given), "provider": provider})
         if provider == "vertex_ai":
             if not info.native_gcs_bucket:
@@ -310,6 +315,7 @@ class NativeEntry(UpstreamEntry):
 _STORAGE_KEYS = {
     "bedrock": ("native_s3_bucket", "native_s3_prefix", "native_role_arn", "native_keep_files", "native_min_records"),
     "vertex_ai": ("native_gcs_bucket", "native_gcs_prefix", "native_keep_files"),
+    "gemini": ("native_inline_max_bytes", "native_keep_files"),
 }
 _ALL_STORAGE_KEYS = frozenset(k for keys in _STORAGE_KEYS.values() for k in keys)
 

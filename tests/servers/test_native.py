@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gateway.config.routes import Route
-from gateway.config.schema import Config, parse_config
+from gateway.config.schema import Config
 from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result, Shard, new_id
 from gateway.runtime.runtime import open_embedded
 from gateway.store.objects import BatchRecord, now
@@ -25,10 +25,10 @@ from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend, native_route_summary
 from providers.openai_batches import cost_meta_key, plan_parts, shard_meta_key
 from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.support.native_config import AZURE_API_VERSION as API_VERSION
+from tests.support.native_config import ROUTE
+from tests.support.native_config import native_route as configured_route
 from tests.support.waiting import eventually_async
-
-API_VERSION = "2024-10-21"
-ROUTE = "gpt-native"
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +57,7 @@ def native_route(upstream: Upstream, provider: str = "openai", **info: Any) -> R
                   "api_version": API_VERSION}
     else:
         params = {"model": "openai/gpt-4o-mini", "api_base": upstream.v1_url, "api_key": "sk-openai"}
-    model_info = {"batch_mode": "native", "native_poll_max_seconds": 0.2, **info}
-    entry = {"model_name": ROUTE, "litellm_params": params, "model_info": model_info}
-    return parse_config({"model_list": [entry]}).routes[ROUTE]
+    return configured_route(params, **info)
 
 
 def chat(line: int, text: str | None = None) -> BatchRequest:

@@ -28,10 +28,10 @@ from providers.native import NativeBatchBackend, native_route_summary
 from tests.fakes.stub_process import Stub, start_stub
 from tests.servers.test_native import ROUTE, content, new_shard, run_shard, upstream_ids
 from tests.servers.test_native_providers import chat
+from tests.support.native_config import ROLE, native_route
 from tests.support.services import S3_ENV, MotoS3
 
 MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
-ROLE = "arn:aws:iam::123456789012:role/batchyard-bedrock"
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +81,7 @@ async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
 
 def route(stub: Stub, s3: MotoS3, **info: Any) -> Route:
     params = {"model": f"bedrock/{MODEL}", "api_base": stub.url, "aws_region_name": "us-east-1"}
-    entry = {"model_name": ROUTE, "litellm_params": params,
-             "model_info": {"batch_mode": "native", "native_poll_max_seconds": 0.2, "native_s3_bucket": s3.bucket,
-                            "native_role_arn": ROLE, **info}}
-    return parse_config({"model_list": [entry]}).routes[ROUTE]
+    return native_route(params, native_s3_bucket=s3.bucket, native_role_arn=ROLE, **info)
 
 
 def bucket_keys(s3: MotoS3) -> list[str]:

@@ -30,6 +30,7 @@ from providers.openai_batches import shard_meta_key
 from providers.upstream_jobs import UpstreamHTTPError, http_lines
 from tests.fakes.stub_process import Stub, start_stub
 from tests.servers.test_native import ROUTE, cancel_once_submitted, content, new_shard, run_shard, upstream_ids
+from tests.support.native_config import native_route
 
 PROVIDERS = ["anthropic", "mistral", "gemini"]
 # A model LiteLLM's price map knows, per provider: claude-haiku-4-5 has batch prices of its own
@@ -69,10 +70,8 @@ async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
 
 
 def route(provider: str, stub: Stub, **info: Any) -> Route:
-    params = {"model": f"{provider}/{MODELS[provider]}", "api_base": stub.url, "api_key": f"sk-{provider}"}
-    entry = {"model_name": ROUTE, "litellm_params": params,
-             "model_info": {"batch_mode": "native", "native_poll_max_seconds": 0.2, **info}}
-    return parse_config({"model_list": [entry]}).routes[ROUTE]
+    return native_route({"model": f"{provider}/{MODELS[provider]}", "api_base": stub.url,
+                         "api_key": f"sk-{provider}"}, **info)
 
 
 def chat(line: int, text: str | None = None, **extra: Any) -> BatchRequest:

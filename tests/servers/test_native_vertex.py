@@ -32,9 +32,10 @@ from tests.fakes.stub_process import Stub, start_stub
 from tests.servers.test_native import ROUTE, content, new_shard, run_shard, upstream_ids
 from tests.servers.test_native_providers import chat
 from tests.support.gcs import GcsEmulator, service_account_json, service_account_key
+from tests.support.native_config import VERTEX_PROJECT as PROJECT
+from tests.support.native_config import native_route
 
 MODEL = "gemini-2.5-flash"
-PROJECT = "batchyard-test"
 
 
 @pytest.fixture(scope="module")
@@ -90,10 +91,7 @@ def credentials(stub: Stub) -> str:
 def route(stub: Stub, gcs: GcsEmulator, **info: Any) -> Route:
     params = {"model": f"vertex_ai/{MODEL}", "api_base": stub.url, "vertex_project": PROJECT,
               "vertex_location": "us-central1", "vertex_credentials": credentials(stub)}
-    entry = {"model_name": ROUTE, "litellm_params": params,
-             "model_info": {"batch_mode": "native", "native_poll_max_seconds": 0.2, "native_gcs_bucket": gcs.bucket,
-                            **info}}
-    return parse_config({"model_list": [entry]}).routes[ROUTE]
+    return native_route(params, native_gcs_bucket=gcs.bucket, **info)
 
 
 async def test_a_job_of_rows_in_gcs_answers_at_the_batch_rate_and_leaves_the_bucket_empty(
