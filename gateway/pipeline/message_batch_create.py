@@ -19,6 +19,7 @@ shape; the reading process's is a window of the body and one request.
 from __future__ import annotations
 
 import asyncio
+import logging
 import tempfile
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from concurrent.futures.process import BrokenProcessPool
@@ -31,6 +32,8 @@ from gateway.message_batches.envelope import read_create
 from gateway.message_batches.wire import COMPLETION_WINDOW
 from gateway.pipeline.batch_service import BatchService
 from gateway.store.objects import BatchOptions, BatchRecord, RequestCounts, message_batch_files_owner
+
+log = logging.getLogger(__name__)
 
 _READ = 1 << 20  # bytes of the input lines read from disk per chunk uploaded
 # Bytes of the body gathered before they go to the spool, in a thread: a write may wait for the disk (the
@@ -102,8 +105,8 @@ async def _read_body(source: Path, sink: Path, reader: BodyReader | None) -> int
     for _ in range(_TRIES - 1):
         try:
             return await reader(source, sink)
-        except BrokenProcessPool:
-            continue  # the pool starts fresh processes; the sink is written again from its start
+        except BrokenProcessPool:  # the pool starts fresh processes; the sink is written again from its start
+            log.warning("a validation process died while reading a Message Batch create; reading it again")
     return await reader(source, sink)
 
 

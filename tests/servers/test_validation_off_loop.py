@@ -1,8 +1,9 @@
 """One team's upload never stalls another team's API calls: the API's runtime validates a new batch in a
 process of its own (`gateway.runtime.validation_processes`), which reads the file from the blobs and writes the
 shards there, so another team's `GET /v1/batches` is answered promptly meanwhile, in both modes. A
-validation process that dies mid-file leaves its batch to the sweeper, which validates it again.
-Real processes: `batchyard serve` (embedded; shared over redis-server and moto's S3), the OpenAI SDK.
+validation process that dies mid-file leaves its batch to the sweeper, which validates it again. A Message
+Batch create's body is read in the same processes: one that dies mid-read is replaced and the body read again.
+Real processes: `batchyard serve` (embedded; shared over redis-server and moto's S3), the OpenAI SDK, httpx.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 from openai import OpenAI
@@ -164,3 +166,65 @@ def test_a_validation_process_that_dies_leaves_the_batch_to_the_sweep(upstream: 
         assert gw.alive()
         again = _validation_processes(gw)
         assert again and not {p.pid for p in again} & {p.pid for p in first}
+
+
+def _cpu(process: psutil.Process) -> float:
+    try:
+        times = process.cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(times.user + times.system)
+
+
+def _idle(processes: list[psutil.Process]) -> dict[int, float] | None:
+    """Each process's CPU seconds, once none of them used any for half a second (their interpreters have
+    started: the CPU used from then on is the read's); None before."""
+    before = {p.pid: _cpu(p) for p in processes}
+    time.sleep(0.5)
+    after = {p.pid: _cpu(p) for p in processes}
+    return after if all(after[pid] - before[pid] < 0.02 for pid in after) else None
+
+
+def test_a_validation_process_that_dies_mid_read_of_a_message_batch_create_is_replaced(
+    upstream: Upstream, tmp_path: Path,
+) -> None:
+    """The create's body is read in a validation process, not in the API's: killed mid-read, the read starts
+    again in a fresh process (the body is still on disk), the create answers as if nothing happened, and the
+    next one works."""
+    pad = b"[" + b",".join([b"{}"] * 600) + b"]"
+    requests = 20_000  # about 36 MB of objects: a read of a second or more, long enough to be cut short
+    body = b'{"requests":[' + b",".join(
+        b'{"custom_id":"r%d","params":{"model":"%s","max_tokens":8,"messages":[],"pad":%s}}' % (i, MODEL.encode(), pad)
+        for i in range(requests)) + b"]}"
+    config = gateway_config(upstream, models=(MODEL,), teams=TEAMS, max_lines=50_000)
+    with start_gateway(config, tmp_path / "data") as gw:
+        first = eventually(lambda: _validation_processes(gw), 60, "the validation processes", interval=0.1,
+                           detail=lambda: gw.log()[-3000:])
+        before = eventually(lambda: _idle(first), 60, "the validation processes started and idle", interval=0.1)
+        replies: list[httpx.Response] = []
+        sender = threading.Thread(target=lambda: replies.append(httpx.post(
+            gw.url + "/v1/messages/batches", content=body, timeout=300,
+            headers={"x-api-key": "sk-big", "content-type": "application/json"})))
+        sender.start()
+        reading = eventually(lambda: next((p for p in first if _cpu(p) - before[p.pid] > 0.3), None), 120,
+                             "a validation process reading the body", interval=0.02)
+        reading.send_signal(signal.SIGKILL)
+        sender.join(300)
+
+        [reply] = replies
+        assert reply.status_code == 200, reply.text
+        created = reply.json()
+        assert created["processing_status"] == "in_progress"
+        assert created["request_counts"]["processing"] == requests
+        assert "a validation process died while reading a Message Batch create; reading it again" in gw.log()
+        again = _validation_processes(gw)
+        assert again and reading.pid not in {p.pid for p in again}
+        small = httpx.post(gw.url + "/v1/messages/batches", timeout=60,
+                           headers={"x-api-key": "sk-small", "content-type": "application/json"},
+                           json={"requests": [{"custom_id": "a", "params": {"model": MODEL, "max_tokens": 8,
+                                                                            "messages": []}}]})
+        assert small.status_code == 200, small.text
+        assert small.json()["request_counts"]["processing"] == 1
+        assert gw.alive()
+        for batch_id, key in ((created["id"], "sk-big"), (small.json()["id"], "sk-small")):
+            httpx.post(f"{gw.url}/v1/messages/batches/{batch_id}/cancel", headers={"x-api-key": key}, timeout=30)
