@@ -81,8 +81,10 @@ async def create(request: Request, caller: Caller) -> JSONResponse:
         raise AnthropicError(400, str(exc)) from None
     except BrokenProcessPool:  # the reading process died twice (killed, out of memory): the machine's, not the body's
         log.warning("a validation process died twice while reading a Message Batch create; answered 529")
-        raise AnthropicError(529, "The server could not read the batch right now; the request was not completed. "
-                                  "Try again later.", "overloaded_error") from None
+        reply = _reply(529, "The server could not read the batch right now; the request was not completed. "
+                            "Try again later.", "overloaded_error")
+        reply.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)  # as for a storage fault: the SDK retries it
+        return reply
     return JSONResponse(_object(request, rec))
 
 

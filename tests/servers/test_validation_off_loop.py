@@ -241,7 +241,7 @@ def test_a_validation_process_that_dies_mid_read_of_a_message_batch_create_is_re
         assert reply.status_code == 529, reply.text
         error = reply.json()
         assert error["type"] == "error" and error["error"]["type"] == "overloaded_error", error
-        assert "Try again later" in error["error"]["message"]
+        assert "Try again later" in error["error"]["message"] and reply.headers["retry-after"].isdigit()
         assert len(set(killed)) == 2
 
         small = _small_create(gw)
