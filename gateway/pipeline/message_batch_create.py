@@ -5,10 +5,10 @@ The create holds the same line as every door: the team's budget, active batches 
 before a byte is read (`BatchService.check_room`); the body is counted as it streams, into a temporary file
 on disk (never held in memory), up to the door's limit; then it is read request by request
 (`gateway.message_batches.envelope`: bounded values and depth per request) into the pipeline's input lines,
-themselves on disk. That reading is pure-Python CPU work: it runs in one of the validation processes
-(the runtime's `ValidationProcesses.read_create`, given the two files' paths), so the API's loop keeps the GIL and its
-core for every other team (in a thread of the API process it held the GIL: another team's p99 past 100 ms
-during a 200 MB create). Without those processes (`validation_processes=0`) it runs in a thread. A process
+themselves on disk. That reading is pure-Python CPU work: it runs in one of the validation processes (the
+runtime's `ValidationProcesses.read_create`, given the two files' paths), so the API's loop keeps the GIL
+and its core for every other team (in a thread of the API process it held the GIL: another team's p99
+past 100 ms during a 200 MB create). Without those processes (`validation_processes=0`) it runs in a thread. A process
 that dies mid-read is replaced and the read tried once more (the body is still on disk); a second death is
 `BrokenProcessPool`, which the door answers as a retryable overload. The lines are then uploaded as the
 batch's input file (counted against the team's own storage) and the batch is created through the same

@@ -15,8 +15,8 @@ itself is background (a batch waits for validation anyway) or a create whose own
 
 A child that dies mid-plan (killed, out of memory) fails the plans it held with `BrokenProcessPool`: their
 batches stay `validating`, their validate leases are released, and the sweeper validates them
-again (the one recovery path); the next plan starts fresh processes. A create or an estimate that meets
-`BrokenProcessPool` is tried again by its door, in the fresh processes.
+again (the one recovery path); the next plan starts fresh processes. A Message Batch create's read or an
+estimate that meets `BrokenProcessPool` is tried once more, in the fresh processes.
 """
 
 from __future__ import annotations
