@@ -18,8 +18,8 @@ ms; the file's last line is bad, so the batch fails once validated and never
 runs), with the load average. `--validation-only` measures only that. `--during-run`: another team's
 `GET /v1/batches` while a `--run-lines`-line batch runs on an upstream route, embedded then shared
 (bench/_during_run.py). `--message-batch-create`: one `--mb-size-mb` MB Message Batch create of normal
-requests, then one of pathological objects: the API's peak RSS over idle, the create's wall, another team's
-`GET /v1/models` p50/p99 (bench/_message_batch_create.py).
+requests, then one of pathological objects: the API's peak RSS over idle (and a validation process's, where the
+body is read), the create's wall, another team's `GET /v1/models` p50/p99 (bench/_message_batch_create.py).
 Not a test: a shared 2-core machine is noisy; the upstream runs beside it.
 """
 

@@ -13,6 +13,7 @@ mode): a bad one is that request's `errored` result. The words (envelope, batch 
 from __future__ import annotations
 
 import logging
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -70,12 +71,20 @@ async def create(request: Request, caller: Caller) -> JSONResponse:
     then each request's values and depth (`gateway.pipeline.message_batch_create`)."""
     runtime = runtime_of(request)
     limit = min(MAX_BODY_BYTES, runtime.config.batch.max_file_bytes)  # Anthropic's, or the operator's if lower
+    # read in a validation process, off the API's loop and its GIL (in a thread where the runtime has none)
+    reader = runtime.validation.read_create if runtime.validation is not None else None
     try:
         rec = await create_message_batch(runtime.service, caller.owner, Body(request.receive).chunks(),
                                          declared=declared_length(request.headers), limit=limit,
-                                         allowed_models=caller.allowed_models)
+                                         allowed_models=caller.allowed_models, reader=reader)
     except EnvelopeError as exc:
         raise AnthropicError(400, str(exc)) from None
+    except BrokenProcessPool:  # the reading process died twice (killed, out of memory): the machine's, not the body's
+        log.warning("a validation process died twice while reading a Message Batch create; answered 529")
+        reply = _reply(529, "The server could not read the batch right now; the request was not completed. "
+                            "Try again later.", "overloaded_error")
+        reply.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)  # as for a storage fault: the SDK retries it
+        return reply
     return JSONResponse(_object(request, rec))
 
 

@@ -3,18 +3,27 @@ nothing itself): the create, streamed from the request body to the batch, and th
 
 The create holds the same line as every door: the team's budget, active batches and storage are checked
 before a byte is read (`BatchService.check_room`); the body is counted as it streams, into a temporary file
-on disk (never held in memory), up to the door's limit; then, in a thread (off the API's loop), it is read
-request by request (`gateway.message_batches.envelope`: bounded values and depth per request) into the
-pipeline's input lines, themselves on disk; those are uploaded as the batch's input file (counted against
-the team's own storage) and the batch is created through the same intake as an OpenAI batch. The API's
-memory for one create is a window of the body and one request at a time, whatever the body's shape.
+on disk (never held in memory), up to the door's limit; then it is read request by request
+(`gateway.message_batches.envelope`: bounded values and depth per request) into the pipeline's input lines,
+themselves on disk. That reading is pure-Python CPU work: it runs in one of the validation processes (the
+runtime's `ValidationProcesses.read_create`, given the two files' paths), so the API's loop keeps the GIL
+and its core for every other team (in a thread of the API process it held the GIL: another team's p99
+past 100 ms during a 200 MB create). Without those processes (`validation_processes=0`) it runs in a thread. A process
+that dies mid-read is replaced and the read tried once more (the body is still on disk); a second death is
+`BrokenProcessPool`, which the door answers as a retryable overload. The lines are then uploaded as the
+batch's input file (counted against the team's own storage) and the batch is created through the same
+intake as an OpenAI batch. The API's memory for one create is a chunk of the body at a time, whatever its
+shape; the reading process's is a window of the body and one request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import tempfile
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import IO
 
 from gateway.domain import MESSAGE_BATCH_KIND, Endpoint
@@ -24,7 +33,17 @@ from gateway.message_batches.wire import COMPLETION_WINDOW
 from gateway.pipeline.batch_service import BatchService
 from gateway.store.objects import BatchOptions, BatchRecord, RequestCounts, message_batch_files_owner
 
+log = logging.getLogger(__name__)
+
 _READ = 1 << 20  # bytes of the input lines read from disk per chunk uploaded
+# Bytes of the body gathered before they go to the spool, in a thread: a write may wait for the disk (the
+# kernel throttles a writer past its share of dirty pages: stalls of 10-30 ms on the API's loop).
+_SPOOL = 1 << 20
+_TRIES = 2  # a reading process that died (killed, out of memory) is replaced once
+
+# Reads the spooled body at the first path into the input lines at the second; returns how many requests
+# (the runtime's `ValidationProcesses.read_create`).
+BodyReader = Callable[[Path, Path], Awaitable[int]]
 
 
 def too_large(limit: int) -> TooLarge:
@@ -34,27 +53,35 @@ def too_large(limit: int) -> TooLarge:
 
 async def create_message_batch(
     service: BatchService, owner: str, body: AsyncIterable[bytes], *, declared: int | None, limit: int,
-    allowed_models: list[str] | None,
+    allowed_models: list[str] | None, reader: BodyReader | None = None,
 ) -> BatchRecord:
     """The Message Batch of the create body streamed in `body` (`declared`: its Content-Length, if sent), or
     the refusal: `TooLarge` past `limit` bytes, `OverQuota` (budget, active batches, storage), an
-    `EnvelopeError` for a body Anthropic refuses whole."""
+    `EnvelopeError` for a body Anthropic refuses whole. `reader`: where the body is read (None: a thread);
+    `BrokenProcessPool` when the reading process died twice."""
     if declared is not None and declared > limit:
         raise too_large(limit)
     await service.check_room(owner, declared or 0)
-    with tempfile.TemporaryFile() as spool, tempfile.TemporaryFile() as lines:
-        size = 0
-        async for chunk in body:
-            size += len(chunk)
-            if size > limit:
-                raise too_large(limit)
-            spool.write(chunk)  # into the page cache: microseconds a chunk
-        spool.seek(0)
-        count = await asyncio.to_thread(read_create, spool, lines)
-        spool.truncate(0)
-        lines.seek(0)
+    # Named files (in a directory only this process's user reads): a reading process opens them by path.
+    with tempfile.TemporaryDirectory(prefix="batchyard-message-batch-") as where:
+        spool_path, lines_path = Path(where) / "body.json", Path(where) / "requests.jsonl"
+        with spool_path.open("wb") as spool:
+            size = 0
+            pending = bytearray()
+            async for chunk in body:
+                size += len(chunk)
+                if size > limit:
+                    raise too_large(limit)
+                pending += chunk
+                if len(pending) >= _SPOOL:
+                    await asyncio.to_thread(spool.write, pending)
+                    pending.clear()
+            await asyncio.to_thread(spool.write, pending)
+        count = await _read_body(spool_path, lines_path, reader)
+        spool_path.unlink()  # its disk back before the lines are copied
         hidden = message_batch_files_owner(owner)  # kept out of the team's files list, counted as the team's
-        source = await service.upload_file(hidden, "message_batch_requests.jsonl", "batch", _read(lines))
+        with lines_path.open("rb") as lines:
+            source = await service.upload_file(hidden, "message_batch_requests.jsonl", "batch", _read(lines))
     try:
         rec = await service.create_batch(
             owner, input_file_id=source.id, endpoint=Endpoint.MESSAGES.value, completion_window=COMPLETION_WINDOW,
@@ -68,6 +95,19 @@ async def create_message_batch(
     await service.store.batches.update(rec.id, {"counts": RequestCounts(total=count)})
     rec.counts.total = count
     return rec
+
+
+async def _read_body(source: Path, sink: Path, reader: BodyReader | None) -> int:
+    """The body at `source` read into the input lines at `sink`; how many requests."""
+    if reader is None:
+        with source.open("rb") as body, sink.open("wb") as lines:
+            return await asyncio.to_thread(read_create, body, lines)
+    for _ in range(_TRIES - 1):
+        try:
+            return await reader(source, sink)
+        except BrokenProcessPool:  # the pool starts fresh processes; the sink is written again from its start
+            log.warning("a validation process died while reading a Message Batch create; reading it again")
+    return await reader(source, sink)
 
 
 async def _read(file: IO[bytes]) -> AsyncIterator[bytes]:
@@ -87,4 +127,4 @@ async def delete_message_batch(service: BatchService, rec: BatchRecord) -> bool:
     return True
 
 
-__all__ = ["create_message_batch", "delete_message_batch", "too_large"]
+__all__ = ["BodyReader", "create_message_batch", "delete_message_batch", "too_large"]

@@ -5,11 +5,18 @@ lines take about 5 s. On the API's event loop every other request waited for it;
 holds the GIL against the loop (p99 161 ms under load). So the API's runtime hands each batch to a small
 pool of processes, which read the input file from the blobs and write the shard blobs themselves,
 streamed, and send back only the `PlanOutcome` (the shards' names and sizes, the first errors, counts).
-The API process records it, as before: nothing is recorded by a child.
+The API process records it, as before: nothing is recorded by a child. The same processes do the other
+CPU work a door would otherwise do on the API's loop: a file's cost estimate, and the reading of a Message
+Batch create's body (`read_create`: from the spooled body's file to the input lines' file, by path).
+
+The processes run at a lower CPU priority (`CHILD_NICENESS`): on a small machine the API's loop wins the
+cores whenever both want one, so another team's calls stay prompt while a large file is read; the work
+itself is background (a batch waits for validation anyway) or a create whose own caller waits for it.
 
 A child that dies mid-plan (killed, out of memory) fails the plans it held with `BrokenProcessPool`: their
 batches stay `validating`, their validate leases are released, and the sweeper validates them
-again (the one recovery path); the next plan starts fresh processes.
+again (the one recovery path); the next plan starts fresh processes. A Message Batch create's read or an
+estimate that meets `BrokenProcessPool` is tried once more, in the fresh processes.
 """
 
 from __future__ import annotations
@@ -22,12 +29,17 @@ import os
 import signal
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import TypeVar
 
 from gateway import tracing
 from gateway.config.schema import Config
 from gateway.estimate.cost import Estimate, EstimateJob, estimate_file
+from gateway.message_batches.envelope import read_create
+from gateway.message_batches.wire import EnvelopeError
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
 from gateway.store.blobs.place import BlobPlace
 from gateway.store.faults import StorageUnavailable, machine_fault
@@ -35,9 +47,16 @@ from gateway.store.protocols import Blobs
 
 log = logging.getLogger("batchyard.validation")
 
+T = TypeVar("T")
+
 # Two, so that a small batch is not kept waiting behind one large file; more would take cores from the
 # workers that run the shards (a validation keeps one core busy while it lasts).
 VALIDATION_PROCESSES = 2
+# Added to each child's niceness. At +5 a child gets about a quarter of a core that the API process also
+# wants (Linux's CFS weights), and all of an idle one: the API's loop wins a contended core at once, while a
+# validation still moves beside busy workers (a CPU engine's); its wall is the same on a machine not
+# otherwise busy.
+CHILD_NICENESS = 5
 
 
 class ValidationProcesses:
@@ -62,23 +81,30 @@ class ValidationProcesses:
         self._pool().submit(_ready)
 
     async def plan(self, job: PlanJob) -> PlanOutcome:
-        executor = self._pool()
         try:
-            return await asyncio.wrap_future(executor.submit(_plan_in_child, job))
+            return await self._run(lambda executor: executor.submit(_plan_in_child, job))
         except BrokenProcessPool:
             log.warning("a validation process died while planning batch %s; the sweep validates it again",
                         job.batch_id)
-            if self._executor is executor:
-                self._executor = None
-                executor.shutdown(wait=False, cancel_futures=True)
             raise
 
     async def estimate(self, job: EstimateJob) -> Estimate:
         """A file's cost estimate (`GET /v1/files/{id}/cost_estimate`), in one of the processes: the same CPU
         work as a validation, kept off the API's event loop the same way (each process loads a tokenizer once)."""
+        return await self._run(lambda executor: executor.submit(_estimate_in_child, job))
+
+    async def read_create(self, source: Path, sink: Path) -> int:
+        """`gateway.message_batches.envelope.read_create` in one of the processes, from the spooled create body
+        at `source` to the input lines at `sink` (written from its start); its `EnvelopeError`s come back as
+        raised there. In the API process the GIL is free for the loop meanwhile (in a thread, the parse held
+        it: another team's p99 past 100 ms during a 200 MB create)."""
+        return await self._run(lambda executor: executor.submit(_read_create_in_child, str(source), str(sink)))
+
+    async def _run(self, submit: Callable[[ProcessPoolExecutor], Future[T]]) -> T:
+        """A job's answer from the pool; a pool a child died in is dropped (the next job starts fresh ones)."""
         executor = self._pool()
         try:
-            return await asyncio.wrap_future(executor.submit(_estimate_in_child, job))
+            return await asyncio.wrap_future(submit(executor))
         except BrokenProcessPool:
             if self._executor is executor:
                 self._executor = None
@@ -107,6 +133,8 @@ _child: tuple[Config, Blobs, asyncio.AbstractEventLoop] | None = None
 
 def _start_child(config: Config, place: BlobPlace, log_level: int, parent_pid: int) -> None:
     global _child
+    with contextlib.suppress(OSError):  # the API's loop first, when both want a core
+        os.nice(CHILD_NICENESS)
     # Ctrl-C reaches the whole process group: the API process decides when its children stop (`aclose`).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(parent_pid,), name="watch-parent", daemon=True).start()
@@ -159,4 +187,18 @@ def _estimate_in_child(job: EstimateJob) -> Estimate:
         raise PlanFailed(f"{type(exc).__name__}: {str(exc)[:200]}") from None
 
 
-__all__ = ["VALIDATION_PROCESSES", "PlanFailed", "ValidationProcesses"]
+def _read_create_in_child(source: str, sink: str) -> int:
+    try:
+        with open(source, "rb") as body, open(sink, "wb") as lines:
+            return read_create(body, lines)
+    except EnvelopeError:
+        raise  # the body's refusal: plain words that pickle, answered by the door as Anthropic's 400
+    except Exception as exc:
+        fault = machine_fault(exc)
+        if fault is not None:  # a full disk: the door's storage error, no traceback
+            raise StorageUnavailable(fault.kind, fault.detail) from None
+        log.exception("reading a Message Batch create failed")
+        raise PlanFailed(f"{type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+__all__ = ["CHILD_NICENESS", "VALIDATION_PROCESSES", "PlanFailed", "ValidationProcesses"]

@@ -1,9 +1,11 @@
 """Every door holds the same line (issue 34: Must 1, 2 and 6), against a real `batchyard serve` with the
-loopback upstream, the API process's memory read with psutil:
+loopback upstream, the memory of the API process (and of the validation process that reads a create's body)
+read with psutil:
 
 - a Message Batch create is bounded before it is parsed: a 14 MB request of 5,000,000 `{}` is refused
-  (400) with the API's memory within twice the body + 50 MB, and so is an accepted body of the same shape
-  spread over many requests; another team's `GET /v1/models` stays quick meanwhile;
+  (400) with the API's memory, and the reading process's, within twice the body + 50 MB, and so is an
+  accepted body of the same shape spread over many requests; another team's `GET /v1/models` stays quick
+  meanwhile;
 - a Message Batch's input counts against its team's own storage, refused in Anthropic's shape (429
   `rate_limit_error`) when over, before the body is read where its length says so; a retry's input and
   every batch's output and error files count too, one account per team;
@@ -15,6 +17,7 @@ loopback upstream, the API process's memory read with psutil:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -76,6 +79,10 @@ class _Watch:
     def __init__(self, gw: Gateway) -> None:
         self._gw, self._process = gw, psutil.Process(gw.process.pid)
         self.idle = self.peak = self._process.memory_info().rss
+        # The validation processes, where a create's body is read: their growth is held to the same bound.
+        self._children = {p: p.memory_info().rss for p in self._process.children()
+                          if any("spawn_main" in part for part in p.cmdline())}
+        self._child_peaks = dict(self._children)
         self.latencies: list[float] = []
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._sample), threading.Thread(target=self._get)]
@@ -83,7 +90,15 @@ class _Watch:
     def _sample(self) -> None:
         while not self._stop.is_set():
             self.peak = max(self.peak, self._process.memory_info().rss)
+            for child in self._children:
+                with contextlib.suppress(psutil.Error):
+                    self._child_peaks[child] = max(self._child_peaks[child], child.memory_info().rss)
             time.sleep(0.005)
+
+    def child_growth(self) -> int:
+        """The most one validation process grew (the one that read the body); the processes must exist."""
+        assert self._children, "no validation process to watch"
+        return max(self._child_peaks[c] - self._children[c] for c in self._children)
 
     def _get(self) -> None:
         with httpx.Client(headers={"Authorization": f"Bearer {ALPHA}"}, timeout=30) as client:
@@ -122,6 +137,7 @@ def test_a_pathological_create_is_refused_within_the_memory_bound(gateway: Gatew
     grown = watch.peak - watch.idle
 
     assert grown <= 2 * len(body) + 50 * MIB, (grown, len(body))
+    assert watch.child_growth() <= 2 * len(body) + 50 * MIB, (watch.child_growth(), len(body))
     assert watch.latencies and watch.p99() < 0.5, watch.latencies
 
 
@@ -137,6 +153,7 @@ def test_an_accepted_body_of_many_objects_stays_within_the_memory_bound(gateway:
     grown = watch.peak - watch.idle
 
     assert grown <= 2 * len(body) + 50 * MIB, (grown, len(body))
+    assert watch.child_growth() <= 2 * len(body) + 50 * MIB, (watch.child_growth(), len(body))
     assert watch.latencies and watch.p99() < 0.5, watch.latencies
     created = reply.json()
     assert created["request_counts"]["processing"] == 4000

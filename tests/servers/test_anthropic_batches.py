@@ -211,24 +211,29 @@ def _nested(depth: int) -> Any:
     return value
 
 
-BAD_BODIES: list[tuple[str, Any]] = [
-    ("no requests", {}),
-    ("an empty list", {"requests": []}),
-    ("a bad custom_id", {"requests": [request("has space", "x")]}),
-    ("a repeated custom_id", {"requests": [request("a", "x"), request("a", "y")]}),
-    ("params not an object", {"requests": [{"custom_id": "a", "params": "hi"}]}),
-    ("not JSON", "{"),
-    ("a list", []),
-    ("params nested past the bound", {"requests": [{"custom_id": "a", "params": {"x": _nested(MAX_PARAMS_DEPTH)}}]}),
+# (case, body, the start of the refusal's message: the field it names, as the reader in the validation process
+# words it, unchanged across the process boundary)
+BAD_BODIES: list[tuple[str, Any, str]] = [
+    ("no requests", {}, "requests: Field required"),
+    ("an empty list", {"requests": []}, "requests: List should have at least 1 item"),
+    ("a bad custom_id", {"requests": [request("has space", "x")]}, "requests.0.custom_id: String should match pattern"),
+    ("a repeated custom_id", {"requests": [request("a", "x"), request("a", "y")]},
+     "requests.1.custom_id: Duplicate custom_id 'a'"),
+    ("params not an object", {"requests": [{"custom_id": "a", "params": "hi"}]},
+     "requests.0.params: Input should be a valid dictionary"),
+    ("not JSON", "{", "The request body is not valid JSON"),
+    ("a list", [], "body: Input should be a valid dictionary"),
+    ("params nested past the bound", {"requests": [{"custom_id": "a", "params": {"x": _nested(MAX_PARAMS_DEPTH)}}]},
+     f"requests.0.params: nested more than {MAX_PARAMS_DEPTH} levels deep"),
 ]
 
 
-@pytest.mark.parametrize(("case", "body"), BAD_BODIES, ids=[c[0] for c in BAD_BODIES])
-def test_a_bad_envelope_is_a_400_in_anthropics_shape(gateway: Gateway, case: str, body: Any) -> None:
+@pytest.mark.parametrize(("case", "body", "words"), BAD_BODIES, ids=[c[0] for c in BAD_BODIES])
+def test_a_bad_envelope_is_a_400_in_anthropics_shape(gateway: Gateway, case: str, body: Any, words: str) -> None:
     content = body.encode() if isinstance(body, str) else json.dumps(body).encode()
     reply = gateway.http("POST", "/v1/messages/batches", headers={"x-api-key": ALPHA,
                                                                   "content-type": "application/json"}, content=content)
-    assert_anthropic_error(reply, 400, "invalid_request_error")
+    assert assert_anthropic_error(reply, 400, "invalid_request_error")["error"]["message"].startswith(words), reply.text
 
 
 def test_a_body_past_the_doors_limit_is_a_413_as_anthropics(gateway: Gateway) -> None:

@@ -1,8 +1,9 @@
 """One team's upload never stalls another team's API calls: the API's runtime validates a new batch in a
 process of its own (`gateway.runtime.validation_processes`), which reads the file from the blobs and writes the
 shards there, so another team's `GET /v1/batches` is answered promptly meanwhile, in both modes. A
-validation process that dies mid-file leaves its batch to the sweeper, which validates it again.
-Real processes: `batchyard serve` (embedded; shared over redis-server and moto's S3), the OpenAI SDK.
+validation process that dies mid-file leaves its batch to the sweeper, which validates it again. A Message
+Batch create's body is read in the same processes: one that dies mid-read is replaced and the body read again.
+Real processes: `batchyard serve` (embedded; shared over redis-server and moto's S3), the OpenAI SDK, httpx.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 from openai import OpenAI
@@ -140,8 +142,14 @@ def test_shared_mode_another_teams_get_is_answered_promptly_while_a_large_file_v
 
 def _validation_processes(gw: Gateway) -> list[psutil.Process]:
     """The API process's pool of validation processes (the spawned interpreters, not its workers)."""
-    return [p for p in psutil.Process(gw.process.pid).children()
-            if any("spawn_main" in part for part in p.cmdline())]
+    found = []
+    for process in psutil.Process(gw.process.pid).children():
+        try:
+            if any("spawn_main" in part for part in process.cmdline()):
+                found.append(process)
+        except psutil.Error:  # one just killed, not yet reaped (a zombie), or gone
+            continue
+    return found
 
 
 def test_a_validation_process_that_dies_leaves_the_batch_to_the_sweep(upstream: Upstream, tmp_path: Path) -> None:
@@ -164,3 +172,83 @@ def test_a_validation_process_that_dies_leaves_the_batch_to_the_sweep(upstream: 
         assert gw.alive()
         again = _validation_processes(gw)
         assert again and not {p.pid for p in again} & {p.pid for p in first}
+
+
+def _reading(gw: Gateway) -> psutil.Process | None:
+    """The validation process reading a Message Batch create's spooled body (it has the file open), if any."""
+    for process in _validation_processes(gw):
+        try:
+            paths = [f.path for f in process.open_files()]
+        except psutil.Error:
+            continue
+        if any(path.endswith("/body.json") and "batchyard-message-batch-" in path for path in paths):
+            return process
+    return None
+
+
+def _pathological_body(requests: int) -> bytes:
+    """`requests` requests of 600 `{}` each (about 1.8 KB): a read of a second or more for 20,000."""
+    pad = b"[" + b",".join([b"{}"] * 600) + b"]"
+    return b'{"requests":[' + b",".join(
+        b'{"custom_id":"r%d","params":{"model":"%s","max_tokens":8,"messages":[],"pad":%s}}' % (i, MODEL.encode(), pad)
+        for i in range(requests)) + b"]}"
+
+
+def _create_killing_readers(gw: Gateway, body: bytes, kills: int) -> tuple[httpx.Response, list[int]]:
+    """The create's reply, each of the first `kills` processes seen reading its body killed mid-read."""
+    replies: list[httpx.Response] = []
+    sender = threading.Thread(target=lambda: replies.append(httpx.post(
+        gw.url + "/v1/messages/batches", content=body, timeout=300,
+        headers={"x-api-key": "sk-big", "content-type": "application/json"})))
+    sender.start()
+    killed: list[int] = []
+    for _ in range(kills):
+        reader = eventually(lambda: (p := _reading(gw)) is not None and p.pid not in killed and p, 120,
+                            "a validation process reading the body", interval=0.01, detail=lambda: gw.log()[-3000:])
+        reader.send_signal(signal.SIGKILL)
+        killed.append(reader.pid)
+    sender.join(300)
+    [reply] = replies
+    return reply, killed
+
+
+def _small_create(gw: Gateway) -> httpx.Response:
+    return httpx.post(gw.url + "/v1/messages/batches", timeout=60,
+                      headers={"x-api-key": "sk-small", "content-type": "application/json"},
+                      json={"requests": [{"custom_id": "a", "params": {"model": MODEL, "max_tokens": 8,
+                                                                       "messages": []}}]})
+
+
+def test_a_validation_process_that_dies_mid_read_of_a_message_batch_create_is_replaced(
+    upstream: Upstream, tmp_path: Path,
+) -> None:
+    """The create's body is read in a validation process, not in the API's: killed mid-read, the read starts
+    again in a fresh process (the body is still on disk) and the create answers as if nothing happened;
+    killed twice, the create is a 529 `overloaded_error` (the machine's fault, which the anthropic SDK
+    retries), never a 500 or a batch. Either way the next create works."""
+    config = gateway_config(upstream, models=(MODEL,), teams=TEAMS, max_lines=50_000)
+    body = _pathological_body(20_000)
+    with start_gateway(config, tmp_path / "data") as gw:
+        reply, killed = _create_killing_readers(gw, body, kills=1)
+        assert reply.status_code == 200, reply.text
+        created = reply.json()
+        assert created["processing_status"] == "in_progress"
+        assert created["request_counts"]["processing"] == 20_000
+        assert "a validation process died while reading a Message Batch create; reading it again" in gw.log()
+        assert not set(killed) & {p.pid for p in _validation_processes(gw)}
+
+        reply, killed = _create_killing_readers(gw, body, kills=2)
+        assert reply.status_code == 529, reply.text
+        error = reply.json()
+        assert error["type"] == "error" and error["error"]["type"] == "overloaded_error", error
+        assert "Try again later" in error["error"]["message"] and reply.headers["retry-after"].isdigit()
+        assert len(set(killed)) == 2
+
+        small = _small_create(gw)
+        assert small.status_code == 200, small.text
+        assert small.json()["request_counts"]["processing"] == 1
+        assert gw.alive()
+        assert [b["id"] for b in httpx.get(gw.url + "/v1/messages/batches", headers={"x-api-key": "sk-big"},
+                                           timeout=30).json()["data"]] == [created["id"]]  # none of the 529's
+        for batch_id, key in ((created["id"], "sk-big"), (small.json()["id"], "sk-small")):
+            httpx.post(f"{gw.url}/v1/messages/batches/{batch_id}/cancel", headers={"x-api-key": key}, timeout=30)
