@@ -26,6 +26,7 @@ from gateway.api.deps import Caller, check_api_version, runtime_of
 from gateway.api.http_errors import ApiError, error_response, install_error_handlers
 from gateway.api.message_batches import message_batches_app
 from gateway.api.request_id import RequestIdMiddleware
+from gateway.pipeline.message_batch_create import remove_stale_spools
 
 if TYPE_CHECKING:
     from gateway.runtime.runtime import Runtime
@@ -121,6 +122,7 @@ def create_app(runtime: Runtime, *, manage_runtime: bool = False, workers: Super
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log_auth_mode(app.state.auth)
         if manage_runtime:
+            remove_stale_spools()  # a Message Batch create's, left by an API process killed mid-create
             await runtime.start()
             if workers is not None:
                 await workers.start()

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 import tempfile
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from concurrent.futures.process import BrokenProcessPool
@@ -46,6 +48,35 @@ _TRIES = 2  # a reading process that died (killed, out of memory) is replaced on
 BodyReader = Callable[[Path, Path], Awaitable[int]]
 
 
+_SPOOL_PREFIX = "batchyard-message-batch-"  # then the API process's pid: `remove_stale_spools` reads it
+
+
+def remove_stale_spools(where: Path | None = None) -> int:
+    """Deletes the spool directories of API processes that are gone (a SIGKILL mid-create leaves up to twice
+    the body in the temp directory); how many. Called as the API starts. A pid reused since by another
+    process keeps its directory until a later start: nothing is removed that a live process may hold."""
+    removed = 0
+    for path in (where or Path(tempfile.gettempdir())).glob(f"{_SPOOL_PREFIX}*-*"):
+        pid = path.name[len(_SPOOL_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    if removed:
+        log.info("removed %d Message Batch spool(s) left by API processes that are gone", removed)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def too_large(limit: int) -> TooLarge:
     """Anthropic's 413 `request_too_large` (its door maps `TooLarge` to it)."""
     return TooLarge(f"Request exceeds the maximum allowed number of bytes ({limit}).", code="request_too_large")
@@ -63,7 +94,7 @@ async def create_message_batch(
         raise too_large(limit)
     await service.check_room(owner, declared or 0)
     # Named files (in a directory only this process's user reads): a reading process opens them by path.
-    with tempfile.TemporaryDirectory(prefix="batchyard-message-batch-") as where:
+    with tempfile.TemporaryDirectory(prefix=f"{_SPOOL_PREFIX}{os.getpid()}-") as where:
         spool_path, lines_path = Path(where) / "body.json", Path(where) / "requests.jsonl"
         with spool_path.open("wb") as spool:
             size = 0
@@ -127,4 +158,4 @@ async def delete_message_batch(service: BatchService, rec: BatchRecord) -> bool:
     return True
 
 
-__all__ = ["BodyReader", "create_message_batch", "delete_message_batch", "too_large"]
+__all__ = ["BodyReader", "create_message_batch", "delete_message_batch", "remove_stale_spools", "too_large"]

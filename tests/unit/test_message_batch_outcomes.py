@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -218,3 +220,22 @@ def test_a_large_request_keeps_its_params_whatever_its_layout(case: str, layout:
     lines = _read(body)
     assert [line["custom_id"] for line in lines] == ["big", "small"]
     assert lines[0]["body"] == params and lines[0]["url"] == "/v1/messages"
+
+
+def test_a_killed_api_processes_spools_are_removed_at_start_and_a_live_ones_kept(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from gateway.pipeline.message_batch_create import remove_stale_spools
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid no process has now
+    live = os.getpid()
+    for pid in (gone.pid, live):
+        spool = tmp_path / f"batchyard-message-batch-{pid}-abc"
+        spool.mkdir()
+        (spool / "body.json").write_bytes(b"{}")
+    (tmp_path / "batchyard-message-batch-notapid-x").mkdir()
+    assert remove_stale_spools(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"batchyard-message-batch-{live}-abc",
+                                                           "batchyard-message-batch-notapid-x"]
