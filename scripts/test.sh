@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's test command: venv with the CPU engine, a redis-server binary, the tiny models,
+# The project's test command: venv with the CPU engine, redis-server and valkey-server binaries, the tiny models,
 # then ruff, mypy, the docs build (mkdocs --strict) and pytest: on 2 workers, each test file on one of them
 # (pytest-xdist, --dist loadfile: a file's module fixtures and servers stay in one process). Arguments go to pytest, e.g.
 # `bash scripts/test.sh -k batches -x`.
