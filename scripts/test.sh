@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's test command: venv with the CPU engine, a redis-server binary, the tiny models,
+# The project's test command: venv with the CPU engine, redis-server and valkey-server binaries, the tiny models,
 # then ruff, mypy, the docs build (mkdocs --strict) and pytest: on 2 workers, each test file on one of them
 # (pytest-xdist, --dist loadfile: a file's module fixtures and servers stay in one process). Arguments go to pytest, e.g.
 # `bash scripts/test.sh -k batches -x`.
@@ -29,6 +29,35 @@ if ((${#missing[@]})); then
     if [[ "$(id -u)" != 0 ]]; then SUDO="sudo"; fi
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# The Redis suites run on Valkey too (tests/conftest.py's server_binary and any_redis; with CI=true a missing
+# valkey-server fails them). Bookworm has it only in bookworm-backports (valkey-server 8.0.1): that source is
+# added (backports are never picked unless asked, so nothing else changes) and only valkey is taken from it.
+# Its package would start a valkey service on port 6379; a policy-rc.d that denies (exit 101) stops that,
+# put there for the install only, where the image has none of its own.
+if ! command -v valkey-server >/dev/null 2>&1 && grep -qx 'VERSION_CODENAME=bookworm' /etc/os-release 2>/dev/null; then
+    echo "test: installing valkey-server (apt-get, bookworm-backports)"
+    SUDO=""
+    if [[ "$(id -u)" != 0 ]]; then SUDO="sudo"; fi
+    BACKPORTS=/etc/apt/sources.list.d/bookworm-backports.list
+    if ! grep -rqsw --include='*.list' --include='*.sources' 'bookworm-backports' /etc/apt/sources.list \
+            /etc/apt/sources.list.d/; then
+        echo 'deb http://deb.debian.org/debian bookworm-backports main' | $SUDO tee "$BACKPORTS" >/dev/null
+    fi
+    NO_START=""
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        NO_START=/usr/sbin/policy-rc.d
+        printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$NO_START" >/dev/null
+        $SUDO chmod 755 "$NO_START"
+    fi
+    status=0
+    $SUDO apt-get update -qq || status=$?
+    if ((status == 0)); then
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+            -t bookworm-backports valkey-server >/dev/null || status=$?
+    fi
+    if [[ -n "$NO_START" ]]; then $SUDO rm -f "$NO_START"; fi
+    if ((status != 0)); then exit "$status"; fi
 fi
 bash scripts/check_compose.sh      # docker/compose.yaml is valid
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.fakes.upstream.server import Upstream, start_upstream
-from tests.support.services import MotoS3, RedisClusterServers, RedisServer
+from tests.support.services import SERVER_BINARIES, MotoS3, RedisClusterServers, RedisServer, need_server
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +25,23 @@ def redis_server() -> Iterator[RedisServer]:
     server.close()
 
 
-@pytest.fixture(scope="module", params=["redis-server", "cluster"])
+@pytest.fixture(scope="module", params=SERVER_BINARIES)
+def server_binary(request: pytest.FixtureRequest) -> str:
+    """`redis-server`, then `valkey-server`: a test whose servers are started with it runs on both (the
+    Valkey run skips where it is not installed, and fails in CI: `need_server`)."""
+    need_server(request.param)
+    return str(request.param)
+
+
+@pytest.fixture(scope="module", params=["redis-server", "cluster", "valkey-server"])
 def any_redis(request: pytest.FixtureRequest) -> Iterator[RedisServer | RedisClusterServers]:
-    """One redis-server, then a 3-master Redis Cluster (`url` names one node, as a managed endpoint does):
-    a test that takes it runs on both."""
-    server = RedisServer() if request.param == "redis-server" else RedisClusterServers(3)
+    """One redis-server, a 3-master Redis Cluster (`url` names one node, as a managed endpoint does), then
+    one valkey-server: a test that takes it runs on each. (A Valkey cluster: tests/servers/test_redis_cluster.py.)"""
+    if request.param == "cluster":
+        server: RedisServer | RedisClusterServers = RedisClusterServers(3)
+    else:
+        need_server(request.param)
+        server = RedisServer(binary=request.param)
     server.start()
     yield server
     server.close()

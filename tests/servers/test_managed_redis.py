@@ -1,6 +1,7 @@
 """Shared mode on the Redis an operator gets from a platform: a cache's eviction policy, TLS, an ACL user.
 
-Real `redis-server`s on loopback, started here:
+Real servers on loopback, started here: each test runs on `redis-server`, then on `valkey-server` (the
+`server_binary` fixture: skipped where Valkey is not installed, a failure in CI):
 - `maxmemory 64mb`, `maxmemory-policy allkeys-lru` (a cache's usual setting): `serve` and `worker` refuse it
   at start in one line that says why and what to set (exit 2, no traceback); `--allow-evicting-redis` runs
   anyway, with a warning. Persistence off (the tests' `--save "" --appendonly no`) is a warning at start and
@@ -65,8 +66,17 @@ def config(config_path: Path) -> Config:
 
 
 @pytest.fixture(scope="module")
-def evicting() -> Iterator[RedisServer]:
-    server = RedisServer(args=["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]).start()
+def evicting(server_binary: str) -> Iterator[RedisServer]:
+    server = RedisServer(args=["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"],
+                         binary=server_binary).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def plain(server_binary: str) -> Iterator[RedisServer]:
+    """As the tests' servers run: no AOF, no RDB `save` rule (persistence off), no eviction."""
+    server = RedisServer(binary=server_binary).start()
     yield server
     server.close()
 
@@ -103,7 +113,7 @@ async def test_allow_evicting_redis_runs_with_a_warning(evicting: RedisServer, c
 
 
 def test_persistence_off_is_a_warning_on_health_and_the_url_may_come_from_the_environment(
-    redis_server: RedisServer, config_path: Path, tmp_path: Path,
+    plain: RedisServer, config_path: Path, tmp_path: Path,
 ) -> None:
     port = free_port()
     log = Path(tempfile.mkstemp(prefix="serve-", suffix=".log")[1])
@@ -111,7 +121,7 @@ def test_persistence_off_is_a_warning_on_health_and_the_url_may_come_from_the_en
         process = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path), "--port", str(port),
              "--storage", str(tmp_path / "blobs")],  # no --redis-url: BATCHYARD_REDIS_URL names it
-            cwd=REPO_ROOT, env=process_env({"BATCHYARD_REDIS_URL": redis_server.url}), stdin=subprocess.DEVNULL,
+            cwd=REPO_ROOT, env=process_env({"BATCHYARD_REDIS_URL": plain.url}), stdin=subprocess.DEVNULL,
             stdout=out, stderr=out)
     try:
         url = f"http://127.0.0.1:{port}/health"
@@ -136,12 +146,28 @@ def test_persistence_off_is_a_warning_on_health_and_the_url_may_come_from_the_en
         log.unlink(missing_ok=True)
 
 
+def test_the_info_fields_batchyard_reads_are_there(plain: RedisServer, server_binary: str) -> None:
+    """What the start checks and the connection read from `INFO`, on both servers; and which server answered
+    (Valkey names itself and still reports a `redis_version`, 7.2.4 for Valkey 8, for clients that read it)."""
+    with plain.client() as c:
+        server = c.info("server")
+        assert c.info("memory")["maxmemory_policy"] == "noeviction"
+        assert c.info("persistence")["aof_enabled"] == 0
+        assert c.info("cluster")["cluster_enabled"] == 0
+        assert c.config_get("save") == {"save": ""}
+    assert int(str(server["redis_version"]).split(".")[0]) >= 7
+    if server_binary == "valkey-server":
+        assert server["server_name"] == "valkey" and "valkey_version" in server
+    else:
+        assert "valkey_version" not in server
+
+
 # -- TLS and an ACL user ---------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RedisServer, int, Path]]:
-    """A redis-server with a TLS port (a CA made here) and an ACL user that may not run CONFIG, like a managed
+def tls(server_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RedisServer, int, Path]]:
+    """A server with a TLS port (a CA made here) and an ACL user that may not run CONFIG, like a managed
     service's; the plain port stays for the harness's own readiness check."""
     ca, cert, key = make_tls_files(tmp_path_factory.mktemp("tls"))
     tls_port = free_port()
@@ -149,7 +175,7 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RedisServer,
         "--tls-port", str(tls_port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
         "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no",
         "--user", USER, "on", f">{PASSWORD}", "~*", "&*", "+@all", "-config",
-    ]).start()
+    ], binary=server_binary).start()
     yield server, tls_port, ca
     server.close()
 
@@ -197,6 +223,6 @@ async def test_a_wrong_password_is_refused(tls: tuple[RedisServer, int, Path], c
         await open_shared(config, _rediss(port, password="wrong"), tmp_path / "blobs", redis_ca_file=str(ca))
 
 
-async def test_a_ca_file_needs_a_tls_url(redis_server: RedisServer, config: Config, tmp_path: Path) -> None:
+async def test_a_ca_file_needs_a_tls_url(plain: RedisServer, config: Config, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="rediss://"):
-        await open_shared(config, redis_server.url, tmp_path / "blobs", redis_ca_file="/etc/ssl/certs/ca.pem")
+        await open_shared(config, plain.url, tmp_path / "blobs", redis_ca_file="/etc/ssl/certs/ca.pem")

@@ -2,10 +2,13 @@
 
 A 3-master cluster on loopback (`redis-server --cluster-enabled yes` x3, `redis-cli --cluster create`):
 `serve` (an API replica) and two `batchyard worker`s, a batch, one worker SIGKILLed mid-batch: the batch
-completes with every custom_id once and no line failed. Every key carries the deployment's hash tag (one
-slot: `gateway.store.redis.keys.slot_prefix`). A single redis-server keeps the untagged names it had, so a
-deployment written before the cluster support reads its batches on (nothing to migrate).
-(The store and queue parity suites run on a cluster too: `any_redis` in tests/conftest.py.)
+completes with every custom_id once and no line failed; that test runs on a Valkey cluster too
+(`valkey-server` x3, `valkey-cli --cluster create`: the `server_binary` fixture). Every key carries the
+deployment's hash tag (one slot: `gateway.store.redis.keys.slot_prefix`). A single redis-server keeps the
+untagged names it had, so a deployment written before the cluster support reads its batches on (nothing to
+migrate).
+(The store, queue and Lua parity suites run on a Redis cluster and on a valkey-server too: `any_redis` in
+tests/conftest.py.)
 """
 
 from __future__ import annotations
@@ -49,8 +52,8 @@ LINES = 300
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisClusterServers]:
-    servers = RedisClusterServers(3).start()
+def cluster(server_binary: str) -> Iterator[RedisClusterServers]:
+    servers = RedisClusterServers(3, binary=server_binary).start()
     yield servers
     servers.close()
 

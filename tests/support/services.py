@@ -1,8 +1,9 @@
 """Real Redis and S3 servers for tests and benchmarks, on loopback.
 
-- `RedisServer`: a `redis-server` process on a free port (`--save "" --appendonly no`
+- `RedisServer`: a `redis-server` (or `valkey-server`) process on a free port (`--save "" --appendonly no`
   unless asked to persist); it can be stopped and started again on the same port
-  and directory (`restart`).
+  and directory (`restart`). `RedisClusterServers`: a cluster of them.
+- `need_server`: skip (fail, in CI) a test whose server is not installed.
 - `MotoS3`: moto's S3 server (`python -m moto.server`), a real S3 endpoint.
 - `WorkerProcess` / `start_worker`: a `batchyard worker` process.
 - `shared_config`: a config whose upstream models point at the loopback upstream.
@@ -33,7 +34,24 @@ from tests.support.waiting import free_port
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HAVE_REDIS = shutil.which("redis-server") is not None
 NO_REDIS_REASON = "redis-server is not on PATH (apt-get install -y redis-server)"
+# The servers the Redis suites run on: Redis, and Valkey (the fork most managed services now run; Debian
+# bookworm has it in bookworm-backports, which scripts/test.sh installs it from).
+SERVER_BINARIES = ("redis-server", "valkey-server")
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def need_server(binary: str) -> None:
+    """Skip the calling test where `binary` is not installed (a dev machine); in CI (`CI=true`), where
+    scripts/test.sh installs every server, its absence fails the test instead."""
+    if shutil.which(binary) is not None:
+        return
+    import pytest  # here, not at the top: the benchmarks import this module too, and need no pytest
+
+    reason = (f"{binary} is not on PATH: on Debian bookworm `apt-get install -t bookworm-backports {binary}` "
+              "(scripts/test.sh does)" if binary == "valkey-server" else NO_REDIS_REASON)
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
 
 
 def _tail(path: Path, n: int = 4000) -> str:
@@ -84,7 +102,7 @@ class RedisServer:
                 if c.ping():
                     return self
             if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start:\n{_tail(self.log_path)}")
+                raise RuntimeError(f"{self.binary} did not start:\n{_tail(self.log_path)}")
             time.sleep(0.05)
 
     def flush(self) -> None:
@@ -164,7 +182,9 @@ class RedisClusterServers:
     def start(self, timeout: float = 30) -> RedisClusterServers:
         for node in self.nodes:
             node.start()
-        cli = shutil.which("redis-cli") or shutil.which("valkey-cli") or "redis-cli"
+        # the server's own CLI (valkey-cli for valkey-server), else whichever is installed
+        own = self.nodes[0].binary.replace("-server", "-cli")
+        cli = shutil.which(own) or shutil.which("redis-cli") or shutil.which("valkey-cli") or "redis-cli"
         if self.tls is None:
             tls, ports = [], [n.port for n in self.nodes]
         else:  # created over TLS, so that the nodes meet on their TLS ports
@@ -311,6 +331,7 @@ def write_config(path: Path, config: dict[str, Any]) -> Path:
 
 
 __all__ = [
-    "HAVE_REDIS", "NO_REDIS_REASON", "S3_ENV", "MotoS3", "RedisClusterServers", "RedisServer", "WorkerProcess",
-    "free_port", "make_tls_files", "process_env", "shared_config", "start_worker", "write_config",
+    "HAVE_REDIS", "NO_REDIS_REASON", "S3_ENV", "SERVER_BINARIES", "MotoS3", "RedisClusterServers", "RedisServer",
+    "WorkerProcess", "free_port", "make_tls_files", "need_server", "process_env", "shared_config", "start_worker",
+    "write_config",
 ]
