@@ -1,10 +1,10 @@
 """Which request spans are sent: a share of a batch's requests, and every failed one.
 
 A request's `traceparent` goes out while it runs, but whether its span is kept can only be known at its end
-(a failure is always kept). So a request inside the sample gets its span at its start, as usual; one outside
-gets only a span id (a non-recording span: no attributes, no export, almost no cost), and if it fails, a
-real span is made at its end with that same id and the request's start time (`forced_span_id`, read by
-`SpanIds`, the provider's id generator), marked `batchyard.request.sampled: false`. Whatever the upstream
+(a failure is always kept). So every request runs under a span id only (a non-recording span: no
+attributes, no export, almost no cost), and at its end a real span is made with that same id and the
+request's start time (`forced_span_id`, read by `SpanIds`, the provider's id generator) when it is in the
+sample, or failed: then marked `batchyard.request.sampled: false`. Whatever the upstream
 traced under that `traceparent` then hangs below it. Batch, stage and shard spans are not sampled here: the
 SDK's sampler (`OTEL_TRACES_SAMPLER`) decides those.
 """
