@@ -18,9 +18,11 @@ import random
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import (
     NonRecordingSpan,
     SpanContext,
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
 
     from gateway.domain import BatchRequest, Result
 
+_ERROR, _UNSET = Status(StatusCode.ERROR), Status(StatusCode.UNSET)
+
 Call = Callable[["BatchRequest"], Coroutine[Any, Any, "Result"]]
 
 
@@ -53,6 +57,7 @@ class RequestTrace:
     capture_content: bool
     provider: Callable[[str], str]  # the request's model -> gen_ai.provider.name
     kind: SpanKind
+    parent: SpanContext  # the shard span's
 
 
 def capture(provider: Callable[[str], str], *, internal: bool = False) -> RequestTrace | None:
@@ -61,8 +66,10 @@ def capture(provider: Callable[[str], str], *, internal: bool = False) -> Reques
         return None
     sampling = requests_sampling()
     ratio, team = sampling if sampling is not None else (1.0, "")
-    return RequestTrace(otel_context.get_current(), ratio, team in STATE.capture_teams, provider,
-                        SpanKind.INTERNAL if internal else SpanKind.CLIENT)
+    context = otel_context.get_current()
+    kind = SpanKind.INTERNAL if internal else SpanKind.CLIENT
+    return RequestTrace(context, ratio, team in STATE.capture_teams, provider, kind,
+                        get_current_span(context).get_span_context())
 
 
 async def traced(trace: RequestTrace, req: BatchRequest, call: Call) -> Result:
@@ -70,12 +77,13 @@ async def traced(trace: RequestTrace, req: BatchRequest, call: Call) -> Result:
 
     The span is made when the request ends, whether it is in the sample or not: while it runs, the current
     span is a non-recording one with the span id the real span will have (its `traceparent` goes out, the
-    upstream's and the engine's spans hang below it), and at its end one `start_span` with every attribute
-    and the request's start time, ended at once. A span held open for the request instead (attributes set
-    twice, a recording span made current and restored) cost twice the CPU per request (measured).
+    upstream's and the engine's spans hang below it), and at its end the span is made whole, with every
+    attribute and the request's start time (`_span`). A span held open for the request instead (attributes
+    set twice, a recording span made current and restored) cost about 80 us a request against 24 (measured
+    in-process, 20,000 requests).
     Outside the sample the span is made only if the request failed (`gateway.tracing.sampling`)."""
     sampled = trace.ratio >= 1.0 or random.random() < trace.ratio
-    parent = get_current_span(trace.context).get_span_context()
+    parent = trace.parent
     if not parent.is_valid:  # no shard span to hang under (its sampler dropped it): a span of its own
         return await _rooted(trace, req, call) if sampled else await call(req)
     span_id = random.getrandbits(64) or 1
@@ -98,18 +106,36 @@ async def traced(trace: RequestTrace, req: BatchRequest, call: Call) -> Result:
 
 def _span(trace: RequestTrace, req: BatchRequest, span_id: int, started: int, sampled: bool,
           outcome: dict[str, Any], error: bool) -> None:
-    """The request's span, made and ended at once with the id its `traceparent` carried."""
+    """The request's span, with the id its `traceparent` carried, handed to the span processor ended.
+
+    A request span is a finished record when it is made: it is built as the SDK's `ReadableSpan` (what the
+    processor and exporter take) instead of through `Tracer.start_span`, whose live-span machinery (a lock,
+    the sampler, each attribute validated and copied into a bounded mapping) is for spans still open. Its
+    parent's sampling decision holds (a parent the sampler dropped: no span), its attributes are of the types
+    OTel allows by construction (`_attributes`, `_outcome`), and a team whose content is captured (unbounded
+    strings) goes through the tracer, which applies `OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`."""
+    parent = trace.parent
+    if not parent.trace_flags.sampled:
+        return
     operation = genai.operation(req.url)
     attributes = _attributes(trace, req, operation, sampled=sampled)
     attributes.update(outcome)
-    assert STATE.tracer is not None
-    with forced_span_id(span_id):
-        span = STATE.tracer.start_span(f"{operation} {req.model}", context=trace.context, kind=trace.kind,
-                                       attributes=attributes, start_time=started, record_exception=False,
-                                       set_status_on_exception=False)
-    if error:
-        span.set_status(Status(StatusCode.ERROR))
-    span.end()
+    name = f"{operation} {req.model}"
+    status = _ERROR if error else _UNSET
+    if trace.capture_content or STATE.processor is None:
+        assert STATE.tracer is not None
+        with forced_span_id(span_id):
+            span = STATE.tracer.start_span(name, context=trace.context, kind=trace.kind, attributes=attributes,
+                                           start_time=started, record_exception=False,
+                                           set_status_on_exception=False)
+        span.set_status(status)
+        span.end()
+        return
+    context = SpanContext(parent.trace_id, span_id, is_remote=False, trace_flags=parent.trace_flags,
+                          trace_state=parent.trace_state)
+    STATE.processor.on_end(ReadableSpan(name, context, parent, STATE.resource, MappingProxyType(attributes),
+                                        kind=trace.kind, status=status, start_time=started,
+                                        end_time=time.time_ns(), instrumentation_scope=STATE.scope))
 
 
 async def _rooted(trace: RequestTrace, req: BatchRequest, call: Call) -> Result:
@@ -160,7 +186,7 @@ def _outcome(req: BatchRequest, result: Result, capture_content: bool) -> tuple[
         attributes[genai.RESPONSE_MODEL] = body["model"]
     reasons = _finish_reasons(body)
     if reasons:
-        attributes[genai.FINISH_REASONS] = reasons
+        attributes[genai.FINISH_REASONS] = tuple(reasons)  # as the SDK keeps a sequence: immutable
     if result.cost_usd is not None:
         attributes[genai.COST] = result.cost_usd
     if capture_content:

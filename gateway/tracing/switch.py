@@ -25,8 +25,10 @@ from gateway.config.sections import TracingSettings
 from gateway.errors import ConfigError
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     from opentelemetry.trace import Tracer
 
 log = logging.getLogger("batchyard.tracing")
@@ -39,6 +41,9 @@ HTTP_PROTOBUF = "http/protobuf"
 class _State:
     tracer: Tracer | None = None  # None: tracing is off
     provider: TracerProvider | None = None
+    processor: SpanProcessor | None = None  # the provider's one span processor (request spans are handed to it)
+    resource: Resource | None = None  # the provider's, and the tracer's scope: what a request span carries
+    scope: InstrumentationScope | None = None
     settings: TracingSettings = field(default_factory=TracingSettings)
     capture_teams: frozenset[str] = frozenset()
 
@@ -94,6 +99,7 @@ def configure(role: str, settings: TracingSettings | None = None, *, exporter: S
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
     from gateway.tracing.sampling import SpanIds
 
@@ -103,16 +109,17 @@ def configure(role: str, settings: TracingSettings | None = None, *, exporter: S
         resource = resource.merge(Resource({SERVICE_NAME: "batchyard"}))
     provider = TracerProvider(resource=resource, id_generator=SpanIds())
     # the tests' exporter: every span at its end, in order
-    provider.add_span_processor(SimpleSpanProcessor(exporter) if exporter is not None
-                                else BatchSpanProcessor(_exporter()))
-    STATE.provider = provider
+    processor = SimpleSpanProcessor(exporter) if exporter is not None else BatchSpanProcessor(_exporter())
+    provider.add_span_processor(processor)
+    STATE.provider, STATE.processor = provider, processor
     STATE.tracer = provider.get_tracer("batchyard")
+    STATE.resource, STATE.scope = provider.resource, InstrumentationScope("batchyard")  # the tracer's own
     return True
 
 
 def shutdown() -> None:
     """Send what is buffered and switch tracing off (a process's end; tests between cases)."""
-    provider, STATE.provider, STATE.tracer = STATE.provider, None, None
+    provider, STATE.provider, STATE.tracer, STATE.processor = STATE.provider, None, None, None
     if provider is not None:
         provider.shutdown()
 

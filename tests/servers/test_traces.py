@@ -32,6 +32,7 @@ from gateway.tracing.logs import TraceIds
 from gateway.tracing.switch import configure, protocol, wanted
 from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import chat_line, gateway_config, jsonl
+from tests.support.waiting import eventually_async
 
 MODEL = "gpt-mini"
 SECRET = "the-secret-prompt-words"  # in every line's text: no span may show it unless content capture is on
@@ -83,6 +84,10 @@ def _lines(n: int, failing: tuple[int, ...] = ()) -> list[dict[str, Any]]:
     return [chat_line(f"c{i}", MODEL, f"{SECRET} {i}" + (" #fail:400" if i in failing else "")) for i in range(n)]
 
 
+async def _ended(spans: InMemorySpanExporter, name: str, count: int) -> bool:
+    return len(_by_name(spans.get_finished_spans(), name)) >= count
+
+
 def _by_name(finished: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
     return [s for s in finished if s.name == name]
 
@@ -101,6 +106,8 @@ async def test_one_batch_is_one_trace_down_to_each_request(upstream: Upstream, s
     async with _runtime(_config(upstream), tmp_path) as runtime:
         before = len(upstream.stats()["traceparents"])
         batch = await _run_batch(runtime, "alpha", _lines(7, failing=(4,)))
+        # the batch completes from inside its last shard's span (the finalize runs as that shard finishes)
+        await eventually_async(lambda: _ended(spans, "batch.shard", 3), 10, "the three shard spans")
         tracing.flush()
         finished = spans.get_finished_spans()
 
