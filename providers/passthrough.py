@@ -122,7 +122,6 @@ class _Target:
     num_retries: int
     has_limits: bool
     proxy: str | None = None
-    session: aiohttp.ClientSession | None = None
 
     def url(self, endpoint: Endpoint) -> str:
         path = ENDPOINTS[endpoint].wire_path
@@ -148,6 +147,7 @@ class PassThrough:
         self._limit = max_concurrency
         self._max_reply = max_reply_bytes
         self._targets: dict[tuple[str, str], _Target] = {}  # by (deployment id, its model)
+        self._sessions: dict[str, aiohttp.ClientSession] = {}  # by deployment id
         self._ssl = getattr(litellm, "ssl_verify", True) is not False  # litellm_settings.ssl_verify
         self._family = socket.AF_INET if getattr(litellm, "force_ipv4", False) else socket.AF_UNSPEC
         self._timeout = float(getattr(router, "timeout", None) or litellm.request_timeout or 600)
@@ -201,16 +201,20 @@ class PassThrough:
         )
 
     def _session(self, target: _Target) -> aiohttp.ClientSession:
-        if target.session is None:
+        # One per deployment, shared by the targets of a wildcard deployment's models (one host, one pool of
+        # connections: a session per model opened a pool of connections per model, measured).
+        session = self._sessions.get(target.id)
+        if session is None:
             connector = aiohttp.TCPConnector(limit=self._limit, ssl=self._ssl, family=self._family,
                                              keepalive_timeout=KEEPALIVE_SECONDS)
             # trust_env would look the proxy (and netrc) up in a thread on every request: _env_proxy does it once
-            target.session = aiohttp.ClientSession(connector=connector, trust_env=False)
-        return target.session
+            session = self._sessions[target.id] = aiohttp.ClientSession(connector=connector, trust_env=False)
+        return session
 
     async def aclose(self) -> None:
-        sessions = [t.session for t in self._targets.values() if t.session is not None]
+        sessions = list(self._sessions.values())
         self._targets.clear()
+        self._sessions.clear()
         for session in sessions:
             await session.close()
 

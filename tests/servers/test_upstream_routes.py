@@ -203,7 +203,7 @@ async def test_aclose_closes_every_client(upstream: Upstream) -> None:
                for c in litellm.in_memory_llm_clients_cache.cache_dict.values()]
     open_clients = [c for c in clients if c is not None and hasattr(c, "is_closed") and not c.is_closed]
     assert open_clients  # LiteLLM cached the clients it made for these calls
-    sessions = [t.session for t in backend._wire._targets.values()] if backend._wire else []
+    sessions = list(backend._wire._sessions.values()) if backend._wire else []
     assert len(sessions) == 2 and all(s is not None and not s.closed for s in sessions)
     await backend.aclose()
     assert all(c.is_closed for c in open_clients)
