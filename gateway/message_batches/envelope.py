@@ -55,6 +55,7 @@ _SPACE = re.compile(rb"[ \t\r\n]*")
 # (`_likely_end`): a regex starting at `}` tried every brace of a request of `{}`s (22 us per 2 KB).
 _NEXT_KEYS = (b'"custom_id"', b'"params"')
 _JSON_SPACE = frozenset(b" \t\r\n")
+_KEY_TRIES = 16  # places a key is found at and refused, per key and guess (a request's own keys are two)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"{}[]")
 _STRIP_PASSES = 8  # a pass drops up to two levels: 2 x 8 is within the depth bound
 _GUESS_SLACK = 16 << 20  # bytes a body's missed guesses may scan past the bytes of its requests
@@ -184,7 +185,10 @@ def _likely_end(buf: bytes | mmap.mmap, start: int, stop: int) -> int | None:
     best: int | None = None
     for key in _NEXT_KEYS:
         at = start
-        while (found := buf.find(key, at, stop if best is None else min(stop, best + 1 + len(key) + 64))) >= 0:
+        for _ in range(_KEY_TRIES):  # a request full of these keys as values is walked, not searched key by key
+            found = buf.find(key, at, stop if best is None else min(stop, best + 1 + len(key) + 64))
+            if found < 0:
+                break
             brace = _before(buf, found, ord("{"), start)
             comma = _before(buf, brace, _COMMA, start) if brace is not None else None
             close = _before(buf, comma, ord("}"), start) if comma is not None else None
