@@ -51,8 +51,11 @@ _SPACE = re.compile(rb"[ \t\r\n]*")
 # Where a request most likely ends: a closing brace, then the next request's first key (the last request,
 # and one cut by the window, are walked). A guess only: it is
 # taken when the slice up to it reads as one JSON object (JSON objects are prefix-free, so that slice IS the
-# request); otherwise the request is walked token by token (`value_end`).
-_LIKELY_END = re.compile(rb'\}[ \t\r\n]*,[ \t\r\n]*\{[ \t\r\n]*"(?:custom_id|params)"')
+# request); otherwise the request is walked token by token (`value_end`). Found from the key back
+# (`_likely_end`): a regex starting at `}` tried every brace of a request of `{}`s (22 us per 2 KB).
+_NEXT_KEYS = (b'"custom_id"', b'"params"')
+_JSON_SPACE = frozenset(b" \t\r\n")
+_KEY_TRIES = 16  # places a key is found at and refused, per key and guess (a request's own keys are two)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"{}[]")
 _STRIP_PASSES = 8  # a pass drops up to two levels: 2 x 8 is within the depth bound
 _GUESS_SLACK = 16 << 20  # bytes a body's missed guesses may scan past the bytes of its requests
@@ -176,6 +179,34 @@ def _request(data: Any, index: int) -> MessageBatchRequest:
         raise EnvelopeError(f"{where}: {first['msg']}") from None
 
 
+def _likely_end(buf: bytes | mmap.mmap, start: int, stop: int) -> int | None:
+    """The first `}` at or past `start` followed by `,`, `{` and one of the keys (spaces between), all
+    before `stop`: found by looking for the keys (`find`, in C) and then back from each."""
+    best: int | None = None
+    for key in _NEXT_KEYS:
+        at = start
+        for _ in range(_KEY_TRIES):  # a request full of these keys as values is walked, not searched key by key
+            found = buf.find(key, at, stop if best is None else min(stop, best + 1 + len(key) + 64))
+            if found < 0:
+                break
+            brace = _before(buf, found, ord("{"), start)
+            comma = _before(buf, brace, _COMMA, start) if brace is not None else None
+            close = _before(buf, comma, ord("}"), start) if comma is not None else None
+            if close is not None:
+                best = close if best is None else min(best, close)
+                break
+            at = found + 1
+    return best
+
+
+def _before(buf: bytes | mmap.mmap, pos: int, byte: int, start: int) -> int | None:
+    """Where `byte` is just before `pos`, spaces between; None if something else is (or `start` is passed)."""
+    pos -= 1
+    while pos >= start and buf[pos] in _JSON_SPACE:
+        pos -= 1
+    return pos if pos >= start and buf[pos] == byte else None
+
+
 def _next_request(reader: _Reader, index: int) -> tuple[Any, int]:
     """The request at `pos`, read, and where it ends (`pos` stays on its first byte): by its likely end
     when the slice up to it reads as one object within the bounds, else walked. Guesses stop once their
@@ -183,8 +214,8 @@ def _next_request(reader: _Reader, index: int) -> tuple[Any, int]:
     never scanned again and again)."""
     start = reader.pos
     if reader.missed <= reader.read + _GUESS_SLACK:
-        guess = _LIKELY_END.search(reader.buf, start, start + _GUESS_BYTES)
-        end = guess.start() + 1 if guess is not None else min(len(reader.buf), start + _GUESS_BYTES)
+        guess = _likely_end(reader.buf, start, start + _GUESS_BYTES)
+        end = guess + 1 if guess is not None else min(len(reader.buf), start + _GUESS_BYTES)
         if guess is not None and _within_bounds(raw := reader.buf[start:end]):
             try:
                 data = loads_checked(raw, None)

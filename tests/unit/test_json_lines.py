@@ -2,6 +2,8 @@
 
 - `dumps_checked` writes what `dumps` writes, refuses a value nested past its bound (counted as
   `loads_checked` counts it), and keeps an integer past 64 bits exact.
+- `loads` and `loads_checked` read an integer of 20 digits or more exactly wherever it lies, in a large
+  request read in place (a memoryview) across the pieces it is looked at in too; 19 digits are orjson's.
 - `read_line_runs` gives a blob's lines, a run per chunk read, exactly as `read_lines` gives them one by
   one: a line that spans chunks whole, empty lines kept, a last line without its `\\n` too.
 """
@@ -49,6 +51,17 @@ def test_dumps_checked_refuses_past_its_bound_as_loads_checked_does() -> None:
 
 def test_loads_checked_without_a_bound_reads_any_depth_orjson_reads() -> None:
     assert loads_checked(dumps(nested(500)), None) == nested(500)
+
+
+@pytest.mark.parametrize("pad", [0, 1, (1 << 20) - 40, (1 << 20) - 30, (1 << 20) - 20, (1 << 20) - 10])
+def test_long_integers_are_read_exactly_wherever_they_lie(pad: int) -> None:
+    big = 12345678901234567890123  # 23 digits: orjson would read it as a float
+    text = b'{"pad":"' + b" " * pad + b'","n":' + str(big).encode() + b"}"
+    assert loads(text)["n"] == big
+    assert loads_checked(text, None)["n"] == big
+    with memoryview(text) as view:
+        assert loads_checked(view, None)["n"] == big  # across the pieces a memoryview is looked at in too
+    assert loads(b'{"n":1234567890123456789}')["n"] == 1234567890123456789  # 19 digits: within 64 bits
 
 
 @pytest.mark.parametrize("content", [

@@ -186,6 +186,27 @@ def test_requests_are_split_whatever_their_strings_hold() -> None:
     assert {line["url"] for line in lines} == {"/v1/messages"}
 
 
+KEYS_AS_VALUES = {"pad": ["params", "custom_id"] * 40, "params": {"custom_id": "inner"}, "t": '}, {"params"'}
+BODY_LAYOUTS = [
+    ("compact", {"separators": (",", ":")}),
+    ("pretty", {"indent": 2}),
+    ("spaced", {"separators": (" ,\n ", " :  ")}),
+]
+
+
+@pytest.mark.parametrize("params_first", [False, True])
+@pytest.mark.parametrize(("case", "layout"), BODY_LAYOUTS, ids=[c[0] for c in BODY_LAYOUTS])
+def test_requests_are_split_whatever_their_layout(case: str, layout: dict[str, Any], params_first: bool) -> None:
+    """Where a request ends is guessed from the next request's first key and checked: whatever the spaces
+    between requests, the keys' order, and values that are the keys' own names (each a place the guess
+    refuses), every request comes through whole and in order."""
+    requests = [{"params": KEYS_AS_VALUES | {"i": i}, "custom_id": f"r{i}"} if params_first
+                else _request(f"r{i}", KEYS_AS_VALUES | {"i": i}) for i in range(40)]
+    lines = _read(json.dumps({"requests": requests}, **layout).encode())
+    assert [line["custom_id"] for line in lines] == [f"r{i}" for i in range(40)]
+    assert [line["body"] for line in lines] == [KEYS_AS_VALUES | {"i": i} for i in range(40)]
+
+
 @pytest.mark.parametrize(("case", "body", "message"), BAD_ENVELOPES, ids=[c[0] for c in BAD_ENVELOPES])
 def test_the_envelope_is_refused_whole(case: str, body: Any, message: str) -> None:
     """Only the envelope is checked at create; the message names the field."""
