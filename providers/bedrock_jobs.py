@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import hashlib
 import json
 import posixpath
@@ -73,6 +74,8 @@ class BedrockJobs(TranslatedLines):
         self._keep = info.native_keep_files
         self.min_lines = info.native_min_records if info.native_min_records is not None else BedrockJobs.min_lines
         self._anthropic = AnthropicConfig()
+        self._claude = AmazonAnthropicClaudeConfig()
+        self._mapped: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # `_model_input`'s mapped parameters
         self._supported = set(AmazonAnthropicClaudeConfig().get_supported_openai_params(model)) - _NOT_IN_BATCHES
         self._clients: tuple[Any, Any] | None = None
 
@@ -82,12 +85,48 @@ class BedrockJobs(TranslatedLines):
         return endpoint.value
 
     def _model_input(self, body: dict[str, Any]) -> dict[str, Any]:
-        from litellm.llms.bedrock.files.transformation import BedrockFilesConfig
+        """Claude's InvokeModel body of an OpenAI chat body: what LiteLLM's `BedrockFilesConfig.
+        _map_openai_to_bedrock_params` makes for an Anthropic model, its own steps, with the parameter mapping
+        (`get_optional_params`, which never reads the messages) made once per distinct set of parameters.
 
-        asked = {k: v for k, v in body.items() if k != "model" and v is not None}
-        model_input: dict[str, Any] = BedrockFilesConfig()._map_openai_to_bedrock_params(
-            asked, self._model, "anthropic")
+        That mapping walks LiteLLM's model map a dozen times a line (~1 ms: most of a Bedrock line's CPU), for
+        the same answer on every line of a deployment that asks for the same parameters."""
+        from litellm.llms.base_llm.base_utils import map_developer_role_to_system_role
+
+        asked = {k: v for k, v in body.items() if k not in ("model", "messages") and v is not None}
+        key = json.dumps(asked, sort_keys=True, default=repr)
+        mapped = self._mapped.get(key)
+        if mapped is None:
+            mapped = self._mapped[key] = self._map_params(asked)
+        optional, litellm_params = copy.deepcopy(mapped)  # LiteLLM's request builder may change what it is given
+        model_input: dict[str, Any] = self._claude.transform_request(
+            model=self._model, messages=map_developer_role_to_system_role(body.get("messages") or []),
+            optional_params=optional, litellm_params=litellm_params, headers={})
         return model_input
+
+    def _map_params(self, asked: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(optional_params, litellm_params) of Claude's request for these OpenAI parameters: the Anthropic branch
+        of LiteLLM's `_map_openai_to_bedrock_params`, with its own helpers."""
+        from litellm.llms.bedrock.common_utils import (
+            bedrock_batch_record_takes_native_output,
+            deployment_model_info,
+            without_bedrock_native_output_opt_in,
+        )
+        from litellm.llms.bedrock.files import transformation as files
+        from litellm.types.utils import is_litellm_owned_kwarg
+        from litellm.utils import get_optional_params
+
+        route_model = files._invoke_route_model(self._model)
+        litellm_params = without_bedrock_native_output_opt_in({"model_info": {
+            "supports_native_structured_output": bedrock_batch_record_takes_native_output(
+                route_model, asked.get("response_format"), None)}})
+        mapped = get_optional_params(
+            model=route_model, custom_llm_provider="bedrock", messages=None,
+            model_info=deployment_model_info(litellm_params),
+            **files._ParamsTheMapperOwns(**{k: v for k, v in asked.items() if not is_litellm_owned_kwarg(k)
+                                            or k in files._LITELLM_PARAMS_THE_MAPPER_TAKES}))
+        optional = {k: v for k, v in mapped.items() if k not in files._MAPPED_PARAMS_THE_REQUEST_HANDLER_STRIPS}
+        return optional, dict(litellm_params)
 
     def _translate(self, req: BatchRequest) -> bytes:
         entry = {"recordId": upstream_custom_id(req.line), "modelInput": self._model_input(req.body)}
