@@ -26,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import hashlib
 import json
+import os
 import posixpath
 from collections.abc import AsyncIterator
 from typing import Any
@@ -44,6 +46,20 @@ _STATUS = {"Submitted": "validating", "Validating": "validating", "Scheduled": "
            "Failed": "failed", "Stopping": "cancelling", "Stopped": "cancelled", "Expired": "expired"}
 _AWS_PARAMS = {"aws_access_key_id": "aws_access_key_id", "aws_secret_access_key": "aws_secret_access_key",
                "aws_session_token": "aws_session_token", "aws_region_name": "region_name"}
+
+
+@functools.lru_cache(maxsize=32)
+def _aws_clients(session_params: tuple[tuple[str, str], ...], aws_env: tuple[tuple[str, str], ...]) -> tuple[Any, Any]:
+    """(s3, bedrock) boto3 clients of one set of `boto3.Session` params, made once per process: a jobs object is
+    made per shard, and a session with its two clients costs ~0.1 s of CPU (botocore loads its service models).
+    `aws_env`: the `AWS_*` environment the standard chain reads (endpoints, region, profile, keys), so a changed
+    one makes new clients. boto3's clients are thread-safe (each call runs in `asyncio.to_thread`)."""
+    import boto3
+
+    session = boto3.session.Session(**dict(session_params))
+    # endpoints: AWS's own, or AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL_BEDROCK (botocore's standard);
+    # `api_base` stays what LiteLLM reads it as: the bedrock-runtime endpoint of the real-time calls
+    return session.client("s3"), session.client("bedrock")
 
 
 class BedrockJobs(TranslatedLines):
@@ -142,13 +158,9 @@ class BedrockJobs(TranslatedLines):
     def _aws(self) -> tuple[Any, Any]:
         """(s3, bedrock) boto3 clients: the deployment's `aws_*` params, else AWS's standard chain."""
         if self._clients is None:
-            import boto3
-
-            session = boto3.session.Session(**{name: self._kwargs[key] for key, name in _AWS_PARAMS.items()
-                                               if self._kwargs.get(key)})
-            # endpoints: AWS's own, or AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL_BEDROCK (botocore's standard);
-            # `api_base` stays what LiteLLM reads it as: the bedrock-runtime endpoint of the real-time calls
-            self._clients = (session.client("s3"), session.client("bedrock"))
+            params = tuple((name, str(self._kwargs[key])) for key, name in _AWS_PARAMS.items() if self._kwargs.get(key))
+            aws_env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+            self._clients = _aws_clients(params, aws_env)
         return self._clients
 
     async def _call(self, which: int, method: str, **kwargs: Any) -> Any:
@@ -212,13 +224,12 @@ class BedrockJobs(TranslatedLines):
                 await self._call(0, "delete_object", Bucket=bucket, Key=key)
 
     def _result(self, record: dict[str, Any]) -> dict[str, Any]:
-        from litellm.llms.anthropic.files.handler import AnthropicFilesHandler
+        from providers.anthropic_jobs import chat_completion_body
 
         custom_id = str(record.get("recordId"))
         output = record.get("modelOutput")
         if isinstance(output, dict) and record.get("error") is None:
-            translate = AnthropicFilesHandler()._transform_anthropic_message_to_openai_format
-            body = dict(translate(anthropic_message=output, anthropic_config=self._anthropic))
+            body = chat_completion_body(output, self._anthropic)
             body["model"] = self._model
             return {"custom_id": custom_id, "response": {"status_code": 200, "body": body,
                                                          "request_id": output.get("id")}}
