@@ -8,13 +8,13 @@ service role Bedrock assumes to read and write them; `GetModelInvocationJob` pol
 `Stopped`, `Expired`); `StopModelInvocationJob` stops it. Bedrock writes each record back, with its
 `modelOutput` or `error`, to `<output prefix>/<job id>/<input file name>.out`.
 
-What is LiteLLM's: each line's translation into Claude's InvokeModel body (`BedrockFilesConfig.
+What is LiteLLM's: each line's translation into Claude's InvokeModel body (the steps of `BedrockFilesConfig.
 _map_openai_to_bedrock_params`, the one LiteLLM's Bedrock batch files use: `AmazonAnthropicClaudeConfig`
-after LiteLLM's parameter mapping) and each `modelOutput` back into a `chat.completion` with usage (LiteLLM's
-Anthropic message translation). What is ours: the S3 upload, the three job calls and the S3 download, with
-boto3 (botocore's SigV4, AWS's standard credential chain and endpoints, `AWS_ENDPOINT_URL_S3`/`_BEDROCK`
-included; or the deployment's `aws_*` params). LiteLLM 1.110.2's Bedrock batch calls upload
-through its own files API with its own S3 keys and do not stop jobs.
+after LiteLLM's parameter mapping, that mapping made once per distinct set of parameters) and each
+`modelOutput` back into a `chat.completion` with usage (LiteLLM's Anthropic message translation). What is
+ours: the S3 upload, the three job calls and the S3 download, with boto3 (botocore's SigV4, AWS's standard
+credential chain and endpoints, `AWS_ENDPOINT_URL_S3`/`_BEDROCK` included; or the deployment's `aws_*` params).
+LiteLLM 1.110.2's Bedrock batch calls upload through its own files API with its own S3 keys and do not stop jobs.
 
 Limits (Bedrock's quotas): at least 100 and at most 50,000 records per job, 1 GB per input file; a job runs
 within its timeout (24 hours by default), else `Expired`. A part below the minimum never goes to Bedrock:
@@ -119,6 +119,10 @@ class BedrockJobs(TranslatedLines):
             model=self._model, messages=map_developer_role_to_system_role(body.get("messages") or []),
             optional_params=optional, litellm_params=litellm_params, headers={})
         return model_input
+
+    def release(self) -> None:
+        super().release()
+        self._mapped.clear()
 
     def _map_params(self, asked: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """(optional_params, litellm_params) of Claude's request for these OpenAI parameters: the Anthropic branch
