@@ -28,13 +28,47 @@ from gateway.config.endpoints import NATIVE_JOBS
 from gateway.domain import BatchRequest, Endpoint, Result
 from providers.openai_batches import Part, call_with_retries, detached, line_of, upstream_custom_id
 from providers.upstream_errors import ANTHROPIC_ERROR_TYPES
-from providers.upstream_jobs import QUIET_POLL, JobState, Save, TranslatedLines, http_json, http_lines
+from providers.upstream_jobs import (
+    QUIET_POLL,
+    JobState,
+    Save,
+    TranslatedLines,
+    http_json,
+    http_lines,
+    stand_in_reply,
+)
 
 ANTHROPIC_STATUS = {type_: status for status, type_ in ANTHROPIC_ERROR_TYPES.items()}  # Anthropic's own (529)
 
 # OpenAI chat fields that are the request itself, not parameters to map.
 _BODY_FIELDS = frozenset({"model", "messages"})
 _MESSAGES_ID = "m"  # the upstream custom_id's prefix of a Messages line (`l`: a chat line, `upstream_custom_id`)
+
+
+def chat_completion_body(message: dict[str, Any], config: Any) -> dict[str, Any]:
+    """An Anthropic message (a batch result's, or Bedrock's Claude `modelOutput`) as a `chat.completion` body with
+    usage: LiteLLM's reply translation (`AnthropicConfig.transform_parsed_response`), called as LiteLLM's
+    `AnthropicFilesHandler._transform_anthropic_message_to_openai_format` calls it for a batch result, without
+    what that wrapper builds per message and never reads (a logging object, the message re-encoded as a stand-in
+    reply's body: a third of its CPU); on a failure that wrapper answers, with its own fallback body."""
+    import litellm
+    from litellm.types.utils import ModelResponse
+
+    try:
+        model_response = ModelResponse()
+        model_response.choices = [litellm.Choices(finish_reason="stop", index=0,
+                                                  message=litellm.Message(content="", role="assistant"))]
+        body: dict[str, Any] = config.transform_parsed_response(
+            completion_response=message, raw_response=stand_in_reply(), model_response=model_response, json_mode=False,
+            prefix_prompt=None).model_dump(exclude_none=True)
+    except Exception:
+        from litellm.llms.anthropic.files.handler import AnthropicFilesHandler
+
+        return dict(AnthropicFilesHandler()._transform_anthropic_message_to_openai_format(
+            anthropic_message=message, anthropic_config=config))
+    if not body.get("id"):
+        body["id"] = message.get("id", "")
+    return body
 
 
 def _origin(api_base: str | None) -> str | None:
@@ -136,10 +170,8 @@ class AnthropicJobs(TranslatedLines):
 
     async def results(self, state: JobState) -> AsyncIterator[dict[str, Any]]:
         from litellm.llms.anthropic.common_utils import ANTHROPIC_ERROR_STATUS_CODE_MAP
-        from litellm.llms.anthropic.files.handler import AnthropicFilesHandler
         from litellm.llms.anthropic.files.transformation import AnthropicFilesConfig
 
-        translate = AnthropicFilesHandler()._transform_anthropic_message_to_openai_format
         for batch_id in state.files:
             # LiteLLM's `afile_content` reads this URL whole; streamed, memory stays flat (100,000 results).
             url, _ = AnthropicFilesConfig().transform_file_content_request(
@@ -162,7 +194,7 @@ class AnthropicJobs(TranslatedLines):
                                                                 "request_id": message.get("id")}}
                 elif kind == "succeeded":
                     message = result.get("message") or {}
-                    body = dict(translate(anthropic_message=message, anthropic_config=self._chat))
+                    body = chat_completion_body(message, self._chat)
                     yield {"custom_id": custom_id, "response": {"status_code": 200, "request_id": message.get("id"),
                                                                 "body": body}}
                 elif kind == "errored":

@@ -8,13 +8,13 @@ service role Bedrock assumes to read and write them; `GetModelInvocationJob` pol
 `Stopped`, `Expired`); `StopModelInvocationJob` stops it. Bedrock writes each record back, with its
 `modelOutput` or `error`, to `<output prefix>/<job id>/<input file name>.out`.
 
-What is LiteLLM's: each line's translation into Claude's InvokeModel body (`BedrockFilesConfig.
+What is LiteLLM's: each line's translation into Claude's InvokeModel body (the steps of `BedrockFilesConfig.
 _map_openai_to_bedrock_params`, the one LiteLLM's Bedrock batch files use: `AmazonAnthropicClaudeConfig`
-after LiteLLM's parameter mapping) and each `modelOutput` back into a `chat.completion` with usage (LiteLLM's
-Anthropic message translation). What is ours: the S3 upload, the three job calls and the S3 download, with
-boto3 (botocore's SigV4, AWS's standard credential chain and endpoints, `AWS_ENDPOINT_URL_S3`/`_BEDROCK`
-included; or the deployment's `aws_*` params). LiteLLM 1.110.2's Bedrock batch calls upload
-through its own files API with its own S3 keys and do not stop jobs.
+after LiteLLM's parameter mapping, that mapping made once per distinct set of parameters) and each
+`modelOutput` back into a `chat.completion` with usage (LiteLLM's Anthropic message translation). What is
+ours: the S3 upload, the three job calls and the S3 download, with boto3 (botocore's SigV4, AWS's standard
+credential chain and endpoints, `AWS_ENDPOINT_URL_S3`/`_BEDROCK` included; or the deployment's `aws_*` params).
+LiteLLM 1.110.2's Bedrock batch calls upload through its own files API with its own S3 keys and do not stop jobs.
 
 Limits (Bedrock's quotas): at least 100 and at most 50,000 records per job, 1 GB per input file; a job runs
 within its timeout (24 hours by default), else `Expired`. A part below the minimum never goes to Bedrock:
@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import functools
 import hashlib
 import json
+import os
 import posixpath
 from collections.abc import AsyncIterator
 from typing import Any
@@ -43,6 +46,20 @@ _STATUS = {"Submitted": "validating", "Validating": "validating", "Scheduled": "
            "Failed": "failed", "Stopping": "cancelling", "Stopped": "cancelled", "Expired": "expired"}
 _AWS_PARAMS = {"aws_access_key_id": "aws_access_key_id", "aws_secret_access_key": "aws_secret_access_key",
                "aws_session_token": "aws_session_token", "aws_region_name": "region_name"}
+
+
+@functools.lru_cache(maxsize=32)
+def _aws_clients(session_params: tuple[tuple[str, str], ...], aws_env: tuple[tuple[str, str], ...]) -> tuple[Any, Any]:
+    """(s3, bedrock) boto3 clients of one set of `boto3.Session` params, made once per process: a jobs object is
+    made per shard, and a session with its two clients costs ~0.1 s of CPU (botocore loads its service models).
+    `aws_env`: the `AWS_*` environment the standard chain reads (endpoints, region, profile, keys), so a changed
+    one makes new clients. boto3's clients are thread-safe (each call runs in `asyncio.to_thread`)."""
+    import boto3
+
+    session = boto3.session.Session(**dict(session_params))
+    # endpoints: AWS's own, or AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL_BEDROCK (botocore's standard);
+    # `api_base` stays what LiteLLM reads it as: the bedrock-runtime endpoint of the real-time calls
+    return session.client("s3"), session.client("bedrock")
 
 
 class BedrockJobs(TranslatedLines):
@@ -73,6 +90,8 @@ class BedrockJobs(TranslatedLines):
         self._keep = info.native_keep_files
         self.min_lines = info.native_min_records if info.native_min_records is not None else BedrockJobs.min_lines
         self._anthropic = AnthropicConfig()
+        self._claude = AmazonAnthropicClaudeConfig()
+        self._mapped: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # `_model_input`'s mapped parameters
         self._supported = set(AmazonAnthropicClaudeConfig().get_supported_openai_params(model)) - _NOT_IN_BATCHES
         self._clients: tuple[Any, Any] | None = None
 
@@ -82,12 +101,52 @@ class BedrockJobs(TranslatedLines):
         return endpoint.value
 
     def _model_input(self, body: dict[str, Any]) -> dict[str, Any]:
-        from litellm.llms.bedrock.files.transformation import BedrockFilesConfig
+        """Claude's InvokeModel body of an OpenAI chat body: what LiteLLM's `BedrockFilesConfig.
+        _map_openai_to_bedrock_params` makes for an Anthropic model, its own steps, with the parameter mapping
+        (`get_optional_params`, which never reads the messages) made once per distinct set of parameters.
 
-        asked = {k: v for k, v in body.items() if k != "model" and v is not None}
-        model_input: dict[str, Any] = BedrockFilesConfig()._map_openai_to_bedrock_params(
-            asked, self._model, "anthropic")
+        That mapping walks LiteLLM's model map a dozen times a line (~1 ms: most of a Bedrock line's CPU), for
+        the same answer on every line of a deployment that asks for the same parameters."""
+        from litellm.llms.base_llm.base_utils import map_developer_role_to_system_role
+
+        asked = {k: v for k, v in body.items() if k not in ("model", "messages") and v is not None}
+        key = json.dumps(asked, sort_keys=True, default=repr)
+        mapped = self._mapped.get(key)
+        if mapped is None:
+            mapped = self._mapped[key] = self._map_params(asked)
+        optional, litellm_params = copy.deepcopy(mapped)  # LiteLLM's request builder may change what it is given
+        model_input: dict[str, Any] = self._claude.transform_request(
+            model=self._model, messages=map_developer_role_to_system_role(body.get("messages") or []),
+            optional_params=optional, litellm_params=litellm_params, headers={})
         return model_input
+
+    def release(self) -> None:
+        super().release()
+        self._mapped.clear()
+
+    def _map_params(self, asked: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(optional_params, litellm_params) of Claude's request for these OpenAI parameters: the Anthropic branch
+        of LiteLLM's `_map_openai_to_bedrock_params`, with its own helpers."""
+        from litellm.llms.bedrock.common_utils import (
+            bedrock_batch_record_takes_native_output,
+            deployment_model_info,
+            without_bedrock_native_output_opt_in,
+        )
+        from litellm.llms.bedrock.files import transformation as files
+        from litellm.types.utils import is_litellm_owned_kwarg
+        from litellm.utils import get_optional_params
+
+        route_model = files._invoke_route_model(self._model)
+        litellm_params = without_bedrock_native_output_opt_in({"model_info": {
+            "supports_native_structured_output": bedrock_batch_record_takes_native_output(
+                route_model, asked.get("response_format"), None)}})
+        mapped = get_optional_params(
+            model=route_model, custom_llm_provider="bedrock", messages=None,
+            model_info=deployment_model_info(litellm_params),
+            **files._ParamsTheMapperOwns(**{k: v for k, v in asked.items() if not is_litellm_owned_kwarg(k)
+                                            or k in files._LITELLM_PARAMS_THE_MAPPER_TAKES}))
+        optional = {k: v for k, v in mapped.items() if k not in files._MAPPED_PARAMS_THE_REQUEST_HANDLER_STRIPS}
+        return optional, dict(litellm_params)
 
     def _translate(self, req: BatchRequest) -> bytes:
         entry = {"recordId": upstream_custom_id(req.line), "modelInput": self._model_input(req.body)}
@@ -103,13 +162,9 @@ class BedrockJobs(TranslatedLines):
     def _aws(self) -> tuple[Any, Any]:
         """(s3, bedrock) boto3 clients: the deployment's `aws_*` params, else AWS's standard chain."""
         if self._clients is None:
-            import boto3
-
-            session = boto3.session.Session(**{name: self._kwargs[key] for key, name in _AWS_PARAMS.items()
-                                               if self._kwargs.get(key)})
-            # endpoints: AWS's own, or AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL_BEDROCK (botocore's standard);
-            # `api_base` stays what LiteLLM reads it as: the bedrock-runtime endpoint of the real-time calls
-            self._clients = (session.client("s3"), session.client("bedrock"))
+            params = tuple((name, str(self._kwargs[key])) for key, name in _AWS_PARAMS.items() if self._kwargs.get(key))
+            aws_env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+            self._clients = _aws_clients(params, aws_env)
         return self._clients
 
     async def _call(self, which: int, method: str, **kwargs: Any) -> Any:
@@ -173,13 +228,12 @@ class BedrockJobs(TranslatedLines):
                 await self._call(0, "delete_object", Bucket=bucket, Key=key)
 
     def _result(self, record: dict[str, Any]) -> dict[str, Any]:
-        from litellm.llms.anthropic.files.handler import AnthropicFilesHandler
+        from providers.anthropic_jobs import chat_completion_body
 
         custom_id = str(record.get("recordId"))
         output = record.get("modelOutput")
         if isinstance(output, dict) and record.get("error") is None:
-            translate = AnthropicFilesHandler()._transform_anthropic_message_to_openai_format
-            body = dict(translate(anthropic_message=output, anthropic_config=self._anthropic))
+            body = chat_completion_body(output, self._anthropic)
             body["model"] = self._model
             return {"custom_id": custom_id, "response": {"status_code": 200, "body": body,
                                                          "request_id": output.get("id")}}

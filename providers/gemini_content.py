@@ -17,7 +17,7 @@ import types
 from typing import Any
 
 from gateway.domain import BatchRequest, Endpoint, Result
-from providers.upstream_jobs import TranslatedLines, translation_refusal
+from providers.upstream_jobs import TranslatedLines, stand_in_reply, translation_refusal
 
 _BODY_FIELDS = frozenset({"model", "messages"})
 _NOT_IN_BATCHES = frozenset({"stream", "stream_options"})  # a batch answers each request whole
@@ -60,13 +60,12 @@ class GeminiContent(TranslatedLines):
 
     def _answer(self, custom_id: str, response: dict[str, Any]) -> dict[str, Any]:
         """A `GenerateContentResponse` as an OpenAI batch output line (a `chat.completion` with usage)."""
-        import httpx
         from litellm.types.utils import ModelResponse
 
         # LiteLLM's reply translation reads the call's parameters off its logging object: none here
         logging = types.SimpleNamespace(optional_params={}, litellm_params={}, model_call_details={})
         reply = self._chat.transform_google_generate_content_to_openai_model_response(
-            response, ModelResponse(), self._model, logging, httpx.Response(200))
+            response, ModelResponse(), self._model, logging, stand_in_reply())
         body = reply.model_dump(exclude_none=True)
         for extra in _VERTEX_EXTRAS:
             body.pop(extra, None)
