@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -52,6 +53,7 @@ _SQLITE_KINDS = {13: "disk_full", 10: "disk_io_error", 8: "read_only", 5: "datab
 _SQLITE_WORDS = {"database or disk is full": "disk_full", "disk i/o error": "disk_io_error",
                  "database is locked": "database_locked", "readonly database": "read_only"}
 # S3's codes for "slow down / try again", whatever the HTTP status says
+_REDIS_CONNECTION = os.path.join("redis", "asyncio", "connection.py")
 _S3_RETRY_CODES = {"SlowDown", "RequestTimeout", "ServiceUnavailable", "InternalError", "Throttling",
                    "ThrottlingException", "RequestLimitExceeded", "503"}
 
@@ -100,6 +102,8 @@ def _kind(exc: BaseException) -> str | None:
         return "redis_unreachable"
     if isinstance(exc, ResponseError) and str(exc).startswith(("MISCONF", "OOM", "LOADING")):
         return "redis_unreachable"  # Redis up but refusing writes: its disk or memory is full
+    if isinstance(exc, AttributeError | TypeError) and _in_redis_connection(exc):
+        return "redis_unreachable"  # a connection closed under a command (redis-py #4287)
     if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
@@ -109,6 +113,19 @@ def _kind(exc: BaseException) -> str | None:
     if isinstance(exc, BotoConnectionError | HTTPClientError):
         return "s3_unreachable"
     return None
+
+
+def _in_redis_connection(exc: BaseException) -> bool:
+    """Whether `exc` came out of redis-py's asyncio connection: a command written to a connection that was
+    closed meanwhile (a cluster's failover resets its nodes' connections, a peer resets one) meets a
+    transport torn down under it and raises `'NoneType' object has no attribute 'writelines'` (or a
+    TypeError) instead of a ConnectionError (redis-py 8.1.0, issue #4287; seen in the 3+3 failover test)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(_REDIS_CONNECTION):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def machine_fault(exc: BaseException) -> MachineFault | None:

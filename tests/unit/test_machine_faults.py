@@ -102,3 +102,16 @@ def test_the_dashboard_word() -> None:
     assert waiting_words({"disk_full": 0.0}) == "waiting: disk full since 00:00 UTC"
     assert waiting_words({"s3_unavailable": 3600.0, "redis_unreachable": 60.0}) == \
         "waiting: Redis unreachable since 00:01 UTC, S3 throttled or 5xx since 01:00 UTC"
+
+
+async def test_a_command_written_to_a_connection_closed_under_it_is_redis_unreachable() -> None:
+    # redis-py's connection whose transport a failover tore down meanwhile (here: never opened) raises an
+    # AttributeError from inside redis-py, not a ConnectionError (redis-py #4287): still Redis's fault
+    from redis.asyncio.connection import Connection
+
+    with pytest.raises(AttributeError) as caught:
+        await Connection()._send_packed_command([b"*1\r\n$4\r\nPING\r\n"])
+    assert (fault := machine_fault(caught.value)) is not None and fault.kind == "redis_unreachable"
+    with pytest.raises(AttributeError) as ours:
+        None.writelines([])  # type: ignore[attr-defined]  # the same error outside redis-py: a bug of ours
+    assert machine_fault(ours.value) is None
