@@ -303,6 +303,11 @@ class ShardRunner:
                 consumer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await consumer
+            elif not consumer.cancelled():
+                # Ended by an error while this loop was leaving by another (both a store that went away in a
+                # failover): the one raised here stands; reading this one keeps asyncio from logging it as
+                # "never retrieved" at ERROR when the task is collected.
+                consumer.exception()
             await flush()
 
 
