@@ -195,6 +195,28 @@ async def test_pipeline_cancel_cancels_upstream(slow_upstream: Upstream, tmp_pat
     assert await upstream_status(upstream, batch_id) in ("cancelling", "cancelled")
 
 
+async def cancelled_mid_poll(backend: NativeBatchBackend, store: SQLiteStore,
+                             lines: list[BatchRequest]) -> tuple[list[str], list[Result]]:
+    """`backend` started and one shard of `lines` set off; once the provider's job exists, our batch is
+    cancelling and the shard's task cancelled, as the pipeline does. The provider's job ids, and what the
+    shard yielded before it was cancelled."""
+    await backend.start()
+    shard = await new_shard(store, len(lines))
+    got: list[Result] = []
+
+    async def consume() -> None:
+        async for r in backend.execute_shard(shard, lines):
+            got.append(r)
+
+    task = asyncio.create_task(consume())
+    ids = await upstream_ids(store, shard)
+    await store.batches.update(shard.batch_id, {"status": BatchStatus.CANCELLING, "cancelling_at": now()})
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return ids, got
+
+
 async def cancel_once_submitted(route: Route, tmp_path: Path, body: Callable[[int], dict[str, Any]]) -> str:
     """Three chat lines on the native `route` through the pipeline, our batch cancelled once the provider's job
     exists: our batch ends cancelled with every line failed, the job's id kept in the batch record and the

@@ -20,13 +20,11 @@ import pytest
 
 from gateway.config.routes import Route
 from gateway.config.schema import parse_config
-from gateway.domain import BatchStatus, Result
 from gateway.errors import ConfigError
-from gateway.store.objects import now
 from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend, native_route_summary
 from tests.fakes.stub_process import Stub, start_stub
-from tests.servers.test_native import ROUTE, content, new_shard, run_shard, upstream_ids
+from tests.servers.test_native import ROUTE, cancelled_mid_poll, content, new_shard, run_shard, upstream_ids
 from tests.servers.test_native_providers import chat
 from tests.support.native_config import ROLE, native_route
 from tests.support.services import S3_ENV, MotoS3
@@ -158,20 +156,7 @@ async def test_a_failed_or_expired_job_fails_every_line(directive: str, code: st
 
 async def test_cancel_stops_the_job(slow_bedrock: Stub, s3: MotoS3, store: SQLiteStore) -> None:
     backend = NativeBatchBackend(route(slow_bedrock, s3, native_min_records=2), {}, store)
-    await backend.start()
-    shard = await new_shard(store, 2)
-    got: list[Result] = []
-
-    async def consume() -> None:
-        async for r in backend.execute_shard(shard, [chat(1), chat(2)]):
-            got.append(r)
-
-    task = asyncio.create_task(consume())
-    (job_arn,) = await upstream_ids(store, shard)
-    await store.batches.update(shard.batch_id, {"status": BatchStatus.CANCELLING, "cancelling_at": now()})
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    (job_arn,), got = await cancelled_mid_poll(backend, store, [chat(1), chat(2)])
     assert got == [] and slow_bedrock.stats()["cancels"] == 1 and job_arn.startswith("arn:aws:bedrock:")
 
 

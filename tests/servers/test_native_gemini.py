@@ -20,14 +20,12 @@ import pytest
 
 from gateway.config.routes import Route
 from gateway.config.schema import parse_config
-from gateway.domain import BatchStatus, Result
 from gateway.errors import ConfigError
-from gateway.store.objects import now
 from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend, native_route_summary
 from providers.openai_batches import shard_meta_key
 from tests.fakes.stub_process import Stub, start_stub
-from tests.servers.test_native import ROUTE, content, new_shard, run_shard, upstream_ids
+from tests.servers.test_native import ROUTE, cancelled_mid_poll, content, new_shard, run_shard, upstream_ids
 from tests.servers.test_native_providers import chat, upstream_status
 from tests.support.native_config import native_route
 
@@ -112,20 +110,7 @@ async def test_file_input_keeps_its_files_when_told_and_a_failed_batch_fails_eve
 
 async def test_cancel_cancels_a_file_batch(slow_gemini: Stub, store: SQLiteStore) -> None:
     backend = NativeBatchBackend(route(slow_gemini, native_inline_max_bytes=0), {}, store)
-    await backend.start()
-    shard = await new_shard(store, 2)
-    got: list[Result] = []
-
-    async def consume() -> None:
-        async for r in backend.execute_shard(shard, [chat(1), chat(2)]):
-            got.append(r)
-
-    task = asyncio.create_task(consume())
-    (batch_id,) = await upstream_ids(store, shard)
-    await store.batches.update(shard.batch_id, {"status": BatchStatus.CANCELLING, "cancelling_at": now()})
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    (batch_id,), got = await cancelled_mid_poll(backend, store, [chat(1), chat(2)])
     assert got == [] and slow_gemini.stats()["cancels"] == 1 and counts(slow_gemini)["file_batches"] == 1
     assert upstream_status("gemini", slow_gemini, batch_id) == "BATCH_STATE_CANCELLED"
 

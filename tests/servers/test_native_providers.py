@@ -21,15 +21,22 @@ import pytest
 from gateway.config.endpoints import NATIVE_PROVIDERS
 from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import parse_config
-from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result
+from gateway.domain import BatchRequest, Endpoint
 from gateway.errors import ConfigError
-from gateway.store.objects import now
 from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend, jobs_class, native_route_summary
 from providers.openai_batches import shard_meta_key
 from providers.upstream_jobs import UpstreamHTTPError, http_lines
 from tests.fakes.stub_process import Stub, start_stub
-from tests.servers.test_native import ROUTE, cancel_once_submitted, content, new_shard, run_shard, upstream_ids
+from tests.servers.test_native import (
+    ROUTE,
+    cancel_once_submitted,
+    cancelled_mid_poll,
+    content,
+    new_shard,
+    run_shard,
+    upstream_ids,
+)
 from tests.support.native_config import native_route
 
 PROVIDERS = ["anthropic", "mistral", "gemini"]
@@ -219,21 +226,8 @@ async def test_cancel_cancels_the_upstream_job(provider: str, slow_stubs: dict[s
                                                store: SQLiteStore) -> None:
     stub = slow_stubs[provider]
     backend = NativeBatchBackend(route(provider, stub), {}, store)
-    await backend.start()
-    shard = await new_shard(store, 2)
-    got: list[Result] = []
-
-    async def consume() -> None:
-        async for r in backend.execute_shard(shard, [chat(1), chat(2)]):
-            got.append(r)
-
-    task = asyncio.create_task(consume())
-    (batch_id,) = await upstream_ids(store, shard)
     before = stub.stats().get("cancels", 0)
-    await store.batches.update(shard.batch_id, {"status": BatchStatus.CANCELLING, "cancelling_at": now()})
-    task.cancel()  # what the pipeline does when it sees our batch cancelled
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    (batch_id,), got = await cancelled_mid_poll(backend, store, [chat(1), chat(2)])
     assert got == []
     assert stub.stats()["cancels"] == before + 1
     assert upstream_status(provider, stub, batch_id) in ("canceling", "ended", "CANCELLATION_REQUESTED", "CANCELLED",

@@ -22,14 +22,12 @@ import pytest
 
 from gateway.config.routes import Route
 from gateway.config.schema import parse_config
-from gateway.domain import BatchStatus, Result
 from gateway.errors import ConfigError
-from gateway.store.objects import now
 from gateway.store.sqlite.store import SQLiteStore
 from providers.native import NativeBatchBackend, native_route_summary
 from providers.openai_batches import shard_meta_key
 from tests.fakes.stub_process import Stub, start_stub
-from tests.servers.test_native import ROUTE, content, new_shard, run_shard, upstream_ids
+from tests.servers.test_native import ROUTE, cancelled_mid_poll, content, new_shard, run_shard, upstream_ids
 from tests.servers.test_native_providers import chat
 from tests.support.gcs import GcsEmulator, service_account_json, service_account_key
 from tests.support.native_config import VERTEX_PROJECT as PROJECT
@@ -155,20 +153,7 @@ async def test_a_failed_or_expired_job_fails_every_line(directive: str, code: st
 
 async def test_cancel_cancels_the_job(slow_vertex: Stub, gcs: GcsEmulator, store: SQLiteStore) -> None:
     backend = NativeBatchBackend(route(slow_vertex, gcs), {}, store)
-    await backend.start()
-    shard = await new_shard(store, 2)
-    got: list[Result] = []
-
-    async def consume() -> None:
-        async for r in backend.execute_shard(shard, [chat(1), chat(2)]):
-            got.append(r)
-
-    task = asyncio.create_task(consume())
-    (job,) = await upstream_ids(store, shard)
-    await store.batches.update(shard.batch_id, {"status": BatchStatus.CANCELLING, "cancelling_at": now()})
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    (job,), got = await cancelled_mid_poll(backend, store, [chat(1), chat(2)])
     assert got == [] and slow_vertex.stats()["cancels"] == 1 and "/batchPredictionJobs/" in job
 
 
