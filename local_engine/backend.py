@@ -261,6 +261,34 @@ def _check_model_path(model: Any) -> None:
         raise EngineStartError(f"model path {text!r} does not exist or is not a directory")
 
 
+_LOADING: set[threading.Thread] = set()  # engine builds still running in their threads
+
+
+def exit_while_loading(code: int) -> None:
+    """End the process now if an engine is still being built in its thread; else return.
+
+    The interpreter's own exit would finalize while that thread is deep in vLLM and torch: a daemon thread
+    stopped there aborts the process (`FATAL: exception not rethrown`, status 134) or deadlocks it (a run
+    that reported its invalid input hung for good). So: stop our child processes (an engine-core process
+    already spawned handles SIGTERM), flush, and `os._exit` with the command's status. The caller has closed
+    the store and written its output and its report before this."""
+    if not any(t.is_alive() for t in _LOADING):
+        return
+    import multiprocessing
+    import sys
+
+    for child in multiprocessing.active_children():
+        child.terminate()
+        child.join(5)
+        if child.is_alive():
+            child.kill()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 async def _build_engine_off_loop(args: Any) -> AsyncLLM:
     """Build the engine in a worker thread so the event loop keeps serving while it loads.
 
@@ -279,8 +307,12 @@ async def _build_engine_off_loop(args: Any) -> AsyncLLM:
                 future.set_exception(exc)
 
     # A daemon thread, not an executor's: a run that fails on its input while the engine loads exits at
-    # once (the interpreter joins executor threads at exit, which would wait out the whole load).
-    threading.Thread(target=build, name="local-engine-start", daemon=True).start()
+    # once (the interpreter joins executor threads at exit, which would wait out the whole load). Such an
+    # exit must not finalize the interpreter under it: see `exit_while_loading`.
+    thread = threading.Thread(target=build, name="local-engine-start", daemon=True)
+    _LOADING.add(thread)
+    future.add_done_callback(lambda _f: _LOADING.discard(thread))
+    thread.start()
     try:
         return await asyncio.wrap_future(future)
     except asyncio.CancelledError:

@@ -278,6 +278,16 @@ def quiet_libraries(verbose: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; `argv` given means called as a function: stdout/stderr descriptors are left alone."""
+    code = _main(argv)
+    if argv is None and "local_engine.backend" in sys.modules:  # an engine may still be loading in its thread
+        from local_engine.backend import exit_while_loading
+
+        tracing.shutdown()  # the spans buffered, sent before the process ends without its own exit
+        exit_while_loading(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     own_process = argv is None
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
