@@ -16,11 +16,13 @@
   meanwhile, then the next-best candidate (at most `_TRIES`). What is no longer
   atomic is the comparison across teams: it is made on a snapshot one round
   trip old. The rule still holds: a worker takes only a candidate whose key
-  was the least when read, and a race can only let two workers take from
-  candidates that were best at the same moment (one shard each, as two claims
-  in a row would; neither ever takes what a less-used team was owed). The cost:
-  3 round trips per claim (two pipelines and the read), O(teams x k) commands
-  (k: a team's earliest batches looked at), never O(shards queued).
+  was the least when read (a race only lets it take one whose key was best a
+  round trip ago, as if it had claimed a moment sooner), and a shard is still
+  read by one worker only (XREADGROUP in the stream's slot). On a cluster the
+  per-team scripts run at once rather than pipelined (its client pipelines no
+  scripts). The cost: 3 round trips per claim (the registries, the candidates,
+  the read), O(teams x k) commands (k: a team's earliest batches looked at),
+  never O(shards queued).
 - A put registers its team in the route's registry first (idempotent, its own
   slot), then enqueues in the team's slot: a team registered with nothing queued
   only reads as empty.
