@@ -62,7 +62,8 @@ def holders(r: redis.Redis, workers: list[str], podman: str) -> dict[str, int]:
             hostnames[out.stdout.strip()] = name
     held: dict[str, int] = {}
     keys = Keys()
-    for stream in (s for route in (UPSTREAM, LOCAL) for s in r.smembers(keys.streams(route))):
+    queues = [keys.streams(route, team) for route in (UPSTREAM, LOCAL) for team in r.hkeys(keys.teams(route))]
+    for stream in (s for queue in queues for s in r.smembers(queue)):
         for consumer in r.xinfo_consumers(stream, GROUP):
             # A worker's consumer name starts with its host name (gateway.runtime.runtime.worker_name: host:pid).
             for host, container in hostnames.items():

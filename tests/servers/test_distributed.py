@@ -160,7 +160,8 @@ async def _pid_with_shards(api: Runtime, redis_url: str, pids: set[int], timeout
     while True:
         assert time.monotonic() < deadline, "no live worker held a shard (did the batch finish first?)"
         busy = set()
-        for stream in await client.smembers(Keys().streams(MODEL)):
+        teams = await client.hkeys(Keys().teams(MODEL))
+        for stream in [s for team in teams for s in await client.smembers(Keys().streams(MODEL, team))]:
             pending = await client.xpending(stream, GROUP)
             busy |= {c["name"] for c in pending["consumers"] if int(c["pending"]) > 0}
         for w in await api.coordination.live_workers():
@@ -192,7 +193,9 @@ async def test_sweeper_enqueues_shards_lost_from_the_queue(cluster: Cluster, ups
             await asyncio.sleep(0.05)
         # Redis lost the queue (or the replica died while enqueueing): no entry carries the shards
         lost = connect_redis(url)
-        await lost.delete(*await lost.smembers(Keys().streams(MODEL)), Keys().queued)
+        team = rec.owner if rec is not None else ""
+        queue_keys = Keys().streams(MODEL, team), Keys().queued(MODEL, team)
+        await lost.delete(*await lost.smembers(queue_keys[0]), *queue_keys)
         await worker.start()
         await api.sweeper.sweep()
         batch = await _wait(api, batch_id, timeout=60)

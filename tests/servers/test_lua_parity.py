@@ -5,14 +5,14 @@ and a 3-master Redis Cluster: `any_redis`).
   `gateway.store.redis.quota`, on the same admitted batches and the same new batch.
 - The rate grant: `gateway.store.rates.grantable` (the SQLite windows') and the take script of
   `gateway.store.redis.rates`, on the same window (requests and tokens counted already) and the same ask.
-- The fair pick: `gateway.scheduling.fairness.pick` (the SQLite queue's) and the CLAIM script of
-  `gateway.store.redis.scripts`, on the same waiting and held shards. Every case has one winner: between
-  keys that tie, the two break ties by their own orders (Python the earlier candidate, Lua Redis' hash order).
+- The fair pick: `gateway.scheduling.fairness.pick` over the SQLite queue's rows, and the Redis queue's claim
+  (the CANDIDATES script in each (route, team) slot, the pick in Python, the TAKE script), on the same waiting
+  and held shards. Every case has one winner: between keys that tie, the two break ties by their own orders
+  (the embedded queue's rows, Redis' hash order).
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,7 +27,6 @@ from gateway.store.quota import MAX_ENQUEUED_REQUESTS as REQUESTS
 from gateway.store.quota import MODEL_MAX_ENQUEUED_REQUESTS as PER_MODEL
 from gateway.store.quota import TeamLimits, exceeded
 from gateway.store.rates import grantable, window_of
-from gateway.store.redis import scripts
 from gateway.store.redis.connection import open_redis
 from gateway.store.redis.keys import GROUP
 from gateway.store.redis.queue import RedisStreamQueue
@@ -193,7 +192,7 @@ def test_the_fair_pick_in_lua_and_in_python(any_redis: RedisServer | RedisCluste
 
     async def lua_pick() -> str | None:
         any_redis.flush()
-        client, keys = await open_redis(any_redis.url)  # on a cluster: its keys in one slot
+        client, keys = await open_redis(any_redis.url)  # on a cluster: each (route, team) queue in its slot
         try:
             queue = RedisStreamQueue(client, routes, keys=keys, consumer="me")
             for w in case.work:
@@ -201,10 +200,9 @@ def test_the_fair_pick_in_lua_and_in_python(any_redis: RedisServer | RedisCluste
                     await queue.put(Shard(w.batch, i, w.route, 1, team=w.team, deadline=w.deadline))
                 if w.held:  # another worker holds these (read, not acked)
                     await client.xreadgroup(GROUP, "other", {keys.stream(w.route, w.team, w.batch): ">"}, count=w.held)
-            claim = client.register_script(scripts.CLAIM)
-            opts = json.dumps({"skip": case.skip_teams, "skip_batches": case.skip_batches, "weights": case.weights})
-            got = await claim(keys=[keys.teams(r) for r in routes], args=[GROUP, "me", 32, opts])
-            return str(got[0]).rpartition(":")[2] if got else None
+            queue.weights = case.weights
+            got = await queue.claim(routes, case.skip_teams, case.skip_batches)
+            return got.shard.batch_id if got is not None else None
         finally:
             await client.aclose()
 

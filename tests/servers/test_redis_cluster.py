@@ -4,7 +4,8 @@ A 3-master cluster on loopback (`redis-server --cluster-enabled yes` x3, `redis-
 `serve` (an API replica) and two `batchyard worker`s, a batch, one worker SIGKILLed mid-batch: the batch
 completes with every custom_id once and no line failed; that test runs on a Valkey cluster too
 (`valkey-server` x3, `valkey-cli --cluster create`: the `server_binary` fixture). Every key carries the
-deployment's hash tag (one slot: `gateway.store.redis.keys.slot_prefix`). A single redis-server keeps the
+deployment's hash tag (one slot: `gateway.store.redis.keys.slot_prefix`), but the queue's: one slot per
+(route, team) queue and one per route's team registry, several slots in all. A single redis-server keeps the
 untagged names it had, so a deployment written before the cluster support reads its batches on (nothing to
 migrate).
 (The store, queue and Lua parity suites run on a Redis cluster and on a valkey-server too: `any_redis` in
@@ -23,11 +24,12 @@ from openai import InternalServerError, OpenAI
 from openai.types import Batch
 
 from gateway.config.schema import parse_config
-from gateway.domain import BatchStatus
+from gateway.domain import BatchStatus, Shard
 from gateway.runtime.runtime import open_shared
 from gateway.store.objects import BatchOptions, BatchRecord
-from gateway.store.redis.connection import connect_redis
+from gateway.store.redis.connection import connect_redis, open_redis
 from gateway.store.redis.keys import Keys
+from gateway.store.redis.queue import RedisStreamQueue
 from gateway.store.redis.store import RedisStore
 from tests.fakes.upstream.server import Upstream
 from tests.servers.test_faults_redis import tracebacks
@@ -93,18 +95,56 @@ def test_serve_and_two_workers_on_a_cluster_with_one_worker_killed(
         assert sorted(output) == sorted(line["custom_id"] for line in lines)  # each once
         assert tracebacks(logs) == [], "\n".join(tracebacks(logs))
         names = _all_keys(cluster)
-        assert names and all(name.startswith("{batchyard}:") for name in names), names[:5]
-        # ...so they all live on the master of one slot
-        masters = set()
-        for node in cluster.nodes:
-            with node.client() as c:
-                if c.dbsize():
-                    masters.add(node.port)
-        assert len(masters) == 1
+        # the records under the deployment's tag; the queue's keys (what is left of them: the route's team
+        # registry) each under a tag of their own
+        queue = [name for name in names if name.startswith(("batchyard:{q:", "batchyard:{r:"))]
+        assert queue == ["batchyard:{r:gpt-mini}:teams"], queue
+        assert all(name.startswith("{batchyard}:") for name in names if name not in queue), names[:5]
     finally:
         for worker in workers:
             worker.close()
         gw.stop()
+
+
+async def test_the_queues_keys_are_in_one_slot_per_route_and_team(cluster: RedisClusterServers) -> None:
+    """Shards of 2 batches of 2 teams on 2 routes: each (route, team) queue's keys share one slot, and the
+    queues span several; a route or team named with `{`, `}` and `:` gives well-formed, distinct keys."""
+    cluster.flush()
+    routes, teams = ["gpu", "we{ird}:1:x"], ["alpha", "b}e{ta:2"]
+    client, keys = await open_redis(cluster.url)
+    queue = RedisStreamQueue(client, routes, keys=keys, consumer="me")
+    try:
+        for route in routes:
+            for n, team in enumerate(teams):
+                await queue.put(Shard(f"batch_{n}", 0, route, 1, team=team, deadline=100))
+        slots = {}
+        with cluster.nodes[0].client() as c:
+            def slot(key: str) -> int:
+                return int(c.execute_command("CLUSTER", "KEYSLOT", key))
+
+            for route in routes:
+                for n, team in enumerate(teams):
+                    names = [keys.stream(route, team, f"batch_{n}"), keys.ready(route, team),
+                             keys.streams(route, team), keys.queued(route, team)]
+                    tag = names[0][names[0].index("{") + 1:names[0].index("}")]
+                    assert all(name.startswith(f"batchyard:{{{tag}}}:") for name in names), names
+                    assert {slot(name) for name in names} == {slot(tag)}  # the tag is the whole tag
+                    slots[route, team] = tag
+            assert len(set(slots.values())) == 4 and len({slot(tag) for tag in slots.values()}) > 1
+        assert sorted(n for n in _all_keys(cluster) if "}:stream:" in n) == sorted(
+            keys.stream(r, t, f"batch_{n}") for r in routes for n, t in enumerate(teams))
+        # names that would meet without lengths or escapes stay apart
+        assert keys.ready("a:1:b", "c") != keys.ready("a", "1:b:c")
+        assert keys.ready("a}", "b") != keys.ready("a", "}b") and "%7D" in keys.teams("a}")
+        # every shard is claimed and acked through those keys
+        for _ in range(4):
+            got = await queue.claim(routes)
+            assert got is not None
+            await queue.ack(got)
+        assert await queue.claim(routes) is None and await queue.queued() == {}
+    finally:
+        await queue.aclose()
+        await client.aclose()
 
 
 def _master_of_the_tag(cluster: RedisClusterServers) -> RedisServer:

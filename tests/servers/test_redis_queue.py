@@ -14,6 +14,7 @@ import pytest
 
 from gateway.domain import Shard
 from gateway.store.redis.connection import connect_redis
+from gateway.store.redis.coordination import RedisCoordination
 from gateway.store.redis.keys import GROUP, Keys
 from gateway.store.redis.queue import RedisStreamQueue
 from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer
@@ -51,13 +52,14 @@ async def test_queue_routes_refresh_reclaim_and_hand_back(redis_server: RedisSer
         # a consumer that never refreshes keeps its shard while its heartbeat key lives…
         await a.put(Shard("batch_q", 2, "gpu", 1))
         stream = keys.stream("gpu", "", "batch_q")  # one stream per (route, team, batch)
-        await client.set(keys.worker("dead"), "{}")
+        heartbeats = RedisCoordination(client, keys, "dead")
+        await heartbeats.beat("dead", {"name": "dead"}, 60)
         await client.xreadgroup(GROUP, "dead", {stream: ">"}, count=1)
         deadline = time.monotonic() + 1.6
         while time.monotonic() < deadline:
             assert await b.get({"gpu"}, timeout=0.2) is None
         # …and loses it once the heartbeat is gone and the shard is idle for the timeout
-        await client.delete(keys.worker("dead"))
+        await heartbeats.gone("dead")
         started = time.monotonic()
         taken = None
         while taken is None and time.monotonic() - started < 5:

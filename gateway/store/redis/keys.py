@@ -41,13 +41,20 @@ records (`RedisStore`: files, batches, ledger, backend state)
     webhooks-all              zset    every team's, the same way (the admin's dashboard)
     webhook-seq               string  the add sequence counter
 
-queue (`RedisStreamQueue`; lengths make the keys unambiguous whatever a route or team is named)
-    stream:{n}:{route}:{m}:{team}:{batch}
-                              stream  waiting and in-flight shards of one batch on one route
-    ready:{n}:{route}:{team}  zset    a team's batch streams on a route, score = the batch's expires_at
-    teams:{route}             hash    team -> its `ready` key, for every team that queued on the route
-    streams:{route}           set     every batch stream of the route (reclaim, counts, upkeep)
-    queued                    hash    shard key -> `entry id@stream` of the entry that carries it
+queue (`RedisStreamQueue`): one hash slot per (route, team) queue, tagged `{q:…}`, and one per route for its
+team registry, tagged `{r:…}`; on a single Redis and a cluster alike. The deployment prefix stays in front,
+untagged (Redis hashes the FIRST `{…}`: a tagged prefix would put every queue back in one slot). In a tag
+`%`, `{` and `}` of a name are written `%25`, `%7B`, `%7D`, so the tag ends where it should whatever a route or
+team is named; the route's length makes `{q:…}` unambiguous. Below, Q = `{q:{n}:{route}:{team}}`.
+    Q:stream:{batch}          stream  waiting and in-flight shards of one batch on one route
+    Q:ready                   zset    the team's batch streams on the route, score = the batch's expires_at
+    Q:streams                 set     the team's batch streams on the route (reclaim, counts, upkeep)
+    Q:queued                  hash    shard key -> `entry id@stream` of the entry that carries it
+    {r:{route}}:teams         hash    team -> its `ready` key, for every team that queued on the route
+                                      (written before the team's first PUT: its own slot, not the queue's)
+    A put, an ack, a refresh and a reclaim each touch one Q slot. The fair claim compares teams: it reads
+    each route's registry, then each team's candidate in its own slot, and picks in Python
+    (`gateway.store.redis.queue` says what that bounds).
 
 quotas (`RedisQuotaLedger`, `RedisRates`, `RedisStorageLedger`)
     quota:{team}              hash    batch id -> requests it enqueued, for each admitted batch still counted
@@ -169,21 +176,36 @@ class Keys:
         return f"{self.prefix}webhook-seq"
 
     # -- queue -------------------------------------------------------------------
+    @staticmethod
+    def _escaped(name: str) -> str:
+        """`name` with no brace left: a hash tag ends at its first `}` (injective: `%` is escaped too)."""
+        return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+    def _queue_prefix(self) -> str:
+        """The deployment prefix with no tag of its own (a `{batchyard}:` from `slot_prefix` loses its braces)."""
+        p = self.prefix
+        if p.startswith("{") and "}" in p:
+            p = p[1:].replace("}", "", 1)
+        return self._escaped(p)
+
+    def _queue_slot(self, route: str, team: str) -> str:
+        route = self._escaped(route)
+        return f"{self._queue_prefix()}{{q:{len(route)}:{route}:{self._escaped(team)}}}"
+
     def stream(self, route: str, team: str, batch_id: str) -> str:
-        return f"{self.prefix}stream:{len(route)}:{route}:{len(team)}:{team}:{batch_id}"
+        return f"{self._queue_slot(route, team)}:stream:{batch_id}"
 
     def ready(self, route: str, team: str) -> str:
-        return f"{self.prefix}ready:{len(route)}:{route}:{team}"
+        return f"{self._queue_slot(route, team)}:ready"
+
+    def streams(self, route: str, team: str) -> str:
+        return f"{self._queue_slot(route, team)}:streams"
+
+    def queued(self, route: str, team: str) -> str:
+        return f"{self._queue_slot(route, team)}:queued"
 
     def teams(self, route: str) -> str:
-        return f"{self.prefix}teams:{route}"
-
-    def streams(self, route: str) -> str:
-        return f"{self.prefix}streams:{route}"
-
-    @property
-    def queued(self) -> str:
-        return f"{self.prefix}queued"
+        return f"{self._queue_prefix()}{{r:{self._escaped(route)}}}:teams"
 
     # -- quotas ------------------------------------------------------------------
     def quota(self, team: str) -> str:
