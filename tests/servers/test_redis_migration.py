@@ -46,18 +46,19 @@ P = "batchyard:"
 _BATCH_FAMILIES = {"batch", "shards", "shards-done", "attempts", "route-stats", "sealed", "results"}
 
 
-def previous_layout(c: redis.Redis) -> None:
-    """Rename every key of this Redis to the previous version's name for it; drop what it did not have."""
-    for name in [str(k) for k in c.scan_iter(count=1000)]:
-        old = _old_name(name)
+def previous_layout(c: redis.Redis, prefix: str = P) -> None:
+    """Rename every key of this Redis under `prefix` to the previous version's name for it; drop what it did
+    not have."""
+    for name in [str(k) for k in c.scan_iter(match=prefix + "*", count=1000)]:
+        old = _old_name(name, prefix)
         if old is None:
             c.delete(name)
         elif old != name:
             c.rename(name, old)
 
 
-def _old_name(name: str) -> str | None:
-    rest = name.removeprefix(P)
+def _old_name(name: str, p: str) -> str | None:
+    rest = name.removeprefix(p)
     if rest == "layout":
         return None
     if not rest.startswith("{"):
@@ -66,13 +67,13 @@ def _old_name(name: str) -> str | None:
     kind, _, owner = tag.partition(":")
     family, _, tail = after.partition(":")
     if kind == "b" and family in _BATCH_FAMILIES:
-        return f"{P}{family}:{owner}"
+        return f"{p}{family}:{owner}"
     if kind == "b" and family == "journal":
-        return f"{P}journal:{owner}:{tail}"
+        return f"{p}journal:{owner}:{tail}"
     if kind == "t" and family in ("rate", "idempotency"):
-        return f"{P}{family}:{len(owner)}:{owner}:{tail}"
+        return f"{p}{family}:{len(owner)}:{owner}:{tail}"
     if kind == "t" and family not in ("spend-moved",):
-        return f"{P}{family}:{owner}" + (f":{tail}" if tail else "")
+        return f"{p}{family}:{owner}" + (f":{tail}" if tail else "")
     return None  # a key the previous version had no such thing as (spend owed/moved, the new queue's)
 
 
