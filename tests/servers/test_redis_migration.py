@@ -206,3 +206,22 @@ async def test_a_cluster_of_the_previous_layout_is_migrated(server_binary: str) 
         assert not [n for n in names if n.startswith("{batchyard}")], names
     finally:
         cluster.close()
+
+
+async def test_two_processes_starting_together_migrate_once(redis_server: RedisServer) -> None:
+    """The lease: one start moves every key, the other waits for the marker and moves none."""
+    redis_server.flush()
+    with redis_server.client() as c:
+        for i in range(300):
+            c.hset(f"{P}batch:batch_{i}", "owner", '"alpha"')
+    clients = [await open_redis(redis_server.url) for _ in range(2)]
+    try:
+        done = await asyncio.gather(*(migrate_layout(client, keys) for client, keys in clients))
+    finally:
+        for client, _ in clients:
+            await client.aclose()
+    assert sorted(done) == [0, 300]
+    with redis_server.client() as c:
+        assert c.get(Keys().layout) == LAYOUT
+        assert c.hget(Keys().batch("batch_7"), "owner") == '"alpha"'
+        assert not c.exists(f"{P}batch:batch_7", Keys().lease("layout"))
