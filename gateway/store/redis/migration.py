@@ -29,6 +29,8 @@ import logging
 import secrets
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from gateway.store.redis.keys import Keys
 from gateway.store.redis.layout import upgrade_key_layout
 
@@ -142,7 +144,7 @@ async def _move(client: Any, name: str, target: str, *, cluster: bool) -> bool:
     if not cluster:
         try:
             await client.rename(name, target)
-        except Exception as exc:  # redis-py's ResponseError "no such key": nothing to move
+        except ResponseError as exc:  # "no such key": it expired meanwhile, nothing to move
             if "no such key" not in str(exc).lower():
                 raise
             return False
