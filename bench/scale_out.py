@@ -12,9 +12,9 @@ commandstats before and after to give Redis commands per request.
 `--redis-cluster N`: each worker count runs on the single Redis and then on an N-master Redis Cluster on
 this machine (`redis-server --cluster-enabled yes`, the URL naming one node), and the table gives the
 cluster's throughput as a fraction of the single node's. Both share the same cores, so this shows the cost
-of the cluster client and the slot-tagged keys, not a cluster's gain (the records are in one slot,
-`gateway.store.redis.keys.slot_prefix`; each (route, team) queue in a slot of its own). Also given, for
-either: Redis' peak memory over its idle size while the batch ran, per million requests.
+of the cluster client and the slot-tagged keys, not a cluster's gain (the keys spread over the masters by
+batch, team and queue: `gateway.store.redis.keys`). Also given, for either: Redis' peak memory
+over its idle size while the batch ran, per million requests.
 
 Not a test: CI does not run it. Numbers from a small shared machine measure the
 gateway's overhead more than scale-out: the upstream, Redis and every worker

@@ -240,7 +240,7 @@ async def open_shared(
     evict keys raises `EvictingRedis` (a `ConfigError`) unless `allow_evicting_redis`."""
     from gateway.store.redis.connection import API_RETRIES, WORKER_RETRIES, open_redis
     from gateway.store.redis.coordination import RedisCoordination
-    from gateway.store.redis.layout import upgrade_key_layout
+    from gateway.store.redis.migration import migrate_layout
     from gateway.store.redis.preflight import check_server
     from gateway.store.redis.queue import DEFAULT_CLAIM_IDLE, RedisStreamQueue
     from gateway.store.redis.store import RedisStore
@@ -257,7 +257,11 @@ async def open_shared(
     except BaseException:
         await client.aclose()
         raise
-    await upgrade_key_layout(client, keys)  # an older version's fixed keys, where a team's could be
+    try:
+        await migrate_layout(client, keys)  # a Redis the previous version wrote: its keys into their hash slots
+    except BaseException:
+        await client.aclose()
+        raise
     name = name or worker_name()
     every = sorted({route.model_name for route in config.routes.values()})
     queue = RedisStreamQueue(client, every, keys=keys, consumer=name, claim_idle=idle, weights=weights_of(config),

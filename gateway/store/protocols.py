@@ -106,6 +106,10 @@ class ShardLedger(Protocol):
         after `after`, at most `limit`. It outlives the shards' journals, until `drop_log`."""
     async def drop_log(self, batch_id: str) -> None:
         """The batch is finished: its results are in its output files (the log's order with them)."""
+    async def settle_spend(self, batch_id: str) -> None:
+        """Make sure the cost of every result journaled for the batch is in its team's spend (the finalizer
+        calls it). A store that moves the spend in `record_results`' own step (SQLite) has nothing to do; one
+        whose batch and team live apart (Redis Cluster's slots) moves what a crash left behind."""
 
 
 class BackendState(Protocol):

@@ -27,6 +27,7 @@ from gateway.store.redis.keys import Keys
 from gateway.store.webhook_deliveries import PENDING, WebhookDelivery
 from tests.fakes.upstream.server import Upstream
 from tests.fakes.webhook_receiver import Receiver
+from tests.servers.test_redis_migration import previous_layout
 from tests.support.server_helpers import REPO_ROOT, Gateway, chat_line, gateway_config, submit, wait_batch
 from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer
 from tests.support.team_helpers import start_shared
@@ -192,12 +193,14 @@ async def test_an_older_deployments_fixed_keys_are_moved_at_start(redis_server: 
         await first.store.webhooks.add(delivery)
     finally:
         await first.aclose()
-    # What an older version left: its fixed sets at the team-shaped names, mixed with team `active`'s list.
-    for new, old in ((keys.active, keys.batches("active")), (keys.webhooks_due, keys.webhooks("due")),
-                     (keys.webhooks(None), keys.webhooks("all"))):
-        held: list[tuple[str, float]] = raw.zrange(new, 0, -1, withscores=True)  # type: ignore[assignment]
-        raw.zadd(old, dict(held))
-        raw.delete(new)
+    # What an older version left: its keys untagged (the previous layout), and its fixed sets at the
+    # team-shaped names, mixed with team `active`'s list.
+    previous_layout(raw, prefix)
+    for new, old in (("active-batches", "batches:active"), ("webhooks-due", "webhooks:due"),
+                     ("webhooks-all", "webhooks:all")):
+        held: list[tuple[str, float]] = raw.zrange(prefix + new, 0, -1, withscores=True)  # type: ignore[assignment]
+        raw.zadd(prefix + old, dict(held))
+        raw.delete(prefix + new)
 
     again = await open_shared(config, redis_server.url, tmp_path / "blobs", prefix=prefix)
     try:

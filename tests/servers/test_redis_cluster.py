@@ -3,11 +3,10 @@
 A 3-master cluster on loopback (`redis-server --cluster-enabled yes` x3, `redis-cli --cluster create`):
 `serve` (an API replica) and two `batchyard worker`s, a batch, one worker SIGKILLed mid-batch: the batch
 completes with every custom_id once and no line failed; that test runs on a Valkey cluster too
-(`valkey-server` x3, `valkey-cli --cluster create`: the `server_binary` fixture). Every key carries the
-deployment's hash tag (one slot: `gateway.store.redis.keys.slot_prefix`), but the queue's: one slot per
-(route, team) queue and one per route's team registry, several slots in all. A single redis-server keeps the
-untagged names it had, so a deployment written before the cluster support reads its batches on (nothing to
-migrate).
+(`valkey-server` x3, `valkey-cli --cluster create`: the `server_binary` fixture). A batch's keys share
+its hash slot and a team's ledgers theirs, and each (route, team) queue its own,
+so a deployment's keys spread over the masters
+(`gateway.store.redis.keys`). A Redis of the previous layout is migrated at start: test_redis_migration.py.
 (The store, queue and Lua parity suites run on a Redis cluster and on a valkey-server too: `any_redis` in
 tests/conftest.py.)
 """
@@ -19,18 +18,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from openai import InternalServerError, OpenAI
 from openai.types import Batch
 
 from gateway.config.schema import parse_config
-from gateway.domain import BatchStatus, Shard
+from gateway.domain import BatchStatus, Result, Shard
 from gateway.runtime.runtime import open_shared
-from gateway.store.objects import BatchOptions, BatchRecord
-from gateway.store.redis.connection import connect_redis, open_redis
+from gateway.store.objects import BatchOptions, BatchRecord, FileRecord
+from gateway.store.quota import SpendTo, TeamLimits
+from gateway.store.redis.connection import open_redis
 from gateway.store.redis.keys import Keys
 from gateway.store.redis.queue import RedisStreamQueue
 from gateway.store.redis.store import RedisStore
+from gateway.store.webhook_deliveries import WebhookDelivery
 from tests.fakes.upstream.server import Upstream
 from tests.servers.test_faults_redis import tracebacks
 from tests.support.server_helpers import chat_line, gateway_config, read_jsonl, submit
@@ -95,11 +95,7 @@ def test_serve_and_two_workers_on_a_cluster_with_one_worker_killed(
         assert sorted(output) == sorted(line["custom_id"] for line in lines)  # each once
         assert tracebacks(logs) == [], "\n".join(tracebacks(logs))
         names = _all_keys(cluster)
-        # the records under the deployment's tag; the queue's keys (what is left of them: the route's team
-        # registry) each under a tag of their own
-        queue = [name for name in names if name.startswith(("batchyard:{q:", "batchyard:{r:"))]
-        assert queue == ["batchyard:{r:gpt-mini}:teams"], queue
-        assert all(name.startswith("{batchyard}:") for name in names if name not in queue), names[:5]
+        assert names and all(name.startswith("batchyard:") for name in names), names[:5]
     finally:
         for worker in workers:
             worker.close()
@@ -135,7 +131,7 @@ async def test_the_queues_keys_are_in_one_slot_per_route_and_team(cluster: Redis
             keys.stream(r, t, f"batch_{n}") for r in routes for n, t in enumerate(teams))
         # names that would meet without lengths or escapes stay apart
         assert keys.ready("a:1:b", "c") != keys.ready("a", "1:b:c")
-        assert keys.ready("a}", "b") != keys.ready("a", "}b") and "%7D" in keys.teams("a}")
+        assert keys.ready("a}", "b") != keys.ready("a", "}b") and "}" not in keys.teams("a}")[:-len("}:teams")]
         # every shard is claimed and acked through those keys
         for _ in range(4):
             got = await queue.claim(routes)
@@ -147,10 +143,10 @@ async def test_the_queues_keys_are_in_one_slot_per_route_and_team(cluster: Redis
         await client.aclose()
 
 
-def _master_of_the_tag(cluster: RedisClusterServers) -> RedisServer:
-    """The master that holds the deployment's slot (every key: `{batchyard}:…`)."""
+def _master_of(cluster: RedisClusterServers, key: str) -> RedisServer:
+    """The master that holds `key`'s slot."""
     with cluster.nodes[0].client() as c:
-        slot = int(c.execute_command("CLUSTER", "KEYSLOT", "{batchyard}:x"))
+        slot = int(c.execute_command("CLUSTER", "KEYSLOT", key))
         for start, end, master, *_ in c.execute_command("CLUSTER", "SLOTS"):
             if int(start) <= slot <= int(end):
                 port = int(master[1])
@@ -172,7 +168,7 @@ def _finished_or_none(client: OpenAI, batch_id: str) -> Batch | None:
 def test_a_master_killed_mid_batch_and_its_replica_promoted_loses_nothing(
     upstream: Upstream, tmp_path: Path,
 ) -> None:
-    """A 3+3 cluster; the master holding the deployment's slot SIGKILLed mid-batch: its replica takes over
+    """A 3+3 cluster; the master holding the batch's slot SIGKILLed mid-batch: its replica takes over
     (cluster-node-timeout 2 s) and the batch completes, every custom_id once, no line failed."""
     cluster = RedisClusterServers(3, replicas=1).start()
     config = gateway_config(upstream, models=("gpt-mini",), teams=TEAMS, shard_size=25)
@@ -188,7 +184,7 @@ def test_a_master_killed_mid_batch_and_its_replica_promoted_loses_nothing(
         alpha = gw.client("sk-alpha")
         batch_id = submit(alpha, lines).id
         until(gw, "sk-alpha", batch_id, lambda b: done(b) >= 50, timeout=90)
-        master = _master_of_the_tag(cluster)  # any node, the URL's own included
+        master = _master_of(cluster, Keys().batch(batch_id))  # any node, the URL's own included
         master.stop(signal.SIGKILL)
         batch = eventually(lambda: _finished_or_none(alpha, batch_id), 240, "the batch to finish", interval=0.5)
         logs = "\n".join([gw.log(), *(w.log() for w in workers)])
@@ -218,7 +214,7 @@ async def test_a_tls_cluster_with_a_ca_file(upstream: Upstream, tmp_path: Path) 
             assert (await runtime.health())["mode"] == "shared"
         finally:
             await runtime.aclose()
-        assert [k for k in _all_keys(cluster) if k.startswith("{batchyard}:meta:")] == ["{batchyard}:meta:probe"]
+        assert [k for k in _all_keys(cluster) if k.startswith("batchyard:meta:")] == ["batchyard:meta:probe"]
     finally:
         cluster.close()
 
@@ -232,20 +228,57 @@ async def test_a_database_other_than_0_is_refused_on_a_cluster(cluster: RedisClu
         await open_shared(config, cluster.url.rsplit("/", 1)[0] + "/2", tmp_path / "blobs")
 
 
-async def test_a_single_redis_written_before_keeps_its_key_names(redis_server: RedisServer, upstream: Upstream,
-                                                                 tmp_path: Path) -> None:
-    redis_server.flush()
-    before = RedisStore(connect_redis(redis_server.url), Keys())  # the layout the previous release wrote
-    await before.batches.put(BatchRecord(
-        id="batch_old", owner="alpha", endpoint="/v1/chat/completions", input_file_id="file_in",
-        completion_window="24h", status=BatchStatus.VALIDATING, created_at=1, expires_at=86_401,
-        options=BatchOptions()))
-    await before.aclose()
-    runtime = await open_shared(parse_config(shared_config(upstream.v1_url)), redis_server.url, tmp_path / "blobs")
+async def test_each_batch_and_each_team_keeps_its_keys_in_one_slot(cluster: RedisClusterServers) -> None:
+    """After a batch for team alpha and one for team beta (records, shards, journal, spend, quota, storage, rate
+    window, idempotency key, files, a webhook delivery): every batch's keys hash to one slot, every team's
+    ledgers to one, and the deployment's keys are in several slots, on more than one master."""
+    cluster.flush()
+    client, keys = await open_redis(cluster.url)
+    store = RedisStore(client, keys)
     try:
-        record = await runtime.store.batches.get("batch_old")
-        assert record is not None and record.owner == "alpha"
+        for team, batch_id in (("alpha", "batch_a1"), ("beta", "batch_b1")):
+            await store.files.put(FileRecord(f"file-{team}", team, 10, 1, "in.jsonl", "batch", 10_000))
+            await store.batches.put(BatchRecord(
+                id=batch_id, owner=team, endpoint="/v1/chat/completions", input_file_id=f"file-{team}",
+                completion_window="24h", status=BatchStatus.IN_PROGRESS, created_at=1, expires_at=86_401,
+                options=BatchOptions()))
+            assert await store.quota.admit(team, batch_id, 2, TeamLimits(max_enqueued_requests=10)) is None
+            shard = Shard(batch_id, 0, "gpt-mini", 2)
+            await store.ledger.put_shards(batch_id, [shard])
+            await store.ledger.begin_attempt(shard)
+            result = Result(line=1, custom_id="c-1", status_code=200, body={"usage": {}}, cost_usd=0.5)
+            await store.ledger.record_results(shard, [result], SpendTo(team, 0))
+            await store.ledger.drop_journal(Shard(batch_id, 1, "gpt-mini", 1))
+            assert await store.storage.reserve(team, f"file-{team}", 10, 1000)
+            await store.rates.take(team, "gpt-mini", 1, 10, None)
+            await store.idempotency.reserve(team, "k-1", "tok", "fp", 60)
+            await store.webhooks.add(WebhookDelivery(f"wh_{team}", "evt", team, batch_id, "batch.completed", 1))
+            assert await store.quota.spend(team, 0) == 0.5
+            await store.batches.update(batch_id, {"status": BatchStatus.COMPLETED})
+            await store.ledger.finish_shard(shard)
     finally:
-        await runtime.aclose()
-    with redis.Redis(port=redis_server.port, decode_responses=True) as c:
-        assert not [k for k in c.scan_iter() if str(k).startswith("{")]
+        await store.aclose()
+    with cluster.nodes[0].client() as c:
+        def slots(names: list[str]) -> set[int]:
+            return {int(c.execute_command("CLUSTER", "KEYSLOT", n)) for n in names}
+
+        names = _all_keys(cluster)
+        for batch_id in ("batch_a1", "batch_b1"):
+            mine = [n for n in names if n.startswith(keys.batch_tag(batch_id))]
+            assert {n.rsplit(":", 1)[-1] if "journal" not in n else "journal" for n in mine} >= {
+                "batch", "shards", "shards-done", "attempts", "journal", "route-stats", "sealed", "results",
+                "spend-owed"}, mine
+            assert len(slots(mine)) == 1, mine
+        for team in ("alpha", "beta"):
+            mine = [n for n in names if n.startswith(keys.team_tag(team))]
+            families = {n[len(keys.team_tag(team)) + 1:].split(":")[0] for n in mine}
+            assert families >= {"files", "batches", "quota", "spend", "spend-moved", "storage", "storage-pending",
+                                "rate", "idempotency", "webhooks"}, mine
+            assert len(slots(mine)) == 1, mine
+        assert len(slots(names)) > 4
+    masters = set()
+    for node in cluster.nodes:
+        with node.client() as nc:
+            if nc.dbsize():
+                masters.add(node.port)
+    assert len(masters) > 1

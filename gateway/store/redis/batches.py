@@ -6,6 +6,18 @@ moves and that are the truth for `request_counts.completed/failed` and
 `usage`, as the SQLite columns are. `update` is a Lua script: the `if_status`
 check and the write happen as one step, and no JSON is parsed inside Redis.
 Batches list newest first by creation sequence.
+
+The record (the batch's slot), its owner's list (the team's slot), the creation sequence and the
+`active-batches` index (each its own slot) are written in ordered single-slot steps, never in one script
+(see `gateway.store.redis.keys`). Each order leaves, after a crash at any step, only what readers tolerate:
+- create: the sequence, then the indexes (`ZADD NX`), then the record LAST: an index entry whose record is
+  missing is skipped by every reader (`_batches`), and a batch never exists outside its indexes (the sweep
+  finds every unfinished one through `active-batches`);
+- finish: the status changes in the record (one script, with its `if_status` check), THEN `active-batches`
+  lets go of it: meanwhile, or after a crash, `active()` reads the record, skips a finished one and drops it
+  from the index; back to unfinished (the index first): the reverse;
+- delete (a finished batch): the record first (the script checks owner and status), then the owner's list:
+  an entry left behind names no record and is skipped.
 """
 
 from __future__ import annotations
@@ -25,16 +37,14 @@ _COUNTERS = ("completed", "failed", "input_tokens", "output_tokens", "cached_tok
 _RECORD_FIELDS = tuple(f.name for f in dataclass_fields(BatchRecord))
 _WINDOW = 500  # ids read per step while a page picks one kind of id out of the owner's index
 
+# KEYS: the batch. ARGV: batch id, seq, field/value pairs. Refused when the batch exists.
 _PUT_BATCH = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return redis.error_reply('batch ' .. ARGV[1] .. ' exists') end
-local seq = redis.call('INCR', KEYS[3])
-redis.call('HSET', KEYS[1], 'seq', seq, unpack(ARGV, 3))
-redis.call('ZADD', KEYS[2], seq, ARGV[1])
-if ARGV[2] == '1' then redis.call('ZADD', KEYS[4], seq, ARGV[1]) end
-return seq
+redis.call('HSET', KEYS[1], 'seq', ARGV[2], unpack(ARGV, 3))
+return 1
 """
 
-# ARGV: batch id, n (-1: no condition), n allowed statuses, mark ('finished'|'active'|''), field/value pairs
+# KEYS: the batch. ARGV: batch id, n (-1: no condition), n allowed statuses, field/value pairs
 _UPDATE_BATCH = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local n = tonumber(ARGV[2])
@@ -46,24 +56,17 @@ if n >= 0 then
   if not ok then return 0 end
   i = n + 3
 end
-local mark = ARGV[i]
-if #ARGV > i then redis.call('HSET', KEYS[1], unpack(ARGV, i + 1)) end
-if mark == 'finished' then
-  redis.call('ZREM', KEYS[2], ARGV[1])
-elseif mark == 'active' then
-  redis.call('ZADD', KEYS[2], redis.call('HGET', KEYS[1], 'seq'), ARGV[1])
-end
+if #ARGV >= i then redis.call('HSET', KEYS[1], unpack(ARGV, i)) end
 return 1
 """
 
 
-# KEYS: the batch, its owner's index; ARGV: batch id, owner (JSON), the unfinished statuses (JSON)
+# KEYS: the batch; ARGV: batch id, owner (JSON), the unfinished statuses (JSON)
 _DELETE_BATCH = """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[2] then return 0 end
 local status = redis.call('HGET', KEYS[1], 'status')
 for j = 3, #ARGV do if ARGV[j] == status then return 0 end end
 redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
 return 1
 """
 
@@ -96,9 +99,14 @@ class RedisBatches:
             pairs += [name, _encode(data[name])]
         for name in _COUNTERS:  # like SQLite's columns: counting starts at zero
             pairs += [f"n:{name}", 0]
-        active = "0" if rec.status.finished else "1"
-        keys = [self._k.batch(rec.id), self._k.batches(rec.owner), self._k.batch_seq, self._k.active]
-        await self._put_batch(keys=keys, args=[rec.id, active, *pairs])
+        # the indexes first, the record last (see the module's docstring); NX: a batch that exists keeps its place
+        seq = int(await self._r.incr(self._k.batch_seq))
+        async with self._r.pipeline(transaction=False) as p:
+            p.zadd(self._k.batches(rec.owner), {rec.id: seq}, nx=True)
+            if not rec.status.finished:
+                p.zadd(self._k.active, {rec.id: seq}, nx=True)
+            await p.execute()
+        await self._put_batch(keys=[self._k.batch(rec.id)], args=[rec.id, seq, *pairs])
 
     async def get(self, batch_id: str, owner: str | None = None) -> BatchRecord | None:
         raw = await self._r.hgetall(self._k.batch(batch_id))
@@ -156,23 +164,32 @@ class RedisBatches:
         else:
             args += [str(len(if_status)), *(_encode(s) for s in if_status)]
         status = fields.get("status")
-        if status is None:
-            args.append("")
-        else:
-            args.append("finished" if status.finished else "active")
         for name, value in encoded.items():
             args += [name, json.dumps(value)]
-        applied = await self._update_batch(keys=[self._k.batch(batch_id), self._k.active], args=args)
+        if status is not None and not status.finished:  # back to unfinished: the index first
+            seq = await self._r.hget(self._k.batch(batch_id), "seq")
+            if seq is not None:
+                await self._r.zadd(self._k.active, {batch_id: int(seq)}, nx=True)
+        applied = await self._update_batch(keys=[self._k.batch(batch_id)], args=args)
+        if applied and status is not None and status.finished:  # finished: the index after the record
+            await self._r.zrem(self._k.active, batch_id)
         return bool(applied)
 
     async def delete(self, batch_id: str, owner: str) -> bool:
         unfinished = [_encode(s) for s in BatchStatus if not s.finished]
-        keys = [self._k.batch(batch_id), self._k.batches(owner)]
-        return bool(await self._delete_batch(keys=keys, args=[batch_id, _encode(owner), *unfinished]))
+        deleted = await self._delete_batch(keys=[self._k.batch(batch_id)], args=[batch_id, _encode(owner), *unfinished])
+        if deleted:  # the record first, then the list (see the module's docstring)
+            await self._r.zrem(self._k.batches(owner), batch_id)
+        return bool(deleted)
 
     async def active(self) -> list[BatchRecord]:
         ids = await self._r.zrange(self._k.active, 0, -1)
-        return [b for b in await self._batches(cast(list[str], ids)) if not b.status.finished]
+        found = await self._batches(cast(list[str], ids))
+        # A finished batch still listed (its update's second step not done yet, or never: a crash) is let go
+        # here; an id without a record is left alone: its create may be between its two steps right now.
+        if done := [b.id for b in found if b.status.finished]:
+            await self._r.zrem(self._k.active, *done)
+        return [b for b in found if not b.status.finished]
 
 
 __all__ = ["RedisBatches"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -27,7 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import ConfigError
-from gateway.store.redis.keys import DEFAULT_PREFIX, Keys, slot_prefix
+from gateway.store.redis.keys import DEFAULT_PREFIX, Keys
 
 # How a command is tried again on a lost connection. A worker: 30 times with backoff (0.05 s, doubling, at
 # most 1 s: ~25 s in all, plus each try's connect timeout), riding out a Redis restart; beyond that the shard
@@ -103,6 +103,16 @@ class _RedisCluster(RedisCluster):
         return _Script(self, script)  # type: ignore[arg-type]  # AsyncScript calls evalsha: the cluster has it
 
 
+async def get_many(client: Any, names: Sequence[str]) -> list[Any]:
+    """GET of each name, in one round trip per node: the names are in many slots (MGET takes one slot's)."""
+    if not names:
+        return []
+    async with client.pipeline(transaction=False) as p:
+        for name in names:
+            p.get(name)
+        return list(await p.execute())
+
+
 def retry_policy(retries: int) -> Retry:
     """`retries`: how patient (1: once, at once)."""
     return Retry(ExponentialBackoff(cap=1.0, base=0.05) if retries > 1 else NoBackoff(), retries=retries)
@@ -132,8 +142,8 @@ def connect_redis(url: str, retries: int = WORKER_RETRIES, *, ca_file: str | Non
 async def open_redis(url: str, retries: int = WORKER_RETRIES, *, ca_file: str | None = None,
                      prefix: str | None = None) -> tuple[aioredis.Redis, Keys]:
     """A client of the Redis at `url`, one server or a cluster (`INFO cluster`'s `cluster_enabled`), and the
-    key names it uses: in a cluster every key carries one hash tag (`gateway.store.redis.keys.slot_prefix`),
-    so every script and transaction stays in one slot. The cluster client answers the commands the store,
+    key names it uses: the same on both (`gateway.store.redis.keys`: hash tags per batch, per team and per
+    queue keep every script and transaction in one slot). The cluster client answers the commands the store,
     queue and coordination send as the plain one does (it routes each by its key)."""
     plain = connect_redis(url, retries, ca_file=ca_file)
     db = int(plain.connection_pool.connection_kwargs.get("db") or 0)
@@ -152,8 +162,8 @@ async def open_redis(url: str, retries: int = WORKER_RETRIES, *, ca_file: str | 
     await plain.aclose()
     cluster = _RedisCluster.from_url(url, **_options(url, retries, ca_file, cluster=True))
     await cluster.initialize()
-    return cast(aioredis.Redis, cluster), Keys(slot_prefix(prefix or DEFAULT_PREFIX))
+    return cast(aioredis.Redis, cluster), Keys(prefix or DEFAULT_PREFIX)
 
 
-__all__ = ["API_RETRIES", "FAILOVER_ERRORS", "WORKER_RETRIES", "connect_redis", "open_redis", "retry_policy",
-           "tls_options"]
+__all__ = ["API_RETRIES", "FAILOVER_ERRORS", "WORKER_RETRIES", "connect_redis", "get_many", "open_redis",
+           "retry_policy", "tls_options"]

@@ -5,6 +5,9 @@
   dies mid-way leaves a lease that expires.
 - Heartbeats: `worker:{name}` with a TTL, and the `workers` zset of names. The
   Redis queue takes a shard over only from a consumer whose heartbeat is gone.
+  The two are in different slots: a beat writes the heartbeat, then the name (a crash between: the next
+  beat lists it); `gone` unlists the name, then drops the heartbeat; `live_workers` unlists a name whose
+  heartbeat has expired.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 
 from gateway.store.leases import hold
+from gateway.store.redis.connection import get_many
 from gateway.store.redis.keys import Keys
 
 LEASE_SECONDS = 30.0
@@ -52,22 +56,18 @@ class RedisCoordination:
     # -- heartbeats ----------------------------------------------------------------
 
     async def beat(self, name: str, info: dict[str, Any], ttl: float) -> None:
-        async with self._r.pipeline(transaction=True) as tx:
-            tx.set(self._k.worker(name), json.dumps(info), px=max(1, int(ttl * 1000)))
-            tx.zadd(self._k.workers, {name: time.time()})
-            await tx.execute()
+        await self._r.set(self._k.worker(name), json.dumps(info), px=max(1, int(ttl * 1000)))
+        await self._r.zadd(self._k.workers, {name: time.time()})
 
     async def gone(self, name: str) -> None:
-        async with self._r.pipeline(transaction=True) as tx:
-            tx.delete(self._k.worker(name))
-            tx.zrem(self._k.workers, name)
-            await tx.execute()
+        await self._r.zrem(self._k.workers, name)
+        await self._r.delete(self._k.worker(name))
 
     async def live_workers(self) -> list[dict[str, Any]]:
         names = cast(list[str], await self._r.zrange(self._k.workers, 0, -1))
         if not names:
             return []
-        raws = await self._r.mget([self._k.worker(n) for n in names])
+        raws = await get_many(self._r, [self._k.worker(n) for n in names])
         dead = [n for n, raw in zip(names, raws, strict=True) if raw is None]
         if dead:
             await self._r.zrem(self._k.workers, *dead)

@@ -2,6 +2,13 @@
 
 Lists follow SQLite's order: by (created_at, id) either way from an `after`
 anchor, from a sorted set per owner (and per owner and purpose).
+
+The record (`file:{id}`, its own slot), the owner's lists (the team's slot) and `file-expiry` (its own slot)
+are written in ordered single-slot steps (`gateway.store.redis.keys`), each safe to stop after:
+- put: the indexes first, the record LAST: an id listed without a record is skipped by every reader
+  (`_files`), so a crash leaves at most an entry nobody sees; never a file no list or expiry knows;
+- delete: the record first (its DEL says who deleted it), then the indexes: an entry left behind names no
+  record and is skipped; `expired` drops such an entry from `file-expiry` once its expiry has passed.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from typing import cast
 import redis.asyncio as aioredis
 
 from gateway.store.objects import FileRecord, Page
+from gateway.store.redis.connection import get_many
 from gateway.store.redis.keys import Keys
 
 
@@ -22,18 +30,21 @@ class RedisFiles:
 
     async def put(self, rec: FileRecord) -> None:
         old = await self.get(rec.id)
-        async with self._r.pipeline(transaction=True) as tx:
-            if old is not None and (old.owner, old.purpose) != (rec.owner, rec.purpose):
-                tx.zrem(self._k.files(old.owner), old.id)
-                tx.zrem(self._k.files(old.owner, old.purpose), old.id)
-            tx.set(self._k.file(rec.id), json.dumps(rec.to_json()))
+        async with self._r.pipeline(transaction=True) as tx:  # the team's slot
             tx.zadd(self._k.files(rec.owner), {rec.id: rec.created_at})
             tx.zadd(self._k.files(rec.owner, rec.purpose), {rec.id: rec.created_at})
-            if rec.expires_at is not None:
-                tx.zadd(self._k.file_expiry, {rec.id: rec.expires_at})
-            else:
-                tx.zrem(self._k.file_expiry, rec.id)
             await tx.execute()
+        if rec.expires_at is not None:
+            await self._r.zadd(self._k.file_expiry, {rec.id: rec.expires_at})
+        await self._r.set(self._k.file(rec.id), json.dumps(rec.to_json()))
+        if old is not None and (old.owner, old.purpose) != (rec.owner, rec.purpose):
+            async with self._r.pipeline(transaction=True) as tx:  # the old owner's slot
+                if old.owner != rec.owner:
+                    tx.zrem(self._k.files(old.owner), old.id)
+                tx.zrem(self._k.files(old.owner, old.purpose), old.id)
+                await tx.execute()
+        if rec.expires_at is None and (old is None or old.expires_at is not None):
+            await self._r.zrem(self._k.file_expiry, rec.id)
 
     async def get(self, file_id: str, owner: str | None = None) -> FileRecord | None:
         raw = await self._r.get(self._k.file(file_id))
@@ -69,24 +80,30 @@ class RedisFiles:
     async def _files(self, ids: Sequence[str]) -> list[FileRecord]:
         if not ids:
             return []
-        raws = await self._r.mget([self._k.file(i) for i in ids])
+        raws = await get_many(self._r, [self._k.file(i) for i in ids])
         return [FileRecord.from_json(json.loads(raw)) for raw in raws if raw is not None]
 
     async def delete(self, file_id: str, owner: str | None = None) -> bool:
         rec = await self.get(file_id, owner)
         if rec is None:
             return False
-        async with self._r.pipeline(transaction=True) as tx:
-            tx.delete(self._k.file(file_id))
+        deleted = await self._r.delete(self._k.file(file_id))  # the record first (see the module's docstring)
+        async with self._r.pipeline(transaction=True) as tx:  # the team's slot
             tx.zrem(self._k.files(rec.owner), file_id)
             tx.zrem(self._k.files(rec.owner, rec.purpose), file_id)
-            tx.zrem(self._k.file_expiry, file_id)
-            deleted, *_ = await tx.execute()
+            await tx.execute()
+        await self._r.zrem(self._k.file_expiry, file_id)
         return bool(deleted)
 
     async def expired(self, at: int, limit: int = 100) -> list[FileRecord]:
-        ids = await self._r.zrangebyscore(self._k.file_expiry, "-inf", f"({at}", start=0, num=limit)
-        return await self._files(cast(list[str], ids))
+        ids = cast(list[str], await self._r.zrangebyscore(self._k.file_expiry, "-inf", f"({at}", start=0, num=limit))
+        if not ids:
+            return []
+        raws = await get_many(self._r, [self._k.file(i) for i in ids])
+        # an expired id without a record: a delete stopped between its steps; no put can still be under way
+        if gone := [i for i, raw in zip(ids, raws, strict=True) if raw is None]:
+            await self._r.zrem(self._k.file_expiry, *gone)
+        return [FileRecord.from_json(json.loads(raw)) for raw in raws if raw is not None]
 
 
 __all__ = ["RedisFiles"]

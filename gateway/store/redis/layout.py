@@ -1,21 +1,21 @@
-"""Moving an older deployment's fixed keys to where no team key can be (see `gateway.store.redis.keys`).
+"""Moving an older deployment's fixed keys to where no team key can be (see `gateway.store.redis.keys`):
+one step of `gateway.store.redis.migration`, run on the previous layout's names before they are renamed.
 
 Earlier versions kept three global sets at `batches:active`, `webhooks:due` and
 `webhooks:all`: the very keys a team named `active`, `due` or `all` keeps its own
 lists at, so such a team read every team's unfinished batches or deliveries. They
-are now `active-batches`, `webhooks-due` and `webhooks-all`. At each shared-mode
-start, one script (atomic, idempotent) merges what an old key holds into its new
-key and leaves in the old key only the members that team owns: its own list, as
-the team key it always was. With no such team, the old key ends empty (Redis drops
-it). A process of an older version still running writes the old keys: the next
-start of a new one moves those too.
+are now `active-batches`, `webhooks-due` and `webhooks-all`. Before the migration
+renames the previous layout's keys, one script per set (atomic, idempotent) merges what
+an old key holds into its new key and leaves in the old key only the members that team
+owns: its own list, as the team key it always was (renamed then to the team's slot).
+With no such team, the old key ends empty (Redis drops it). The previous layout is
+untagged on one Redis, or all in one slot (`{batchyard}:`) on a cluster: either way the
+script's keys (and the records it reads) are in one slot.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from gateway.store.redis.keys import Keys
 
 # KEYS: old, new. ARGV: the record key prefix (`…batch:` or `…webhook:`), the team the old key belongs
 # to, what to merge ('unfinished': batches not finished; 'pending': deliveries still pending; 'all').
@@ -46,16 +46,18 @@ return #members / 2
 """
 
 
-async def upgrade_key_layout(client: Any, keys: Keys) -> int:
-    """Move the old fixed keys' members to the new keys; returns how many members were looked at."""
+async def upgrade_key_layout(client: Any, prefix: str) -> int:
+    """Move the old fixed keys' members to the new keys, all named in the previous layout under `prefix`
+    (`batchyard:`, or `{batchyard}:` on a cluster); returns how many members were looked at."""
     move = client.register_script(_MOVE)
     seen = 0
     for team, old, new, records, what in (
-        ("active", keys.batches("active"), keys.active, keys.batch(""), "unfinished"),
-        ("due", keys.webhooks("due"), keys.webhooks_due, keys.webhook(""), "pending"),
-        ("all", keys.webhooks("all"), keys.webhooks(None), keys.webhook(""), "all"),
+        ("active", "batches:active", "active-batches", "batch:", "unfinished"),
+        ("due", "webhooks:due", "webhooks-due", "webhook:", "pending"),
+        ("all", "webhooks:all", "webhooks-all", "webhook:", "all"),
     ):
-        seen += int(await move(keys=[old, new], args=[records, team, what]))
+        if await client.exists(prefix + old):
+            seen += int(await move(keys=[prefix + old, prefix + new], args=[prefix + records, team, what]))
     return seen
 
 

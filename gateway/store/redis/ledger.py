@@ -4,8 +4,9 @@
 - `record_results` is a Lua script: one entry per new line into the shard's journal
   hash (and, numbered, into the batch's result log stream), and the batch's counters
   (in its hash, see `gateway.store.redis.batches`)
-  and route stats (and the team's spend, `spend:{team}`) move only for lines
-  not yet recorded, in the same step.
+  and route stats (and what the batch owes its team's spend, `{b}:spend-owed`) move only for
+  lines not yet recorded, in the same step, all in the batch's slot; the team's spend follows in a
+  second step in the team's slot (`gateway.store.redis.spend`), only when the new lines cost something.
   One deliberate difference from SQLite: after `drop_journal` (the shard is
   sealed) results for that shard are ignored, so a shard run twice (a worker
   taken for dead that was not) never counts a line twice.
@@ -25,6 +26,7 @@ from gateway.domain import Result, RouteStats, Shard, billable
 from gateway.json_codec import dumps, loads
 from gateway.store.quota import SpendTo
 from gateway.store.redis.keys import Keys
+from gateway.store.redis.spend import SpendMover, owed_field
 
 # One attempt taken back, never below 0 (HINCRBY alone could go negative).
 _RETURN_ATTEMPT = """
@@ -38,20 +40,21 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('SADD', KEYS[2],
 return redis.call('HLEN', KEYS[1]) - redis.call('SCARD', KEYS[2])
 """
 
-# KEYS: journal, batch, sealed set, route stats, the team's spend, the batch's result log. ARGV: shard index,
-# route, spend period ('': none), then 8 values per result: line, json, ok (0/1), input, output, cached,
-# reasoning tokens, cost (USD; only a positive one counts: the spend never falls within its period)
+# KEYS: journal, batch, sealed set, route stats, the batch's result log, its spend owed (one batch's slot).
+# ARGV: shard index, route, the owed field (`{team}:{period}`; '': no spend), then 8 values per result: line,
+# json, ok (0/1), input, output, cached, reasoning tokens, cost (USD; only a positive one counts: the spend
+# never falls within its period). Returns the lines counted, and the owed field's new total when it moved.
 _RECORD_RESULTS = """
-if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return 0 end
+if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return {0, false} end
 local c = {0, 0, 0, 0, 0, 0}
 local cost = 0
 for i = 4, #ARGV, 8 do
   if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then
     -- The next seq (the log is only appended to until it is dropped), spliced into the JSON object's front.
-    local seq = redis.call('XLEN', KEYS[6]) + 1
+    local seq = redis.call('XLEN', KEYS[5]) + 1
     local data = '{"seq":' .. seq .. ',' .. string.sub(ARGV[i + 1], 2)
     redis.call('HSET', KEYS[1], ARGV[i], data)
-    redis.call('XADD', KEYS[6], '0-' .. seq, 'r', data)
+    redis.call('XADD', KEYS[5], '0-' .. seq, 'r', data)
     if ARGV[i + 2] == '1' then
       c[1] = c[1] + 1
       for k = 3, 6 do c[k] = c[k] + tonumber(ARGV[i + k]) end
@@ -75,8 +78,10 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
     if cost ~= 0 then redis.call('HINCRBYFLOAT', KEYS[4], r .. 'cost_usd', cost) end
   end
 end
-if ARGV[3] ~= '' and cost ~= 0 then redis.call('HINCRBYFLOAT', KEYS[5], ARGV[3], cost) end
-return c[1] + c[2]
+if ARGV[3] ~= '' and cost ~= 0 then
+  return {c[1] + c[2], redis.call('HINCRBYFLOAT', KEYS[6], ARGV[3], cost)}
+end
+return {c[1] + c[2], false}
 """
 
 # KEYS: batch, sealed set, route stats. ARGV: shard index, route, count. Sealing the shard makes it once only.
@@ -101,6 +106,7 @@ class RedisLedger:
         self._return_attempt = client.register_script(_RETURN_ATTEMPT)
         self._record_results = client.register_script(_RECORD_RESULTS)
         self._record_answered = client.register_script(_RECORD_ANSWERED)
+        self._spend = SpendMover(client, keys)
 
     # -- shards --------------------------------------------------------------
 
@@ -146,17 +152,20 @@ class RedisLedger:
     async def record_results(self, shard: Shard, results: Sequence[Result], spend: SpendTo | None = None) -> None:
         if not results:
             return
-        args: list[str | int | float] = [shard.index, shard.route, "" if spend is None else spend.period]
+        owed = "" if spend is None else owed_field(spend.team, spend.period)
+        args: list[str | int | float] = [shard.index, shard.route, owed]
         for r in results:
             u = r.usage
             row = r.to_json()
             row.pop("seq", None)  # the script numbers it
             args += [r.line, dumps(row).decode(), 1 if r.ok else 0,
                      u.input_tokens, u.output_tokens, u.cached_tokens, u.reasoning_tokens, billable(r.cost_usd)]
-        keys = [self._k.journal(shard.batch_id, shard.index), self._k.batch(shard.batch_id),
-                self._k.sealed(shard.batch_id), self._k.route_stats(shard.batch_id),
-                self._k.spend(spend.team if spend is not None else ""), self._k.results_log(shard.batch_id)]
-        await self._record_results(keys=keys, args=args)
+        b = shard.batch_id
+        keys = [self._k.journal(b, shard.index), self._k.batch(b), self._k.sealed(b), self._k.route_stats(b),
+                self._k.results_log(b), self._k.spend_owed(b)]
+        _, total = await self._record_results(keys=keys, args=args)
+        if spend is not None and total:  # the cost moved: the team's spend follows (gateway.store.redis.spend)
+            await self._spend.move(b, spend.team, {str(spend.period): str(total)})
 
     async def record_answered(self, shard: Shard, count: int) -> None:
         if count <= 0:
@@ -183,6 +192,9 @@ class RedisLedger:
         entries = cast(list[tuple[str, dict[str, str]]],
                        await self._r.xrange(self._k.results_log(batch_id), min=f"0-{after + 1}", count=limit))
         return [Result.from_json(loads(fields["r"])) for _, fields in entries]
+
+    async def settle_spend(self, batch_id: str) -> None:
+        await self._spend.settle(batch_id)
 
     async def drop_log(self, batch_id: str) -> None:
         await self._r.delete(self._k.results_log(batch_id))

@@ -35,18 +35,19 @@ class EvictingRedis(ConfigError):
 async def check_server(client: Any, keys: Keys, *, allow_evicting: bool = False) -> list[str]:
     """Raise `EvictingRedis` for a Redis that may evict (unless `allow_evicting`); the warnings to show.
 
-    In a cluster, the master that holds `keys`' slot is asked (every key is in that one slot)."""
-    where: dict[str, Any] = {}
-    if hasattr(client, "get_node_from_key"):  # redis-py's cluster client
-        where["target_nodes"] = client.get_node_from_key(keys.active)
+    In a cluster, every master is asked (the keys spread over every slot: `gateway.store.redis.keys`)."""
+    nodes: list[dict[str, Any]] = [{}]
+    if hasattr(client, "get_primaries"):  # redis-py's cluster client
+        nodes = [{"target_nodes": node} for node in client.get_primaries()]
     warnings: list[str] = []
-    policy = str((await client.info("memory", **where)).get("maxmemory_policy", "noeviction"))
+    policies = [str((await client.info("memory", **where)).get("maxmemory_policy", "noeviction")) for where in nodes]
+    policy = next((p for p in policies if p != "noeviction"), "noeviction")
     if policy != "noeviction":
         if not allow_evicting:
             raise EvictingRedis(policy)
         warnings.append(f"Redis maxmemory-policy is {policy} (--allow-evicting-redis): under memory pressure "
                         "it may drop batches, journals and spend; set noeviction")
-    if await persistence_off(client, where):
+    if any([await persistence_off(client, where) for where in nodes]):
         warnings.append("Redis persistence is off (no AOF, no RDB snapshots): a Redis restart loses every "
                         "batch; set appendonly yes (or save rules), or rely on a replicated managed Redis")
     for warning in warnings:

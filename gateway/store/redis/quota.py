@@ -1,6 +1,13 @@
 """The shared `QuotaLedger`: per team a hash of its admitted batches (and one of their requests per model),
-checked and written by one script. `spend:{team}` is written by `RedisLedger.record_results`, in the
-script that journals the results."""
+checked and written by one script in the team's slot, so two replicas never both pass the last free place.
+`{t}:spend` is written by `gateway.store.redis.spend` (from the batch's `spend-owed`, see there).
+
+The global index of admissions (`quota-at`, `quota-team`: what the sweep walks to let go of finished
+batches) is in other slots, so it is written around the script, in an order safe to stop after: the index
+FIRST, then the admission (a crash leaves an index entry for no admission: the sweep lets it go after
+`GRACE_SECONDS`, as it does an admission whose batch was never stored); on release the team's hashes first,
+then the index (a crash leaves an entry the next sweep releases again, which is idempotent). An admission
+therefore never exists outside the index, and is never stuck counting against its team."""
 
 from __future__ import annotations
 
@@ -20,8 +27,8 @@ from gateway.store.quota import (
 )
 from gateway.store.redis.keys import Keys
 
-# KEYS: quota:{team}, quota-at, quota-team, quota-models:{team}.
-# ARGV: batch, requests, max batches ('' none), max requests, now, team, the batch's {model: requests} JSON,
+# KEYS: {t}:quota, {t}:quota-models (one team's slot).
+# ARGV: batch, requests, max batches ('' none), max requests, the batch's {model: requests} JSON,
 # the per-model limits {model: limit} JSON.
 _ADMIT = f"""
 local n = redis.call('HLEN', KEYS[1])
@@ -29,10 +36,10 @@ if ARGV[3] ~= '' and n + 1 > tonumber(ARGV[3]) then return '{MAX_ACTIVE_BATCHES}
 local total = 0
 for _, v in ipairs(redis.call('HVALS', KEYS[1])) do total = total + tonumber(v) end
 if ARGV[4] ~= '' and total + tonumber(ARGV[2]) > tonumber(ARGV[4]) then return '{MAX_ENQUEUED_REQUESTS}' end
-local mine, limits = cjson.decode(ARGV[7]), cjson.decode(ARGV[8])
+local mine, limits = cjson.decode(ARGV[5]), cjson.decode(ARGV[6])
 if next(limits) ~= nil and next(mine) ~= nil then
   local used = {{}}
-  for _, v in ipairs(redis.call('HVALS', KEYS[4])) do
+  for _, v in ipairs(redis.call('HVALS', KEYS[2])) do
     for model, count in pairs(cjson.decode(v)) do used[model] = (used[model] or 0) + count end
   end
   for model, limit in pairs(limits) do
@@ -41,9 +48,7 @@ if next(limits) ~= nil and next(mine) ~= nil then
   end
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-if next(mine) ~= nil then redis.call('HSET', KEYS[4], ARGV[1], ARGV[7]) end
-redis.call('ZADD', KEYS[2], ARGV[5], ARGV[1])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[6])
+if next(mine) ~= nil then redis.call('HSET', KEYS[2], ARGV[1], ARGV[5]) end
 return false
 """
 
@@ -58,10 +63,18 @@ class RedisQuotaLedger:
         k = self._k
         args: list[str | int | float] = [
             batch_id, requests, "" if limits.max_active_batches is None else limits.max_active_batches,
-            "" if limits.max_enqueued_requests is None else limits.max_enqueued_requests, time.time(), team,
+            "" if limits.max_enqueued_requests is None else limits.max_enqueued_requests,
             json.dumps(dict(by_model or {})), json.dumps(dict(limits.model_max_enqueued_requests))]
-        refused = await self._admit(keys=[k.quota(team), k.quota_admitted_at, k.quota_team, k.quota_models(team)],
-                                    args=args)
+        async with self._r.pipeline(transaction=False) as p:  # the index first (see the module's docstring)
+            p.zadd(k.quota_admitted_at, {batch_id: time.time()}, nx=True)
+            p.hset(k.quota_team, batch_id, team)
+            new, _ = await p.execute()
+        refused = await self._admit(keys=[k.quota(team), k.quota_models(team)], args=args)
+        if refused and new:  # nothing was admitted under this id: its index entry goes again
+            async with self._r.pipeline(transaction=False) as p:
+                p.hdel(k.quota_team, batch_id)
+                p.zrem(k.quota_admitted_at, batch_id)
+                await p.execute()
         return str(refused) if refused else None
 
     async def usage(self, team: str) -> TeamUsage:
@@ -84,13 +97,13 @@ class RedisQuotaLedger:
         k = self._k
         for batch_id in batch_ids:
             team = await self._r.hget(k.quota_team, batch_id)
-            async with self._r.pipeline(transaction=True) as tx:
-                if team is not None:
+            if team is not None:  # the team's hashes first, then the index (see the module's docstring)
+                async with self._r.pipeline(transaction=True) as tx:
                     tx.hdel(k.quota(str(team)), batch_id)
                     tx.hdel(k.quota_models(str(team)), batch_id)
-                tx.zrem(k.quota_admitted_at, batch_id)
-                tx.hdel(k.quota_team, batch_id)
-                await tx.execute()
+                    await tx.execute()
+            await self._r.hdel(k.quota_team, batch_id)
+            await self._r.zrem(k.quota_admitted_at, batch_id)
 
     async def spend(self, team: str, period: int) -> float:
         value = await self._r.hget(self._k.spend(team), str(period))

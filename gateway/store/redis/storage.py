@@ -1,24 +1,29 @@
 """The shared `StorageLedger` (`gateway.store.storage`): per team a hash of its counted files' bytes and one
-of the pending entries' times, checked and written by one script."""
+of the pending entries' times, checked and written by one script in the team's slot.
+
+A stale pending entry whose file record is gone was left by a crash and is dropped; the records are in their
+own slots, so which are gone is read first and handed to the script, which drops each only if it is still
+stale (an upload that renewed it since keeps it)."""
 
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import redis.asyncio as aioredis
 
+from gateway.store.redis.connection import get_many
 from gateway.store.redis.keys import Keys
 from gateway.store.storage import STALE_SECONDS
 
-# KEYS: storage:{team}, storage-pending:{team}. ARGV: file id, size, limit, now, stale before, the file record
-# key's prefix (a stale pending entry whose record is gone was left by a crash: dropped).
+# KEYS: {t}:storage, {t}:storage-pending. ARGV: file id, size, limit, now, stale before, then the ids of stale
+# pending entries whose file record is gone (left by a crash: dropped if still stale).
 _RESERVE = """
-local pending = redis.call('HGETALL', KEYS[2])
-for i = 1, #pending, 2 do
-  local id = pending[i]
-  if tonumber(pending[i + 1]) < tonumber(ARGV[5]) and redis.call('EXISTS', ARGV[6] .. id) == 0 then
-    redis.call('HDEL', KEYS[1], id)
-    redis.call('HDEL', KEYS[2], id)
+for i = 6, #ARGV do
+  local at = redis.call('HGET', KEYS[2], ARGV[i])
+  if at and tonumber(at) < tonumber(ARGV[5]) then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    redis.call('HDEL', KEYS[2], ARGV[i])
   end
 end
 local sizes = redis.call('HGETALL', KEYS[1])
@@ -50,8 +55,12 @@ class RedisStorageLedger:
 
     async def reserve(self, team: str, file_id: str, size: int, limit: int) -> bool:
         t = time.time()
+        pending = cast(dict[str, str], await self._r.hgetall(self._k.storage_pending(team)))
+        stale = [i for i, at in pending.items() if float(at) < t - STALE_SECONDS]
+        records = await get_many(self._r, [self._k.file(i) for i in stale])
+        gone = [i for i, raw in zip(stale, records, strict=True) if raw is None]
         fits = await self._reserve(keys=[self._k.storage(team), self._k.storage_pending(team)],
-                                   args=[file_id, size, limit, t, t - STALE_SECONDS, self._k.file("")])
+                                   args=[file_id, size, limit, t, t - STALE_SECONDS, *gone])
         return bool(fits)
 
     async def settle(self, team: str, file_id: str, size: int) -> None:

@@ -19,8 +19,9 @@ the parts share one client:
 - `RedisIdempotencyKeys` (`gateway.store.redis.idempotency`): the teams' idempotency keys.
 - `RedisDashboardSessions` (`gateway.store.redis.sessions`): the dashboard's login sessions.
 
-Key names live in `gateway.store.redis.keys`. On a Redis Cluster every key carries one hash tag
-(`keys.slot_prefix`): the scripts touch a batch's keys and the global indexes together, in one slot.
+Key names live in `gateway.store.redis.keys`: a batch's keys share its hash tag and a team's ledgers
+theirs, so each script touches one slot; a record and its indexes are written in ordered single-slot steps
+(see each part).
 """
 
 from __future__ import annotations

@@ -207,6 +207,9 @@ class SQLiteLedger:
         ).fetchall()
         return [Result.from_json(loads(r[0])) for r in rows]
 
+    async def settle_spend(self, batch_id: str) -> None:
+        return None  # record_results moved it in its own transaction
+
     @off_loop
     def drop_log(self, batch_id: str) -> None:
         self._db.execute("DELETE FROM results_log WHERE batch_id = ?", (batch_id,))
