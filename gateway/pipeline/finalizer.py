@@ -99,7 +99,9 @@ class Finalizer:
             fields.update({"status": BatchStatus.EXPIRED, "expired_at": batch.expired_at or now()})
         else:
             fields.update({"status": BatchStatus.COMPLETED, "completed_at": now()})
-        await self.store.ledger.settle_spend(batch_id)  # before the status: a finished batch's spend is whole
+        # Before the status (a finished batch's spend is whole) and after every shard is sealed above (no result
+        # counts after its seal, so nothing more is owed: the settle may forget the batch's moves).
+        await self.store.ledger.settle_spend(batch_id)
         await self._announce(batch.owner, batch_id, fields["status"])
         tracing.status_event(fields["status"], completed=summary.succeeded, failed=summary.failed)
         await self.store.batches.update(batch_id, fields)

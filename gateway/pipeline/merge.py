@@ -34,8 +34,10 @@ async def seal_shard(
     shard's requests in input order, when the caller has them parsed already
     (the runner that just ran them); read from the shard's blob otherwise.
     """
-    if await blobs.size(shard.results_key) is not None:
-        return  # sealed already (or a shard of answered lines)
+    if await blobs.size(shard.results_key) is not None:  # sealed already (or a shard of answered lines)
+        if shard.route:  # the blob written, then a crash before the seal: seal it (idempotent). The finalizer
+            await store.ledger.drop_journal(shard)  # counts on it: no result counts (or costs) after its seal
+        return
     if requests is None:
         requests = [BatchRequest.from_json(loads(raw)) async for raw in read_lines(blobs, shard.requests_key) if raw]
     done = {r.line: r for r in await store.ledger.journal(shard)}

@@ -8,7 +8,9 @@ One recovery path for both modes. The sweep (one process at a time, under the
   than `stale_validation` seconds): validated again;
 - unfinished shards that no queue entry carries (a process died while
   enqueueing, or Redis lost writes): enqueued again;
-- every shard finished but not finalized (a worker died finalizing): finalized.
+- every shard finished but not finalized (a worker died finalizing): finalized;
+- index entries of a batch or file whose create stopped before its record (the shared store's), once
+  their create is older than its grace (`gateway.store.redis.creates`): removed.
 A dead worker's held shards need nothing here: the queue delivers them again
 once the worker's heartbeat is gone. At start-up the embedded owner runs one
 sweep at once with no staleness wait: that is the recovery after a restart.
@@ -114,6 +116,9 @@ class Sweeper:
             await self.queue.tidy({w["name"] for w in workers})
             if time.monotonic() - self._files_swept_at > _FILE_SWEEP_SECONDS:
                 self._files_swept_at = time.monotonic()
+                # index entries of creates that stopped before their record, once past their grace
+                if left := await self.store.batches.tidy(time.time()) + await self.store.files.tidy(time.time()):
+                    log.info("removed the index entries of %d create(s) that stopped half way", left)
                 if gone := await self.intake.delete_expired_files():
                     log.info("deleted %d expired file(s)", gone)
         finally:

@@ -43,6 +43,9 @@ class FileStore(Protocol):
     async def delete(self, file_id: str, owner: str | None = None) -> bool: ...
     async def expired(self, at: int, limit: int = 100) -> list[FileRecord]:
         """Files whose `expires_at` is before `at` (oldest first)."""
+    async def tidy(self, at: float) -> int:
+        """Remove what puts that stopped half way long before `at` left in the indexes (the sweep calls it);
+        how many had. A store that writes a record and its indexes in one transaction (SQLite): 0."""
 
 
 class BatchStore(Protocol):
@@ -64,6 +67,9 @@ class BatchStore(Protocol):
         or it is not finished."""
     async def active(self) -> list[BatchRecord]:
         """Batches not yet finished (for recovery and expiry)."""
+    async def tidy(self, at: float) -> int:
+        """Remove what creates that stopped half way long before `at` left in the indexes (the sweep calls it);
+        how many had. A store that writes a record and its indexes in one transaction (SQLite): 0."""
 
 
 class ShardLedger(Protocol):
@@ -109,7 +115,9 @@ class ShardLedger(Protocol):
     async def settle_spend(self, batch_id: str) -> None:
         """Make sure the cost of every result journaled for the batch is in its team's spend (the finalizer
         calls it). A store that moves the spend in `record_results`' own step (SQLite) has nothing to do; one
-        whose batch and team live apart (Redis Cluster's slots) moves what a crash left behind."""
+        whose batch and team live apart (Redis Cluster's slots) moves what a crash left behind, and then
+        forgets what it kept per batch to move each USD once. Only once every shard is sealed (the batch owes
+        nothing more); a second call moves nothing."""
 
 
 class BackendState(Protocol):

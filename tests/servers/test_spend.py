@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gateway.store.redis.keys import Keys
 from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import Gateway, gateway_config, start_gateway, submit
 from tests.support.services import RedisServer, start_worker
@@ -72,6 +73,10 @@ def test_spend_is_the_cost_of_the_journaled_results_after_a_worker_is_killed(
                     second = start_worker(config_path, redis.url, storage).wait_ready()
 
                 _run_and_kill(gw, kill_worker)
+                with redis.client() as c:  # the batch is settled: its moves forgotten, nothing more owed
+                    keys = Keys()
+                    assert c.hgetall(keys.spend_moved("payer")) == {}
+                    assert c.keys(f"{keys.prefix}*spend-owed") == []
             finally:
                 first.close()
                 if second is not None:

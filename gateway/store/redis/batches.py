@@ -12,7 +12,8 @@ The record (the batch's slot), its owner's list (the team's slot), the creation 
 (see `gateway.store.redis.keys`). Each order leaves, after a crash at any step, only what readers tolerate:
 - create: the sequence, then the indexes (`ZADD NX`), then the record LAST: an index entry whose record is
   missing is skipped by every reader (`_batches`), and a batch never exists outside its indexes (the sweep
-  finds every unfinished one through `active-batches`);
+  finds every unfinished one through `active-batches`); the create is noted first and let go of last
+  (`gateway.store.redis.creates`), so the sweep removes the entries of one that stopped (`tidy`);
 - finish: the status changes in the record (one script, with its `if_status` check), THEN `active-batches`
   lets go of it: meanwhile, or after a crash, `active()` reads the record, skips a finished one and drops it
   from the index; back to unfinished (the index first): the reverse;
@@ -31,6 +32,7 @@ import redis.asyncio as aioredis
 
 from gateway.domain import BatchStatus, Usage
 from gateway.store.objects import BatchFields, BatchRecord, Page, RequestCounts, batch_fields
+from gateway.store.redis.creates import PendingCreates
 from gateway.store.redis.keys import Keys
 
 _COUNTERS = ("completed", "failed", "input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens")
@@ -91,22 +93,60 @@ class RedisBatches:
         self._put_batch = client.register_script(_PUT_BATCH)
         self._update_batch = client.register_script(_UPDATE_BATCH)
         self._delete_batch = client.register_script(_DELETE_BATCH)
+        self._creates = PendingCreates(client, keys.creating("batches"))
 
     async def put(self, rec: BatchRecord) -> None:
+        seq, note = await self._index(rec)
+        await self._record(rec, seq, note)
+
+    async def _index(self, rec: BatchRecord) -> tuple[int, str]:
+        """A create's first steps: its note (`gateway.store.redis.creates`), its sequence, its indexes."""
+        note = await self._creates.begin(rec.id, rec.owner)
+        seq = int(await self._r.incr(self._k.batch_seq))
+        await self._add_indexes(rec.id, rec.owner, seq, active=not rec.status.finished)
+        return seq, note
+
+    async def _record(self, rec: BatchRecord, seq: int, note: str) -> None:
+        """A create's last steps: the record, then its note let go of (the indexes again if the sweep took it)."""
         data = rec.to_json()
         pairs: list[str | int] = []
         for name in _RECORD_FIELDS:
             pairs += [name, _encode(data[name])]
         for name in _COUNTERS:  # like SQLite's columns: counting starts at zero
             pairs += [f"n:{name}", 0]
-        # the indexes first, the record last (see the module's docstring); NX: a batch that exists keeps its place
-        seq = int(await self._r.incr(self._k.batch_seq))
-        async with self._r.pipeline(transaction=False) as p:
-            p.zadd(self._k.batches(rec.owner), {rec.id: seq}, nx=True)
-            if not rec.status.finished:
-                p.zadd(self._k.active, {rec.id: seq}, nx=True)
-            await p.execute()
         await self._put_batch(keys=[self._k.batch(rec.id)], args=[rec.id, seq, *pairs])
+        if not await self._creates.end(note):
+            await self._add_indexes(rec.id, rec.owner, seq, active=not rec.status.finished)
+
+    async def _add_indexes(self, batch_id: str, owner: str, seq: int, *, active: bool) -> None:
+        # NX: a batch that exists keeps its place
+        async with self._r.pipeline(transaction=False) as p:
+            p.zadd(self._k.batches(owner), {batch_id: seq}, nx=True)
+            if active:
+                p.zadd(self._k.active, {batch_id: seq}, nx=True)
+            await p.execute()
+
+    async def _owned(self, batch_id: str, owner: str) -> tuple[int, bool] | None:
+        """(seq, finished) of the batch's record when it is `owner`'s, else None."""
+        raw_owner, seq, status = await self._r.hmget(self._k.batch(batch_id), ["owner", "seq", "status"])
+        if raw_owner is None or json.loads(raw_owner) != owner:
+            return None
+        return int(seq), BatchStatus(json.loads(status)).finished
+
+    async def tidy(self, at: float) -> int:
+        """Remove the index entries of creates that stopped before their record, begun more than the grace
+        before `at` (`gateway.store.redis.creates`); how many creates had left some."""
+        left = 0
+        for batch_id, owner in await self._creates.claim(at):
+            if await self._owned(batch_id, owner) is not None:
+                continue  # the record is written: only its note was left
+            left += 1
+            await self._r.zrem(self._k.batches(owner), batch_id)
+            if not await self._r.exists(self._k.batch(batch_id)):
+                await self._r.zrem(self._k.active, batch_id)
+            if (now := await self._owned(batch_id, owner)) is not None:  # a slow create wrote it meanwhile
+                await self._add_indexes(batch_id, owner, now[0], active=not now[1])
+        return left
 
     async def get(self, batch_id: str, owner: str | None = None) -> BatchRecord | None:
         raw = await self._r.hgetall(self._k.batch(batch_id))

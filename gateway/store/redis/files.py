@@ -6,7 +6,9 @@ anchor, from a sorted set per owner (and per owner and purpose).
 The record (`file:{id}`, its own slot), the owner's lists (the team's slot) and `file-expiry` (its own slot)
 are written in ordered single-slot steps (`gateway.store.redis.keys`), each safe to stop after:
 - put: the indexes first, the record LAST: an id listed without a record is skipped by every reader
-  (`_files`), so a crash leaves at most an entry nobody sees; never a file no list or expiry knows;
+  (`_files`), so a crash leaves at most an entry nobody sees; never a file no list or expiry knows; the put
+  is noted first and let go of last (`gateway.store.redis.creates`), so the sweep removes the entries of one
+  that stopped (`tidy`);
 - delete: the record first (its DEL says who deleted it), then the indexes: an entry left behind names no
   record and is skipped; `expired` drops such an entry from `file-expiry` once its expiry has passed.
 """
@@ -21,22 +23,32 @@ import redis.asyncio as aioredis
 
 from gateway.store.objects import FileRecord, Page
 from gateway.store.redis.connection import get_many
+from gateway.store.redis.creates import PendingCreates
 from gateway.store.redis.keys import Keys
 
 
 class RedisFiles:
     def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
         self._r, self._k = client, keys
+        self._creates = PendingCreates(client, keys.creating("files"))
 
     async def put(self, rec: FileRecord) -> None:
+        old, note = await self._index(rec)
+        await self._record(rec, old, note)
+
+    async def _index(self, rec: FileRecord) -> tuple[FileRecord | None, str]:
+        """A put's first steps: its note (`gateway.store.redis.creates`), the indexes."""
+        note = await self._creates.begin(rec.id, rec.owner, rec.purpose)
         old = await self.get(rec.id)
-        async with self._r.pipeline(transaction=True) as tx:  # the team's slot
-            tx.zadd(self._k.files(rec.owner), {rec.id: rec.created_at})
-            tx.zadd(self._k.files(rec.owner, rec.purpose), {rec.id: rec.created_at})
-            await tx.execute()
-        if rec.expires_at is not None:
-            await self._r.zadd(self._k.file_expiry, {rec.id: rec.expires_at})
+        await self._add_indexes(rec)
+        return old, note
+
+    async def _record(self, rec: FileRecord, old: FileRecord | None, note: str) -> None:
+        """A put's last steps: the record, its note let go of (the indexes again if the sweep took it), then
+        the old owner's and purpose's entries."""
         await self._r.set(self._k.file(rec.id), json.dumps(rec.to_json()))
+        if not await self._creates.end(note):
+            await self._add_indexes(rec)
         if old is not None and (old.owner, old.purpose) != (rec.owner, rec.purpose):
             async with self._r.pipeline(transaction=True) as tx:  # the old owner's slot
                 if old.owner != rec.owner:
@@ -45,6 +57,35 @@ class RedisFiles:
                 await tx.execute()
         if rec.expires_at is None and (old is None or old.expires_at is not None):
             await self._r.zrem(self._k.file_expiry, rec.id)
+
+    async def _add_indexes(self, rec: FileRecord) -> None:
+        async with self._r.pipeline(transaction=True) as tx:  # the team's slot
+            tx.zadd(self._k.files(rec.owner), {rec.id: rec.created_at})
+            tx.zadd(self._k.files(rec.owner, rec.purpose), {rec.id: rec.created_at})
+            await tx.execute()
+        if rec.expires_at is not None:
+            await self._r.zadd(self._k.file_expiry, {rec.id: rec.expires_at})
+
+    async def tidy(self, at: float) -> int:
+        """Remove the index entries of puts that stopped before their record, begun more than the grace
+        before `at` (`gateway.store.redis.creates`); how many puts had left some."""
+        left = 0
+        for file_id, owner, purpose in await self._creates.claim(at):
+            rec = await self.get(file_id)
+            if rec is not None and (rec.owner, rec.purpose) == (owner, purpose):
+                continue  # the record is written: only its note was left
+            left += 1
+            async with self._r.pipeline(transaction=True) as tx:  # the owner's slot: what the record does not back
+                if rec is None or rec.owner != owner:
+                    tx.zrem(self._k.files(owner), file_id)
+                tx.zrem(self._k.files(owner, purpose), file_id)
+                await tx.execute()
+            if rec is None:
+                await self._r.zrem(self._k.file_expiry, file_id)
+            again = await self.get(file_id)  # a slow put wrote its record meanwhile: its entries back
+            if again is not None and (again.owner, again.purpose) == (owner, purpose):
+                await self._add_indexes(again)
+        return left
 
     async def get(self, file_id: str, owner: str | None = None) -> FileRecord | None:
         raw = await self._r.get(self._k.file(file_id))

@@ -11,7 +11,7 @@ prefix, so every multi-key step stays in one slot, and a deployment's keys sprea
   storage, rate windows, idempotency keys, webhook list; so the quota, rate and budget rules stay one atomic
   step per team (one script in the team's slot);
 - records looked up by id alone (`file:`, `webhook:`, `session:`, `worker:`, `lease:`) and the few global
-  indexes (`active-batches`, `file-expiry`, `webhooks-due`, ...) are single keys, each in its own slot: no
+  indexes (`active-batches`, `file-expiry`, `webhooks-due`, `creating:…`, ...) are single keys, each in its own slot: no
   script or MULTI touches one of them together with any other key. Where a record and an index change
   together, the store writes them in ordered single-slot steps whose every prefix leaves a state the readers
   tolerate (see each module: an index names ids, and the records say whether and whose they are).
@@ -34,6 +34,10 @@ records (`RedisStore`: files, batches, ledger, backend state)
     {t}:batches               zset    the team's batch ids, score = creation sequence
     active-batches            zset    unfinished batch ids, score = creation sequence
     batch-seq                 string  the creation sequence counter
+    creating:{kind}           zset    creates under way, `batches` or `files`: member = JSON [id, owner(,
+                                      purpose), token], score = when begun; let go of once the record is
+                                      written (`gateway.store.redis.creates`: the sweep removes the index
+                                      entries of one older than 10 minutes whose record is missing)
     {b}:shards                hash    shard index -> {"route", "size"}
     {b}:shards-done           set     finished shard indexes
     {b}:attempts              hash    shard index -> attempts at running it (any worker)
@@ -44,7 +48,8 @@ records (`RedisStore`: files, batches, ledger, backend state)
     {b}:results               stream  entry `0-{seq}` -> {"r": Result JSON}: every journaled result in order, until
                                       the batch is finalized (`GET /v1/batches/{id}/results` reads it)
     {b}:spend-owed            hash    "{team}:{budget period}" -> USD the batch's journaled results cost, ever
-                                      (moved to the team's `spend` by `gateway.store.redis.spend`)
+                                      (moved to the team's `spend` by `gateway.store.redis.spend`; deleted
+                                      once the finalizer settles the batch)
     meta:{key}                string  backend state JSON
     webhook:{id}              string  WebhookDelivery JSON (expires 30 days after its last write)
     webhooks-due              zset    pending delivery ids, score = when next tried
@@ -74,7 +79,10 @@ quotas (`RedisQuotaLedger`, `RedisRates`, `RedisStorageLedger`)
     quota-team                hash    admitted batch id -> its team
     {t}:quota-models          hash    batch id -> {model_name: requests} JSON (teams with per-model limits)
     {t}:spend                 hash    budget period start (epoch seconds, 0: for ever) -> USD spent
-    {t}:spend-moved           hash    "{batch}:{period}" -> USD of that batch's `spend-owed` already in `spend`
+    {t}:spend-moved           hash    "{batch}:{period}" -> USD of that batch's `spend-owed` already in `spend`;
+                                      a batch's fields go when it is settled (`gateway.store.redis.spend`)
+    {t}:spend-settled:{batch} string  "1": the batch's spend is settled, later moves do nothing (expires a day
+                                      after the settle)
     {t}:storage               hash    file id -> bytes, for each upload counted against the team's storage
                                       (RedisStorageLedger, gateway.store.storage)
     {t}:storage-pending       hash    file id -> when last checked, for the entries of running uploads and
@@ -145,6 +153,9 @@ class Keys:
     @property
     def active(self) -> str:
         return f"{self.prefix}active-batches"
+
+    def creating(self, kind: str) -> str:
+        return f"{self.prefix}creating:{kind}"
 
     @property
     def batch_seq(self) -> str:
@@ -241,6 +252,9 @@ class Keys:
 
     def spend_moved(self, team: str) -> str:
         return f"{self.team_tag(team)}:spend-moved"
+
+    def spend_settled(self, team: str, batch_id: str) -> str:
+        return f"{self.team_tag(team)}:spend-settled:{batch_id}"
 
     def storage(self, team: str) -> str:
         return f"{self.team_tag(team)}:storage"
