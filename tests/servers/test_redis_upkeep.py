@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.config.schema import parse_config
 from gateway.domain import BatchStatus, Result, Shard
+from gateway.runtime.runtime import open_shared
 from gateway.store.objects import BatchOptions, BatchRecord, FileRecord
 from gateway.store.protocols import Store
 from gateway.store.quota import SpendTo
@@ -26,7 +28,7 @@ from gateway.store.redis.keys import Keys
 from gateway.store.redis.spend import SpendMover
 from gateway.store.redis.store import RedisStore
 from gateway.store.sqlite.store import SQLiteStore
-from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisClusterServers, RedisServer
+from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisClusterServers, RedisServer, shared_config
 
 pytestmark = pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)
 
@@ -174,3 +176,25 @@ async def test_a_settle_that_stopped_before_forgetting_what_is_owed_moves_nothin
         assert await store.quota.spend("payer", 0) == pytest.approx(0.5)
         assert not await r.exists(keys.spend_owed("batch_cut"))
         assert await r.hgetall(keys.spend_moved("payer")) == {}
+
+
+async def test_the_sweep_removes_them_once_the_create_is_older_than_the_grace(
+    any_redis: RedisServer | RedisClusterServers, tmp_path: Path,
+) -> None:
+    """The sweeper of a shared runtime (an API replica's) calls the tidy: a half create of a moment ago stays,
+    one that began 11 minutes ago (its note's time moved back, as the clock would have) goes."""
+    any_redis.flush()
+    config = parse_config(shared_config("http://127.0.0.1:9/v1", ("m",)))
+    api = await open_shared(config, any_redis.url, tmp_path / "blobs")
+    try:
+        keys, r = Keys(), api.store.batches._r  # type: ignore[attr-defined]
+        _, note = await api.store.batches._index(_batch("batch_half", "team"))  # type: ignore[attr-defined]
+        await api.sweeper.sweep()
+        assert await r.zrange(keys.batches("team"), 0, -1) == ["batch_half"]  # under way, for all it knows
+        await r.zadd(keys.creating("batches"), {note: time.time() - LATER}, xx=True)
+        api.sweeper._files_swept_at = 0.0  # the sweep's 5-second pace for this part: due now
+        await api.sweeper.sweep()
+        assert await r.zrange(keys.batches("team"), 0, -1) == []
+        assert await r.zrange(keys.active, 0, -1) == []
+    finally:
+        await api.aclose()

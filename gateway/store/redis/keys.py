@@ -11,8 +11,8 @@ prefix, so every multi-key step stays in one slot, and a deployment's keys sprea
   storage, rate windows, idempotency keys, webhook list; so the quota, rate and budget rules stay one atomic
   step per team (one script in the team's slot);
 - records looked up by id alone (`file:`, `webhook:`, `session:`, `worker:`, `lease:`) and the few global
-  indexes (`active-batches`, `file-expiry`, `webhooks-due`, `creating:…`, ...) are single keys, each in its own slot: no
-  script or MULTI touches one of them together with any other key. Where a record and an index change
+  indexes (`active-batches`, `file-expiry`, `webhooks-due`, `creating:…`, ...) are single keys, each in its
+  own slot: no script or MULTI touches one of them together with any other key. Where a record and an index change
   together, the store writes them in ordered single-slot steps whose every prefix leaves a state the readers
   tolerate (see each module: an index names ids, and the records say whether and whose they are).
 
