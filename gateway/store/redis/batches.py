@@ -128,8 +128,9 @@ class RedisBatches:
 
     async def _owned(self, batch_id: str, owner: str) -> tuple[int, bool] | None:
         """(seq, finished) of the batch's record when it is `owner`'s, else None."""
-        raw_owner, seq, status = await self._r.hmget(self._k.batch(batch_id), ["owner", "seq", "status"])
-        if raw_owner is None or json.loads(raw_owner) != owner:
+        raw = await self._r.hmget(self._k.batch(batch_id), ["owner", "seq", "status"])
+        raw_owner, seq, status = cast(list[str | None], raw)
+        if raw_owner is None or seq is None or status is None or json.loads(raw_owner) != owner:
             return None
         return int(seq), BatchStatus(json.loads(status)).finished
 
