@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry import baggage
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import (
@@ -34,7 +35,7 @@ from opentelemetry.trace import (
 )
 
 from gateway.tracing import genai
-from gateway.tracing.batch_spans import requests_sampling
+from gateway.tracing.batch_spans import OUTGOING, requests_sampling, w3c_propagators
 from gateway.tracing.sampling import forced_span_id
 from gateway.tracing.switch import STATE
 
@@ -58,6 +59,7 @@ class RequestTrace:
     provider: Callable[[str], str]  # the request's model -> gen_ai.provider.name
     kind: SpanKind
     parent: SpanContext  # the shard span's
+    w3c: bool  # each request's headers made from its ids (`batch_spans.OUTGOING`), not by the propagators
 
 
 def capture(provider: Callable[[str], str], *, internal: bool = False) -> RequestTrace | None:
@@ -68,8 +70,9 @@ def capture(provider: Callable[[str], str], *, internal: bool = False) -> Reques
     ratio, team = sampling if sampling is not None else (1.0, "")
     context = otel_context.get_current()
     kind = SpanKind.INTERNAL if internal else SpanKind.CLIENT
+    w3c = w3c_propagators() and not baggage.get_all(context)
     return RequestTrace(context, ratio, team in STATE.capture_teams, provider, kind,
-                        get_current_span(context).get_span_context())
+                        get_current_span(context).get_span_context(), w3c)
 
 
 async def traced(trace: RequestTrace, req: BatchRequest, call: Call) -> Result:
@@ -89,8 +92,14 @@ async def traced(trace: RequestTrace, req: BatchRequest, call: Call) -> Result:
     span_id = random.getrandbits(64) or 1
     ghost = NonRecordingSpan(SpanContext(parent.trace_id, span_id, is_remote=False, trace_flags=parent.trace_flags,
                                          trace_state=parent.trace_state))
+    made = None
+    if trace.w3c:
+        made = {"traceparent": f"00-{parent.trace_id:032x}-{span_id:016x}-{parent.trace_flags:02x}"}
+        if parent.trace_state:
+            made["tracestate"] = parent.trace_state.to_header()
     started = time.time_ns()
     token = otel_context.attach(set_span_in_context(ghost, trace.context))
+    headers = OUTGOING.set(made)
     try:
         result = await call(req)
     except BaseException as exc:  # cancelled or a backend's bug: the span says so, the caller handles it
@@ -98,6 +107,7 @@ async def traced(trace: RequestTrace, req: BatchRequest, call: Call) -> Result:
             _span(trace, req, span_id, started, sampled, {genai.ERROR_TYPE: type(exc).__qualname__}, error=True)
         raise
     finally:
+        OUTGOING.reset(headers)
         otel_context.detach(token)
     if sampled or not result.ok:
         _span(trace, req, span_id, started, sampled, *_outcome(req, result, trace.capture_content))

@@ -150,8 +150,8 @@ async def test_one_batch_is_one_trace_down_to_each_request(upstream: Upstream, s
             assert attrs[genai.OUTPUT_TOKENS] == attrs[genai.COMPLETION_TOKENS] > 0
         # the upstream got each request span's own traceparent: its spans would join this trace
         sent = upstream.stats()["traceparents"][before:]
-        assert sorted(p.rsplit("-", 1)[0] for p in sent) == sorted(f"00-{trace_id:032x}-{s.context.span_id:016x}"
-                                                                  for s in requests)
+        assert sorted(sent) == sorted(f"00-{trace_id:032x}-{s.context.span_id:016x}-{s.context.trace_flags:02x}"
+                                      for s in requests)
         _no_content(finished)
 
 
@@ -304,3 +304,47 @@ async def test_litellms_own_path_sends_the_request_spans_traceparent(upstream: U
     [sent] = upstream.stats()["traceparents"][before:]
     assert sent.split("-")[1:3] == [format(span.context.trace_id, "032x"), format(span.context.span_id, "016x")]
     _no_content(spans.get_finished_spans())
+
+
+@pytest.mark.parametrize("with_baggage", [False, True])
+async def test_a_requests_headers_are_what_the_propagators_write(spans: InMemorySpanExporter,
+                                                                  with_baggage: bool) -> None:
+    """A request span's `traceparent` (and the parent's `tracestate`) is made from its ids, not by the
+    propagators: the same headers they write. A context with baggage goes through them (and sends it)."""
+    from opentelemetry import baggage, propagate
+    from opentelemetry import context as otel_context
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState, set_span_in_context
+
+    from gateway.domain import BatchRequest, Endpoint, Result
+    from gateway.tracing.request_spans import capture, traced
+
+    configure("worker", TracingSettings(), exporter=spans)
+    parent = SpanContext(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, is_remote=True,
+                         trace_flags=TraceFlags(TraceFlags.SAMPLED), trace_state=TraceState([("vendor", "v1")]))
+    context = set_span_in_context(NonRecordingSpan(parent))
+    if with_baggage:
+        context = baggage.set_baggage("team", "alpha", context)
+    seen: list[tuple[dict[str, str], dict[str, str]]] = []
+
+    async def call(req: BatchRequest) -> Result:
+        written: dict[str, str] = {}
+        propagate.inject(written)  # what the propagators write for the span running now
+        seen.append((tracing.outgoing({}), written))
+        return Result(line=req.line, custom_id=req.custom_id, status_code=200, body={}, model=req.model)
+
+    token = otel_context.attach(context)
+    try:
+        trace = capture(lambda _model: "openai")
+        assert trace is not None and trace.w3c is not with_baggage
+        for line in (1, 2):
+            req = BatchRequest(line=line, custom_id=f"c{line}", url=Endpoint.CHAT, body={"model": MODEL})
+            await traced(trace, req, call)
+    finally:
+        otel_context.detach(token)
+    (first, first_written), (second, second_written) = seen
+    assert first == first_written and second == second_written
+    assert first["traceparent"] != second["traceparent"]  # each request its own span id
+    assert first["traceparent"].startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-")
+    assert first["traceparent"].endswith("-01") and first["tracestate"] == "vendor=v1"
+    assert ("baggage" in first) is with_baggage
+    assert tracing.outgoing({}) == {}  # after the requests: no span, no made headers left behind
