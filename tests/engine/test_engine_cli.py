@@ -45,21 +45,42 @@ def read(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def test_drop_in_for_run_batch(models: Any, tmp_path: Path) -> None:
-    lines = [
-        chat("c1", "tiny", "Hello world!"),
-        chat("c2", "tiny", "Say pong.", temperature=0),
-        chat("unknown", "not-served", "404 please"),
-        {"custom_id": "bad-url", "method": "POST", "url": "/v1/images/generations", "body": {"model": "tiny"}},
-        chat("streaming", "tiny", "no streams", stream=True),
-        chat("c3", "tiny", "last one"),
-    ]
-    src = write(tmp_path / "in.jsonl", lines)
+LINES = [
+    chat("c1", "tiny", "Hello world!"),
+    chat("c2", "tiny", "Say pong.", temperature=0),
+    chat("unknown", "not-served", "404 please"),
+    {"custom_id": "bad-url", "method": "POST", "url": "/v1/images/generations", "body": {"model": "tiny"}},
+    chat("streaming", "tiny", "no streams", stream=True),
+    chat("c3", "tiny", "last one"),
+]
+# /v1/completions lines, which run_batch lacks (test_completions_which_run_batch_lacks)
+COMPLETIONS = [
+    {"custom_id": "p1", "method": "POST", "url": "/v1/completions",
+     "body": {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 5}},
+    {"custom_id": "p2", "method": "POST", "url": "/completions",
+     "body": {"model": "tiny", "prompt": "The end", "max_tokens": 5}},
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(models: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """One `batchyard run --model` of the tiny Llama over LINES then COMPLETIONS (one engine start, not one per
+    case; each case asserts its own lines): its process and output file."""
+    tmp_path = tmp_path_factory.mktemp("tiny_run")
+    src, out = write(tmp_path / "in.jsonl", [*LINES, *COMPLETIONS]), tmp_path / "ours.jsonl"
+    proc = batchyard("-i", str(src), "-o", str(out), "--model", str(models.llama), "--served-model-name", "tiny",
+                     *ENGINE_FLAGS, "--no-progress", "-q")
+    return proc, out
+
+
+def test_drop_in_for_run_batch(models: Any, tmp_path: Path,
+                               tiny_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    lines = LINES
     # vLLM 0.32's run_batch rejects the whole file over one unsupported url; we answer that line with a 400.
     peer_src = write(tmp_path / "peer.jsonl", [x for x in lines if x["custom_id"] != "bad-url"])
-    ours, theirs = tmp_path / "ours.jsonl", tmp_path / "theirs.jsonl"
+    theirs = tmp_path / "theirs.jsonl"
     flags = ["--model", str(models.llama), "--served-model-name", "tiny", *ENGINE_FLAGS]
-    proc = batchyard("-i", str(src), "-o", str(ours), *flags, "--no-progress")
+    proc, ours = tiny_run
     assert proc.returncode == 0, proc.stderr[-3000:]
     peer = subprocess.run(
         [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(peer_src), "-o", str(theirs), *flags],
@@ -67,7 +88,8 @@ def test_drop_in_for_run_batch(models: Any, tmp_path: Path) -> None:
     )
     assert peer.returncode == 0, peer.stderr[-3000:]
     a, b = read(ours), {x["custom_id"]: x for x in read(theirs)}
-    assert [x["custom_id"] for x in a] == [x["custom_id"] for x in lines]  # input order, every line once
+    # input order, every line once (COMPLETIONS, in the same run, are not run_batch's: not in its file)
+    assert [x["custom_id"] for x in a] == [x["custom_id"] for x in [*lines, *COMPLETIONS]]
     assert len(b) == len(lines) - 1
     for mine in a:
         if mine["custom_id"] not in b:
@@ -87,18 +109,12 @@ def test_drop_in_for_run_batch(models: Any, tmp_path: Path) -> None:
     assert [by_id[c]["response"]["status_code"] for c in ("unknown", "bad-url", "streaming")] == [404, 400, 400]
 
 
-def test_completions_which_run_batch_lacks(models: Any, tmp_path: Path) -> None:
-    src = write(tmp_path / "in.jsonl", [
-        {"custom_id": "p1", "method": "POST", "url": "/v1/completions",
-         "body": {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 5}},
-        {"custom_id": "p2", "method": "POST", "url": "/completions",
-         "body": {"model": "tiny", "prompt": "The end", "max_tokens": 5}},
-    ])
-    out = tmp_path / "out.jsonl"
-    proc = batchyard("-i", str(src), "-o", str(out), "--model", str(models.llama), "--served-model-name", "tiny",
-                     *ENGINE_FLAGS, "-q")
+def test_completions_which_run_batch_lacks(tiny_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    proc, out = tiny_run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    got = read(out)
+    every = read(out)
+    assert [x["custom_id"] for x in every] == [x["custom_id"] for x in [*LINES, *COMPLETIONS]]  # input order
+    got = every[len(LINES):]
     assert [x["custom_id"] for x in got] == ["p1", "p2"]
     for line in got:
         body = line["response"]["body"]

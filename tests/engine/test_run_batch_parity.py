@@ -73,24 +73,35 @@ def test_empty_file(models: Any, tmp_path: Path) -> None:
     assert (tmp_path / "out.jsonl").read_text().strip() == "" and got == []
 
 
-def test_completions(models: Any, tmp_path: Path) -> None:
-    lines = [
-        chat_line("request-1", CHAT, "You are a helpful assistant."),
-        chat_line("request-2", CHAT, "You are an unhelpful assistant."),
-        chat_line("request-3", "NonExistModel", "You are an unhelpful assistant."),
-        chat_line("request-4", CHAT, "You are an unhelpful assistant.", url="/bad_url"),
-        chat_line("request-5", CHAT, "You are an unhelpful assistant.", stream="True"),
-    ]
-    proc, got = run(tmp_path, lines, models.llama, CHAT)
+COMPLETIONS = [
+    chat_line("request-1", CHAT, "You are a helpful assistant."),
+    chat_line("request-2", CHAT, "You are an unhelpful assistant."),
+    chat_line("request-3", "NonExistModel", "You are an unhelpful assistant."),
+    chat_line("request-4", CHAT, "You are an unhelpful assistant.", url="/bad_url"),
+    chat_line("request-5", CHAT, "You are an unhelpful assistant.", stream="True"),
+]
+
+
+@pytest.fixture(scope="module")
+def chat_run(models: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str],
+                                                                               list[dict[str, Any]]]:
+    """One run on the tiny Llama with no flag beyond ENGINE_FLAGS, shared by the cases that need just that
+    (one engine start, not one per case): COMPLETIONS then AUDIO, each case asserting its own lines."""
+    return run(tmp_path_factory.mktemp("chat_run"), [*COMPLETIONS, *AUDIO], models.llama, CHAT)
+
+
+def test_completions(chat_run: tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]) -> None:
+    proc, lines = chat_run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    validate(got)
-    assert [x["custom_id"] for x in got] == [x["custom_id"] for x in lines]
+    validate(lines)
+    assert [x["custom_id"] for x in lines] == [x["custom_id"] for x in [*COMPLETIONS, *AUDIO]]  # input order
+    got = lines[:len(COMPLETIONS)]
     status = [x["response"]["status_code"] for x in got]
     assert status == [200, 200, 404, 400, 400]
     assert all(x["error"] is None for x in got[:2]) and all(x["error"] for x in got[2:])
     # Quiet by default: a clean run's stderr holds only the summary (the bar is off without a terminal).
     summary = [x for x in proc.stderr.splitlines() if x.strip()]
-    assert summary[0].startswith("batchyard: 5 requests in "), proc.stderr
+    assert summary[0].startswith(f"batchyard: {len(lines)} requests in "), proc.stderr
     assert all(x.startswith("  ") for x in summary[1:]), proc.stderr
     log = re.search(r"^  log: (.+)$", proc.stderr, re.M)
     assert log is not None and "vllm" in Path(log.group(1)).read_text()  # the engine's chatter went there
@@ -239,19 +250,25 @@ def _wav_data_url(seconds: float = 0.5, rate: int = 16000) -> str:
     return "data:audio/wav;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def test_audio_on_a_model_without_audio(models: Any, tmp_path: Path) -> None:
+# Audio lines on a chat model (test_audio_on_a_model_without_audio), moderations and images lines among them.
+_AUDIO_BODY = {"model": CHAT, "file_url": _wav_data_url(), "response_format": "json"}
+AUDIO = [
+    {"custom_id": "t1", "method": "POST", "url": "/v1/audio/transcriptions", "body": _AUDIO_BODY},
+    {"custom_id": "t2", "method": "POST", "url": "/audio/translations", "body": {**_AUDIO_BODY, "language": "it"}},
+    {"custom_id": "m1", "method": "POST", "url": "/v1/moderations", "body": {"model": CHAT, "input": "hi"}},
+    {"custom_id": "i1", "method": "POST", "url": "/v1/images/generations", "body": {"model": CHAT, "prompt": "a"}},
+]
+
+
+def test_audio_on_a_model_without_audio(chat_run: tuple[subprocess.CompletedProcess[str],
+                                                       list[dict[str, Any]]]) -> None:
     """Audio lines on a chat model: every url form reaches the engine, which answers as run_batch does
     for a model without the task; moderations/images lines get a clear per-line error."""
-    audio = {"model": CHAT, "file_url": _wav_data_url(), "response_format": "json"}
-    lines = [
-        {"custom_id": "t1", "method": "POST", "url": "/v1/audio/transcriptions", "body": audio},
-        {"custom_id": "t2", "method": "POST", "url": "/audio/translations", "body": {**audio, "language": "it"}},
-        {"custom_id": "m1", "method": "POST", "url": "/v1/moderations", "body": {"model": CHAT, "input": "hi"}},
-        {"custom_id": "i1", "method": "POST", "url": "/v1/images/generations", "body": {"model": CHAT, "prompt": "a"}},
-    ]
-    proc, got = run(tmp_path, lines, models.llama, CHAT)
+    proc, lines = chat_run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    validate(got)
+    validate(lines)
+    got = lines[len(COMPLETIONS):]
+    assert [x["custom_id"] for x in got] == [x["custom_id"] for x in AUDIO]
     assert [x["response"]["status_code"] for x in got] == [400] * 4
     messages = [x["error"]["error"]["message"] for x in got]
     assert messages[0] == "Model does not support endpoint: /v1/audio/transcriptions"

@@ -3,6 +3,8 @@
 Each loads; `batchyard config check` prints its routes and the LiteLLM settings batchyard does not apply
 (a subprocess, as a user runs it); a small batch through `batchyard run` answers through the loopback
 upstream, with the notice on stderr once; `--strict-config` refuses the same file before anything starts.
+Per example, `config check` and `run` are called as functions (tests/support/cli_in_process.py: LiteLLM's
+imports paid once, not once a case); the `--strict-config` case runs each command as a subprocess.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 
 from gateway.config.schema import load_config
 from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.support.cli_in_process import batchyard
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "tests" / "data" / "litellm_configs"
@@ -87,8 +90,8 @@ def test_each_example_loads_naming_what_it_does_not_apply(name: str, upstream: U
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
-def test_config_check_prints_the_routes(name: str, upstream: Upstream) -> None:
-    proc = _batchyard(upstream, "config", "check", str(CONFIGS / name))
+def test_config_check_prints_the_routes(name: str, upstream: Upstream, capsys: pytest.CaptureFixture[str]) -> None:
+    proc = batchyard(capsys, "config", "check", str(CONFIGS / name), env=_env(upstream), cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     routes, not_applied = EXAMPLES[name]
     rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[2:] if line and line[0] != " "
@@ -102,7 +105,8 @@ def test_config_check_prints_the_routes(name: str, upstream: Upstream) -> None:
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_a_small_batch_answers_through_each_example(name: str, upstream: Upstream, keyed_upstream: Upstream,
-                                                    tmp_path: Path) -> None:
+                                                    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    caplog: pytest.LogCaptureFixture) -> None:
     routes, not_applied = EXAMPLES[name]
     if name == "environment_variables_config.yaml":  # its key comes from the file's environment_variables
         upstream = keyed_upstream
@@ -111,15 +115,15 @@ def test_a_small_batch_answers_through_each_example(name: str, upstream: Upstrea
                                        "body": {"model": model, "messages": [{"role": "user", "content": f"n{i}"}]}})
                            + "\n" for model in routes for i in range(3)))
     out = tmp_path / "out.jsonl"
-    proc = _batchyard(upstream, "run", "-i", str(src), "-o", str(out), "--config", str(CONFIGS / name),
-                      "--no-progress")
+    proc = batchyard(capsys, "run", "-i", str(src), "-o", str(out), "--config", str(CONFIGS / name),
+                     "--no-progress", env=_env(upstream), cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     results = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["response"]["status_code"] for r in results] == [200] * len(results), results
     assert [r["response"]["body"]["choices"][0]["message"]["content"] for r in results][:1] == ["echo: n0"]
     # the notice, once, at start; the config's environment values never shown
     assert proc.stderr.count("not applied (--strict-config refuses them)") == (1 if not_applied else 0)
-    assert FILE_KEY not in proc.stderr
+    assert FILE_KEY not in proc.stderr and FILE_KEY not in caplog.text  # nor in what it logged
 
 
 def test_strict_config_refuses_an_example_before_anything_starts(upstream: Upstream, tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ import yaml
 from gateway.cli.config_check import check_command
 from gateway.config.schema import load_config, parse_config
 from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.support.cli_in_process import batchyard
 from tests.support.server_helpers import read_jsonl, start_gateway, submit, wait_batch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,14 +64,15 @@ def chat(cid: str, model: str, text: str = "hello") -> str:
     return json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body})
 
 
-def run(tmp: Path, cfg: Path, lines: list[str], env: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+def run(capsys: pytest.CaptureFixture[str], tmp: Path, cfg: Path, lines: list[str],
+        env: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """`batchyard run` of `lines` on `cfg`, called as a function (tests/support/cli_in_process.py: LiteLLM's imports
+    paid once, not once a case); its results by custom_id."""
     src, out = tmp / "in.jsonl", tmp / "out.jsonl"
     src.write_text("\n".join(lines) + "\n")
-    full_env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "OPENAI_API_KEY": "sk-test", **(env or {})}
-    proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "run", "-i", str(src), "-o", str(out), "--config", str(cfg),
-         "--no-progress", "--workers", "0"], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=300,
-    )
+    full_env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "OPENAI_API_KEY": "sk-test", **(env or {})}
+    proc = batchyard(capsys, "run", "-i", str(src), "-o", str(out), "--config", str(cfg), "--no-progress",
+                     "--workers", "0", env=full_env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     results = {r["custom_id"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert len(results) == len(lines)
@@ -84,7 +86,8 @@ def answered_as(results: dict[str, dict[str, Any]]) -> dict[str, str]:
     return {cid: r["response"]["body"]["model"] for cid, r in results.items()}
 
 
-def test_load_balancer_yaml_tpm_rpm_beside_litellm_params(upstream: Upstream, tmp_path: Path) -> None:
+def test_load_balancer_yaml_tpm_rpm_beside_litellm_params(upstream: Upstream, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
     from litellm import Router
 
     # The file's last entry names no provider LiteLLM knows: LiteLLM's own Router refuses it as it starts (and
@@ -103,19 +106,21 @@ def test_load_balancer_yaml_tpm_rpm_beside_litellm_params(upstream: Upstream, tm
     router = Router(model_list=[d for r in config.routes.values() for d in r.model_list()])
     assert [d["litellm_params"].get("rpm") for d in router.model_list] == [3, 3, None]
     upstream.reset()
-    results = run(tmp_path, cfg, [chat(f"l{i}", "gpt-3.5-turbo") for i in range(3)])  # within the rpm of each
+    results = run(capsys, tmp_path, cfg, [chat(f"l{i}", "gpt-3.5-turbo") for i in range(3)])  # within the rpm of each
     # every deployment sends the model as LiteLLM does: no provider prefix on the wire
     assert set(answered_as(results).values()) == {"gpt-3.5-turbo"}
     assert upstream.stats()["by_model"] == {"gpt-3.5-turbo": 3}
 
 
-def test_a_prefix_less_model_goes_to_the_provider_litellm_infers(upstream: Upstream, tmp_path: Path) -> None:
+def test_a_prefix_less_model_goes_to_the_provider_litellm_infers(upstream: Upstream, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     cfg = localised("simple_config.yaml", tmp_path, upstream.v1_url)
     assert load_config(cfg).routes["gpt-5-mini"].entries[0].litellm_params.model == "openai/gpt-5-mini"
-    assert answered_as(run(tmp_path, cfg, [chat("a", "gpt-5-mini")])) == {"a": "gpt-5-mini"}
+    assert answered_as(run(capsys, tmp_path, cfg, [chat("a", "gpt-5-mini")])) == {"a": "gpt-5-mini"}
 
 
-def test_aliases_resolve_to_their_target_and_hidden_ones_are_not_listed(upstream: Upstream, tmp_path: Path) -> None:
+def test_aliases_resolve_to_their_target_and_hidden_ones_are_not_listed(upstream: Upstream, tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     cfg = localised("alias_config.yaml", tmp_path, upstream.v1_url)
     config = load_config(cfg)
     assert config.listed_models() == ["gpt-3.5-turbo", "gpt-4", "gpt-4o"]  # gpt-4o-latest is hidden
@@ -124,12 +129,13 @@ def test_aliases_resolve_to_their_target_and_hidden_ones_are_not_listed(upstream
     assert ("alias gpt-4 -> gpt-3.5-turbo\nalias gpt-4o-latest -> gpt-4o (hidden from /v1/models)\n"
             in printed.getvalue())  # config check names each alias and its target
     lines = [chat("alias", "gpt-4"), chat("hidden", "gpt-4o-latest"), chat("name", "gpt-3.5-turbo")]
-    assert answered_as(run(tmp_path, cfg, lines)) == {"alias": "gpt-3.5-turbo", "hidden": "gpt-4o",
+    assert answered_as(run(capsys, tmp_path, cfg, lines)) == {"alias": "gpt-3.5-turbo", "hidden": "gpt-4o",
                                                       "name": "gpt-3.5-turbo"}
 
 
 def test_wildcards_exact_name_first_then_the_most_specific_pattern(upstream: Upstream, second: Upstream,
-                                                                  tmp_path: Path) -> None:
+                                                                  tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     # the exact name and `openai/gpt-4*` on the second upstream, `*` and the segment pattern on the first
     bases = {"*": upstream.v1_url, "openai/fo::*:static::*": upstream.v1_url, "openai/gpt-4*": second.v1_url,
              "gpt-4o": second.v1_url}
@@ -139,7 +145,7 @@ def test_wildcards_exact_name_first_then_the_most_specific_pattern(upstream: Ups
     lines = [chat("exact", "gpt-4o"), chat("star", "gpt-4-turbo"), chat("pattern", "openai/gpt-4.1"),
              chat("segments", "openai/fo::bar:static::baz"), chat("any", "claude-3-haiku"),
              chat("again", "gpt-4-turbo")]
-    assert answered_as(run(tmp_path, cfg, lines)) == {
+    assert answered_as(run(capsys, tmp_path, cfg, lines)) == {
         "exact": "gpt-4o-2024-08-06",  # the exact model_name wins
         # LiteLLM tries the name as written against every pattern first: `*` takes gpt-4-turbo
         "star": "gpt-4-turbo", "again": "gpt-4-turbo",
@@ -150,22 +156,24 @@ def test_wildcards_exact_name_first_then_the_most_specific_pattern(upstream: Ups
     assert upstream.stats()["by_model"] == {"gpt-4-turbo": 2, "fo::bar:static::baz": 1, "claude-3-haiku": 1}
 
 
-def test_litellms_wildcard_config_provider_routes(upstream: Upstream, tmp_path: Path) -> None:
+def test_litellms_wildcard_config_provider_routes(upstream: Upstream, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     cfg = localised("wildcard_config.yaml", tmp_path, {"openai/*": upstream.v1_url})
     env = {"ANTHROPIC_API_KEY": "sk-ant", "VERTEXAI_PROJECT": "p", "AZURE_AI_API_BASE": upstream.v1_url,
            "AZURE_AI_API_KEY": "k", "AZURE_API_BASE": upstream.url, "AZURE_API_KEY": "az", "GEMINI_API_KEY": "g",
            "LITELLM_MASTER_KEY": "sk-master", "AZURE_API_VERSION": "2024-10-21"}
     lines = [chat("openai", "openai/gpt-4o-mini"), chat("azure", "azure/my-deployment"),
              chat("inferred", "gpt-4o")]  # no prefix: LiteLLM tries openai/gpt-4o next, which openai/* takes
-    assert answered_as(run(tmp_path, cfg, lines, env)) == {"openai": "gpt-4o-mini", "azure": "my-deployment",
+    assert answered_as(run(capsys, tmp_path, cfg, lines, env)) == {"openai": "gpt-4o-mini", "azure": "my-deployment",
                                                           "inferred": "gpt-4o"}
 
 
-def test_fallbacks_of_each_kind_hold_on_the_pass_through(upstream: Upstream, tmp_path: Path) -> None:
+def test_fallbacks_of_each_kind_hold_on_the_pass_through(upstream: Upstream, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
     cfg = localised("fallback_config.yaml", tmp_path, upstream.v1_url)
     lines = [chat("down", "gpt-3.5-turbo", "#fail:500x1 a"), chat("long", "gpt-3.5-turbo", "#toolong:gpt-3.5-turbo"),
              chat("unsafe", "gpt-3.5-turbo", "#unsafe:gpt-3.5-turbo"), chat("fine", "gpt-3.5-turbo")]
-    assert answered_as(run(tmp_path, cfg, lines)) == {
+    assert answered_as(run(capsys, tmp_path, cfg, lines)) == {
         "down": "gpt-4",  # fallbacks
         "long": "gpt-3.5-turbo-16k",  # context_window_fallbacks
         "unsafe": "claude-2-compatible",  # content_policy_fallbacks
@@ -217,7 +225,8 @@ def test_the_configs_load_as_the_router_resolves_them(upstream: Upstream, tmp_pa
         assert route.entries[0].litellm_params.model == asyncio.run(chosen(name)), name
 
 
-def test_a_wildcard_on_litellms_completion_path(upstream: Upstream, tmp_path: Path) -> None:
+def test_a_wildcard_on_litellms_completion_path(upstream: Upstream, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
     """A deployment the pass-through does not take (`max_parallel_requests` is the Router's to apply) keeps
     LiteLLM's completion path: the Router resolves the pattern there, with the same answer."""
     cfg = tmp_path / "c.yaml"
@@ -228,7 +237,8 @@ model_list:
     max_parallel_requests: 4
 """)
     assert load_config(cfg).routes["lite/*"].model_list()[0]["litellm_params"]["max_parallel_requests"] == 4
-    assert answered_as(run(tmp_path, cfg, [chat("a", "lite/abc"), chat("b", "lite/xyz")])) == {"a": "abc", "b": "xyz"}
+    results = run(capsys, tmp_path, cfg, [chat("a", "lite/abc"), chat("b", "lite/xyz")])
+    assert answered_as(results) == {"a": "abc", "b": "xyz"}
 
 
 def test_serve_lists_patterns_and_visible_aliases_and_runs_their_lines(upstream: Upstream, tmp_path: Path) -> None:

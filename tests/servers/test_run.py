@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import pytest
 
 from tests.fakes.bucket import Bucket
 from tests.fakes.upstream.server import Upstream
+from tests.support.cli_in_process import batchyard
 
 REPO = Path(__file__).resolve().parents[2]
 SEEDS = REPO / "tests" / "data" / "seeds"  # copies of ../shared/seeds: the public documents we started from
@@ -52,16 +53,31 @@ def line(cid: str, model: str | None, text: str = "hi", url: str = "/v1/chat/com
     return json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": b})
 
 
+Runner = Callable[..., subprocess.CompletedProcess[bytes]]
+
+
 def run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     env = {**os.environ, "TEST_OPENAI_KEY": "sk-test", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     return subprocess.run([*BATCHYARD, "run", *args], cwd=REPO, env=env, input=stdin, capture_output=True, timeout=300)
+
+
+@pytest.fixture()
+def run_here(capsys: pytest.CaptureFixture[str]) -> Runner:
+    """`run` called as a function (tests/support/cli_in_process.py: LiteLLM's imports paid once per worker), where
+    a case reads only the exit status, stderr and files: the same environment and directory as `run`. The
+    cases of stdin/stdout and of the exit status after a failed upload keep the subprocess."""
+    def call(*args: str) -> subprocess.CompletedProcess[bytes]:
+        env = {"TEST_OPENAI_KEY": "sk-test", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        done = batchyard(capsys, "run", *args, env=env, cwd=REPO)
+        return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.encode(), done.stderr.encode())
+    return call
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def test_mixed_models_and_url_forms(upstream: Upstream, tmp_path: Path) -> None:
+def test_mixed_models_and_url_forms(upstream: Upstream, tmp_path: Path, run_here: Runner) -> None:
     cfg = write_config(tmp_path / "c.yaml", upstream)
     lines = [
         line("openai-v1", "gpt-4o-mini", "one"),
@@ -81,7 +97,7 @@ def test_mixed_models_and_url_forms(upstream: Upstream, tmp_path: Path) -> None:
     src.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.jsonl"
     before = upstream.stats()["requests"]
-    proc = run("-i", str(src), "-o", str(out), "--config", str(cfg), "--no-progress")
+    proc = run_here("-i", str(src), "-o", str(out), "--config", str(cfg), "--no-progress")
     assert proc.returncode == 0, proc.stderr.decode()
     results = read_jsonl(out)
     assert [r["custom_id"] for r in results] == [json.loads(x)["custom_id"] for x in lines]
@@ -108,7 +124,7 @@ def test_mixed_models_and_url_forms(upstream: Upstream, tmp_path: Path) -> None:
     assert "9 requests" in summary and "no-such-model" in summary and "tokens:" in summary
 
 
-def test_provider_errors_are_per_line(upstream: Upstream, tmp_path: Path) -> None:
+def test_provider_errors_are_per_line(upstream: Upstream, tmp_path: Path, run_here: Runner) -> None:
     cfg = write_config(tmp_path / "c.yaml", upstream)
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join([
@@ -118,7 +134,7 @@ def test_provider_errors_are_per_line(upstream: Upstream, tmp_path: Path) -> Non
         line("fine", "gpt-4o-mini", "fine"),
     ]))
     out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
-    proc = run("-i", str(src), "-o", str(out), "--error-file", str(errors), "--config", str(cfg), "--no-progress")
+    proc = run_here("-i", str(src), "-o", str(out), "--error-file", str(errors), "--config", str(cfg), "--no-progress")
     assert proc.returncode == 0, proc.stderr.decode()
     ok = {r["custom_id"]: r for r in read_jsonl(out)}
     failed = {r["custom_id"]: r for r in read_jsonl(errors)}
@@ -129,7 +145,7 @@ def test_provider_errors_are_per_line(upstream: Upstream, tmp_path: Path) -> Non
     assert failed["bad"]["response"]["body"]["error"]["code"] == "bad_request"  # the provider's own body
 
 
-def test_seed_examples(upstream: Upstream, tmp_path: Path) -> None:
+def test_seed_examples(upstream: Upstream, tmp_path: Path, run_here: Runner) -> None:
     """The example lines of the documents the product started from run as they are."""
     cfg = write_config(tmp_path / "c.yaml", upstream)
     lines: list[str] = []
@@ -149,14 +165,14 @@ def test_seed_examples(upstream: Upstream, tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(lines))
     out = tmp_path / "out.jsonl"
-    proc = run("-i", str(src), "-o", str(out), "--config", str(cfg), "--no-progress")
+    proc = run_here("-i", str(src), "-o", str(out), "--config", str(cfg), "--no-progress")
     assert proc.returncode == 0, proc.stderr.decode()
     results = read_jsonl(out)
     assert [r["custom_id"] for r in results] == [json.loads(x)["custom_id"] for x in lines]
     assert all(r["response"]["status_code"] == 200 for r in results)
 
 
-def test_order_and_exactly_once_on_5000_lines(upstream: Upstream, tmp_path: Path) -> None:
+def test_order_and_exactly_once_on_5000_lines(upstream: Upstream, tmp_path: Path, run_here: Runner) -> None:
     cfg = write_config(tmp_path / "c.yaml", upstream, "batch_settings: {shard_size: 300}")
     src = tmp_path / "in.jsonl"
     models = ["gpt-4o-mini", "gpt-4o", "embed", "nope"]
@@ -169,7 +185,7 @@ def test_order_and_exactly_once_on_5000_lines(upstream: Upstream, tmp_path: Path
             else:
                 f.write(line(f"c{i}", m, f"#sleep:{i % 7} n{i}") + "\n")
     out = tmp_path / "out.jsonl"
-    proc = run("-i", str(src), "-o", str(out), "--config", str(cfg), "--no-progress")
+    proc = run_here("-i", str(src), "-o", str(out), "--config", str(cfg), "--no-progress")
     assert proc.returncode == 0, proc.stderr.decode()
     results = read_jsonl(out)
     assert [r["custom_id"] for r in results] == [f"c{i}" for i in range(5000)]
@@ -184,17 +200,19 @@ def bucket() -> Iterator[Bucket]:
     server.close()
 
 
-def test_http_input_and_presigned_put_output(upstream: Upstream, tmp_path: Path, bucket: Bucket) -> None:
+def test_http_input_and_presigned_put_output(upstream: Upstream, tmp_path: Path, bucket: Bucket,
+                                            run_here: Runner, caplog: pytest.LogCaptureFixture) -> None:
     cfg = write_config(tmp_path / "c.yaml", upstream)
     bucket.store["/in.jsonl"] = "\n".join(line(f"u{i}", "gpt-4o-mini", f"x{i}") for i in range(20)).encode()
     bucket.fail_puts = 2  # retried with backoff; only a 2xx counts
-    proc = run("-i", f"{bucket}/in.jsonl?X-Amz-Signature=secret", "-o", f"{bucket}/out.jsonl?X-Amz-Signature=secret",
-               "--config", str(cfg), "--no-progress")
+    proc = run_here("-i", f"{bucket}/in.jsonl?X-Amz-Signature=secret",
+                    "-o", f"{bucket}/out.jsonl?X-Amz-Signature=secret", "--config", str(cfg), "--no-progress")
     assert proc.returncode == 0, proc.stderr.decode()
     out = [json.loads(x) for x in bucket.store["/out.jsonl"].decode().splitlines()]
     assert [r["custom_id"] for r in out] == [f"u{i}" for i in range(20)]
     assert all(n is not None for n in bucket.lengths)  # S3 needs Content-Length, not chunked
     assert b"secret" not in proc.stderr  # a presigned URL's signature is a credential
+    assert "secret" not in caplog.text  # nor logged
 
 
 def test_failed_upload_keeps_results_locally(upstream: Upstream, tmp_path: Path, bucket: Bucket) -> None:

@@ -8,6 +8,9 @@ first time (`#fail:400x1`: LiteLLM does not retry a 400, so the run ends with th
 - `--retry-failed` without `--data-dir`: a usage error (exit status 2);
 - a run killed before it finished: exit status 1, and the message says to continue it first;
 - killed during the retry: the same command continues that retry batch (no second one), then merges it.
+
+The command is called as a function (tests/support/cli_in_process.py: LiteLLM's imports paid once, not once a
+call) except where a process is killed: those runs are `batchyard run` subprocesses.
 """
 
 from __future__ import annotations
@@ -16,13 +19,27 @@ import os
 import signal
 import subprocess
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.fakes.upstream.server import Upstream
-from tests.servers.test_run import BATCHYARD, REPO, line, read_jsonl, run, write_config
+from tests.servers.test_run import BATCHYARD, REPO, line, read_jsonl, write_config
+from tests.support.cli_in_process import batchyard
 from tests.support.waiting import eventually
+
+Run = Callable[..., subprocess.CompletedProcess[bytes]]
+
+
+@pytest.fixture()
+def run(capsys: pytest.CaptureFixture[str]) -> Run:
+    """`batchyard run ARGS` as tests.servers.test_run.run gives it (same environment and directory), in-process."""
+    def call(*args: str) -> subprocess.CompletedProcess[bytes]:
+        env = {"TEST_OPENAI_KEY": "sk-test", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        done = batchyard(capsys, "run", *args, env=env, cwd=REPO)
+        return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.encode(), done.stderr.encode())
+    return call
 
 
 def _input(tmp_path: Path, failing: set[int], total: int = 6) -> Path:
@@ -35,7 +52,8 @@ def _input(tmp_path: Path, failing: set[int], total: int = 6) -> Path:
 
 
 @pytest.mark.parametrize("split", [True, False], ids=["error-file", "errors-inline"])
-def test_retry_failed_answers_every_line_once_in_input_order(upstream: Upstream, tmp_path: Path, split: bool) -> None:
+def test_retry_failed_answers_every_line_once_in_input_order(upstream: Upstream, tmp_path: Path, split: bool,
+                                                             run: Run) -> None:
     cfg, data = write_config(tmp_path / "c.yaml", upstream), tmp_path / "state"
     src, out, err = _input(tmp_path, {1, 4}), tmp_path / "out.jsonl", tmp_path / "err.jsonl"
     common = ["-i", str(src), "-o", str(out), "--config", str(cfg), "--data-dir", str(data), "--no-progress",
@@ -61,7 +79,8 @@ def test_retry_failed_answers_every_line_once_in_input_order(upstream: Upstream,
     assert [r["response"]["status_code"] for r in read_jsonl(out)] == [200] * 6
 
 
-def test_lines_that_fail_again_stay_in_the_error_file_for_the_next_retry(upstream: Upstream, tmp_path: Path) -> None:
+def test_lines_that_fail_again_stay_in_the_error_file_for_the_next_retry(upstream: Upstream, tmp_path: Path,
+                                                                          run: Run) -> None:
     cfg, data = write_config(tmp_path / "c.yaml", upstream), tmp_path / "state"
     tag = uuid.uuid4().hex[:8]
     src, out, err = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "err.jsonl"
@@ -79,7 +98,7 @@ def test_lines_that_fail_again_stay_in_the_error_file_for_the_next_retry(upstrea
     assert [r["custom_id"] for r in read_jsonl(out)] == ["r0", "r1", "r2", "r3"] and err.read_text() == ""
 
 
-def test_retry_failed_without_a_run_says_to_run_it_first(upstream: Upstream, tmp_path: Path) -> None:
+def test_retry_failed_without_a_run_says_to_run_it_first(run: Run, upstream: Upstream, tmp_path: Path) -> None:
     cfg, src = write_config(tmp_path / "c.yaml", upstream), _input(tmp_path, set(), 2)
     proc = run("-i", str(src), "-o", str(tmp_path / "o.jsonl"), "--config", str(cfg), "--data-dir",
                str(tmp_path / "empty"), "--retry-failed")
@@ -88,7 +107,7 @@ def test_retry_failed_without_a_run_says_to_run_it_first(upstream: Upstream, tmp
     assert usage.returncode == 2 and "--retry-failed needs --data-dir" in usage.stderr.decode()
 
 
-def test_a_retry_killed_midway_is_continued_not_made_twice(upstream: Upstream, tmp_path: Path) -> None:
+def test_a_retry_killed_midway_is_continued_not_made_twice(run: Run, upstream: Upstream, tmp_path: Path) -> None:
     """SIGKILL during `--retry-failed`: the same command continues that retry batch, then merges it."""
     cfg, data = write_config(tmp_path / "c.yaml", upstream), tmp_path / "state"
     tag = uuid.uuid4().hex[:8]
@@ -115,7 +134,8 @@ def test_a_retry_killed_midway_is_continued_not_made_twice(upstream: Upstream, t
     assert [r["custom_id"] for r in read_jsonl(out)] == [f"r{i}" for i in range(8)] and err.read_text() == ""
 
 
-def test_retry_failed_of_a_run_still_going_says_to_continue_it_first(upstream: Upstream, tmp_path: Path) -> None:
+def test_retry_failed_of_a_run_still_going_says_to_continue_it_first(upstream: Upstream, tmp_path: Path,
+                                                                      run: Run) -> None:
     cfg, data = write_config(tmp_path / "c.yaml", upstream), tmp_path / "state"
     tag = uuid.uuid4().hex[:8]
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"

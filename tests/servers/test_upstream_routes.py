@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.upstream.server import Upstream
+from tests.support.cli_in_process import batchyard
 from tests.support.server_helpers import gateway_config, read_jsonl, start_gateway, submit, wait_batch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,6 +72,20 @@ def run(tmp: Path, cfg: Path, lines: list[str], *extra: str) -> tuple[subprocess
     return proc, {r["custom_id"]: r for r in results}
 
 
+def run_here(capsys: pytest.CaptureFixture[str], tmp: Path, cfg: Path,
+             lines: list[str]) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """`run`, called as a function (tests/support/cli_in_process.py: LiteLLM's imports paid once), for the cases
+    that read only the output; the one that checks every client session is closed at exit keeps the process."""
+    src, out = tmp / "in.jsonl", tmp / "out.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    proc = batchyard(capsys, "run", "-i", str(src), "-o", str(out), "--config", str(cfg), "--no-progress",
+                     env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"}, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    results = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["custom_id"] for r in results] == [json.loads(x)["custom_id"] for x in lines]
+    return proc, {r["custom_id"]: r for r in results}
+
+
 def test_moderations_and_images_in_a_mixed_file(upstream: Upstream, tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "c.yaml", upstream)
     lines = [
@@ -115,7 +130,8 @@ def test_moderations_and_images_in_a_mixed_file(upstream: Upstream, tmp_path: Pa
         assert leak not in proc.stderr, proc.stderr
 
 
-def test_provider_errors_reach_the_caller_as_sent(upstream: Upstream, tmp_path: Path) -> None:
+def test_provider_errors_reach_the_caller_as_sent(upstream: Upstream, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     cfg = write_config(tmp_path / "c.yaml", upstream)
     lines = [
         chat("openai-400", "gpt-4o-mini", "bad #fail:400"),
@@ -126,7 +142,7 @@ def test_provider_errors_reach_the_caller_as_sent(upstream: Upstream, tmp_path: 
         chat("unreachable", "nowhere", "hello"),
         chat("timeout", "impatient", "slow #sleep:3000"),
     ]
-    _, out = run(tmp_path, cfg, lines)
+    _, out = run_here(capsys, tmp_path, cfg, lines)
     for cid, status in [("openai-400", 400), ("vllm-400", 400), ("azure-403", 403), ("vllm-500", 500)]:
         response = out[cid]["response"]
         expected = {"message": f"Injected failure {status} (#fail directive).",
@@ -145,14 +161,14 @@ def test_provider_errors_reach_the_caller_as_sent(upstream: Upstream, tmp_path: 
     assert "litellm" not in text.lower() and "model group" not in text and "Exception -" not in text
 
 
-def test_litellm_settings_take_effect(upstream: Upstream, tmp_path: Path) -> None:
+def test_litellm_settings_take_effect(upstream: Upstream, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # router_settings name neither timeout nor num_retries: litellm_settings decide them
     cfg = write_config(tmp_path / "c.yaml", upstream, router="{retry_after: 0}",
                        extra="litellm_settings: {request_timeout: 0.5, num_retries: 0, drop_params: false}")
     lines = [chat("slow", "gpt-4o-mini", "slow #sleep:3000"),
              chat("flaky", "gpt-4o-mini", "settings flaky #fail:503x1 #count"),
              chat("fine", "gpt-4o-mini", "fine")]
-    _, out = run(tmp_path, cfg, lines)
+    _, out = run_here(capsys, tmp_path, cfg, lines)
     assert out["slow"]["error"]["code"] == "upstream_timeout"  # request_timeout 0.5 s, not our 600 s
     assert out["flaky"]["response"]["status_code"] == 503  # num_retries 0: not retried (ours would be 3)
     assert upstream.stats()["by_custom"]["settings flaky #fail:503x1 #count"] == 1
