@@ -25,6 +25,10 @@ LiteLLM's import alone leaves some 280,000 objects, and each full collection
 under load walked them all (a Message Batch's create body read in the API
 process: 0.28 s for 20,000 requests, 0.12 s frozen).
 
+`batchyard run` freezes once its runtime has started (its engines, LiteLLM's import and Router): frozen
+before that, as it was, LiteLLM's import came after the freeze and each full collection of a 20,000-line
+upstream run walked its 300,000 objects, 19 of them for 2.5 s of a 21 s run; frozen after, 0.3 s (measured).
+
 Only for a process of its own (`batchyard run`, `serve`, `worker` as commands):
 frozen objects are never collected, which a process that only calls the command
 as a function (a test) must not inherit.

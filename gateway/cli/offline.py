@@ -120,9 +120,9 @@ async def _run(runtime: Runtime, opts: RunOptions) -> int:
     finally:
         if engines is not None and not engines.done():
             engines.cancel()
-    if opts.on_started is not None:
+    await runtime.start()  # LiteLLM imported and every backend started: start-up's heap is all there
+    if opts.on_started is not None:  # before the first request (nothing has run since start returned)
         opts.on_started()
-    await runtime.start()
     pool = None
     try:
         pool = await _start_workers(runtime, batch.id, opts)

@@ -89,6 +89,13 @@ def test_the_command_in_its_own_process_freezes_its_start_up_heap(tmp_path: Path
         "        print('FROZEN', gc.get_freeze_count() > 0, 'AS_BEFORE', gc.get_threshold() == before, file=f)\n"
         "    return code\n"
         "offline._run = spy\n"
+        "from gateway.cli import heap\n"
+        "real_freeze = heap.StartupHeap.freeze\n"
+        "def freeze(self):  # what had loaded by then is what the freeze keeps out of the collector's walks\n"
+        f"    with open({str(seen)!r} + '.at', 'w') as f:\n"
+        "        print('ROUTER_LOADED', 'litellm.router' in sys.modules, file=f)\n"
+        "    real_freeze(self)\n"
+        "heap.StartupHeap.freeze = freeze\n"
         "from gateway.cli.main import main\n"
         "sys.exit(main())\n"
     )
@@ -101,6 +108,9 @@ def test_the_command_in_its_own_process_freezes_its_start_up_heap(tmp_path: Path
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert seen.read_text().split() == ["FROZEN", "True", "AS_BEFORE", "True"]
+    # frozen once the backends had started: LiteLLM's import and its Router (some 280,000 objects) are in the
+    # frozen heap, not walked by each of the batch's full collections (2.5 s of a 20,000-line run, measured)
+    assert (tmp_path / "seen.txt.at").read_text().split() == ["ROUTER_LOADED", "True"]
 
 
 @pytest.mark.parametrize("command", [
