@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,6 @@ import pytest
 import yaml
 
 from tests.fakes.upstream.server import Upstream
-from tests.support.cli_in_process import batchyard
 from tests.support.server_helpers import chat_line, gateway_config, jsonl, wait_batch
 from tests.support.team_helpers import MODES, serve
 
@@ -140,15 +141,15 @@ def test_bad_lines_are_listed_as_the_batch_lists_them_and_another_teams_file_is_
     assert wrong.json()["error"]["param"] == "endpoint"
 
 
-def _dry_run(config: dict[str, Any], text: str, tmp_path: Path,
-             capsys: pytest.CaptureFixture[str]) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """`batchyard run --dry-run -q` on `text` as the input file, called as a function (tests/support/cli_in_process.py:
-    LiteLLM's imports paid once); (its exit status and output as a finished process's, the output path)."""
+def _dry_run(config: dict[str, Any], text: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`batchyard run --dry-run -q` on `text` as the input file; (the finished process, the output path)."""
     cfg, inp, out = tmp_path / "config.yaml", tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     cfg.write_text(yaml.safe_dump(config))
     inp.write_text(text)
-    proc = batchyard(capsys, "run", "-i", str(inp), "-o", str(out), "--config", str(cfg), "--dry-run", "-q",
-                     env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"}, cwd=Path(__file__).resolve().parents[2])
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "run", "-i", str(inp), "-o", str(out), "--config",
+                           str(cfg), "--dry-run", "-q"], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=Path(__file__).resolve().parents[2])
     return proc, out
 
 
@@ -156,12 +157,11 @@ def _rows(table: str) -> dict[str, list[str]]:
     return {cells[0]: cells for line in table.splitlines() if (cells := line.split())}
 
 
-def test_dry_run_prints_the_table_and_sends_nothing(upstream: Upstream, tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_prints_the_table_and_sends_nothing(upstream: Upstream, tmp_path: Path) -> None:
     before = upstream.stats()
     lines = _lines()
     config = _config(upstream)
-    proc, out = _dry_run(config, jsonl(lines).decode(), tmp_path, capsys)
+    proc, out = _dry_run(config, jsonl(lines).decode(), tmp_path)
     after = upstream.stats()
     assert proc.returncode == 0, proc.stderr
     table = proc.stdout
@@ -175,10 +175,8 @@ def test_dry_run_prints_the_table_and_sends_nothing(upstream: Upstream, tmp_path
     assert float(rows["gpt-mini"][6]) == pytest.approx(_guess(lines[:3]) * CHEAP[0], abs=1e-6)
 
 
-def test_dry_run_lists_the_lines_that_would_fail(upstream: Upstream, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    proc, out = _dry_run(_config(upstream), json.dumps(chat_line("a", "gpt-mini", "fine")) + "\n{broken\n", tmp_path,
-                         capsys)
+def test_dry_run_lists_the_lines_that_would_fail(upstream: Upstream, tmp_path: Path) -> None:
+    proc, out = _dry_run(_config(upstream), json.dumps(chat_line("a", "gpt-mini", "fine")) + "\n{broken\n", tmp_path)
     assert proc.returncode == 1, proc.stderr  # the run would fail on the file: bad input
     assert "1 line(s) would fail the batch:" in proc.stdout and "line 2: invalid_json_line" in proc.stdout
     assert not out.exists()
