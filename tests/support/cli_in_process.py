@@ -52,6 +52,9 @@ def batchyard(capsys: pytest.CaptureFixture[str], *args: str, env: Mapping[str, 
     import litellm  # every command called here loads it (prices, the Router): its settings are saved first
 
     saved_env, saved_cwd, saved_litellm = dict(os.environ), os.getcwd(), _settings(litellm)
+    # the Router registers its deployments' model_info in LiteLLM's price map: a later command in this
+    # process would then find prices (and an exact tokenizer) its own process would not
+    saved_prices = dict(litellm.model_cost)
     loggers = [(lg, lg.level, list(lg.handlers), lg.propagate) for lg in map(logging.getLogger, QUIETED)]
     os.environ.update(env or {})
     if cwd is not None:
@@ -68,6 +71,8 @@ def batchyard(capsys: pytest.CaptureFixture[str], *args: str, env: Mapping[str, 
         os.environ.update(saved_env)
         os.chdir(saved_cwd)
         _restore(litellm, saved_litellm)
+        litellm.model_cost.clear()
+        litellm.model_cost.update(saved_prices)
         for lg, level, handlers, propagate in loggers:
             lg.setLevel(level)
             lg.handlers[:] = handlers
