@@ -27,7 +27,7 @@ import os
 import socket
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -122,7 +122,7 @@ class _Target:
     num_retries: int
     has_limits: bool
     proxy: str | None = None
-    host: str = ""  # scheme://host:port of `base`: the connection pool it uses (`PassThrough._session`)
+    host: str = field(init=False, default="")  # scheme://host:port of `base`: its pool (`PassThrough._session`)
 
     def __post_init__(self) -> None:
         parts = urllib.parse.urlsplit(self.base)

@@ -80,8 +80,7 @@ def outgoing(base: dict[str, str]) -> dict[str, str]:
     """`base` with the current span's `traceparent` added (`base` itself with tracing off)."""
     if STATE.tracer is None:
         return base
-    made = OUTGOING.get()
-    return {**base, **(made if made is not None else carrier())}
+    return {**base, **carrier()}
 
 
 def trace_id(trace_context: Mapping[str, str] | None) -> str | None:
