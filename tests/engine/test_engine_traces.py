@@ -43,6 +43,9 @@ def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[OTLPReceiver]:
     with OTLPReceiver() as rec:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")  # vLLM's default is grpc
         monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        # vLLM writes its endpoint into this process's environment (for its children) and leaves it there: set
+        # here, it is taken back at the test's end, or a later test's processes would send to a closed port
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{rec.url}/v1/traces")
         yield rec
 
 
