@@ -5,6 +5,8 @@
 - `batch_spans`: the batch's create span and stored context, its stages, its shards, native job calls, the
   `traceparent` headers for a call out;
 - `request_spans`: a span per request (sampled; failures always kept) with the GenAI attributes;
+- `offload`: the request spans exported from a child process (their encoding off the batch's own time);
+- `otlp`: the OTLP exporter the variables ask for, and the resource its spans carry;
 - `sampling`: the request sampling rule, and the span ids that let a failure outside the sample be kept;
 - `api_spans`: the API's SERVER spans (FastAPI's instrumentation);
 - `process`: a process's start (its role, its log lines);

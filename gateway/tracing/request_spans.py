@@ -60,6 +60,7 @@ class RequestTrace:
     kind: SpanKind
     parent: SpanContext  # the shard span's
     w3c: bool  # each request's headers made from its ids (`batch_spans.OUTGOING`), not by the propagators
+    trace_state: str  # the parent's tracestate as a header ("" without): how an offloaded span carries it
 
 
 def capture(provider: Callable[[str], str], *, internal: bool = False) -> RequestTrace | None:
@@ -71,8 +72,9 @@ def capture(provider: Callable[[str], str], *, internal: bool = False) -> Reques
     context = otel_context.get_current()
     kind = SpanKind.INTERNAL if internal else SpanKind.CLIENT
     w3c = w3c_propagators() and not baggage.get_all(context)
-    return RequestTrace(context, ratio, team in STATE.capture_teams, provider, kind,
-                        get_current_span(context).get_span_context(), w3c)
+    parent = get_current_span(context).get_span_context()
+    return RequestTrace(context, ratio, team in STATE.capture_teams, provider, kind, parent, w3c,
+                        parent.trace_state.to_header() if parent.trace_state else "")
 
 
 async def traced(trace: RequestTrace, req: BatchRequest, call: Call) -> Result:
@@ -116,7 +118,8 @@ async def traced(trace: RequestTrace, req: BatchRequest, call: Call) -> Result:
 
 def _span(trace: RequestTrace, req: BatchRequest, span_id: int, started: int, sampled: bool,
           outcome: dict[str, Any], error: bool) -> None:
-    """The request's span, with the id its `traceparent` carried, handed to the span processor ended.
+    """The request's span, with the id its `traceparent` carried, handed on ended: to the export process
+    (`gateway.tracing.offload`, with OTLP) or to the span processor.
 
     A request span is a finished record when it is made: it is built as the SDK's `ReadableSpan` (what the
     processor and exporter take) instead of through `Tracer.start_span`, whose live-span machinery (a lock,
@@ -140,6 +143,10 @@ def _span(trace: RequestTrace, req: BatchRequest, span_id: int, started: int, sa
                                            set_status_on_exception=False)
         span.set_status(status)
         span.end()
+        return
+    if STATE.offload is not None:  # exported from a helper process (`gateway.tracing.offload`)
+        STATE.offload.add((name, parent.trace_id, span_id, parent.span_id, parent.trace_flags,
+                           trace.trace_state, trace.kind.value, error, started, time.time_ns(), attributes))
         return
     context = SpanContext(parent.trace_id, span_id, is_remote=False, trace_flags=parent.trace_flags,
                           trace_state=parent.trace_state)
