@@ -17,8 +17,8 @@ The batch, stage, shard and API spans (a few per batch) stay on the in-process p
   and the child exports what it holds and ends. It ignores SIGINT (Ctrl-C reaches the whole process group):
   its parent's end, not the keyboard, ends it.
 - The child gone (killed, crashed): a warning, and the spans go to the in-process processor from then on.
-- A forked process (a validation pool's) inherits the object but not the thread or the child: it never
-  touches them (`_mine`); its own `configure` makes its own.
+- A process forked from this one (os.fork; the product's own pools spawn) inherits the object but not the
+  thread: it never touches the object's pipe or locks (`_mine`); its own `configure` makes its own child.
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ async def test_a_forked_process_never_writes_to_its_parents_helper(upstream: Ups
         await _run_batch(runtime, "first", 3)
         helper = _offload().pid
         pid = os.fork()
-        if pid == 0:  # a pool's child, with what it inherited: its spans must not reach the parent's pipe
+        if pid == 0:  # a forked child, with what it inherited: its spans must not reach the parent's pipe
             code = 0
             try:
                 _offload().add((f"chat {MODEL}", 1, 2, 3, 1, "", 3, False, 0, 1, {genai.CUSTOM_ID: "forked"}))
