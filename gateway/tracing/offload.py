@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import select
 import signal
 import struct
 import subprocess
@@ -207,7 +208,10 @@ class OffloadedSpans(SpanProcessor):
             try:
                 assert child.stdin is not None and child.stdout is not None
                 _frame(child.stdin, ("flush", timeout_millis))
-                return bool(_read(child.stdout))
+                # its answer comes once it exported (its processor's own flush honours the timeout); a child
+                # that does not answer does not hold this process: a late answer only ends a later flush early
+                ready, _, _ = select.select([child.stdout], [], [], timeout_millis / 1000 + 5)
+                return bool(ready) and bool(_read(child.stdout))
             except (OSError, ValueError, EOFError, pickle.UnpicklingError) as exc:
                 self._lost(exc)
                 return False
