@@ -39,6 +39,7 @@ from typing import IO, Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
@@ -50,14 +51,6 @@ Record = tuple[str, int, int, int, int, str, int, bool, int, int, dict[str, Any]
 _LENGTH = struct.Struct("!I")
 _CHILD = "import sys; sys.path.append(sys.argv[1]); from gateway.tracing.offload import main; main()"
 _ERROR, _UNSET = Status(StatusCode.ERROR), Status(StatusCode.UNSET)
-
-
-def _env_int(name: str, default: int) -> int:
-    try:
-        value = int(os.environ.get(name, default))
-    except ValueError:
-        return default
-    return value if value > 0 else default
 
 
 def readable(record: Record, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
@@ -96,9 +89,11 @@ class OffloadedSpans(SpanProcessor):
 
     def __init__(self, resource: Resource, scope: InstrumentationScope, fallback: SpanProcessor) -> None:
         self._resource, self._scope, self._fallback = resource, scope, fallback
-        self._batch = _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)
-        self._limit = max(_env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048), self._batch)
-        self._delay = _env_int("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
+        # the `OTEL_BSP_*` variables read as the SDK reads them for its own processor (`fallback`, built from
+        # them already: a value it refuses has stopped the process before this)
+        self._batch = BatchSpanProcessor._default_max_export_batch_size()
+        self._limit = max(BatchSpanProcessor._default_max_queue_size(), self._batch)
+        self._delay = BatchSpanProcessor._default_schedule_delay_millis() / 1000
         self._pid = os.getpid()
         self._lock = threading.Lock()  # the records waiting
         self._sending = threading.RLock()  # one frame at a time on the pipe, and a flush's ack after its spans
@@ -123,9 +118,10 @@ class OffloadedSpans(SpanProcessor):
         return os.getpid() == self._pid
 
     def add(self, record: Record) -> None:
-        if self._gone or self._closed or not self._mine():
-            if self._mine() and not self._closed:
-                self._fallback.on_end(readable(record, self._resource, self._scope))
+        if self._closed or not self._mine():
+            return
+        if self._gone:
+            self._fallback.on_end(readable(record, self._resource, self._scope))
             return
         with self._lock:
             if len(self._waiting) >= self._limit:
@@ -245,8 +241,6 @@ class OffloadedSpans(SpanProcessor):
 def main() -> None:
     """The child: frames in on stdin, the SDK's batch processor and OTLP exporter out."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
     from gateway.tracing.otlp import HashedResource, otlp_exporter
 
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
@@ -266,7 +260,6 @@ def main() -> None:
                 _frame(stdout, processor.force_flush(payload))
     finally:
         processor.shutdown()
-
 
 
 __all__ = ["OffloadedSpans", "Record", "readable"]
