@@ -5,11 +5,13 @@ keeps every span, flattened for the tests (`Span`). It answers as a collector do
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -18,6 +20,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from tests.support.waiting import free_port
+
+if TYPE_CHECKING:
+    import pytest
 
 KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 
@@ -134,4 +139,14 @@ class OTLPReceiver:
         self.stop()
 
 
-__all__ = ["KINDS", "OTLPReceiver", "Span"]
+@contextlib.contextmanager
+def receiving(monkeypatch: pytest.MonkeyPatch) -> Iterator[OTLPReceiver]:
+    """A receiver, and the standard variable that switches traces on pointing at it, for this process and the
+    ones it starts; the batch processors send every 100 ms (the spans come while a test waits)."""
+    with OTLPReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        yield receiver
+
+
+__all__ = ["KINDS", "OTLPReceiver", "Span", "receiving"]

@@ -8,9 +8,8 @@ capture names the team.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +21,13 @@ from opentelemetry.trace import SpanKind, StatusCode
 from gateway import tracing
 from gateway.config.schema import parse_config
 from gateway.config.sections import TracingSettings
-from gateway.domain import BatchStatus
 from gateway.errors import ConfigError
-from gateway.runtime.runtime import Runtime, open_embedded
-from gateway.store.objects import BatchRecord
 from gateway.store.sqlite.store import SQLiteStore
 from gateway.tracing import genai
 from gateway.tracing.logs import TraceIds
 from gateway.tracing.switch import configure, protocol, wanted
 from tests.fakes.upstream.server import Upstream, start_upstream
-from tests.support.server_helpers import chat_line, gateway_config, jsonl
+from tests.support.server_helpers import chat_line, embedded_runtime, gateway_config, run_embedded_batch
 from tests.support.waiting import eventually_async
 
 MODEL = "gpt-mini"
@@ -57,29 +53,6 @@ def _config(upstream: Upstream, **tracing_settings: Any) -> Any:
                                        tracing=tracing_settings))
 
 
-async def _run_batch(runtime: Runtime, owner: str, lines: list[dict[str, Any]]) -> BatchRecord:
-    async def chunks() -> AsyncIterator[bytes]:
-        yield jsonl(lines)
-
-    source = await runtime.service.upload_file(owner, "in.jsonl", "batch", chunks())
-    batch = await runtime.service.create_batch(owner, input_file_id=source.id, endpoint="/v1/chat/completions",
-                                               completion_window="24h")
-    done = await runtime.service.wait(batch.id)
-    assert done.status is BatchStatus.COMPLETED
-    return done
-
-
-@contextlib.asynccontextmanager
-async def _runtime(config: Any, data_dir: Path) -> AsyncIterator[Runtime]:
-    """The embedded runtime, shards run in this process (opened and closed on the test's own loop)."""
-    runtime = await open_embedded(config, data_dir)
-    try:
-        await runtime.start()
-        yield runtime
-    finally:
-        await runtime.aclose()
-
-
 def _lines(n: int, failing: tuple[int, ...] = ()) -> list[dict[str, Any]]:
     return [chat_line(f"c{i}", MODEL, f"{SECRET} {i}" + (" #fail:400" if i in failing else "")) for i in range(n)]
 
@@ -103,9 +76,9 @@ def _no_content(finished: tuple[ReadableSpan, ...]) -> None:
 async def test_one_batch_is_one_trace_down_to_each_request(upstream: Upstream, spans: InMemorySpanExporter,
                                                            tmp_path: Path) -> None:
     configure("api", TracingSettings(), exporter=spans)
-    async with _runtime(_config(upstream), tmp_path) as runtime:
+    async with embedded_runtime(_config(upstream), tmp_path) as runtime:
         before = len(upstream.stats()["traceparents"])
-        batch = await _run_batch(runtime, "alpha", _lines(7, failing=(4,)))
+        batch = await run_embedded_batch(runtime, "alpha", _lines(7, failing=(4,)))
         # the batch completes from inside its last shard's span (the finalize runs as that shard finishes)
         await eventually_async(lambda: _ended(spans, "batch.shard", 3), 10, "the three shard spans")
         tracing.flush()
@@ -158,9 +131,9 @@ async def test_one_batch_is_one_trace_down_to_each_request(upstream: Upstream, s
 async def test_request_spans_are_sampled_and_failures_always_kept(upstream: Upstream, spans: InMemorySpanExporter,
                                                                   tmp_path: Path) -> None:
     configure("worker", TracingSettings(request_sample_ratio=0.0), exporter=spans)
-    async with _runtime(_config(upstream, request_sample_ratio=0.0), tmp_path) as runtime:
+    async with embedded_runtime(_config(upstream, request_sample_ratio=0.0), tmp_path) as runtime:
         before = len(upstream.stats()["traceparents"])
-        await _run_batch(runtime, "beta", _lines(6, failing=(2, 5)))
+        await run_embedded_batch(runtime, "beta", _lines(6, failing=(2, 5)))
         finished = spans.get_finished_spans()
         requests = _by_name(finished, f"chat {MODEL}")
         assert sorted((s.attributes or {})[genai.CUSTOM_ID] for s in requests) == ["c2", "c5"]  # only the failures
@@ -186,9 +159,9 @@ def test_the_sampling_rule_bounds_a_large_batchs_spans() -> None:
 async def test_content_is_captured_only_for_the_teams_named(upstream: Upstream, spans: InMemorySpanExporter,
                                                             tmp_path: Path) -> None:
     configure("api", TracingSettings(capture_content_teams=["alpha"]), exporter=spans)
-    async with _runtime(_config(upstream, capture_content_teams=["alpha"]), tmp_path) as runtime:
-        alpha = await _run_batch(runtime, "alpha", _lines(2))
-        beta = await _run_batch(runtime, "beta", _lines(2))
+    async with embedded_runtime(_config(upstream, capture_content_teams=["alpha"]), tmp_path) as runtime:
+        alpha = await run_embedded_batch(runtime, "alpha", _lines(2))
+        beta = await run_embedded_batch(runtime, "beta", _lines(2))
         finished = spans.get_finished_spans()
         by_trace = {tracing.trace_id(b.trace_context): b.owner for b in (alpha, beta)}
         for span in _by_name(finished, f"chat {MODEL}"):
@@ -205,9 +178,9 @@ async def test_with_tracing_off_nothing_is_stored_or_sent(upstream: Upstream, tm
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
     assert configure("api", TracingSettings()) is False and not tracing.enabled()
-    async with _runtime(_config(upstream), tmp_path) as runtime:
+    async with embedded_runtime(_config(upstream), tmp_path) as runtime:
         before = len(upstream.stats()["traceparents"])
-        batch = await _run_batch(runtime, "alpha", _lines(3))
+        batch = await run_embedded_batch(runtime, "alpha", _lines(3))
         assert batch.trace_context is None and tracing.trace_id(batch.trace_context) is None
         assert upstream.stats()["traceparents"][before:] == []
 

@@ -8,11 +8,10 @@ the helper ends with the tracing that started it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +19,13 @@ import pytest
 
 from gateway import tracing
 from gateway.config.schema import parse_config
-from gateway.domain import BatchStatus
-from gateway.runtime.runtime import Runtime, open_embedded
+from gateway.runtime.runtime import Runtime
 from gateway.tracing import genai
 from gateway.tracing.offload import OffloadedSpans
 from gateway.tracing.switch import STATE
-from tests.fakes.otlp_receiver import OTLPReceiver
+from tests.fakes.otlp_receiver import OTLPReceiver, receiving
 from tests.fakes.upstream.server import Upstream, start_upstream
-from tests.support.server_helpers import chat_line, gateway_config, jsonl
+from tests.support.server_helpers import chat_line, embedded_runtime, gateway_config, run_embedded_batch
 from tests.support.waiting import eventually
 
 MODEL = "gpt-mini"
@@ -41,37 +39,21 @@ def upstream() -> Iterator[Upstream]:
 
 @pytest.fixture
 def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[OTLPReceiver]:
-    with OTLPReceiver() as rec:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rec.url)
-        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # ms: the spans come while the test waits
+    with receiving(monkeypatch) as rec:
         yield rec
         tracing.shutdown()
 
 
-@contextlib.asynccontextmanager
-async def _runtime(upstream: Upstream, data_dir: Path) -> AsyncIterator[Runtime]:
-    config = parse_config(gateway_config(upstream, models=(MODEL,), teams=[{"team_id": "alpha",
+def _config(upstream: Upstream) -> Any:
+    return parse_config(gateway_config(upstream, models=(MODEL,), teams=[{"team_id": "alpha",
                                                                            "api_keys": ["sk-alpha"]}],
-                                         shard_size=3))
-    runtime = await open_embedded(config, data_dir)
-    try:
-        await runtime.start()
-        yield runtime
-    finally:
-        await runtime.aclose()
+                                       shard_size=3))
 
 
 async def _run_batch(runtime: Runtime, prefix: str, n: int, failing: tuple[int, ...] = ()) -> None:
     lines = [chat_line(f"{prefix}{i}", MODEL, f"hello {i}" + (" #fail:500" if i in failing else ""))
              for i in range(n)]
-
-    async def chunks() -> AsyncIterator[bytes]:
-        yield jsonl(lines)
-
-    source = await runtime.service.upload_file("alpha", "in.jsonl", "batch", chunks())
-    batch = await runtime.service.create_batch("alpha", input_file_id=source.id, endpoint="/v1/chat/completions",
-                                               completion_window="24h")
-    assert (await runtime.service.wait(batch.id)).status is BatchStatus.COMPLETED
+    await run_embedded_batch(runtime, "alpha", lines)
 
 
 def _offload() -> OffloadedSpans:
@@ -88,7 +70,7 @@ async def test_request_spans_leave_whole_through_a_helper_process(upstream: Upst
                                                                  tmp_path: Path) -> None:
     assert tracing.configure("worker")
     assert _offload().pid is None  # no helper before the first request span (an API process never has one)
-    async with _runtime(upstream, tmp_path) as runtime:
+    async with embedded_runtime(_config(upstream), tmp_path) as runtime:
         await _run_batch(runtime, "a", 7, failing=(3,))
     helper = _offload().pid
     assert helper is not None and helper != os.getpid()
@@ -112,7 +94,7 @@ async def test_request_spans_leave_whole_through_a_helper_process(upstream: Upst
 async def test_with_the_helper_gone_request_spans_are_exported_from_this_process(
         upstream: Upstream, receiver: OTLPReceiver, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     assert tracing.configure("worker")
-    async with _runtime(upstream, tmp_path) as runtime:
+    async with embedded_runtime(_config(upstream), tmp_path) as runtime:
         await _run_batch(runtime, "before", 3)
         tracing.flush()
         helper = _offload().pid
@@ -130,7 +112,7 @@ async def test_with_the_helper_gone_request_spans_are_exported_from_this_process
 async def test_a_forked_process_never_writes_to_its_parents_helper(upstream: Upstream, receiver: OTLPReceiver,
                                                                   tmp_path: Path) -> None:
     assert tracing.configure("worker")
-    async with _runtime(upstream, tmp_path) as runtime:
+    async with embedded_runtime(_config(upstream), tmp_path) as runtime:
         await _run_batch(runtime, "first", 3)
         helper = _offload().pid
         pid = os.fork()

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.fakes.otlp_receiver import OTLPReceiver, Span
+from tests.fakes.otlp_receiver import OTLPReceiver, Span, receiving
 from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import REPO_ROOT, chat_line, gateway_config, start_gateway, submit, wait_batch
 from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer, process_env, start_worker, write_config
@@ -40,9 +40,7 @@ def upstream() -> Iterator[Upstream]:
 
 @pytest.fixture
 def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[OTLPReceiver]:
-    with OTLPReceiver() as rec:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rec.url)
-        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # ms: the spans come while the test waits
+    with receiving(monkeypatch) as rec:
         yield rec
 
 

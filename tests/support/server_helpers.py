@@ -15,10 +15,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import yaml
@@ -27,6 +27,10 @@ from openai.types import Batch
 
 from tests.fakes.upstream.server import Upstream
 from tests.support.waiting import free_port
+
+if TYPE_CHECKING:
+    from gateway.runtime.runtime import Runtime
+    from gateway.store.objects import BatchRecord
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 API_VERSION = "2024-10-21"
@@ -217,3 +221,31 @@ def submit(
     file = client.files.create(file=(filename, jsonl(lines)), purpose="batch")
     params: dict[str, Any] = {"endpoint": endpoint, "completion_window": completion_window, **kwargs}
     return client.batches.create(input_file_id=file.id, **params)
+
+
+@contextlib.asynccontextmanager
+async def embedded_runtime(config: Any, data_dir: Path) -> AsyncIterator[Runtime]:
+    """The embedded runtime, shards run in this process (opened and closed on the test's own loop)."""
+    from gateway.runtime.runtime import open_embedded
+
+    runtime = await open_embedded(config, data_dir)
+    try:
+        await runtime.start()
+        yield runtime
+    finally:
+        await runtime.aclose()
+
+
+async def run_embedded_batch(runtime: Runtime, owner: str, lines: list[dict[str, Any]]) -> BatchRecord:
+    """`lines` uploaded and run as `owner`'s chat batch, which must complete."""
+    from gateway.domain import BatchStatus
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield jsonl(lines)
+
+    source = await runtime.service.upload_file(owner, "in.jsonl", "batch", chunks())
+    batch = await runtime.service.create_batch(owner, input_file_id=source.id, endpoint="/v1/chat/completions",
+                                               completion_window="24h")
+    done = await runtime.service.wait(batch.id)
+    assert done.status is BatchStatus.COMPLETED
+    return done
