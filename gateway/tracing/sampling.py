@@ -1,10 +1,11 @@
 """Which request spans are sent: a share of a batch's requests, and every failed one.
 
 A request's `traceparent` goes out while it runs, but whether its span is kept can only be known at its end
-(a failure is always kept). So every request runs under a span id only (a non-recording span: no
-attributes, no export, almost no cost), and at its end a real span is made with that same id and the
-request's start time (`forced_span_id`, read by `SpanIds`, the provider's id generator) when it is in the
-sample, or failed: then marked `batchyard.request.sampled: false`. Whatever the upstream
+(a failure is always kept). So every request runs under a span id only (in its `traceparent`; in the
+sample also as a non-recording current span: no attributes, no export, almost no cost), and at its end a
+real span is made with that same id and the request's start time when it is in the sample, or failed: then
+marked `batchyard.request.sampled: false` (a span the tracer makes takes the id through `forced_span_id`,
+read by `SpanIds`, the provider's id generator). Whatever the upstream
 traced under that `traceparent` then hangs below it. Batch, stage and shard spans are not sampled here: the
 SDK's sampler (`OTEL_TRACES_SAMPLER`) decides those.
 """
