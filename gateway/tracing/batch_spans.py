@@ -80,7 +80,8 @@ def outgoing(base: dict[str, str]) -> dict[str, str]:
     """`base` with the current span's `traceparent` added (`base` itself with tracing off)."""
     if STATE.tracer is None:
         return base
-    return {**base, **carrier()}
+    made = OUTGOING.get()  # a request's own (read, not copied: it is merged into a new dict here)
+    return {**base, **(made if made is not None else carrier())}
 
 
 def trace_id(trace_context: Mapping[str, str] | None) -> str | None:
