@@ -277,12 +277,13 @@ class PassThrough:
             err = provider_error(exc, req.model)
             return _Sent(Result(line=req.line, custom_id=req.custom_id, status_code=err.status, body=err.body,
                                 model=req.model), target)
-        target = self.target(deployment, pattern, group)
-        if isinstance(target, str):
+        found = self.target(deployment, pattern, group)
+        if isinstance(found, str):
             return _Sent(Result.http_error(req.line, req.custom_id, 404, f"The provided model '{req.model}' does not "
-                                           f"exist or is not supported by the Batch API ({target}).",
+                                           f"exist or is not supported by the Batch API ({found}).",
                                            type_="invalid_request_error", code="model_not_found", model=req.model),
                          None)
+        target = found
         body = dict(req.body)
         body["model"] = target.model
         try:

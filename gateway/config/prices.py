@@ -180,16 +180,16 @@ class DeploymentPrices:
     def highest_prices(self, deployment_id: str, model: str | None = None) -> Prices | None:
         """The highest per-token prices known for the deployment's model, any tier's (the base ones only where
         no other is known): what a reply at a tier with no known price is billed."""
-        highest: list[float | None] = [None, None]
+        highest = [-1.0, -1.0]  # none known yet
         for source in self._sources(deployment_id, model):
             for key, value in source.items():
                 for i, name in enumerate(_KEYS):
                     price = _price(value) if isinstance(key, str) and key.startswith(name) else None
-                    if price is not None and math.isfinite(price) and (highest[i] is None or price > highest[i]):
+                    if price is not None and math.isfinite(price) and price > highest[i]:
                         highest[i] = price
-        if highest[0] is None and highest[1] is None:
+        if max(highest) < 0:
             return None
-        return Prices(highest[0] or 0.0, highest[1] or 0.0)
+        return Prices(max(highest[0], 0.0), max(highest[1], 0.0))
 
     def prices(self, deployment_id: str, model: str | None = None) -> Prices | None:
         """The deployment's per-token prices: the config's, else the price map's (None: neither gives one). For
