@@ -5,6 +5,7 @@ entry goes first, so a batch of distinct names costs a recomputation, never memo
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from typing import Generic, TypeVar
 
@@ -26,7 +27,8 @@ class LRU(Generic[K, V]):
             value = self._data[key]
         except KeyError:
             return default
-        self._data.move_to_end(key)
+        with contextlib.suppress(KeyError):  # another thread (a plan checks lines in one) dropped it meanwhile
+            self._data.move_to_end(key)
         return value
 
     def __contains__(self, key: object) -> bool:
