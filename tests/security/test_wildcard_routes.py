@@ -65,6 +65,8 @@ def _config(up: Upstream) -> dict[str, Any]:
             {"model_name": "free/*", "litellm_params": {"model": "openai/*", **openai},
              "model_info": {"allow_unpriced": True}},
             {"model_name": "*", "litellm_params": {"model": "openai/*", **openai}},
+            # max_parallel_requests keeps this one on LiteLLM's completion path (not the pass-through)
+            {"model_name": "lite/*", "litellm_params": {"model": "openai/*", "max_parallel_requests": 8, **openai}},
             {"model_name": "gpt-priced", "litellm_params": {"model": "openai/priced-x", **openai},
              "model_info": {"input_cost_per_token": OWN_PRICE[0], "output_cost_per_token": OWN_PRICE[1]}},
             {"model_name": "gpt-tier", "litellm_params": {"model": "openai/tier-x", **openai},
@@ -75,12 +77,12 @@ def _config(up: Upstream) -> dict[str, Any]:
         "router_settings": {"num_retries": 0, "timeout": 30},
         "general_settings": {"master_key": "sk-admin"},
         "batch_settings": {
-            "max_wildcard_models": 5, "max_wildcard_models_per_route": 3,
+            "max_wildcard_models": 8, "max_wildcard_models_per_route": 3,
             "teams": [
                 {"team_id": "research", "api_keys": [TEAMS["research"]], "max_budget": 100.0,
-                 "models": ["azure/gpt-4o*", "openai/*", "cheap/*", "free/*", "*", "gpt-priced"]},
+                 "models": ["azure/gpt-4o*", "openai/*", "cheap/*", "free/*", "*", "lite/*", "gpt-priced"]},
                 {"team_id": "tiers", "api_keys": [TEAMS["tiers"]], "max_budget": 100.0, "models": ["gpt-tier"]},
-                {"team_id": "wide", "api_keys": [TEAMS["wide"]], "models": ["openai/*", "cheap/*", "*"]},
+                {"team_id": "wide", "api_keys": [TEAMS["wide"]], "models": ["openai/*", "cheap/*", "*", "lite/*"]},
             ],
         },
     }
@@ -159,18 +161,20 @@ def test_another_providers_prefix_stays_a_name_and_a_plain_name_runs(gw: Gateway
     """`*` -> `openai/*`: the provider, key and URL are the route's; `gpt-4o` plain (a ValueError before)."""
     before = upstream.stats()
     lines = [chat_line("plain", "gpt-4o", "hi"), chat_line("prefixed", "openai/gpt-4o", "hi"),
-             chat_line("anthropic", "anthropic/mini-x", "hi")]
+             chat_line("anthropic", "anthropic/mini-x", "hi"), chat_line("litellm", "lite/anthropic/mini-x", "hi")]
     batch, out = _run(gw, "wide", lines)
     assert batch.status == "completed", batch
-    answered = {cid: out[cid]["response"] for cid in ("plain", "prefixed", "anthropic")}
+    answered = {cid: out[cid]["response"] for cid in ("plain", "prefixed", "anthropic", "litellm")}
     assert all(r["status_code"] == 200 for r in answered.values()), answered
-    # the OpenAI-compatible server of the route was asked, with its key, for a model named as the line wrote
-    assert [answered[c]["body"]["model"] for c in answered] == ["gpt-4o", "gpt-4o", "anthropic/mini-x"]
+    # the OpenAI-compatible server of the route was asked, with its key, for a model named as the line wrote;
+    # through LiteLLM's completion path too (which once sent such a line to Anthropic's /v1/messages)
+    assert [answered[c]["body"]["model"] for c in answered] == ["gpt-4o", "gpt-4o", "anthropic/mini-x",
+                                                                "anthropic/mini-x"]
     # a walk through the same route: refused (`#`, `..`), nothing sent
     errors = _errors(_run(gw, "wide", [chat_line("steal", "azure/gpt/../../../steal#", "hi")])[0])
     assert errors[1].code == "model_not_found" and "'#'" in errors[1].message, errors
     after = upstream.stats()
-    assert after["by_path"].get("/v1/chat/completions", 0) - before["by_path"].get("/v1/chat/completions", 0) == 3
+    assert after["by_path"].get("/v1/chat/completions", 0) - before["by_path"].get("/v1/chat/completions", 0) == 4
     assert not any("messages" in p or "steal" in p for p in after["by_path"]), after["by_path"]
     assert after["by_status"].get("401", 0) == before["by_status"].get("401", 0)  # every call had the key
 
@@ -187,12 +191,15 @@ def test_a_concrete_model_is_priced_and_an_unpriced_one_is_refused_under_a_budge
              chat_line("map", "openai/gpt-4o-mini", "a b c"),  # LiteLLM's price map
              chat_line("pattern", "cheap/unknown-zzz", "a b c"),  # the pattern's model_info
              chat_line("unpriced", "openai/unknown-zzz", "a b c"),  # none: refused, never sent
-             chat_line("allowed", "free/unknown-zzz", "a b c")]  # none, but the route allows it
+             chat_line("allowed", "free/unknown-zzz", "a b c"),  # none, but the route allows it
+             chat_line("litellm", "lite/gpt-4o-mini", "a b c"),  # the map's, on LiteLLM's completion path
+             chat_line("litellm-unpriced", "lite/unknown-zzz", "a b c")]
     batch, out = _run(gw, "research", lines)
     assert batch.status == "completed", batch
     refused = out["unpriced"]["response"]
     assert refused["status_code"] == 400 and refused["body"]["error"]["code"] == "price_unknown", refused
     assert "allow_unpriced" in refused["body"]["error"]["message"]
+    assert out["litellm-unpriced"]["response"]["body"]["error"]["code"] == "price_unknown"
     after = upstream.stats()["by_model"]
     assert after.get("unknown-zzz", 0) - before.get("unknown-zzz", 0) == 2  # pattern and allowed, not unpriced
 
@@ -201,7 +208,8 @@ def test_a_concrete_model_is_priced_and_an_unpriced_one_is_refused_under_a_budge
         return usage["prompt_tokens"] * prices[0] + usage["completion_tokens"] * prices[1]
 
     expected = (cost("own", OWN_PRICE) + cost("pattern", PATTERN_PRICE)
-                + cost("map", (mapped["input_cost_per_token"], mapped["output_cost_per_token"])))
+                + cost("map", (mapped["input_cost_per_token"], mapped["output_cost_per_token"]))
+                + cost("litellm", (mapped["input_cost_per_token"], mapped["output_cost_per_token"])))
     assert expected > 0
     assert metric(gw, "batchyard_team_spend_usd", team="research") == pytest.approx(spent + expected, rel=1e-6)
 
@@ -211,10 +219,9 @@ def test_wildcard_models_are_bounded_per_batch_and_per_route_and_metrics_by_patt
     errors = _errors(_run(gw, "wide", per_route)[0])
     assert len(errors) == 1 and errors[4].code == "invalid_request", errors
     assert "batch_settings.max_wildcard_models_per_route" in errors[4].message and "'openai/*'" in errors[4].message
-    total = [chat_line(f"a{i}", f"openai/model-{i}", "hi") for i in range(3)] + [
-        chat_line(f"b{i}", f"cheap/model-{i}", "hi") for i in range(3)]
+    total = [chat_line(f"{p}{i}", f"{p}/model-{i}", "hi") for p in ("openai", "cheap", "lite") for i in range(3)]
     errors = _errors(_run(gw, "wide", total)[0])
-    assert len(errors) == 1 and "batch_settings.max_wildcard_models)" in errors[6].message, errors
+    assert len(errors) == 1 and "batch_settings.max_wildcard_models)" in errors[9].message, errors
 
     batch, _ = _run(gw, "wide", [chat_line(f"m{i}", f"openai/metric-{i}", "hi") for i in range(3)])
     assert batch.status == "completed", batch
