@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from gateway.config.priced_fields import Charge, extra_cost, tier_of
+from gateway.config.wildcards import pattern_model  # the one rule that fills a pattern's `*`s
 from gateway.domain import Usage
 from gateway.lru import LRU
 
@@ -127,8 +128,6 @@ class DeploymentPrices:
         """The model a wildcard deployment sends for a line naming `line_model` (None: not a wildcard one)."""
         if not self.wildcard(deployment_id):
             return None
-        from gateway.config.wildcards import pattern_model  # the one rule that fills a pattern's `*`s
-
         deployment = self._deployments[deployment_id]
         return pattern_model(str(deployment.get("model_name")), str(deployment["litellm_params"]["model"]),
                              line_model)
