@@ -21,15 +21,18 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from gateway import tracing
+from gateway import metrics, tracing
 from gateway.backends.bounded import RequestSpans, run_bounded
 from gateway.config.endpoints import ENDPOINTS, UPSTREAM_ENDPOINTS, WIRE_ENDPOINTS
 from gateway.config.priced_fields import Charge, missing_price, priced_fields
 from gateway.config.prices import DeploymentPrices
 from gateway.config.routes import Route
+from gateway.config.wildcards import is_pattern
 from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.lines.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecognized, unsupported, upstream_fields
+from gateway.lines.budget import budgeted
 from gateway.lines.media_urls import api_host, internal_deployment, refused_media, resolves_private
+from gateway.lru import LRU
 from gateway.scheduling.fairness import FairSlots
 from gateway.tracing import genai
 from providers import litellm_setup
@@ -74,7 +77,7 @@ class LiteLLMBackend:
         # Router is asked the line's model and resolves it the same way, the checks below use the model_name
         # the config declares (`Route.declared`: the pattern of a wildcard route).
         self._resolve = resolve or {route.model_name: route for route in routes}.get
-        self._groups: dict[str, str] = {}
+        self._groups: LRU[str, str] = LRU(4096)  # a line's model -> its group: lines name what they like
         self._providers: dict[str, str] = {}  # group -> gen_ai.provider.name (gateway.tracing)
         self._litellm_settings = dict(litellm_settings or {})
         self._settings = router_kwargs(router_settings, self._litellm_settings)
@@ -88,6 +91,9 @@ class LiteLLMBackend:
         # What a line may carry beyond OpenAI's documented fields, and which media hosts may be fetched for it
         self._allowed_params = {route.model_name: route.allowed_params for route in routes}
         self._media_hosts = {route.model_name: route.allowed_media_domains for route in routes}
+        # Wildcard routes whose unpriced models a team with a budget may still run (`model_info.allow_unpriced`)
+        self._unpriced_ok = frozenset(route.model_name for route in routes if route.entries and all(
+            e.model_info.allow_unpriced for e in route.entries))
         self._known: dict[tuple[Endpoint, str], frozenset[str]] = {}  # (endpoint, group) -> the fields it takes
         self._internal: frozenset[str] = frozenset()  # groups that reach an operator's own server (set at start)
 
@@ -100,6 +106,7 @@ class LiteLLMBackend:
         # Building a Router does seconds of synchronous work on first use: keep it off the event loop.
         self._router = await asyncio.to_thread(Router, model_list=self._model_list, **self._settings)
         self._prices = DeploymentPrices(self._router.model_list)  # by the deployment ids the Router gave
+        self._prices.on_unpriced_tier = _unpriced_tier
         self._wire = PassThrough(self._router, self._max_concurrency, self._max_reply_bytes)
         # the config's entries, not the Router's copies (it adds its own defaults to litellm_params)
         self._wire_groups = wire_groups(self._model_list, self._litellm_settings)
@@ -134,7 +141,7 @@ class LiteLLMBackend:
         group = self._groups.get(model)
         if group is None:
             route = self._resolve(model)
-            group = self._groups[model] = route.declared if route is not None else model
+            group = self._groups.put(model, route.declared if route is not None else model)
         return group
 
     def _provider(self, model: str) -> str:
@@ -192,7 +199,7 @@ class LiteLLMBackend:
             return Result.failure(req.line, req.custom_id, UPSTREAM_ERROR,
                                   f"the upstream for model {model!r} rejected the request (no reply kept)", model=model)
         data = _to_body(reply, exclude_none=req.url in _SPARSE)
-        cost = self._prices.cost(reply, data, priced_fields(req.url, body))
+        cost = self._prices.cost(reply, data, priced_fields(req.url, body), line_model=model)
         return Result(line=req.line, custom_id=req.custom_id, status_code=200, body=data, model=model, cost_usd=cost)
 
     async def _refusal(self, req: BatchRequest, group: str, body: dict[str, Any], wire: bool,
@@ -201,7 +208,16 @@ class LiteLLMBackend:
         and the operator's extras for the model, LiteLLM's own `metadata`, or a media URL we may not fetch.
 
         `body` is splatted into a LiteLLM call below, so this check is what keeps a line from setting a key,
-        a base URL, a mock, a fallback or a price (see gateway.lines.body_fields)."""
+        a base URL, a mock, a fallback or a price (see gateway.lines.body_fields). A wildcard route's model
+        with no known price is refused under a team's budget (`price_unknown`): no line that reaches an
+        upstream goes unbilled."""
+        if is_pattern(group) and group not in self._unpriced_ok and budgeted() \
+                and not self._prices.priced_for(group, req.model):
+            return Result.http_error(req.line, req.custom_id, 400, f"No price is known for model '{req.model}' "
+                                     f"(none in the config, none in LiteLLM's price map, none in the model_info "
+                                     f"of {group!r}), and the team has a budget; the operator allows it with "
+                                     f"model_info.allow_unpriced: true", type_="invalid_request_error",
+                                     code="price_unknown", param="model", model=req.model)
         charges = priced_fields(req.url, body)
         if charges:
             refused = self._unpriced(req, group, charges)
@@ -277,6 +293,14 @@ class LiteLLMBackend:
     def _method(self, endpoint: Endpoint) -> Callable[..., Awaitable[Any]] | None:
         name = ENDPOINTS[endpoint].router_method
         return getattr(self._router, name) if name is not None else None
+
+
+def _unpriced_tier(group: str, tier: str) -> None:
+    """A reply reported a tier no price is known for: billed at the highest known price, counted, warned."""
+    metrics.observe_unpriced_tier(group)
+    log.warning("a reply of model group %r reported service tier %r, which has no known price: billed at the "
+                "highest per-token price known for the model (set input_cost_per_token_%s)", group, tier[:64],
+                tier[:64])
 
 
 def _anthropic_metadata(value: Any) -> bool:

@@ -32,12 +32,15 @@ from typing import Any
 
 import aiohttp
 import httpx
+import yarl
 
 from gateway import tracing
 from gateway.config.endpoints import ENDPOINTS
+from gateway.config.model_names import name_problem, path_segment, slash_allowed
 from gateway.config.wildcards import is_pattern, pattern_model
 from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.json_codec import dumps, loads
+from gateway.lru import LRU
 from providers.retry_policy import should_retry, wire_retried
 from providers.upstream_errors import UPSTREAM_TIMEOUT, UPSTREAM_UNREACHABLE, provider_error, reply_error
 
@@ -50,6 +53,7 @@ KEEPALIVE_SECONDS = 4.0
 # LiteLLM providers whose wire format is OpenAI's own
 PROVIDERS = frozenset({"openai", "text-completion-openai", "azure", "hosted_vllm", "custom_openai"})
 DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024  # batch_settings.max_passthrough_reply_bytes
+TARGETS_KEPT = 4096  # (deployment, model) targets kept: a wildcard's models come from lines
 
 # The litellm_params a pass-through deployment may carry: those the Router reads or this module applies.
 # Anything else (Azure AD credentials, max_parallel_requests, custom headers, ...) keeps LiteLLM's
@@ -129,6 +133,8 @@ class _Target:
         self.host = f"{parts.scheme}://{parts.netloc}"
 
     def url(self, endpoint: Endpoint) -> str:
+        """The request's URL. The deployment name is one percent-encoded path segment (`path_segment`): with
+        aiohttp told the URL is encoded (`_send`), nothing resolves `..` or cuts at `#` in it."""
         path = ENDPOINTS[endpoint].wire_path
         if self.provider != "azure":
             return self.base + path
@@ -138,7 +144,7 @@ class _Target:
             root = self.base if self.base.endswith("/openai/v1") else self.base + "/openai/v1"
             return root + path + (f"?api-version={self.api_version}" if self.api_version == "preview" else "")
         if path in _deployments_endpoints:
-            return f"{self.base}/openai/deployments/{self.model}{path}?api-version={self.api_version}"
+            return f"{self.base}/openai/deployments/{path_segment(self.model)}{path}?api-version={self.api_version}"
         return f"{self.base}/openai{path}?api-version={self.api_version}"
 
 
@@ -151,15 +157,17 @@ class PassThrough:
         self._router = router
         self._limit = max_concurrency
         self._max_reply = max_reply_bytes
-        self._targets: dict[tuple[str, str], _Target] = {}  # by (deployment id, its model)
+        self._targets: LRU[tuple[str, str], _Target] = LRU(TARGETS_KEPT)  # by (deployment id, its model)
         self._sessions: dict[str, aiohttp.ClientSession] = {}  # by host (`_session`)
         self._ssl = getattr(litellm, "ssl_verify", True) is not False  # litellm_settings.ssl_verify
         self._family = socket.AF_INET if getattr(litellm, "force_ipv4", False) else socket.AF_UNSPEC
         self._timeout = float(getattr(router, "timeout", None) or litellm.request_timeout or 600)
 
-    def target(self, deployment: dict[str, Any], pattern: str | None = None, model: str = "") -> _Target:
+    def target(self, deployment: dict[str, Any], pattern: str | None = None, model: str = "") -> _Target | str:
         """The target of a deployment the Router handed out. Asked by a wildcard's `pattern` (`call`), the
-        deployment's model still has its `*`s: they are filled for the line's `model` here, once per model."""
+        deployment's model still has its `*`s: they are filled for the line's `model` here, once per model.
+        A filled model that is not a name of the deployment's provider gives the reason instead (validation
+        refused it already: `gateway.config.wildcards`; this holds for any caller)."""
         info = deployment.get("model_info") or {}
         key = str(info.get("id"))
         # A wildcard deployment answers for many models under one id, so a target is per both.
@@ -170,15 +178,29 @@ class PassThrough:
         if target is None:
             sent = str(deployment["litellm_params"]["model"])
             if pattern is not None and "*" in sent:
-                sent = pattern_model(pattern, sent, model) or sent
-            target = self._targets[(key, wire_model)] = self._new_target(key, deployment, sent)
+                filled = pattern_model(pattern, sent, model)
+                if filled is None:
+                    return f"the wildcard route {pattern!r} does not match it"
+                sent = filled
+            made = self._new_target(key, deployment, sent)
+            if isinstance(made, str):
+                return made
+            target = self._targets.put((key, wire_model), made)
         return target
 
-    def _new_target(self, key: str, deployment: dict[str, Any], sent: str) -> _Target:
+    def _new_target(self, key: str, deployment: dict[str, Any], sent: str) -> _Target | str:
         import litellm
 
         params = deployment["litellm_params"]
-        provider, model = sent.split("/", 1)
+        # The provider is the deployment's (the config's), never read from a model a line filled in
+        provider = str(params["model"]).split("/", 1)[0]
+        if not sent.startswith(provider + "/"):
+            return f"it would leave the route's provider {provider!r}"
+        model = sent[len(provider) + 1:]
+        if "*" in str(params["model"]):
+            why = name_problem(model, slash=slash_allowed(provider, params.get("api_base")))
+            if why is not None:
+                return f"not a model name of provider {provider}: {why}"
         api_key = params.get("api_key") or os.environ.get(_KEY_ENV[provider])
         base = str(params.get("api_base") or os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
                    or "https://api.openai.com/v1")
@@ -255,7 +277,13 @@ class PassThrough:
             err = provider_error(exc, req.model)
             return _Sent(Result(line=req.line, custom_id=req.custom_id, status_code=err.status, body=err.body,
                                 model=req.model), target)
-        target = self.target(deployment, pattern, group)
+        found = self.target(deployment, pattern, group)
+        if isinstance(found, str):
+            return _Sent(Result.http_error(req.line, req.custom_id, 404, f"The provided model '{req.model}' does not "
+                                           f"exist or is not supported by the Batch API ({found}).",
+                                           type_="invalid_request_error", code="model_not_found", model=req.model),
+                         None)
+        target = found
         body = dict(req.body)
         body["model"] = target.model
         try:
@@ -282,7 +310,9 @@ class PassThrough:
         session = self._session(target)
         timeout = aiohttp.ClientTimeout(total=target.timeout)
         headers = tracing.outgoing(target.headers)  # the request span's traceparent, with tracing on
-        async with session.post(target.url(endpoint), data=data, headers=headers, timeout=timeout,
+        # encoded=True: the URL is sent as built (names percent-encoded there), never re-normalised by yarl
+        async with session.post(yarl.URL(target.url(endpoint), encoded=True), data=data, headers=headers,
+                                timeout=timeout,
                                 proxy=target.proxy) as reply:
             raw = await self._read(reply)
             if 200 <= reply.status < 300:

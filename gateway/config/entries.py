@@ -101,6 +101,10 @@ class ModelInfo(BaseModel):
     from this `model_info` or LiteLLM's price map (`input_cost_per_token_priority`,
     `search_context_cost_per_query`, ...). With several deployments of one name, a field passes only if every
     deployment lists it."""
+    allow_unpriced: bool = False
+    """On a wildcard route only: let a line of a team with a `max_budget` run a concrete model that has no
+    known price (none in the config, none in LiteLLM's price map, none in this `model_info`). False: such a
+    line is refused with `price_unknown` before it is sent, so no budget misses what it costs."""
     allowed_media_domains: list[str] = Field(default_factory=list)
     """Bare host names whose http(s) media URLs (`image_url`, `audio_url`, `video_url`, `file_url`, ...) the
     gateway may fetch for this model: vLLM on a `vllm/` route, LiteLLM's translation upstream, and the

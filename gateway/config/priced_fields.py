@@ -13,7 +13,9 @@ field's NAME in `allowed_params`; then its cost is counted (`Charge`):
   the tier's prices, `input_cost_per_token_{value}` / `output_cost_per_token_{value}` (LiteLLM's names for
   tiers: `input_cost_per_token_priority`, `..._flex`), from the deployment's config, else LiteLLM's price
   map. The tier the reply says it ran at wins over the one asked for (OpenAI's `service_tier`, Anthropic's
-  `usage.service_tier`). A line asking for a tier whose price neither gives is refused, allowed or not.
+  `usage.service_tier`), and is billed even where the line asked for none; a reported tier with no known
+  price is billed at the highest per-token price known for the model, never the base one
+  (`gateway.config.prices`). A line asking for a tier whose price neither gives is refused, allowed or not.
 - `web_search` (a `web_search*` tool, or chat's `web_search_options`): per search,
   `search_context_cost_per_query.search_context_size_{low|medium|high}` (the size the line asks for, medium
   by default), times the reply's `usage.server_tool_use.web_search_requests` (one per line where the reply
@@ -141,10 +143,9 @@ def missing_price(charges: Sequence[Charge], lookup: Lookup) -> str | None:
 
 def tier_of(charges: Sequence[Charge], reply: Mapping[str, Any]) -> str | None:
     """The tier a reply ran at: the one it reports (OpenAI's top-level `service_tier`, Anthropic's
-    `usage.service_tier`), else the one the line asked for."""
+    `usage.service_tier`), whether the line asked for one or not, else the one the line asked for. None: the
+    base price."""
     asked = next((c.tier for c in charges if c.tier is not None), None)
-    if asked is None:
-        return None
     usage = reply.get("usage")
     said = reply.get("service_tier") or (usage.get("service_tier") if isinstance(usage, dict) else None)
     if isinstance(said, str) and said:

@@ -25,13 +25,18 @@ image model, priced per image), and then only a finite, non-negative one.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from gateway.config.priced_fields import Charge, extra_cost, tier_of
+from gateway.config.wildcards import pattern_model  # the one rule that fills a pattern's `*`s
 from gateway.domain import Usage
+from gateway.lru import LRU
 
 _KEYS = ("input_cost_per_token", "output_cost_per_token")
+_TIER = re.compile(r"[a-z][a-z0-9_]{0,31}")
+CONCRETE_KEPT = 4096  # a wildcard's concrete models whose price-map entry is kept
 
 
 class Prices(NamedTuple):
@@ -81,17 +86,26 @@ def _price(value: Any) -> float | None:
 
 
 class DeploymentPrices:
-    """Each upstream deployment's per-token prices, by deployment id (the Router's `model_info.id`)."""
+    """Each upstream deployment's per-token prices, by deployment id (the Router's `model_info.id`).
+
+    A wildcard deployment (`openai/*`) serves many concrete models: each is priced by its own price first (a
+    deployment of the config sending that same model with prices, then LiteLLM's price map), else by the
+    pattern's `model_info` prices; looked up once per model, kept in a bounded LRU (`CONCRETE_KEPT`)."""
 
     def __init__(self, deployments: Iterable[dict[str, Any]]) -> None:
         listed = list(deployments)
         self._by_id: dict[str, Prices] = {}
+        # a concrete model's own price in the config: a named (not wildcard) deployment sending it, priced
+        self._configured: dict[str, dict[str, Any]] = {}
         for deployment in listed:
             info = deployment.get("model_info") or {}
             params = deployment.get("litellm_params") or {}
             found = [_price(info.get(k, params.get(k))) for k in _KEYS]
             if any(p is not None for p in found) and info.get("id") is not None:
                 self._by_id[str(info["id"])] = Prices(found[0] or 0.0, found[1] or 0.0)
+            model = str(params.get("model") or "")
+            if any(p is not None for p in found) and "*" not in model and model not in self._configured:
+                self._configured[model] = {k: v for src in (params, info) for k, v in src.items() if "cost" in k}
         self._deployments = {str((d.get("model_info") or {}).get("id")): d for d in listed}
         # Read from the price map now, before any line runs: LiteLLM registers prices a call's keyword
         # arguments carry into that same global map (`litellm.model_cost`), so a later read could see them.
@@ -101,17 +115,45 @@ class DeploymentPrices:
         self._groups: dict[str, list[str]] = {}
         for key, d in self._deployments.items():
             self._groups.setdefault(str(d.get("model_name")), []).append(key)
+        self._concrete: LRU[str, dict[str, Any]] = LRU(CONCRETE_KEPT)  # a concrete model's map entry
+        # Told when a reply reports a tier no price is known for: (the deployment's model_name, the tier)
+        self.on_unpriced_tier: Callable[[str, str], None] | None = None
 
-    def lookup(self, deployment_id: str) -> Callable[[str], Any]:
-        """A price key of the deployment: its config's (`model_info`, else `litellm_params`), else the map's."""
+    def wildcard(self, deployment_id: str) -> bool:
+        """Whether the deployment's model has `*`s a line's model fills."""
+        params = (self._deployments.get(deployment_id) or {}).get("litellm_params") or {}
+        return "*" in str(params.get("model") or "")
+
+    def concrete(self, deployment_id: str, line_model: str) -> str | None:
+        """The model a wildcard deployment sends for a line naming `line_model` (None: not a wildcard one)."""
+        if not self.wildcard(deployment_id):
+            return None
+        deployment = self._deployments[deployment_id]
+        return pattern_model(str(deployment.get("model_name")), str(deployment["litellm_params"]["model"]),
+                             line_model)
+
+    def _sources(self, deployment_id: str, model: str | None) -> tuple[Mapping[str, Any], ...]:
+        """Where a price key of the deployment is read, in order: its config's (`model_info`, else
+        `litellm_params`), else the price map's. For a wildcard deployment's concrete `model`: the model's
+        own (the config's, then the map's) before the pattern's."""
         deployment = self._deployments.get(deployment_id) or {}
         info = deployment.get("model_info") or {}
         params = deployment.get("litellm_params") or {}
-        entry = self._entries.get(deployment_id) or {}
+        if model is not None and self.wildcard(deployment_id):
+            entry = self._concrete.get(model)
+            if entry is None:
+                entry = self._concrete.put(model, _map_entry({"litellm_params": {"model": model}}) or {})
+            return self._configured.get(model) or {}, entry, info, params
+        return info, params, self._entries.get(deployment_id) or {}
+
+    def lookup(self, deployment_id: str, model: str | None = None) -> Callable[[str], Any]:
+        """A price key of the deployment (of its concrete `model`, on a wildcard one): see `_sources`."""
+        sources = self._sources(deployment_id, model)
+        params = (self._deployments.get(deployment_id) or {}).get("litellm_params") or {}
         provider = str(params.get("model") or "").partition("/")[0]
 
         def find(key: str) -> Any:
-            for source in (info, params, entry):
+            for source in sources:
                 if source.get(key) is not None:
                     return source[key]
             if key == "code_interpreter_cost_per_session":  # the map prices containers per provider
@@ -126,45 +168,68 @@ class DeploymentPrices:
         """The deployment ids of one model group."""
         return self._groups.get(model_name, [])
 
-    def tier_prices(self, deployment_id: str, tier: str) -> Prices | None:
+    def tier_prices(self, deployment_id: str, tier: str, model: str | None = None) -> Prices | None:
         """The deployment's per-token prices at a tier (`input_cost_per_token_{tier}`, ...), None if unknown."""
-        find = self.lookup(deployment_id)
+        if not _is_tier(tier):
+            return None  # `batches`, `above_128k_tokens`, ...: price keys, not tiers a reply runs at
+        find = self.lookup(deployment_id, model)
         found = [_price(find(f"{k}_{tier}")) for k in _KEYS]
         return Prices(found[0] or 0.0, found[1] or 0.0) if any(p is not None for p in found) else None
 
-    def prices(self, deployment_id: str) -> Prices | None:
-        """The deployment's per-token prices: the config's, else the price map's (None: neither gives one)."""
+    def highest_prices(self, deployment_id: str, model: str | None = None) -> Prices | None:
+        """The highest per-token prices known for the deployment's model, any tier's (the base ones only where
+        no other is known): what a reply at a tier with no known price is billed."""
+        highest = [-1.0, -1.0]  # none known yet
+        for source in self._sources(deployment_id, model):
+            for key, value in source.items():
+                for i, name in enumerate(_KEYS):
+                    price = _price(value) if isinstance(key, str) and key.startswith(name) else None
+                    if price is not None and math.isfinite(price) and price > highest[i]:
+                        highest[i] = price
+        if max(highest) < 0:
+            return None
+        return Prices(max(highest[0], 0.0), max(highest[1], 0.0))
+
+    def prices(self, deployment_id: str, model: str | None = None) -> Prices | None:
+        """The deployment's per-token prices: the config's, else the price map's (None: neither gives one). For
+        a wildcard deployment's concrete `model`: the model's own (config, then map), else the pattern's."""
+        if model is not None and self.wildcard(deployment_id):
+            for source in self._sources(deployment_id, model):
+                found = [_price(source.get(k)) for k in _KEYS]
+                if any(p is not None for p in found):
+                    return Prices(found[0] or 0.0, found[1] or 0.0)
+            return None
         return self._by_id.get(deployment_id) or self._mapped.get(deployment_id)
 
     def for_deployment(self, deployment_id: str, body: dict[str, Any], charges: Sequence[Charge] = (),
                        model: str | None = None) -> float | None:
-        """A pass-through reply's cost: its `usage` times the deployment's prices (config, else price map), and
-        what the line's allowed priced fields add (`gateway.config.priced_fields`: a tier's prices instead,
-        searches, containers).
+        """A reply's cost: its `usage` times the deployment's prices (`prices`), at the tier the reply reports
+        (asked or not; a tier with no known price at the highest price known for the model, and
+        `on_unpriced_tier` told), plus what the line's allowed priced fields add
+        (`gateway.config.priced_fields`: searches, containers).
 
-        `model`: the model the deployment was sent as; a wildcard deployment (`openai/*`) is priced from the
-        price map per concrete model (`openai/gpt-4o`), looked up once each."""
-        prices = self.prices(deployment_id)
-        if prices is None and model is not None and "*" in str(
-                (self._deployments.get(deployment_id, {}).get("litellm_params") or {}).get("model", "")):
-            key = f"{deployment_id}\0{model}"
-            if key not in self._mapped:
-                deployment = self._deployments[deployment_id]
-                self._mapped[key] = _price_map({**deployment, "litellm_params": {"model": model}})
-            prices = self._mapped[key]
-        extra = 0.0
-        if charges:
-            tier = tier_of(charges, body)
-            if tier is not None:
-                prices = self.tier_prices(deployment_id, tier) or prices
-            extra = extra_cost(charges, body, self.lookup(deployment_id))
+        `model`: the model the deployment was sent as; a wildcard deployment (`openai/*`) is priced per
+        concrete model (`openai/gpt-4o`)."""
+        prices = self.prices(deployment_id, model)
+        tier = tier_of(charges, body)
+        if tier is not None:
+            tiered = self.tier_prices(deployment_id, tier, model)
+            if tiered is None:
+                tiered = self.highest_prices(deployment_id, model)
+                if self.on_unpriced_tier is not None:
+                    name = str((self._deployments.get(deployment_id) or {}).get("model_name"))
+                    self.on_unpriced_tier(name, tier)
+            prices = tiered or prices
+        extra = extra_cost(charges, body, self.lookup(deployment_id, model)) if charges else 0.0
         if prices is None:
             return None
         return prices.cost(Usage.from_body(body)) + extra
 
-    def cost(self, reply: Any, body: dict[str, Any], charges: Sequence[Charge] = ()) -> float | None:
-        """A completion-path reply's cost: as `for_deployment` for the deployment the Router chose; LiteLLM's
-        `response_cost` only for a deployment with no per-token price anywhere (see the module docs)."""
+    def cost(self, reply: Any, body: dict[str, Any], charges: Sequence[Charge] = (),
+             line_model: str | None = None) -> float | None:
+        """A completion-path reply's cost: as `for_deployment` for the deployment the Router chose (a wildcard
+        one for the model it filled from `line_model`); LiteLLM's `response_cost` only for a deployment with
+        no per-token price anywhere (see the module docs)."""
         # an object's attribute; a key of the dict the Anthropic-messages adapter returns
         hidden = reply.get("_hidden_params") if isinstance(reply, dict) else getattr(reply, "_hidden_params", None)
         hidden = hidden or {}
@@ -172,11 +237,23 @@ class DeploymentPrices:
             hidden = dict(hidden) if hasattr(hidden, "keys") else {}
         deployment_id = str(hidden.get("model_id", ""))  # set by the Router from the config's deployment
         if deployment_id in self._deployments:
-            priced = self.for_deployment(deployment_id, body, charges)
+            model = self.concrete(deployment_id, line_model) if line_model is not None else None
+            priced = self.for_deployment(deployment_id, body, charges, model)
             if priced is not None:
                 return priced
         cost = _price(hidden.get("response_cost"))
         return cost if cost is not None and math.isfinite(cost) and cost >= 0 else None
+
+    def priced_for(self, model_name: str, line_model: str) -> bool:
+        """Whether every deployment of group `model_name` knows a per-token price for a line naming
+        `line_model` (a wildcard's concrete model priced as `prices` says)."""
+        return all(self.prices(key, self.concrete(key, line_model)) is not None for key in self.group(model_name))
+
+
+def _is_tier(tier: str) -> bool:
+    """A tier a reply may report (`priority`, `flex`, `scale`, ...); never a price key's other suffixes."""
+    return (_TIER.fullmatch(tier) is not None and tier != "batches"
+            and not tier.startswith(("above_", "cache", "audio", "image")))
 
 
 def deployment_prices(deployment: Mapping[str, Any]) -> Prices | None:

@@ -38,7 +38,7 @@ from gateway.config.sections import (
     Team,
     check_router_settings,
 )
-from gateway.config.wildcards import Resolver, hidden_aliases, is_pattern
+from gateway.config.wildcards import Resolver, hidden_aliases, is_pattern, pattern_refusal
 from gateway.errors import ConfigError
 
 _ENV_PREFIX = "os.environ/"
@@ -82,6 +82,7 @@ class Config:
 
     # How a line's model resolves (alias, exact name, wildcard), LiteLLM's order; built on first use
     _resolver: Resolver | None = field(default=None, repr=False, compare=False)
+    _named: frozenset[str] | None = field(default=None, repr=False, compare=False)  # `metric_route`
 
     @property
     def auth_enabled(self) -> bool:
@@ -106,6 +107,22 @@ class Config:
         route's concrete model, else the name itself."""
         route = self.route(route_name)
         return route.declared if route is not None else route_name
+
+    def metric_route(self, route_name: str) -> str:
+        """The `route` label metrics give a route: its name; for a wildcard route's concrete model, its pattern,
+        unless the config names that model (a team's `models`, a team's per-model limit). Lines choose
+        concrete models: labelled by them, one file could make series without end."""
+        if route_name in self.routes:
+            return route_name
+        route = self.route(route_name)
+        if route is None or route.group is None:
+            return route_name
+        if self._named is None:
+            self._named = frozenset(
+                name for team in self.batch.teams
+                for name in [*(team.models or ()), *team.model_rpm_limit, *team.model_tpm_limit,
+                             *team.model_max_enqueued_requests] if not is_pattern(name))
+        return route_name if route_name in self._named else route.group
 
     def named_routes(self) -> dict[str, Route]:
         """The routes by model_name as model_list writes them (wildcards as their pattern)."""
@@ -152,6 +169,12 @@ def _routes(entries: list[Entry], path: str) -> dict[str, Route]:
             what = "a local (vllm/) model" if kind is RouteKind.LOCAL else "a native (batch_mode: native) route"
             raise ConfigError(path, f"model_list[{indexes[0]}].model_name",
                               f"{name!r} is a wildcard; {what} cannot be one (name each model)")
+        for i in indexes:
+            if is_pattern(name) and (why := pattern_refusal(name, entries[i].litellm_params.model)) is not None:
+                raise ConfigError(path, f"model_list[{i}].litellm_params.model", why)
+            if entries[i].model_info.allow_unpriced and not is_pattern(name):  # never read on a named route
+                raise ConfigError(path, f"model_list[{i}].model_info.allow_unpriced",
+                                  f"{name!r} is not a wildcard route: its model is the config's, priced or not")
         if kind is RouteKind.LOCAL and len(indexes) > 1:
             raise ConfigError(path, f"model_list[{indexes[1]}]", f"local model {name!r} is listed twice")
         # The typed entries; LiteLLM gets litellm_params and model_info as written (Route.model_list).
@@ -163,7 +186,10 @@ def _check_teams(teams: list[Team], config: Config, path: str) -> None:
     routes = config.routes
 
     def known(model: str) -> bool:  # a model_name (a pattern too), an alias, or a model a wildcard serves
-        return model in routes or config.route(model) is not None
+        if model in routes or config.route(model) is not None:
+            return True
+        # a pattern narrower than a wildcard route (`openai/gpt-4*` under `*`): matched, though no model name
+        return is_pattern(model) and config.resolver.refusal(model) is not None
 
     seen: set[str] = set()
     for i, team in enumerate(teams):

@@ -169,6 +169,13 @@ class BatchSettings(Strict):
     """The teams that share the gateway: keys, models, fair-share weight, quotas, budgets, webhooks."""
     max_lines: PositiveInt = 50_000
     """Lines per input file; more is `too_many_tasks`."""
+    max_wildcard_models: PositiveInt = 200
+    """Distinct concrete models one batch's lines may name through wildcard routes (`openai/*`), all together;
+    past it the batch fails validation naming this setting. Each is a route of its own (shards, quota, cost),
+    so the bound keeps one file from making routes without end."""
+    max_wildcard_models_per_route: PositiveInt = 100
+    """Distinct concrete models one batch's lines may name through any one wildcard route; past it the batch
+    fails validation naming this setting."""
     max_file_bytes: PositiveInt = 200 * 1024 * 1024
     """Bytes per uploaded file (413 `file_too_large`)."""
     max_line_bytes: PositiveInt = 8 * 1024 * 1024

@@ -15,6 +15,18 @@ A wildcard route is materialised per concrete model a line names (`derived`): it
 line's model, its entries carry the concrete `litellm_params.model`, so quota, budget, fair share, cost
 and the dashboard count each model apart. The Router gets the pattern deployment as written and resolves
 the same way (checked by tests/servers/test_litellm_routes.py against the installed Router).
+
+A line's model selects a model and nothing else (docs/security.md, "Wildcard routes"):
+
+- At load (`pattern_refusal`), a wildcard deployment must fix its provider (`openai/*`, not `*`), and its
+  pattern may not hold more `*`s than the deployment's model: LiteLLM then sends the line's text as
+  written (`"*gpt*"` -> `openai/gpt*` would send `azure/gpt/../x` on Azure's wire with OpenAI's key), so
+  such a pattern is refused, naming it.
+- Per line (`Resolver.refusal`), the concrete model a pattern yields must be `<the deployment's
+  provider>/<a name>`, the name passing `gateway.config.model_names` (no `..`, `?`, `#`, `%`, control
+  characters, over-long names; `/` only where the provider's names hold one). Otherwise the line's model
+  resolves to no route, and validation answers `model_not_found` with the reason.
+- Answers are kept in a bounded LRU (`RESOLVED_KEPT`): lines name what they like.
 """
 
 from __future__ import annotations
@@ -25,9 +37,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config.kinds import inferred_provider
+from gateway.config.model_names import name_problem, slash_allowed
 from gateway.config.routes import Route
+from gateway.lru import LRU
 
 _COMPLEXITY = ("*", "+", "?", "\\", "^", "$", "|", "(", ")")
+RESOLVED_KEPT = 4096  # line models whose route (or refusal) is kept: a bound, whatever names lines send
 
 
 def is_pattern(name: str) -> bool:
@@ -64,6 +79,32 @@ def pattern_model(pattern: str, deployment_model: str, model: str) -> str | None
     return concrete_model(deployment_model, match) if match is not None else None
 
 
+def pattern_refusal(pattern: str, deployment_model: str) -> str | None:
+    """Why wildcard `model_name` `pattern` cannot be served by a deployment of `deployment_model` (None: it
+    can): its provider must be fixed by the config, never taken from a line's text."""
+    if "*" not in deployment_model:
+        return None  # every line of the pattern goes to one fixed model
+    provider = deployment_model.split("*", 1)[0]
+    if "/" not in provider:
+        return (f"wildcard {pattern!r} is served by litellm_params.model {deployment_model!r}, whose provider "
+                "a line's model would choose: write the provider, e.g. openai/*")
+    if pattern.count("*") > deployment_model.count("*"):
+        return (f"wildcard {pattern!r} has more '*' than litellm_params.model {deployment_model!r}: LiteLLM "
+                "would send the line's model as written, provider and all; give the model as many '*' "
+                "(e.g. model_name openai/gpt* for openai/gpt*), or name the provider in the pattern")
+    return None
+
+
+def concrete_refusal(entry_model: str, concrete: str, api_base: str | None) -> str | None:
+    """Why `concrete` (a pattern deployment's model filled from a line) is not a model of the deployment's
+    provider (None: it is one)."""
+    provider = entry_model.split("/", 1)[0]
+    if not concrete.startswith(provider + "/"):
+        return f"it would leave the route's provider {provider!r}"
+    why = name_problem(concrete[len(provider) + 1:], slash=slash_allowed(provider, api_base))
+    return f"not a model name of provider {provider}: {why}" if why is not None else None
+
+
 def alias_target(entry: Any) -> str | None:
     """The target of one `model_group_alias` entry (LiteLLM's `resolve_model_group_alias`)."""
     target = entry.get("model") if isinstance(entry, Mapping) else entry
@@ -82,7 +123,8 @@ class Resolver:
     exact: dict[str, Route]
     patterns: list[tuple[re.Pattern[str], Route]] = field(default_factory=list)
     aliases: dict[str, str] = field(default_factory=dict)
-    _cache: dict[str, Route | None] = field(default_factory=dict)
+    # model -> (its route, or None and why a wildcard refused it)
+    _cache: LRU[str, tuple[Route | None, str | None]] = field(default_factory=lambda: LRU(RESOLVED_KEPT))
 
     @classmethod
     def build(cls, routes: Mapping[str, Route], aliases: Mapping[str, Any]) -> Resolver:
@@ -93,27 +135,30 @@ class Resolver:
         return cls(exact=exact, patterns=[(re.compile(rx), r) for rx, r in found], aliases=targets)
 
     def route(self, model: str) -> Route | None:
-        try:
-            return self._cache[model]
-        except KeyError:
-            pass
-        found = self._resolve(self.aliases.get(model, model))
-        if len(self._cache) < 100_000:  # names come from lines: keep the cache bounded
-            self._cache[model] = found
+        return self._answer(model)[0]
+
+    def refusal(self, model: str) -> str | None:
+        """Why a wildcard route matched `model` but refused it (`concrete_refusal`); None otherwise."""
+        return self._answer(model)[1]
+
+    def _answer(self, model: str) -> tuple[Route | None, str | None]:
+        found = self._cache.get(model)
+        if found is None:
+            found = self._cache.put(model, self._resolve(self.aliases.get(model, model)))
         return found
 
-    def _resolve(self, model: str) -> Route | None:
+    def _resolve(self, model: str) -> tuple[Route | None, str | None]:
         route = self.exact.get(model)
         if route is not None or not self.patterns:
-            return route
+            return route, None
         for candidate in (model, None):
             if candidate is None:
                 candidate = f"{inferred_provider(model)}/{model}"
             for regex, pattern_route in self.patterns:
                 match = regex.match(candidate)
                 if match is not None:
-                    return derived(pattern_route, model, match)
-        return None
+                    return checked_derived(pattern_route, model, match)
+        return None, None
 
 
 def team_allows(allowed: Collection[str], model: str, route: Route) -> bool:
@@ -123,6 +168,21 @@ def team_allows(allowed: Collection[str], model: str, route: Route) -> bool:
     if model in allowed or route.model_name in allowed or route.declared in allowed:
         return True
     return any(is_pattern(name) and re.match(pattern_regex(name), model) is not None for name in allowed)
+
+
+def checked_derived(pattern_route: Route, model: str, match: re.Match[str]) -> tuple[Route | None, str | None]:
+    """`derived`, where every deployment's concrete model is a name of its provider; else None and why."""
+    route = derived(pattern_route, model, match)
+    if model == pattern_route.model_name:
+        return route, None  # the pattern by its own name (a worker hosts it so); a line may not name it (validate)
+    for entry, pattern_entry in zip(route.entries, pattern_route.entries, strict=True):
+        params = pattern_entry.litellm_params
+        if "*" not in params.model:
+            continue  # a fixed model: the line's text goes nowhere
+        why = concrete_refusal(params.model, entry.litellm_params.model, (params.model_extra or {}).get("api_base"))
+        if why is not None:
+            return None, f"the wildcard route {pattern_route.model_name!r} refuses it: {why}"
+    return route, None
 
 
 def derived(pattern_route: Route, model: str, match: re.Match[str]) -> Route:
@@ -135,5 +195,6 @@ def derived(pattern_route: Route, model: str, match: re.Match[str]) -> Route:
     return Route(model_name=model, kind=pattern_route.kind, entries=entries, group=pattern_route.model_name)
 
 
-__all__ = ["Resolver", "alias_target", "concrete_model", "derived", "hidden_aliases", "is_pattern", "pattern_model",
-           "pattern_regex", "team_allows"]
+__all__ = ["RESOLVED_KEPT", "Resolver", "alias_target", "checked_derived", "concrete_model", "concrete_refusal",
+           "derived", "hidden_aliases", "is_pattern", "pattern_model", "pattern_refusal", "pattern_regex",
+           "team_allows"]

@@ -55,12 +55,19 @@ _current: contextvars.ContextVar[OverBudget | None] = contextvars.ContextVar("ba
 
 @contextlib.contextmanager
 def spending_for(over: OverBudget | None) -> Iterator[None]:
-    """Requests started in this block (and tasks created in it) spend the budget that `over` checks."""
+    """Requests started in this block (and tasks created in it) spend the budget that `over` checks (None:
+    a team without a budget)."""
     token = _current.set(over)
     try:
         yield
     finally:
         _current.reset(token)
+
+
+def budgeted() -> bool:
+    """Whether the current requests spend a team's budget (the team has a `max_budget`): a line whose cost
+    cannot be known is refused then (`price_unknown`: providers.litellm_backend)."""
+    return _current.get() is not None
 
 
 async def over_budget_now() -> bool:
@@ -69,4 +76,4 @@ async def over_budget_now() -> bool:
     return over is not None and await over()
 
 
-__all__ = ["Budgets", "OverBudget", "over_budget_now", "spending_for"]
+__all__ = ["Budgets", "OverBudget", "budgeted", "over_budget_now", "spending_for"]

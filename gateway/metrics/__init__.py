@@ -24,6 +24,12 @@ an embedded worker process):
 - `batchyard_team_requests_in_flight{team, route}`: the same by team (its share
   of the route is this over the route's total);
 - `batchyard_request_duration_seconds{route}`: upstream/engine latency of each call.
+- `batchyard_unpriced_tier_replies_total{route}`: replies that reported a service tier no price is known
+  for, billed at the highest per-token price known for their model (a warning: add the tier's price).
+
+The `route` label is the route's model_name; a wildcard route's concrete models count under its pattern
+(`openai/*`), except a model the config names (a team's `models` or limits), so series stay bounded
+whatever models lines name (`label_routes_by`, `Config.metric_route`).
 - `batchyard_paused{reason}`: 1 while a shard runner pauses for a fault of the machine (a full disk, the
   store, Redis or S3 down), by reason; `batchyard_machine_faults_total{kind}`: those faults, counted.
 
@@ -43,9 +49,11 @@ from __future__ import annotations
 from gateway.metrics.exposition import render
 from gateway.metrics.instruments import (
     RequestMeter,
+    label_routes_by,
     observe_machine_fault,
     observe_results,
     observe_statuses,
+    observe_unpriced_tier,
     prepare_instruments,
     set_paused,
     team_of,
@@ -54,7 +62,7 @@ from gateway.metrics.multiproc import MULTIPROC_ENV, multiprocess_dir, prepare_m
 from gateway.metrics.shared_state import SharedState, TeamState, read_shared_state
 
 __all__ = [
-    "MULTIPROC_ENV", "RequestMeter", "SharedState", "TeamState", "multiprocess_dir", "observe_machine_fault",
-    "observe_results", "observe_statuses", "prepare_instruments", "prepare_multiprocess_dir", "process_exited",
-    "read_shared_state", "render", "set_paused", "team_of",
+    "MULTIPROC_ENV", "RequestMeter", "SharedState", "TeamState", "label_routes_by", "multiprocess_dir",
+    "observe_machine_fault", "observe_results", "observe_statuses", "observe_unpriced_tier", "prepare_instruments",
+    "prepare_multiprocess_dir", "process_exited", "read_shared_state", "render", "set_paused", "team_of",
 ]

@@ -13,7 +13,7 @@ import functools
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +33,23 @@ UNROUTED = "unrouted"  # the route label of lines answered at validation (no rou
 # The reasons of `batchyard_paused` and kinds of `batchyard_machine_faults_total` (`gateway.store.faults`).
 FAULT_KINDS = ("disk_full", "disk_io_error", "read_only", "database_locked", "redis_unreachable", "s3_unavailable",
                "s3_unreachable")
+_route_label: Callable[[str], str] | None = None  # `label_routes_by`
+
+
+def label_routes_by(label: Callable[[str], str] | None) -> None:
+    """How a route name becomes its `route` label in this process (`Config.metric_route`: a wildcard route's
+    concrete model counts under its pattern), so the series stay bounded whatever models lines name."""
+    global _route_label
+    _route_label = label
+
+
+def route_label(route: str) -> str:
+    """The `route` label of a route name (`label_routes_by`); lines without a route are `UNROUTED`."""
+    if not route:
+        return UNROUTED
+    return _route_label(route) if _route_label is not None else route
+
+
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -47,6 +64,7 @@ class Instruments:
     latency: Histogram
     paused: Gauge
     machine_faults: Counter
+    unpriced_tiers: Counter
 
 
 @functools.cache
@@ -80,6 +98,9 @@ def built() -> Instruments:
         machine_faults=Counter("batchyard_machine_faults", "Faults of the machine met by a shard or an upload, by "
                                "kind (the reasons of batchyard_paused): the shard was handed back without "
                                "spending an attempt.", ["kind"]),
+        unpriced_tiers=Counter("batchyard_unpriced_tier_replies", "Replies that reported a service tier no "
+                               "price is known for, billed at the highest per-token price known for their model, "
+                               "by route.", ["route"]),
     )
     # Every reason shown from the start (0), and their value files written now, while the disk has room.
     for kind in FAULT_KINDS:
@@ -98,7 +119,7 @@ def _status(result: Result) -> str:
 def observe_results(team: str, route: str, results: Iterable[Result]) -> None:
     """Count results just recorded (once each: call it after the Store took them)."""
     m = built()
-    route = route or UNROUTED
+    route = route_label(route)
     requests: dict[str, int] = {}
     tokens_in = tokens_out = 0
     cost = 0.0
@@ -130,7 +151,7 @@ def observe_statuses(team: str, route: str, requests: Mapping[str, int]) -> None
     """Count results by status, without tokens or cost (lines answered at validation, tallied as the
     planner wrote them)."""
     m = built()
-    route = route or UNROUTED
+    route = route_label(route)
     for status, n in requests.items():
         m.requests.labels(team, route, status).inc(n)
 
@@ -144,6 +165,11 @@ def prepare_instruments() -> None:
 def observe_machine_fault(kind: str) -> None:
     """Count one fault of the machine (`gateway.store.faults`) met by this process."""
     built().machine_faults.labels(kind).inc()
+
+
+def observe_unpriced_tier(route: str) -> None:
+    """One reply reported a tier with no known price (billed at the model's highest known price)."""
+    built().unpriced_tiers.labels(route_label(route)).inc()
 
 
 def set_paused(reason: str, paused: bool) -> None:
@@ -179,7 +205,7 @@ class RequestMeter:
 
     def __init__(self, route: str, team: str | None = None) -> None:
         m = built()
-        route = route or UNROUTED
+        route = route_label(route)
         gauges = [m.in_flight.labels(route)]
         if team is not None:
             gauges.append(m.team_in_flight.labels(team, route))
@@ -205,6 +231,19 @@ class RequestMeter:
 
 
 __all__ = [
-    "FAULT_KINDS", "LATENCY_BUCKETS", "UNROUTED", "Instruments", "RequestMeter", "built", "observe_machine_fault",
-    "observe_results", "observe_statuses", "prepare_instruments", "set_paused", "team_of",
+    "FAULT_KINDS",
+    "LATENCY_BUCKETS",
+    "UNROUTED",
+    "Instruments",
+    "RequestMeter",
+    "built",
+    "label_routes_by",
+    "observe_machine_fault",
+    "observe_results",
+    "observe_statuses",
+    "observe_unpriced_tier",
+    "prepare_instruments",
+    "route_label",
+    "set_paused",
+    "team_of",
 ]

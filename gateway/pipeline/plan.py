@@ -113,6 +113,8 @@ class Planner:
         self._open: dict[str, _OpenShard] = {}
         self._answered: _OpenShard | None = None
         self._next_index = 0
+        self._wildcard_models: set[str] = set()  # concrete models of wildcard routes the batch names so far
+        self._wildcard_per_route: dict[str, int] = {}  # of them, per pattern
         self._writing = contextlib.AsyncExitStack()  # every shard blob still open: one plan per planner
         self.outcome = PlanOutcome()
 
@@ -170,7 +172,11 @@ class Planner:
                     await self._answer(checked)
                 elif isinstance(checked, BatchRequest):
                     self.outcome.models.add(checked.model)
-                    await self._append(self._route_name(checked.model), data)
+                    route = self._route_name(checked.model)
+                    if (bound := self._wildcard_bound(route)) is not None:
+                        self._fail(LineError(LineCode.INVALID_REQUEST, bound, line, "body.model"))
+                        return self._finish_read()
+                    await self._append(route, data)
         return self._finish_read()
 
     def _finish_read(self) -> None:
@@ -197,6 +203,27 @@ class Planner:
             if checked is not None:
                 out.append((line, checked, data))
         return out
+
+    def _wildcard_bound(self, route_name: str) -> str | None:
+        """Why a line of `route_name` takes the batch past its bound on a wildcard route's concrete models
+        (`max_wildcard_models`, `max_wildcard_models_per_route`); None: within them. Each is a route of its
+        own (shards, metrics, caches): the bound keeps one file from making them without end."""
+        if route_name in self._open or route_name in self._wildcard_models:
+            return None
+        route = self._config.route(route_name)
+        if route is None or route.group is None:
+            return None
+        settings = self._config.batch
+        per_route = self._wildcard_per_route.get(route.group, 0)
+        if per_route >= settings.max_wildcard_models_per_route:
+            return (f"the batch names more than {settings.max_wildcard_models_per_route} models through the wildcard "
+                    f"route {route.group!r} (batch_settings.max_wildcard_models_per_route)")
+        if len(self._wildcard_models) >= settings.max_wildcard_models:
+            return (f"the batch names more than {settings.max_wildcard_models} models through wildcard routes "
+                    "(batch_settings.max_wildcard_models)")
+        self._wildcard_models.add(route_name)
+        self._wildcard_per_route[route.group] = per_route + 1
+        return None
 
     def _route_name(self, model: str) -> str:
         """The shard route of a checked line: its route's model_name (an alias's target; a wildcard route's

@@ -278,7 +278,8 @@ class ShardRunner:
 
         # The task copies the context: the backend's slots see whose requests these are, under which rates, and
         # whose budget they spend (a native route asks it before each provider job).
-        with running_for(share), pacing_with(pacer), spending_for(over):
+        budget = over if self.budgets.limit(owner) is not None else None  # no budget: nothing to check
+        with running_for(share), pacing_with(pacer), spending_for(budget):
             consumer = asyncio.create_task(consume(), name=f"shard-{shard.key}")
         stopping: StopReason | None = None
         try:

@@ -17,7 +17,7 @@ import orjson
 from gateway.config.routes import Route
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_url
-from gateway.config.wildcards import team_allows
+from gateway.config.wildcards import is_pattern, team_allows
 from gateway.domain import BatchRequest, Endpoint
 from gateway.errors import LineCode, LineError, shown
 from gateway.json_codec import loads_checked
@@ -156,11 +156,17 @@ class LineChecker:
             return problem(LineCode.STREAMING_UNSUPPORTED, "Streaming is not supported by the Batch API.",
                            "body.stream")
         route = self._config.route(model)
-        if route is None or (self._allowed is not None and not self._may_use(model, route)):
-            # OpenAI's "is not supported by the Batch API", with vLLM's "does not exist" (run_batch's wording)
-            return problem(LineCode.MODEL_NOT_FOUND,
-                           f"The provided model '{shown(model)}' does not exist or is not supported by the Batch API.",
+        if route is not None and route.group is not None and is_pattern(model):
+            return problem(LineCode.MODEL_NOT_FOUND, f"The provided model '{shown(model)}' does not exist or is not "
+                           "supported by the Batch API (it is a wildcard pattern; name a model it serves).",
                            "body.model")
+        if route is None or (self._allowed is not None and not self._may_use(model, route)):
+            # OpenAI's "is not supported by the Batch API", with vLLM's "does not exist" (run_batch's wording);
+            # a name a wildcard route refused says why (gateway.config.wildcards: a name, never a path)
+            why = self._config.resolver.refusal(model) if route is None else None
+            return problem(LineCode.MODEL_NOT_FOUND,
+                           f"The provided model '{shown(model)}' does not exist or is not supported by the Batch API"
+                           + (f" ({why})." if why else "."), "body.model")
         return BatchRequest(line=line, custom_id=custom_id, url=normal.endpoint, body=body)
 
 

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Collection, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gateway import metrics
 from gateway.backends.interface import ROUTE_UNAVAILABLE, BackendUnavailable
 from gateway.callers.idempotent_creates import IdempotentCreates
 from gateway.callers.logins import Logins
@@ -85,6 +86,7 @@ class Runtime:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.validation = validation
         self.backends = BackendPool(config, store)
+        metrics.label_routes_by(config.metric_route)  # a wildcard's models count under its pattern
         self.webhooks = WebhookSender(store.webhooks, store.batches, coordination, webhook_targets(config),
                                       spawn=self.spawn,
                                       policy=retry_schedule(config))

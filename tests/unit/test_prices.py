@@ -71,3 +71,43 @@ def test_an_adapter_replys_deployment_prices_it() -> None:
                                                "output_cost_per_token": 1.0}}])
     body = {"type": "message", "usage": {"input_tokens": 2, "output_tokens": 3}}
     assert prices.cost({**body, "_hidden_params": {"model_id": "d1"}}, body) == 4.0
+
+
+REPLY = {"usage": {"prompt_tokens": 1000, "completion_tokens": 100}}
+
+
+def test_a_wildcards_concrete_model_is_priced_by_its_own_price_then_the_patterns() -> None:
+    prices = DeploymentPrices([
+        {"model_name": "openai/*", "litellm_params": {"model": "openai/*"},
+         "model_info": {"id": "w", "input_cost_per_token": 9e-6, "output_cost_per_token": 9e-6}},
+        {"model_name": "named", "litellm_params": {"model": "openai/priced-x"},
+         "model_info": {"id": "n", "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6}},
+        {"model_name": "bare/*", "litellm_params": {"model": "openai/*"}, "model_info": {"id": "b"}},
+    ])
+    import litellm
+
+    mapped = litellm.model_cost["gpt-4o-mini"]
+    assert prices.prices("w", "openai/priced-x") == Prices(1e-6, 2e-6)  # the config's price of that model
+    assert prices.prices("w", "openai/gpt-4o-mini") == Prices(mapped["input_cost_per_token"],
+                                                              mapped["output_cost_per_token"])  # the map's
+    assert prices.prices("w", "openai/unknown-zzz") == Prices(9e-6, 9e-6)  # the pattern's model_info
+    assert prices.prices("b", "openai/unknown-zzz") is None
+    assert not prices.priced_for("bare/*", "bare/unknown-zzz") and prices.priced_for("bare/*", "bare/gpt-4o-mini")
+
+
+def test_the_reported_tier_is_billed_and_an_unknown_one_at_the_highest_price() -> None:
+    told: list[tuple[str, str]] = []
+    prices = DeploymentPrices([{"model_name": "m", "litellm_params": {"model": "openai/nowhere-x"},
+                                "model_info": {"id": "d", "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6,
+                                               "input_cost_per_token_priority": 4e-6,
+                                               "output_cost_per_token_priority": 8e-6,
+                                               "input_cost_per_token_batches": 5e-7}}])
+    prices.on_unpriced_tier = lambda group, tier: told.append((group, tier))
+    base, priority = 1000 * 1e-6 + 100 * 2e-6, 1000 * 4e-6 + 100 * 8e-6
+    assert prices.for_deployment("d", REPLY) == pytest.approx(base)
+    assert prices.for_deployment("d", {**REPLY, "service_tier": "default"}) == pytest.approx(base)
+    assert prices.for_deployment("d", {**REPLY, "service_tier": "priority"}) == pytest.approx(priority)  # unasked
+    assert told == []
+    for tier in ("turbo", "batches", "x" * 40):  # unknown, a price key that is no tier, a nonsense one
+        assert prices.for_deployment("d", {**REPLY, "service_tier": tier}) == pytest.approx(priority)
+    assert [t for _, t in told] == ["turbo", "batches", "x" * 40] and {g for g, _ in told} == {"m"}

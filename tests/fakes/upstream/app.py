@@ -68,6 +68,8 @@ BAD_USAGE: dict[str, object] = {
     "list": [1, 2, 3],
 }
 _SLEEP_RE = re.compile(r"#sleep:(\d+(?:\.\d+)?)")
+# `#tier:NAME`: a success reply reports it ran at service tier NAME (OpenAI's top-level `service_tier`)
+_TIER_RE = re.compile(r"#tier:(\w+)")
 # `#toolong:MODEL` / `#unsafe:MODEL`: a request for that model is refused as OpenAI refuses a prompt over the
 # context window / one its safety system rejects (400), so a fallback to another model can answer it.
 _REFUSE_RE = re.compile(r"#(toolong|unsafe):([\w.\-]+)")
@@ -120,6 +122,9 @@ class UpstreamServer(FilesAndBatches):
         if "#extra" in text:  # fields a provider may add that OpenAI's types (and LiteLLM's) don't know
             reply["x_provider"] = {"region": "loopback", "cached": False}
             reply["prompt_logprobs"] = None
+        tier = _TIER_RE.search(text)
+        if tier is not None:
+            reply["service_tier"] = tier.group(1)
         usage = _USAGE_RE.search(text)
         if usage is not None and usage.group(1) in BAD_USAGE:
             reply["usage"] = BAD_USAGE[usage.group(1)]

@@ -36,6 +36,7 @@ Directives in the request text (last user message, prompt, input, query):
 - `#hangxN`    hang for the first N calls with this exact text, then answer (a retry succeeds)
 - `#count`     count calls per exact text in `stats()["by_custom"]`
 - `#extra`     add fields OpenAI's types don't know to a success reply (`x_provider`, `prompt_logprobs`)
+- `#tier:NAME` a success reply reports `"service_tier": NAME` (the tier it says it ran at)
 - `#usage:NAME` a success reply's `usage` is a bad one (`tests.fakes.upstream.app.BAD_USAGE`: negative, huge,
   float, string, bool, nested, list)
 
