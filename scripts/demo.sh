@@ -18,3 +18,10 @@ python -m local_engine.tiny_model "$BATCHYARD_TINY_MODELS"
 batchyard run -i examples/demo_batch.jsonl -o results.jsonl --config config/local-tiny.yaml
 echo "demo: $(wc -l < results.jsonl) result lines in results.jsonl; the first ones:"
 head -n 3 results.jsonl
+# `batchyard` lives in the venv: a new shell finds it once the venv is activated (docs/getting-started.md).
+ACTIVATE="$VENV/bin/activate"
+[[ "$VENV" == "$ROOT/.venv" ]] && ACTIVATE=".venv/bin/activate"
+echo
+echo "demo: next, serve the same models over OpenAI's Batch API (docs/getting-started.md):"
+echo "  source $ACTIVATE"
+echo "  batchyard serve --config config/local-tiny.yaml"
