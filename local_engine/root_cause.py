@@ -89,9 +89,8 @@ def _logging_with_cause(logging_config: Any, cause_path: Path) -> dict[str, Any]
 def captured(vllm_config: Any) -> Iterator[Cause]:
     """While the engine starts: the exception its engine-core process fails on, readable from the `Cause`."""
     logging_config = getattr(vllm_config, "logging_config", None)
-    ours = (logging_config is not None and logging_config.configure_logging
-            and not logging_config.pylogging_config_file and logging_config.formatter == "text")
-    if not ours:
+    if logging_config is None or not logging_config.configure_logging or logging_config.pylogging_config_file \
+            or logging_config.formatter != "text":
         yield Cause(None)
         return
     cause_path = _temp("batchyard-engine-cause-")

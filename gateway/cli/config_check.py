@@ -1,8 +1,9 @@
 """`batchyard config check FILE`: load a config as `serve` would and say what it does.
 
 No network, no engine started, nothing written: the file is loaded (includes merged, environment_variables
-set, every key checked, each local model's path there), then each model_name is printed with its route kind (local, pass-through,
-LiteLLM, native), provider, limits and prices, then the LiteLLM settings batchyard does not apply.
+set, every key checked, each local model's path there), then each model_name is printed with its route kind
+(local, pass-through, LiteLLM, native), provider, limits and prices, then the LiteLLM settings batchyard does
+not apply.
 Exit status 0, or 2 with the error.
 
 The printer takes one `RouteRow` per model name (`route_rows`), so a route of another shape (a wildcard,
@@ -48,7 +49,8 @@ def add_parser(sub: Any) -> None:
     check = actions.add_parser(
         "check", help="load a config as serve would and print its routes and the settings it does not apply",
         description="Load FILE as `batchyard serve` would (includes merged, environment_variables set, every key "
-        "checked, a local model's path checked to be a directory; no network, no engine started) and print each model_name with its route kind (local, "
+        "checked, a local model's path checked to be a directory; no network, no engine started) and print each "
+        "model_name with its route kind (local, "
         "pass-through, LiteLLM, native), provider, limits (rpm, tpm, max_parallel_requests of its deployments "
         "together) and prices (USD per 1M input / output tokens), then the LiteLLM settings batchyard does not "
         "apply. Exit status 0, or 2 with the error.",

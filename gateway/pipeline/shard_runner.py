@@ -244,7 +244,8 @@ class ShardRunner:
             return
         facts = batch.routes.get(route, {})
         if facts.get("unavailable") != why:
-            await self.store.batches.update(batch_id, {"routes": {**batch.routes, route: {**facts, "unavailable": why}}})
+            routes = {**batch.routes, route: {**facts, "unavailable": why}}
+            await self.store.batches.update(batch_id, {"routes": routes})
 
     def _pacer(self, team: str, route: str) -> Pacer | None:
         """The team's rate limits on the route, counted in the store (None: the team has none there)."""
