@@ -137,7 +137,7 @@ class LocalEngineBackend:
                 args = serving.build_args(engine_args)
             except (ValueError, KeyError) as exc:
                 raise EngineStartError(f"bad engine_args: {exc}") from exc
-            engine = await _build_engine_off_loop(args)
+            engine = await _build_engine_off_loop(args, engine_args)
             try:
                 layer = await serving.ServingLayer.create(engine, args)
                 if self._closed:
@@ -289,7 +289,7 @@ def exit_while_loading(code: int) -> None:
     os._exit(code)
 
 
-async def _build_engine_off_loop(args: Any) -> AsyncLLM:
+async def _build_engine_off_loop(args: Any, chosen: Mapping[str, Any]) -> AsyncLLM:
     """Build the engine in a worker thread so the event loop keeps serving while it loads.
 
     If the caller is cancelled (Ctrl-C) meanwhile, the engine is shut down as
@@ -302,7 +302,7 @@ async def _build_engine_off_loop(args: Any) -> AsyncLLM:
     def build() -> None:
         if future.set_running_or_notify_cancel():
             try:
-                future.set_result(build_engine(args))
+                future.set_result(build_engine(args, list(chosen)))
             except BaseException as exc:
                 future.set_exception(exc)
 

@@ -26,7 +26,7 @@ import contextlib
 import json
 import threading
 from argparse import Namespace
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from gateway import tracing
 from gateway.config.endpoints import ENDPOINTS
 from gateway.domain import Endpoint
-from local_engine import cpu_threads, vllm_compat
+from local_engine import cpu_memory, cpu_threads, root_cause, vllm_compat
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -96,8 +96,11 @@ _BUILD_LOCK = threading.Lock()
 BATCH_DEFAULTS_CONTEXT = "LLM_CLASS"
 
 
-def build_engine(args: Namespace) -> AsyncLLM:
+def build_engine(args: Namespace, chosen: Collection[str] = ()) -> AsyncLLM:
     """Create the v1 `AsyncLLM` (blocking: starts and waits for the engine-core process).
+
+    `chosen`: the engine_args the operator wrote (on a CPU, the KV cache is sized unless they choose it:
+    `local_engine.cpu_memory`).
 
     vLLM's config set-up touches process-wide state, so configs are built one
     at a time. The engine cores then load side by side when each runs in its
@@ -117,14 +120,21 @@ def build_engine(args: Namespace) -> AsyncLLM:
             vllm_compat.propagate_flash_late_interaction(args, engine_args)
             with cpu_threads.uniproc_by_default(args):
                 vllm_config = engine_args.create_engine_config(usage_context=UsageContext(BATCH_DEFAULTS_CONTEXT))
-        with cpu_threads.engine_core_threads(vllm_config):
-            return AsyncLLM.from_vllm_config(
-                vllm_config=vllm_config,
-                usage_context=UsageContext.OPENAI_BATCH_RUNNER,  # what vLLM's usage report says we are
-                enable_log_requests=engine_args.enable_log_requests,
-                aggregate_engine_logging=engine_args.aggregate_engine_logging,
-                disable_log_stats=engine_args.disable_log_stats,
-            )
+            cpu_memory.size_cpu_kv_cache(vllm_config, chosen)
+        with cpu_threads.engine_core_threads(vllm_config), root_cause.captured(vllm_config) as cause:
+            try:
+                return AsyncLLM.from_vllm_config(
+                    vllm_config=vllm_config,
+                    usage_context=UsageContext.OPENAI_BATCH_RUNNER,  # what vLLM's usage report says we are
+                    enable_log_requests=engine_args.enable_log_requests,
+                    aggregate_engine_logging=engine_args.aggregate_engine_logging,
+                    disable_log_stats=engine_args.disable_log_stats,
+                )
+            except Exception as exc:  # the engine-core process's own reason, not "see root cause above"
+                told = root_cause.explained(exc, cause)
+                if told is exc:
+                    raise
+                raise told from exc
 
 
 def shutdown_engine(engine: AsyncLLM) -> None:

@@ -1,8 +1,9 @@
 """`batchyard config check FILE`: load a config as `serve` would and say what it does.
 
 No network, no engine started, nothing written: the file is loaded (includes merged, environment_variables
-set, every key checked), then each model_name is printed with its route kind (local, pass-through,
-LiteLLM, native), provider, limits and prices, then the LiteLLM settings batchyard does not apply.
+set, every key checked, each local model's path there), then each model_name is printed with its route kind
+(local, pass-through, LiteLLM, native), provider, limits and prices, then the LiteLLM settings batchyard does
+not apply.
 Exit status 0, or 2 with the error.
 
 The printer takes one `RouteRow` per model name (`route_rows`), so a route of another shape (a wildcard,
@@ -17,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from gateway.config.local_paths import missing_paths
 from gateway.config.notices import notice_text
 from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import Config, load_config
@@ -47,7 +49,8 @@ def add_parser(sub: Any) -> None:
     check = actions.add_parser(
         "check", help="load a config as serve would and print its routes and the settings it does not apply",
         description="Load FILE as `batchyard serve` would (includes merged, environment_variables set, every key "
-        "checked; no network, no engine started) and print each model_name with its route kind (local, "
+        "checked, a local model's path checked to be a directory; no network, no engine started) and print each "
+        "model_name with its route kind (local, "
         "pass-through, LiteLLM, native), provider, limits (rpm, tpm, max_parallel_requests of its deployments "
         "together) and prices (USD per 1M input / output tokens), then the LiteLLM settings batchyard does not "
         "apply. Exit status 0, or 2 with the error.",
@@ -127,6 +130,10 @@ def check_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         config = load_config(args.file, strict=args.strict_config)
         rows = route_rows(config)
+        for name, path in missing_paths(config.routes):  # serve would start, and the engine fail later
+            raise ConfigError(config.path, f"model_list[{name}].litellm_params.model",
+                              f"local model path {path} is not a directory (a relative path is read from the "
+                              "config file's directory)")
     except ConfigError as exc:
         print(f"batchyard: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -155,9 +155,9 @@ def _serve_parser(sub: Any) -> None:
                        "a restart over the same directory resumes unfinished batches")
     serve.add_argument("--workers", type=count, default=None,
                        help="embedded mode: worker processes that run shards (default: one per free core: the "
-                       "usable cores less one for the API process, one per local model and those the load average "
-                       "says are busy, at least one when there are local models; 0: run them in the API process). "
-                       "Local vLLM engines load in the first worker only")
+                       "usable cores less one for the API process and one per local model, at least one; one when "
+                       "the config has no upstream route; the load average is never read; 0: run them in the API "
+                       "process). Local vLLM engines load in the first worker only")
     serve.add_argument("--forwarded-allow-ips", default=None, metavar="IPS",
                        help="addresses (comma-separated; * for any) of the proxies whose X-Forwarded-Proto and "
                        "X-Forwarded-For this server believes, as uvicorn's flag of that name (default: uvicorn's: "

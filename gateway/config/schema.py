@@ -24,6 +24,7 @@ from gateway.config.engine_fields import unknown_engine_args
 from gateway.config.entries import Entry, LocalEntry, ModelEntry, Strict, kind_of
 from gateway.config.litellm_file import INCLUDE, apply_environment, merge_includes, read_yaml
 from gateway.config.litellm_settings import check_litellm_settings
+from gateway.config.local_paths import anchor_local_paths
 from gateway.config.notices import Notice, split_litellm_settings, strict_refusal
 from gateway.config.problems import config_error
 from gateway.config.route_checks import check_aliases, check_fallbacks
@@ -262,7 +263,9 @@ def load_config(path: str | Path, *, strict: bool = False) -> Config:
     raw = read_yaml(p)
     if isinstance(raw, dict):
         raw = merge_includes(raw, p)
-    return parse_config(raw, str(p), strict=strict)
+    config = parse_config(raw, str(p), strict=strict)
+    anchor_local_paths(config.routes, p.resolve().parent)  # a model path is read from the file's directory
+    return config
 
 
 def local_model_config(model: str, engine_args: dict[str, Any], served_names: list[str] | None = None) -> Config:

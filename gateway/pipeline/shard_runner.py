@@ -229,10 +229,23 @@ class ShardRunner:
                     reason = await self._execute(shard, share, todo)
                 except BackendUnavailable as exc:  # no attempt spent: the route's lines say why, once
                     reason = (ROUTE_UNAVAILABLE, f"The model {shard.route!r} is unavailable: {exc}")
+                    await self._note_unavailable(shard.batch_id, shard.route, str(exc))
         if reason is None or reason is OVER_BUDGET or reason[0] == ROUTE_UNAVAILABLE:
             # the unrun lines get error lines now (over budget, or a route that cannot run)
             await seal_shard(self.store, self.blobs, shard, missing=reason, requests=requests)
         await self._finish_shard(shard)
+
+    async def _note_unavailable(self, batch_id: str, route: str, why: str) -> None:
+        """Keep why the route could not run with the batch (`routes[route]["unavailable"]`, kept by the
+        finalizer, which starts after this shard's seal): the API and the dashboard say it after the worker
+        that met it is gone, a restart included. Shards of two unavailable routes noting at once may keep one."""
+        batch = await self.store.batches.get(batch_id)
+        if batch is None:
+            return
+        facts = batch.routes.get(route, {})
+        if facts.get("unavailable") != why:
+            routes = {**batch.routes, route: {**facts, "unavailable": why}}
+            await self.store.batches.update(batch_id, {"routes": routes})
 
     def _pacer(self, team: str, route: str) -> Pacer | None:
         """The team's rate limits on the route, counted in the store (None: the team has none there)."""

@@ -265,3 +265,49 @@ def test_open_gateway_needs_no_login(
         output = context.request.get(server.url + card.locator(".output-link").get_attribute("href"))
         assert output.status == 200 and output.text() == client.files.content(batch.output_file_id).text
         context.close()
+
+
+def test_failure_is_not_shown_as_success_and_an_unavailable_route_keeps_its_reason(
+    browser: Browser, upstream: Upstream, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A `completed` batch whose lines mostly failed is red, not green, with its failed lines in their own
+    colour; a local route whose engine cannot start says why after a restart (the reason is kept with the
+    batch, not only in the workers' heartbeats) and costs "unpriced", not $0.00; each card names its input
+    file and shows its metadata."""
+    root = tmp_path_factory.mktemp("failures")
+    config = gateway_config(upstream)
+    missing = root / "no-such-model"
+    config["model_list"].append({"model_name": "broken-local", "litellm_params": {"model": f"vllm/{missing}"}})
+    with start_gateway(config, root / "data") as server:
+        client = server.client(None)
+        lines = [chat_line(f"bad{i}", "gpt-mini", f"refused {i} #fail:400") for i in range(3)]
+        mostly = wait_batch(client, submit(client, [*lines, chat_line("good", "gpt-mini", "fine")],
+                                           filename="mostly-failing.jsonl", metadata={"project": "newcomer"}).id)
+        local = wait_batch(client, submit(client, [chat_line(f"l{i}", "broken-local", "hi") for i in range(2)],
+                                          filename="local.jsonl").id)
+        assert (mostly.status, mostly.request_counts.failed, local.status) == ("completed", 3, "completed")
+        why = client.batches.retrieve(local.id).model_extra["routes"]["broken-local"]["unavailable"]  # the API's
+        assert str(missing) in why and "does not exist" in why
+    with start_gateway(config, root / "data") as server:  # restarted: no worker has met the route since
+        page = browser.new_context(viewport={"width": 1100, "height": 700}).new_page()
+        page.goto(server.url + "/ui")
+        card = page.locator(f'.batch[data-id="{mostly.id}"]')
+        assert card.get_attribute("data-status") == "completed" and card.get_attribute("data-outcome") == "failed"
+        assert "outcome-failed" in (card.get_attribute("class") or "")
+        assert card.locator(".badge.failed-lines").inner_text() == "3 failed"
+        assert card.locator(".input-file").inner_text() == "mostly-failing.jsonl"
+        assert card.locator(".metadata").inner_text().split() == ["project", "newcomer"]
+        red = "rgb(192, 57, 43)"  # --bad: the status badge and the bar's failed part, not --ok's green
+        assert card.locator(".badge.status").evaluate("e => getComputedStyle(e).color") == red
+        assert card.locator(".bar-failed").evaluate("e => getComputedStyle(e).fill") == red
+        assert int(card.locator(".bar-failed").get_attribute("width") or 0) == 750
+        assert int(card.locator(".bar-ok").get_attribute("width") or 0) == 250
+        broken = page.locator(f'.batch[data-id="{local.id}"]')
+        row = broken.locator('.route-row[data-route="broken-local"]')
+        assert row.locator(".badge.unavailable").count() == 1
+        assert str(missing) in row.locator(".route-unavailable").inner_text()
+        assert row.locator(".route-cost").inner_text() == "unpriced"
+        assert broken.locator(".cost").inner_text() == "unpriced"
+        assert broken.get_attribute("data-outcome") == "failed"
+        page.screenshot(path=str(_artifact("dashboard-failures.png")), full_page=True)
+        page.context.close()

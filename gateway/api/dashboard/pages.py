@@ -37,6 +37,9 @@ from gateway.api.deps import bad_request, runtime_of
 from gateway.api.http_errors import ApiError
 from gateway.api.teams_view import team_states
 from gateway.callers.logins import SESSION_TTL_SECONDS
+from gateway.config.prices import route_prices
+from gateway.config.routes import RouteKind
+from gateway.config.schema import Config
 from gateway.domain import MESSAGE_BATCH_KIND
 from gateway.pipeline.sweeper import unavailable_routes
 from gateway.store.faults import noticed, waiting_words
@@ -232,12 +235,26 @@ async def _batches(
     wanted = [r for r in records if not (r.status.finished and r.id in skip)]
     stats = await asyncio.gather(*(store.ledger.route_stats(r.id) for r in wanted))
     planned = await asyncio.gather(*(_planned(store, r) for r in wanted))
+    inputs = await asyncio.gather(*(store.files.get(r.input_file_id, r.files_owner) for r in wanted))
     workers = await runtime.coordination.live_workers() if wanted else []
     unavailable = unavailable_routes(workers)
     now = time.time()
     waiting = waiting_words(_paused(workers))
-    return page, [batch_view(r, s, p, now, unavailable, waiting)
-                  for r, s, p in zip(wanted, stats, planned, strict=True)]
+    unpriced = _unpriced(runtime.config, {name for s in stats for name in s} | {n for p in planned for n in p or ()})
+    return page, [batch_view(r, s, p, now, unavailable, waiting, unpriced=unpriced,
+                             input_filename=f.filename if f is not None else None)
+                  for r, s, p, f in zip(wanted, stats, planned, inputs, strict=True)]
+
+
+def _unpriced(config: Config, names: Collection[str]) -> set[str]:
+    """The local routes among `names` whose config gives no price (`run --dry-run` says "unpriced"): their
+    cost is unknown, not $0.00. Upstream and native routes are priced by LiteLLM's map as well."""
+    found = set()
+    for name in names:
+        route = config.route(name) if name else None
+        if route is not None and route.kind is RouteKind.LOCAL and route_prices(route.model_info.litellm_keys) is None:
+            found.add(name)
+    return found
 
 
 def _paused(workers: list[dict[str, Any]]) -> dict[str, float]:

@@ -8,7 +8,7 @@ the API would give. Formatting lives here too, as Jinja filters.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,9 @@ from gateway.domain import BatchStatus, RouteStats, Usage
 from gateway.store.objects import BatchRecord
 
 MAX_ERRORS_SHOWN = 10
+# A finished batch with at least this share of its lines failed is shown as failed (red), whatever its
+# status; fewer failed lines, as partly failed (amber). OpenAI's `completed` says only that the batch ran.
+MOSTLY_FAILED = 0.5
 NONE = "\u2013"  # an en dash: "no value yet"
 
 
@@ -26,6 +29,11 @@ class RouteRow:
     stats: RouteStats
     planned: int | None = None  # the route's requests in this batch, while it runs (from its shards)
     unavailable: str | None = None  # why a worker cannot run this route (its engine cannot start), if so
+    unpriced: bool = False  # the config gives this route no price: its cost is unknown, not $0.00
+
+    @property
+    def cost_label(self) -> str:
+        return "unpriced" if self.unpriced and not self.stats.cost_usd else fmt_usd(self.stats.cost_usd)
 
     @property
     def progress(self) -> str:
@@ -58,6 +66,7 @@ class BatchView:
     error_file_id: str | None = None
     metadata: dict[str, str] | None = None
     waiting: str | None = None  # "waiting: disk full since 10:02 UTC": a fault of the machine holds it
+    input_filename: str | None = None  # the uploaded input file's name (None: the file is gone)
     trace_id: str | None = None  # the batch's trace (gateway.tracing), to look it up in Jaeger or Tempo
 
     @property
@@ -73,16 +82,42 @@ class BatchView:
         return "finalizing" if self.status == BatchStatus.FINALIZING.value else NONE
 
     @property
+    def outcome(self) -> str:
+        """"failed" when most lines failed (`MOSTLY_FAILED`), "partial" when some did, else "": the card's
+        colour, apart from the status (a `completed` batch whose every line failed is not a success)."""
+        if not self.failed:
+            return ""
+        return "failed" if self.total and self.failed >= MOSTLY_FAILED * self.total else "partial"
+
+    @property
+    def cost_label(self) -> str:
+        """The cost, or "unpriced" where a route that ran has no price (its part is unknown, not free)."""
+        unpriced = any(r.unpriced and r.stats.requests and not r.stats.cost_usd for r in self.routes)
+        if not unpriced:
+            return fmt_usd(self.cost_usd)
+        return "unpriced" if not self.cost_usd else f"{fmt_usd(self.cost_usd)} + unpriced"
+
+    def bar(self, width: int = 1000) -> tuple[int, int]:
+        """The progress bar's completed and failed lengths out of `width` (an SVG's: the page's CSP allows no
+        inline style)."""
+        if not self.total:
+            return (width, 0) if self.finished else (0, 0)
+        ok = round(width * self.completed / self.total)
+        return ok, min(round(width * self.failed / self.total), width - ok)
+
+    @property
     def percent(self) -> int:
         return int(100 * self.done / self.total) if self.total else (100 if self.finished else 0)
 
 
 def batch_view(
     rec: BatchRecord, routes: dict[str, RouteStats], planned: dict[str, int] | None = None, now: float | None = None,
-    unavailable: Mapping[str, str] | None = None, waiting: str | None = None,
+    unavailable: Mapping[str, str] | None = None, waiting: str | None = None, *,
+    input_filename: str | None = None, unpriced: Collection[str] = (),
 ) -> BatchView:
     """`planned`: requests per route (from the batch's shards), so a running batch lists every route
-    from the start, each with its own done / total. `unavailable`: route -> why a worker cannot run it."""
+    from the start, each with its own done / total. `unavailable`: route -> why a worker cannot run it (a
+    finished batch keeps its own in its record). `unpriced`: the routes the config gives no price."""
     now = time.time() if now is None else now
     done = rec.counts.completed + rec.counts.failed
     rate = _rate(rec, done, now)
@@ -92,7 +127,8 @@ def batch_view(
     routes = {name: _with_route_cost(stats, rec.routes.get(name)) for name, stats in routes.items()}
     names = sorted(set(routes) | set(planned), key=lambda n: (n == "", n))  # the validation bucket last
     unavailable = unavailable or {}
-    rows = [RouteRow(n, routes.get(n) or RouteStats(), planned.get(n), unavailable.get(n)) for n in names]
+    rows = [RouteRow(n, routes.get(n) or RouteStats(), planned.get(n), unavailable.get(n) or _kept(rec, n),
+                     n in unpriced) for n in names]
     return BatchView(
         id=rec.id,
         status=rec.status.value,
@@ -115,7 +151,15 @@ def batch_view(
         metadata=rec.metadata,
         waiting=None if rec.status.finished else waiting,
         trace_id=tracing.trace_id(rec.trace_context),
+        input_filename=input_filename,
     )
+
+
+def _kept(rec: BatchRecord, route: str) -> str | None:
+    """Why the route could not run, as the batch's record keeps it (the shard runner notes it)."""
+    facts = rec.routes.get(route)
+    why = facts.get("unavailable") if isinstance(facts, dict) else None
+    return why if isinstance(why, str) else None
 
 
 def _with_route_cost(stats: RouteStats, summary: Any) -> RouteStats:
