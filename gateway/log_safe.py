@@ -1,0 +1,60 @@
+"""Text a caller (or an upstream) controls, made safe to log: one log record stays one line, and no byte of
+it moves the reader's terminal.
+
+`escaped` writes every control character (C0, DEL, C1, and Unicode's line and paragraph separators) as a
+Python escape (`\\n`, `\\x1b`, `\\u2028`), so `GET /v1/x%0a2026-11-28 … WARNING … FORGED` is logged as one
+line that shows its `\\n`, never as a second line of the attacker's text. Every log site that writes a
+caller's or an upstream's text (a path, a query, a header value, an id, a model name, an upstream's error
+message) passes it through `escaped`; `EscapeArgs`, a filter on the processes' log handlers, applies it to
+every record's arguments besides (the same function: text escaped once has nothing left to escape), so a
+site that forgot it, or a library's, cannot write a line of a caller's either.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+# C0 controls, DEL, C1 controls, and the separators some readers break lines at
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+
+def escaped(value: object) -> str:
+    """`value` as text with its control characters escaped (text without any comes back as it is)."""
+    text = value if isinstance(value, str) else str(value)
+    return _CONTROL.sub(_escape, text)
+
+
+class EscapeArgs(logging.Filter):
+    """Every string or exception argument of a record escaped before it is formatted (the message's own
+    text is the code's, never a caller's)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple):
+            record.args = tuple(_safe(a) for a in args)
+        elif isinstance(args, dict):
+            record.args = {k: _safe(v) for k, v in args.items()}
+        return True
+
+
+def _safe(value: object) -> object:
+    return escaped(value) if isinstance(value, str | BaseException | bytes) else value
+
+
+def escape_every_handler(*loggers: str) -> None:
+    """`EscapeArgs` on each handler of the root logger (where every record that propagates ends) and of
+    `loggers` (those with handlers of their own that do not propagate, uvicorn's)."""
+    for name in ("", *loggers):
+        for handler in logging.getLogger(name or None).handlers:
+            if not any(isinstance(f, EscapeArgs) for f in handler.filters):
+                handler.addFilter(EscapeArgs())
+
+
+__all__ = ["EscapeArgs", "escape_every_handler", "escaped"]
