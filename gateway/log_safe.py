@@ -5,15 +5,18 @@ it moves the reader's terminal.
 Python escape (`\\n`, `\\x1b`, `\\u2028`), so `GET /v1/x%0a2026-11-28 … WARNING … FORGED` is logged as one
 line that shows its `\\n`, never as a second line of the attacker's text. Every log site that writes a
 caller's or an upstream's text (a path, a query, a header value, an id, a model name, an upstream's error
-message) passes it through `escaped`; `EscapeArgs`, a filter on the processes' log handlers, applies it to
-every record's arguments besides (the same function: text escaped once has nothing left to escape), so a
-site that forgot it, or a library's, cannot write a line of a caller's either.
+message) passes it through `escaped`, which also hides any value the config took from the environment
+(`gateway.env_values`); `EscapeArgs`, a filter on the processes' log handlers, applies it to every record's
+arguments besides (the same function: text escaped once has nothing left to escape), so a site that forgot
+it, or a library's, cannot write a line of a caller's either.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+
+from gateway.env_values import redacted
 
 # C0 controls, DEL, C1 controls, and the separators some readers break lines at
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -26,9 +29,10 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def escaped(value: object) -> str:
-    """`value` as text with its control characters escaped (text without any comes back as it is)."""
+    """`value` as text with its control characters escaped (text without any comes back as it is), and any
+    value the config took from the environment hidden (`gateway.env_values`)."""
     text = value if isinstance(value, str) else str(value)
-    return _CONTROL.sub(_escape, text)
+    return redacted(_CONTROL.sub(_escape, text))
 
 
 class EscapeArgs(logging.Filter):
