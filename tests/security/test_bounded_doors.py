@@ -186,7 +186,8 @@ def test_every_other_json_body_is_bounded_whatever_its_content(gateway: Gateway,
     """`POST /v1/batches`, the other JSON body the API parses (its `Idempotency-Key` is read from it too), is
     cut at 1 MB as it streams and parsed by orjson within 32 levels: a body of escapes or of `{}`s just
     under the cap is refused in OpenAI's shape with the API within twice the body + 50 MB."""
-    fill = b"\\ud83d\\ude00" * 87_000 if shape == "escapes" else b'", "pad": [' + b",".join([b"{}"] * 340_000) + b'], "x": "'
+    fill = b"\\ud83d\\ude00" * 87_000 if shape == "escapes" else \
+        b'", "pad": [' + b",".join([b"{}"] * 340_000) + b'], "x": "'
     body = b'{"input_file_id": "file-nothere", "endpoint": "/v1/chat/completions", "completion_window": "24h", ' \
         b'"metadata": {"note": "' + fill + b'"}}'
     assert len(body) < MIB

@@ -4,9 +4,9 @@ mapping), the batch's `request_counts`, the create envelope, and the batch objec
 from __future__ import annotations
 
 import io
-import time
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +161,8 @@ BAD_TEXTS = [
     ("a million numbers", b'{"requests": [{"custom_id": "a", "params": {"pad": [' + b",".join([b"1.5"] * 1_000_000)
      + b"]}}]}", f"requests.0: more than {MAX_REQUEST_VALUES} values"),
     ("a request past the Messages API's 32 MB", b'{"requests": [{"custom_id": "a", "params": {}}, {"custom_id": "b", '
-     b'"params": {"text": "' + b"x" * (MAX_REQUEST_BYTES + 256 * 1024) + b'"}}]}', "requests.1: more than 33554432 bytes"),
+     b'"params": {"text": "' + b"x" * (MAX_REQUEST_BYTES + 256 * 1024) + b'"}}]}',
+     "requests.1: more than 33554432 bytes"),
 ]
 
 
