@@ -35,11 +35,24 @@ def escaped(value: object) -> str:
     return redacted(_CONTROL.sub(_escape, text))
 
 
+# Libraries that log an upstream's or a caller's text formatted into the message itself (LiteLLM's f-strings
+# quote a provider's error): their records are escaped whole, at the logger, before any handler (their own
+# handlers too, added when they are imported) sees them.
+_LIBRARY_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx", "openai", "openai._base_client")
+
+
 class EscapeArgs(logging.Filter):
     """Every string or exception argument of a record escaped before it is formatted (the message's own
-    text is the code's, never a caller's)."""
+    text is the code's, never a caller's); `whole`: the formatted message too (a library's records)."""
+
+    def __init__(self, *, whole: bool = False) -> None:
+        super().__init__()
+        self.whole = whole
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if self.whole:
+            record.msg, record.args = escaped(record.getMessage()), ()
+            return True
         args = record.args
         if isinstance(args, tuple):
             record.args = tuple(_safe(a) for a in args)
@@ -54,11 +67,16 @@ def _safe(value: object) -> object:
 
 def escape_every_handler(*loggers: str) -> None:
     """`EscapeArgs` on each handler of the root logger (where every record that propagates ends) and of
-    `loggers` (those with handlers of their own that do not propagate, uvicorn's)."""
+    `loggers` (those with handlers of their own that do not propagate, uvicorn's); on the libraries'
+    loggers that format a provider's text into the message, the whole message escaped."""
     for name in ("", *loggers):
         for handler in logging.getLogger(name or None).handlers:
             if not any(isinstance(f, EscapeArgs) for f in handler.filters):
                 handler.addFilter(EscapeArgs())
+    for name in _LIBRARY_LOGGERS:
+        library = logging.getLogger(name)
+        if not any(isinstance(f, EscapeArgs) for f in library.filters):
+            library.addFilter(EscapeArgs(whole=True))
 
 
 __all__ = ["EscapeArgs", "escape_every_handler", "escaped"]

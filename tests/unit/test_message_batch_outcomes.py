@@ -177,7 +177,7 @@ def test_a_body_is_bounded_request_by_request(case: str, body: bytes, message: s
 
 def test_requests_are_split_whatever_their_strings_hold() -> None:
     """A request's end is where its brackets close, not where a string holds `},{"custom_id"`; requests
-    larger than the window read at a time, escaped quotes and long integers come through as sent."""
+    larger than a chunk read at a time, escaped quotes and long integers come through as sent."""
     tricky = '"}, {"custom_id": "fake", "params": {}}, {\\"'
     params: list[Any] = [{"text": tricky}, {"big": "x" * 3_000_000, "n": 12345678901234567890123},
                          {"pad": [{}] * 5_000, "q": '\\"]}'}]
@@ -213,9 +213,9 @@ BODY_LAYOUTS = [
 @pytest.mark.parametrize("params_first", [False, True])
 @pytest.mark.parametrize(("case", "layout"), BODY_LAYOUTS, ids=[c[0] for c in BODY_LAYOUTS])
 def test_requests_are_split_whatever_their_layout(case: str, layout: dict[str, Any], params_first: bool) -> None:
-    """Where a request ends is guessed from the next request's first key and checked: whatever the spaces
-    between requests, the keys' order, and values that are the keys' own names (each a place the guess
-    refuses), every request comes through whole and in order."""
+    """Requests are read by a JSON tokenizer, not found by their text: whatever the spaces between requests,
+    the keys' order, and values that are the keys' own names, every request comes through whole and in
+    order."""
     requests = [{"params": KEYS_AS_VALUES | {"i": i}, "custom_id": f"r{i}"} if params_first
                 else _request(f"r{i}", KEYS_AS_VALUES | {"i": i}) for i in range(40)]
     lines = _read(json.dumps({"requests": requests}, **layout).encode())
@@ -248,9 +248,8 @@ LARGE_LAYOUTS = [
 
 @pytest.mark.parametrize(("case", "layout"), LARGE_LAYOUTS, ids=[c[0] for c in LARGE_LAYOUTS])
 def test_a_large_request_keeps_its_params_whatever_its_layout(case: str, layout: str) -> None:
-    """A request past the read window is written from its own text (never built whole), its line breaks
-    between tokens made spaces; any other layout (repeated or escaped keys) is written from its objects: the
-    line holds what JSON reads either way."""
+    """A request longer than the tokenizer's chunks, in any layout (pretty, params first, repeated or escaped
+    keys), is written as JSON reads it: the last of a repeated key, an escaped key read as its name."""
     params = {"model": "m", "messages": [{"role": "user", "content": "x\ny" * 700_000}], "n": 2 ** 70}
     text = json.dumps(params, indent=1)
     body = ('{"requests": [' + layout % text + ', {"custom_id": "small", "params": {}}]}').encode()
