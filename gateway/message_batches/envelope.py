@@ -47,8 +47,6 @@ _MAX_CHUNK = 8 * 1024 * 1024
 _LINES_PER_WRITE = 500
 # The C tokenizer, named: the pure-Python backends would hold the same bounds at several times the CPU.
 _YAJL = ijson.get_backend("yajl2_c")
-_CONTAINERS = frozenset(("start_map", "start_array"))
-_ENDS = frozenset(("end_map", "end_array"))
 
 Events = Iterator[tuple[str, Any]]
 
@@ -86,52 +84,55 @@ class _Stream:
         self._from = None if index is None else self.done
 
 
-def _number(value: Any) -> Any:
-    """yajl's number as orjson reads it: integers exact, the rest a float (`Decimal` would not write)."""
-    if type(value) is Decimal:
-        return float(value)  # a finite one: yajl refuses 1e400 itself
-    return value
-
-
 def _build(events: Events, index: int) -> dict[str, Any]:
     """The request whose `start_map` was just read, built from its events, its values and depth counted on
     the way (a container is placed in its parent as it opens, so the counts hold before it fills)."""
     root: dict[str, Any] = {}
     parents: list[Any] = []
     top: Any = root
+    in_map = True  # whether `top` is a dict (kept beside it: a test of the type per event costs more)
     key: Any = None
-    values = 1
+    room = MAX_REQUEST_VALUES - 1  # values the request may still hold
+    depth_room = _REQUEST_DEPTH - 1  # levels it may still open
     for event, value in events:
         if event == "map_key":
             key = value
-            continue
-        if event in _ENDS:
+        elif event == "end_map" or event == "end_array":
             if not parents:
                 return root
             top = parents.pop()
-            continue
-        values += 1
-        if values > MAX_REQUEST_VALUES:
-            raise EnvelopeError(f"requests.{index}: more than {MAX_REQUEST_VALUES} values (objects, lists and their "
-                                "members) in one request.")
-        if event in _CONTAINERS:
-            if len(parents) + 1 >= _REQUEST_DEPTH:
-                raise EnvelopeError(f"requests.{index}.params: nested more than {MAX_PARAMS_DEPTH} levels deep.")
+            in_map = type(top) is dict
+            depth_room += 1
+        elif event == "start_map" or event == "start_array":
+            room -= 1
+            depth_room -= 1
+            if room < 0 or depth_room < 0:
+                _over(index, room)
             new: Any = {} if event == "start_map" else []
-            if type(top) is dict:
+            if in_map:
                 top[key] = new
             else:
                 top.append(new)
             parents.append(top)
-            top = new
-            continue
-        if event == "number":
-            value = _number(value)
-        if type(top) is dict:
-            top[key] = value
+            top, in_map = new, event == "start_map"
         else:
-            top.append(value)
+            room -= 1
+            if room < 0:
+                _over(index, room)
+            if event == "number" and type(value) is Decimal:
+                value = float(value)  # a finite one: yajl refuses 1e400 itself; integers stay exact
+            if in_map:
+                top[key] = value
+            else:
+                top.append(value)
     raise NotJson("The request body is not valid JSON (it ends inside a request).")
+
+
+def _over(index: int, room: int) -> None:
+    if room < 0:
+        raise EnvelopeError(f"requests.{index}: more than {MAX_REQUEST_VALUES} values (objects, lists and their "
+                            "members) in one request.")
+    raise EnvelopeError(f"requests.{index}.params: nested more than {MAX_PARAMS_DEPTH} levels deep.")
 
 
 def _request(data: Any, index: int) -> MessageBatchRequest:
