@@ -3,7 +3,9 @@
 A fresh `serve` (one worker: the API process is what is measured) gets, from team alpha, a `--mb-requests`
 request, `--mb-size-mb` MB `POST /v1/messages/batches` of normal requests (a user message of filler text),
 then one of the same size and request count whose params are pathological (a list of `{}`, the issue's
-shape, each request within the bound on values). For each: the API process's peak RSS over its idle RSS
+shape, each request within the bound on values), then escape-heavy ones (issue 45: one request of one long
+string of escapes, `\\ud83d\\ude00\\n\\"…`, up to 30 MB; and `--mb-requests` requests of escaped text, the
+same size in all). For each: the API process's peak RSS over its idle RSS
 (aim: <= 2x the body + 50 MB), the largest growth of one validation process (the body is read in one of
 them, off the API's loop: the same bound holds there), the create's wall (aim for the normal one: <= 1.2x the
 code before issue 34: run the same command with PYTHONPATH pointing at that checkout), and team beta's
@@ -36,6 +38,28 @@ MODEL = "gpt-mini"
 TEAMS = [{"team_id": "alpha", "api_keys": ["sk-alpha"]}, {"team_id": "beta", "api_keys": ["sk-beta"]}]
 MIB = 1024 * 1024
 _SLICE = MIB  # the body is sent this much at a time (see `_slices`)
+
+
+_ESCAPES = b"\\ud83d\\ude00\\n\\\"\\u0041\\t"  # a surrogate pair, a line break, a quote, a letter, a tab
+_ONE_REQUEST_MAX = 30 * MIB  # one request stays under the Messages API's 32 MB
+
+
+def _escaped(length: int) -> bytes:
+    """A JSON string's text (no quotes) of `length` bytes or a few less, escapes all through."""
+    return _ESCAPES * max(length // len(_ESCAPES), 1)
+
+
+def _bodies(kind: str, requests: int, size: int) -> list[tuple[str, bytes]]:
+    """The bodies one kind measures, named: `escapes` is two (one request of one long escaped string, and
+    `requests` requests each with escaped text)."""
+    if kind != "escapes":
+        return [(kind, _body(requests, size, kind == "pathological"))]
+    one = b'{"requests":[{"custom_id":"e","params":{"model":"%s","max_tokens":8,"messages":[{"role":"user",' \
+        b'"content":"%s"}]}}]}' % (MODEL.encode(), _escaped(min(size, _ONE_REQUEST_MAX) - 120))
+    each = max(size // requests - 120, len(_ESCAPES))
+    parts = (b'{"custom_id":"r%d","params":{"model":"%s","max_tokens":8,"messages":[{"role":"user",'
+             b'"content":"%s"}]}}' % (i, MODEL.encode(), _escaped(each)) for i in range(requests))
+    return [("escapes/one", one), (f"escapes/{requests}", b'{"requests":[' + b",".join(parts) + b"]}")]
 
 
 def _body(requests: int, size: int, pathological: bool) -> bytes:
@@ -136,7 +160,7 @@ def _probe_process(gw: Gateway) -> Iterator[list[float]]:
 
 
 def message_batch_create(requests: int, size_mb: int, repeat: int = 1,
-                         kinds: tuple[str, ...] = ("normal", "pathological")) -> None:
+                         kinds: tuple[str, ...] = ("normal", "pathological", "escapes")) -> None:
     """Each kind `repeat` times on one server; with several, the medians too (wall, peak over idle, p99).
     `kinds=("normal",)` alone for the code before issue 34, which would hold the pathological body as Python
     objects (several GB)."""
@@ -148,19 +172,19 @@ def message_batch_create(requests: int, size_mb: int, repeat: int = 1,
                                 max_file_bytes=size * 2 + 64 * MIB)
         with start_gateway(config, Path(tmp) / "data", workers=1) as gw:
             for kind in kinds:
-                body = _body(requests, size, kind == "pathological")
-                walls, peaks, p99s = [], [], []
-                for _ in range(repeat):
-                    idle, peak, wall, lat, status, child = _measure(gw, body)
-                    walls.append(wall)
-                    peaks.append(peak - idle)
-                    p99s.append(lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan"))
-                    _report(kind, body, idle, peak, wall, lat, status, child)
-                if repeat > 1:
-                    wall, over, p99 = statistics.median(walls), statistics.median(peaks), statistics.median(p99s)
-                    print(f"  {kind:12s} MEDIAN of {repeat}: wall {wall:6.2f} s  peak RSS over idle {over / MIB:7.1f} "
-                          f"MiB  beta p99 {1000 * p99:6.1f} ms", flush=True)
-                del body
+                for name, body in _bodies(kind, requests, size):
+                    walls, peaks, p99s = [], [], []
+                    for _ in range(repeat):
+                        idle, peak, wall, lat, status, child = _measure(gw, body)
+                        walls.append(wall)
+                        peaks.append(peak - idle)
+                        p99s.append(lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan"))
+                        _report(name, body, idle, peak, wall, lat, status, child)
+                    if repeat > 1:
+                        wall, over, p99 = statistics.median(walls), statistics.median(peaks), statistics.median(p99s)
+                        print(f"  {name:12s} MEDIAN of {repeat}: wall {wall:6.2f} s  peak RSS over idle "
+                              f"{over / MIB:7.1f} MiB  beta p99 {1000 * p99:6.1f} ms", flush=True)
+                    del body
     print(f"  load average {os.getloadavg()[0]:.1f} (1 min)")
 
 

@@ -18,8 +18,9 @@ ms; the file's last line is bad, so the batch fails once validated and never
 runs), with the load average. `--validation-only` measures only that. `--during-run`: another team's
 `GET /v1/batches` while a `--run-lines`-line batch runs on an upstream route, embedded then shared
 (bench/_during_run.py). `--message-batch-create`: one `--mb-size-mb` MB Message Batch create of normal
-requests, then one of pathological objects: the API's peak RSS over idle (and a validation process's, where the
-body is read), the create's wall, another team's `GET /v1/models` p50/p99 (bench/_message_batch_create.py).
+requests, then one of pathological objects, then escape-heavy ones: the API's peak RSS over idle (and a
+validation process's, where the body is read), the create's wall, another team's `GET /v1/models` p50/p99
+(bench/_message_batch_create.py).
 Not a test: a shared 2-core machine is noisy; the upstream runs beside it.
 """
 
@@ -169,14 +170,15 @@ def main() -> None:
     parser.add_argument("--run-lines", type=int, default=500_000, help="--during-run: the batch's lines")
     parser.add_argument("--run-seconds", type=float, default=60.0, help="--during-run: the measurement window")
     parser.add_argument("--message-batch-create", action="store_true",
-                        help="measure only one large Message Batch create (normal, then pathological objects)")
+                        help="measure only one large Message Batch create (normal, pathological objects, escapes)")
     parser.add_argument("--mb-requests", type=int, default=100_000, help="--message-batch-create: its requests")
     parser.add_argument("--mb-size-mb", type=int, default=200, help="--message-batch-create: its body's size")
     parser.add_argument("--mb-repeat", type=int, default=1, help="--message-batch-create: creates of each kind "
                         "(medians printed past one)")
-    parser.add_argument("--mb-kinds", default="normal,pathological",
-                        help="--message-batch-create: which bodies, comma-separated (normal alone for the code "
-                        "before issue 34, which holds a pathological body as Python objects)")
+    parser.add_argument("--mb-kinds", default="normal,pathological,escapes",
+                        help="--message-batch-create: which bodies, comma-separated: normal, pathological, escapes "
+                        "(one request of one long escaped string, and --mb-requests requests of escaped text); "
+                        "normal alone for the code before issue 34, which holds a pathological body as Python objects)")
     args = parser.parse_args()
     if args.message_batch_create:
         from bench._message_batch_create import message_batch_create

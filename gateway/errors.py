@@ -12,6 +12,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.env_values import redacted
+
 
 class LineCode(str, enum.Enum):
     """Validation codes of OpenAI's (and Azure's) batch API."""
@@ -62,8 +64,9 @@ class ConfigError(Exception):
     """A config file that can't be used; the message names the file and the key."""
 
     def __init__(self, path: str, key: str, problem: str) -> None:
-        self.path, self.key, self.problem = path, key, problem
-        super().__init__(f"{path}: {key}: {problem}")
+        # a value the config took from the environment is never shown, whatever the key (gateway.env_values)
+        self.path, self.key, self.problem = path, key, redacted(problem)
+        super().__init__(f"{path}: {key}: {self.problem}")
 
 
 class GatewayError(Exception):

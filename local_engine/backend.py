@@ -27,6 +27,7 @@ from gateway.backends.interface import BackendUnavailable
 from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.lines.body_fields import unknown_field, unrecognized, unsupported
 from gateway.lines.media_urls import refused_media
+from gateway.log_safe import escaped
 from gateway.scheduling.engine_priority import with_priority
 from gateway.scheduling.fairness import FairSlots, current_share
 from local_engine.ordering import group_by_prefix
@@ -237,7 +238,7 @@ async def _run_one(serving: ServingLayer, req: BatchRequest, body: dict[str, Any
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # reply() catches everything it can; this is a last guard
-        log.exception("local engine: request %s failed", req.custom_id)
+        log.exception("local engine: request %s failed", escaped(req.custom_id))
         from local_engine.serving import error_reply
 
         status, body = error_reply(exc)

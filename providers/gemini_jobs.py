@@ -36,6 +36,7 @@ from typing import Any
 from gateway.config.endpoints import NATIVE_JOBS
 from gateway.config.entries import NativeModelInfo
 from gateway.domain import BatchRequest
+from gateway.log_safe import escaped
 from providers.gemini_content import GeminiContent
 from providers.openai_batches import Part, call_with_retries, upstream_custom_id
 from providers.upstream_errors import describe_error, error_message
@@ -199,9 +200,10 @@ class GeminiJobs(GeminiContent):
                 await http_json("DELETE", self._file_url(name), self._headers(), self._kwargs.get("timeout"))
             except UpstreamHTTPError as exc:
                 if exc.status_code != 404:
-                    log.warning("native: deleting Gemini file %s failed: %s %s", name, exc.status_code, exc.message)
+                    log.warning("native: deleting Gemini file %s failed: %s %s", escaped(name), exc.status_code,
+                                escaped(exc.message))
             except Exception as exc:  # the results are out already: a lost connection leaves the file to Google
-                log.warning("native: deleting Gemini file %s failed: %s", name, describe_error(exc))
+                log.warning("native: deleting Gemini file %s failed: %s", escaped(name), escaped(describe_error(exc)))
 
     def _result(self, custom_id: str, item: dict[str, Any]) -> dict[str, Any]:
         """One request's outcome (`response`: a `GenerateContentResponse`; `error`: a `google.rpc.Status`) as an

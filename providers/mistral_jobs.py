@@ -21,6 +21,7 @@ from typing import Any
 
 from gateway.config.endpoints import NATIVE_JOBS
 from gateway.domain import BatchRequest, Endpoint, Result
+from gateway.log_safe import escaped
 from providers.openai_batches import (
     Part,
     call_with_retries,
@@ -123,7 +124,7 @@ class MistralJobs:
                 try:
                     obj = json.loads(raw)
                 except ValueError:
-                    log.warning("native: Mistral file %s: a result line is not JSON", file_id)
+                    log.warning("native: Mistral file %s: a result line is not JSON", escaped(file_id))
                     continue
                 yield _openai_error_shape(obj)
 

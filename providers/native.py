@@ -37,6 +37,7 @@ from gateway.lines.body_fields import unknown_field, unrecognized, unsupported, 
 from gateway.lines.budget import over_budget_now
 from gateway.lines.media_urls import internal_deployment, refused_media
 from gateway.lines.stops import OVER_BUDGET, stop_reason
+from gateway.log_safe import escaped
 from gateway.store.protocols import Store
 from gateway.tracing import genai
 from providers.openai_batches import (
@@ -271,11 +272,12 @@ class NativeBatchBackend:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("native shard %s: creating an upstream batch failed: %s", shard.key, describe_error(exc))
+            log.warning("native shard %s: creating an upstream batch failed: %s", shard.key,
+                        escaped(describe_error(exc)))
             return f"creating the upstream batch failed: {describe_error(exc)}"
         await save()
-        log.info("native shard %s: upstream batch %s (%d requests, %s)", shard.key, part.batch_id, len(part.lines),
-                 jobs.provider)
+        log.info("native shard %s: upstream batch %s (%d requests, %s)", shard.key, escaped(part.batch_id),
+                 len(part.lines), jobs.provider)
         return None
 
     async def _find(self, jobs: UpstreamJobs, part: Part) -> bool:
@@ -305,8 +307,8 @@ class NativeBatchBackend:
                 except Exception as exc:
                     errors[part.batch_id] = errors.get(part.batch_id, 0) + 1
                     if retryable(exc) and errors[part.batch_id] < _MAX_POLL_ERRORS:
-                        log.warning("native shard %s: polling %s failed: %s", shard.key, part.batch_id,
-                                    describe_error(exc))
+                        log.warning("native shard %s: polling %s failed: %s", shard.key, escaped(part.batch_id),
+                                    escaped(describe_error(exc)))
                         continue
                     job = JobState(status="failed", why=f"polling it failed: {describe_error(exc)}")
                 else:
@@ -353,7 +355,7 @@ class NativeBatchBackend:
                 raise  # transient: the runner runs the shard again, which reads this job again
             why = f"reading its results failed: {describe_error(exc)}"
             status = "failed"
-            log.warning("native: upstream batch %s: %s", part.batch_id, why)
+            log.warning("native: upstream batch %s: %s", escaped(part.batch_id), escaped(why))
         for line in part.lines:
             if line not in seen and line in by_line:
                 yield missing_result(by_line[line], status, part.batch_id or "?", why, job.code)
@@ -369,7 +371,7 @@ class NativeBatchBackend:
             if batch is None or stop_reason(batch) is None:
                 return  # a shutdown: they keep running and are polled again after a restart
         except Exception as exc:
-            log.warning("native shard %s: cannot tell why it stopped: %s", shard.key, describe_error(exc))
+            log.warning("native shard %s: cannot tell why it stopped: %s", shard.key, escaped(describe_error(exc)))
             return
         for part in parts:
             if part.batch_id is None and part.file_id is not None:
@@ -379,10 +381,10 @@ class NativeBatchBackend:
             batch_id = part.batch_id
             try:
                 await asyncio.wait_for(call_with_retries(functools.partial(jobs.cancel, batch_id)), _CANCEL_TIMEOUT)
-                log.info("native shard %s: cancelled upstream batch %s", shard.key, batch_id)
+                log.info("native shard %s: cancelled upstream batch %s", shard.key, escaped(batch_id))
             except Exception as exc:  # best effort: the upstream job ends by itself within its window
-                log.warning("native shard %s: cancelling upstream batch %s failed: %s", shard.key, batch_id,
-                            describe_error(exc))
+                log.warning("native shard %s: cancelling upstream batch %s failed: %s", shard.key, escaped(batch_id),
+                            escaped(describe_error(exc)))
 
 
 __all__ = ["NativeBatchBackend", "drop_native_state", "jobs_class", "native_route_summary"]

@@ -14,6 +14,7 @@ from typing import Any
 
 from gateway.config.endpoints import NATIVE_JOBS
 from gateway.domain import BatchRequest, Endpoint, Result
+from gateway.log_safe import escaped
 from providers.openai_batches import (
     Part,
     call_with_retries,
@@ -86,7 +87,7 @@ class OpenAIJobs:
                 try:
                     yield json.loads(raw)
                 except ValueError:
-                    log.warning("native: upstream file %s: a result line is not JSON", file_id)
+                    log.warning("native: upstream file %s: a result line is not JSON", escaped(file_id))
 
     async def cancel(self, batch_id: str) -> None:
         await self._litellm.acancel_batch(batch_id=batch_id, **self._kwargs)

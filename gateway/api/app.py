@@ -156,5 +156,6 @@ def create_app(runtime: Runtime, *, manage_runtime: bool = False, workers: Super
     app.include_router(_health)
     dashboard.install(app)
     scrape.install(app)
-    tracing.instrument_app(app)  # a SERVER span per request, with tracing on (gateway.tracing.api_spans)
+    # a SERVER span per request, with tracing on (gateway.tracing.api_spans); the caller's trace a link on it
+    tracing.instrument_app(app, trust_caller_trace=runtime.config.batch.trust_caller_trace)
     return app

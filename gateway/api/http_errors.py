@@ -21,6 +21,7 @@ from starlette.routing import Match
 
 from gateway import metrics
 from gateway.errors import Conflict, GatewayError, InvalidRequest, NotFound, OverQuota, TooLarge, shown
+from gateway.log_safe import escaped
 from gateway.store.faults import MachineFault, StorageUnavailable, machine_fault, once_a_minute
 
 log = logging.getLogger("batchyard.api")
@@ -165,12 +166,12 @@ def storage_fault(request: Request, exc: Exception, status: int) -> MachineFault
     with its traceback. Each API family answers it in its own shape, with `status`."""
     fault = machine_fault(exc)
     if fault is None:
-        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        log.error("%s %s failed", escaped(request.method), escaped(request.url.path), exc_info=exc)
         return None
     metrics.observe_machine_fault(fault.kind)
     if once_a_minute(f"api:{fault.kind}"):
-        log.warning("%s unavailable (%s: %s); answering %d to %s %s", fault.service, fault.words, fault.detail,
-                    status, request.method, request.url.path)
+        log.warning("%s unavailable (%s: %s); answering %d to %s %s", fault.service, fault.words,
+                    escaped(fault.detail), status, escaped(request.method), escaped(request.url.path))
     return fault
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.http_errors import unexpected_error_response
+from gateway.log_safe import escaped
 
 log = logging.getLogger("batchyard.access")
 
@@ -69,16 +70,17 @@ def _log_request(scope: Scope, request_id: str, status: int, seconds: float) -> 
     peer = scope.get("client")
     where = f"{peer[0]}:{peer[1]}" if peer else "-"
     query = scope.get("query_string", b"").decode("latin-1")
-    # the query carries no secret (keys come in headers); it is kept to tell list pages apart
-    target = scope.get("path", "") + (f"?{query}" if query else "")
+    # the query carries no secret (keys come in headers); it is kept to tell list pages apart. The path is
+    # decoded (`%0a` is a line break): escaped, so a caller never writes a line of the log.
+    target = escaped(scope.get("path", "") + (f"?{query}" if query else ""))
     extra = f" client_request_id={client}" if client else ""
-    log.info('%s "%s %s" %d %.1fms request_id=%s%s', where, scope.get("method", "-"), target, status or 500,
+    log.info('%s "%s %s" %d %.1fms request_id=%s%s', where, escaped(scope.get("method", "-")), target, status or 500,
              seconds * 1000, request_id, extra)
 
 
 def _client_request_id(headers: Any) -> str | None:
     for key, value in headers:
         if key.lower() == _CLIENT_HEADER:
-            text = value.decode("latin-1")[:_CLIENT_ID_MAX]
-            return "".join(c if c.isprintable() and c != " " else "_" for c in text)  # one log line, no injection
+            # one log line, and one field of it: control characters escaped, spaces made `_`
+            return escaped(value.decode("latin-1")[:_CLIENT_ID_MAX]).replace(" ", "_")
     return None

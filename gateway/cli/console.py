@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+from gateway.log_safe import EscapeArgs, escape_every_handler
+
 _OUR_LOGGERS = ("gateway", "local_engine", "providers")
 
 _terminal: TextIO | None = None
@@ -70,6 +72,7 @@ def setup(*, verbose: bool, log_file: str | None = None, own_process: bool = Tru
     if verbose or not own_process:
         logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+        escape_every_handler()
         return None
     root = logging.getLogger()
     for handler in list(root.handlers):
@@ -94,8 +97,10 @@ def setup(*, verbose: bool, log_file: str | None = None, own_process: bool = Tru
     ours = logging.StreamHandler(_terminal)
     ours.setLevel(logging.WARNING)
     ours.setFormatter(_Ours())
+    ours.addFilter(EscapeArgs())
     for name in _OUR_LOGGERS:
         logging.getLogger(name).addHandler(ours)
+    escape_every_handler()
     return path
 
 

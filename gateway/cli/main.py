@@ -19,6 +19,7 @@ from gateway.cli.loop import loop_factory
 from gateway.config.notices import notice_text
 from gateway.config.schema import Config, load_config, local_model_config
 from gateway.errors import ConfigError, GatewayError
+from gateway.log_safe import escape_every_handler
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_DELIVERY, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 REDIS_URL_ENV = "BATCHYARD_REDIS_URL"  # serve's and worker's --redis-url, where a flag would show its password
@@ -303,6 +304,7 @@ def _main(argv: list[str] | None) -> int:
     elif args.command == "worker":
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+        escape_every_handler()
     quiet_libraries(args.verbose)
     try:
         if args.command == "run":

@@ -29,6 +29,7 @@ from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
 from gateway.config.notices import notice_text
 from gateway.config.schema import Config, load_config
+from gateway.log_safe import escape_every_handler
 
 if TYPE_CHECKING:
     from gateway.runtime.runtime import Runtime
@@ -90,6 +91,7 @@ async def _serve(
             forwarded_allow_ips=forwarded_allow_ips,
         )
     )
+    escape_every_handler("uvicorn", "uvicorn.error", "uvicorn.access")  # uvicorn's Config set its handlers up
     log.info("batchyard serving on http://%s:%d (%s)", host, port, where)
     if config.notices:  # once, at start (and in /health for the master key)
         log.warning("%s", notice_text(config.notices))
@@ -122,6 +124,7 @@ def serve(
     # force: the level asked for wins over any logging set up before (a caller's, or a library's import)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         force=True)
+    escape_every_handler()
     _quiet_libraries(log_level)
     heap = StartupHeap()  # `serve` is a process of its own: its start-up heap is frozen once it has started
     heap.pause()

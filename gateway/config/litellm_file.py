@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from gateway.config.notices import Notice
+from gateway.env_values import remember
 from gateway.errors import ConfigError
 
 INCLUDE, ENVIRONMENT = "include", "environment_variables"
@@ -117,8 +118,10 @@ def apply_environment(config: dict[str, Any], path: str) -> tuple[dict[str, Any]
             copied = os.environ.get(value[len(ENV_PREFIX):])
             if copied is not None:
                 os.environ[name] = copied
+                remember(copied)
             continue
         os.environ[name] = "" if value is None else str(value)  # LiteLLM's str(value): `true` is "True"
+        remember(os.environ[name])  # never shown in an error or a log (gateway.env_values)
     return rest, notices
 
 

@@ -17,6 +17,7 @@ from pydantic_core import ErrorDetails
 
 from gateway.config.entries import ENTRY_MODELS, ENTRY_TAGS
 from gateway.config.notices import unknown_key
+from gateway.env_values import from_environment
 from gateway.errors import ConfigError
 
 _SECRET = ("key", "secret", "password", "token")
@@ -102,7 +103,8 @@ def _problem(error: ErrorDetails, root: type[BaseModel]) -> str:
         message = f"must be greater than {error['ctx'].get('gt', error['ctx'].get('ge'))}"
         if error["ctx"].get("gt") == 0:
             message = "must be a positive number" if _holds_float(root, loc) else "must be a positive integer"
-    if kind in ("missing", "extra_forbidden") or any(s in str(p).lower() for p in loc for s in _SECRET):
+    if kind in ("missing", "extra_forbidden") or any(s in str(p).lower() for p in loc for s in _SECRET) \
+            or from_environment(error["input"]):
         return message
     if kind in _MESSAGES or kind.startswith(("greater_than", "literal")):
         return f"{message}, got {error['input']!r}"

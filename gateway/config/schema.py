@@ -40,6 +40,7 @@ from gateway.config.sections import (
     check_router_settings,
 )
 from gateway.config.wildcards import Resolver, hidden_aliases, is_pattern, pattern_refusal
+from gateway.env_values import remember
 from gateway.errors import ConfigError
 
 _ENV_PREFIX = "os.environ/"
@@ -142,6 +143,7 @@ def _resolve(value: Any, path: str, key: str) -> Any:
         name = value[len(_ENV_PREFIX):]
         if name not in os.environ:
             raise ConfigError(path, key, f"environment variable {name} is not set")
+        remember(os.environ[name])  # never shown in an error or a log, whatever the key
         return os.environ[name]
     if isinstance(value, dict):
         return {k: _resolve(v, path, f"{key}.{k}" if key else str(k)) for k, v in value.items()}

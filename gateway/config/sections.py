@@ -220,6 +220,10 @@ class BatchSettings(Strict):
     """How webhook deliveries are retried."""
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     """OpenTelemetry traces: request sampling and content capture (switched on by the `OTEL_*` variables)."""
+    trust_caller_trace: bool = False
+    """Continue a caller's W3C `traceparent` (its trace id and sampled flag become the batch's). False: a
+    caller is another team's program, so its `traceparent` is a link on the batch's own root span. Either way
+    a caller's `tracestate` and `baggage` are never sent on to an upstream (`gateway.tracing.caller_trace`)."""
     strict_config: bool = False
     """Refuse to load a config holding LiteLLM settings batchyard does not apply (as `--strict-config` does);
     false: load it and name them once at start (stderr for `run`, the log and `/health` for `serve`)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
+import re
 import socket
 import time
 from collections.abc import Collection, Iterator, Mapping
@@ -33,8 +34,15 @@ from urllib.parse import urlsplit
 from gateway.domain import BatchRequest, Result
 
 # Keys whose string value is a URL that a server fetches (OpenAI's and vLLM's content parts, both shapes:
-# `{"image_url": {"url": ...}}` and the Responses API's `{"image_url": "..."}`).
+# `{"image_url": {"url": ...}}` and the Responses API's `{"image_url": "..."}`; Anthropic's `source.url`).
 _URL_KEYS = frozenset({"url", "image_url", "audio_url", "video_url", "file_url"})
+# Keys that hold an id or inline bytes, but that LiteLLM (1.110.2) fetches when the value is a URL: a chat
+# `file` part's `file.file_id` and `file.file_data`, a `file` given as a plain string, the part's own
+# `file_data`, and the Responses API's `input_file.file_data` and `file_id` (its Gemini, Vertex, Anthropic
+# and Bedrock translations: litellm_core_utils/prompt_templates/factory.py). Held to the same rule when
+# their value is written as a URL (`scheme://…`); an id (`file-abc`) or a `data:` URL is no fetch.
+_ID_KEYS = frozenset({"file", "file_id", "file_data"})
+_URL_FORM = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _INLINE_SCHEMES = frozenset({"data", "file"})
 _MAX_DEPTH = 64  # message content is shallow; a deeper body is walked no further (validation bounds it anyway)
 _START_LOOKUP_SECONDS = 3.0  # a route's api_base host, looked up once when its backend starts
@@ -54,6 +62,9 @@ def fetched_urls(body: Any, path: str = "", depth: int = 0) -> Iterator[tuple[st
                 scheme = value.partition(":")[0].lower() if ":" in value else ""
                 if scheme and scheme not in _INLINE_SCHEMES:
                     yield where, value
+            elif key in _ID_KEYS and isinstance(value, str):
+                if _URL_FORM.match(value.lstrip()) and value.lstrip().partition(":")[0].lower() not in _INLINE_SCHEMES:
+                    yield where, value.lstrip()
             else:
                 yield from fetched_urls(value, where, depth + 1)
     elif isinstance(body, list):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway.domain import MAX_USAGE_TOKENS, Result, billable
+from gateway.log_safe import escaped
 from gateway.metrics.multiproc import multiprocess_dir, process_exited, reserve_value_files
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ def observe_results(team: str, route: str, results: Iterable[Result]) -> None:
         m.usage_rejected.labels(route).inc(refused)
         # Which route, how many; never the reply itself (it is the team's data).
         log.warning("route %s (team %s): %d replies reported a usage that is not sane non-negative integers (at "
-                    "most %d tokens); counted as zero tokens", route, team, refused, MAX_USAGE_TOKENS)
+                    "most %d tokens); counted as zero tokens", escaped(route), escaped(team), refused, MAX_USAGE_TOKENS)
     if tokens_in:
         m.tokens.labels(team, route, "input").inc(tokens_in)
     if tokens_out:

@@ -23,6 +23,7 @@ from gateway.config.schema import Config
 from gateway.domain import BatchRequest, Endpoint, Result, Shard
 from gateway.errors import LINE_HTTP_STATUS, LineCode, LineError
 from gateway.json_codec import dumps
+from gateway.log_safe import escaped
 from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, line_failure
 from gateway.store.lines import Overlong, split_lines
 from gateway.store.protocols import Blobs, BlobWriter
@@ -187,7 +188,7 @@ class Planner:
             cid, line = self._checker.first_repeat or ("", 0)
             log.warning(
                 "%d line(s) repeat a custom_id seen before (first: %r on line %d); each is answered in its "
-                "own input position, as vLLM's run_batch does", self._checker.repeats, cid, line,
+                "own input position, as vLLM's run_batch does", self._checker.repeats, escaped(cid), line,
             )
 
     def _check_chunk(self, chunk: list[bytes | Overlong], before: int) -> list[tuple[int, Checked, bytes]]:

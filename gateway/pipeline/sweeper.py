@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from typing import Any
 
 from gateway.domain import BatchStatus
+from gateway.log_safe import escaped
 from gateway.pipeline.batch_service import BatchService
 from gateway.pipeline.finalizer import Finalizer
 from gateway.pipeline.lifecycle import for_queue
@@ -86,7 +87,7 @@ class Sweeper:
             except Exception as exc:
                 fault = machine_fault(exc)
                 if fault is None:
-                    log.warning("%s failed: %s", getattr(step, "__name__", step), exc)
+                    log.warning("%s failed: %s", getattr(step, "__name__", step), escaped(exc))
                     continue
                 notice(fault.kind)  # for the dashboard: "waiting: disk full since 10:02"
                 self._noticed.add(fault.kind)

@@ -2,9 +2,10 @@
 
 A batch lives for hours and passes through several processes, so no one span can cover its life. Instead:
 
-- `batch_create`: a short `batch.create` span at create (a child of the API's SERVER span, so of the
-  caller's `traceparent`); its context is stored with the batch record (`BatchRecord.trace_context`, W3C
-  `traceparent`/`tracestate`, in both stores).
+- `batch_create`: a short `batch.create` span at create (a child of the API's SERVER span, the root of the
+  batch's trace; the caller's `traceparent` is a link on both: `gateway.tracing.caller_trace`); its context
+  is stored with the batch record (`BatchRecord.trace_context`, W3C `traceparent`/`tracestate`, in both
+  stores).
 - `stage`: each later stage (`batch.validate`, `batch.finalize`) is a child of that stored context, in
   whichever process runs it; `status_event` marks a status change on the stage's span.
 - `shard_span`: a span per shard attempt (route, team, lines, attempt), a child of the stored context; the
@@ -25,12 +26,13 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gateway.tracing import genai
+from gateway.tracing.caller_trace import caller_link
 from gateway.tracing.sampling import request_ratio
 from gateway.tracing.switch import STATE
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.trace import Span
+    from opentelemetry.trace import Link, Span
 
     from gateway.domain import Shard
     from gateway.store.objects import BatchRecord
@@ -100,11 +102,11 @@ def stored_context(batch: BatchRecord | None) -> Context | None:
 
 @contextlib.contextmanager
 def _span(name: str, context: Context | None, attributes: dict[str, Any], kind: SpanKind = SpanKind.INTERNAL,
-          fault: Callable[[Exception], str | None] | None = None) -> Iterator[Span]:
+          fault: Callable[[Exception], str | None] | None = None, links: list[Link] | None = None) -> Iterator[Span]:
     """A current span; an exception marks it ERROR with `error.type` (its class) and, when `fault` names one,
     `batchyard.machine_fault`. The exception's message is not recorded: it may quote a line."""
     assert STATE.tracer is not None
-    with STATE.tracer.start_as_current_span(name, context=context, kind=kind, attributes=attributes,
+    with STATE.tracer.start_as_current_span(name, context=context, kind=kind, attributes=attributes, links=links,
                                             record_exception=False, set_status_on_exception=False) as span:
         try:
             yield span
@@ -127,7 +129,12 @@ def batch_create(batch: BatchRecord) -> Iterator[None]:
     if STATE.tracer is None:
         yield
         return
-    with _span("batch.create", None, _batch_attributes(batch)) as span:
+    link = caller_link()  # the caller's traceparent: a link, never the parent (gateway.tracing.caller_trace)
+    if link is not None:
+        root = trace.get_current_span()  # the API's span for the call: the root of the batch's trace
+        if root.is_recording():
+            root.add_link(link.context, link.attributes)
+    with _span("batch.create", None, _batch_attributes(batch), links=[link] if link is not None else None) as span:
         if span.get_span_context().is_valid:  # not sampled too: its stages then follow the decision
             batch.trace_context = carrier()
         yield

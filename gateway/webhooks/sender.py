@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import httpx
 
 from gateway.domain import BatchStatus
+from gateway.log_safe import escaped
 from gateway.store.protocols import WebhookDeliveries
 from gateway.store.webhook_deliveries import DELIVERED, FAILED, PENDING, SUPERSEDED, WebhookDelivery
 from gateway.webhooks.events import EVENT_TYPES, WebhookTarget, event_ids, payload, signed_headers
@@ -103,7 +104,7 @@ class WebhookSender:
             try:
                 await self.pass_once()
             except Exception as exc:  # the store or Redis is away for a moment: next pass
-                log.warning("webhook pass failed: %s", exc)
+                log.warning("webhook pass failed: %s", escaped(exc))
             await asyncio.sleep(self._every)
 
     async def pass_once(self) -> int:
@@ -130,7 +131,7 @@ class WebhookSender:
         try:
             await self._try(d)
         except Exception as exc:
-            log.warning("webhook %s: attempt failed: %s", d.id, exc)
+            log.warning("webhook %s: attempt failed: %s", d.id, escaped(exc))
         finally:
             self._in_flight.discard(d.id)
 

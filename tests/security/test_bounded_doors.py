@@ -6,6 +6,8 @@ read with psutil:
   (400) with the API's memory, and the reading process's, within twice the body + 50 MB, and so is an
   accepted body of the same shape spread over many requests; another team's `GET /v1/models` stays quick
   meanwhile;
+- so is a create of one long string of escapes (read by a streaming tokenizer, not regexes), and every
+  other JSON body the API parses, whatever its content;
 - a Message Batch's input counts against its team's own storage, refused in Anthropic's shape (429
   `rate_limit_error`) when over, before the body is read where its length says so; a retry's input and
   every batch's output and error files count too, one account per team;
@@ -158,6 +160,43 @@ def test_an_accepted_body_of_many_objects_stays_within_the_memory_bound(gateway:
     created = reply.json()
     assert created["request_counts"]["processing"] == 4000
     httpx.post(f"{gateway.url}/v1/messages/batches/{created['id']}/cancel", headers={"x-api-key": BETA}, timeout=30)
+
+
+def test_a_create_of_escapes_is_read_within_the_memory_bound(gateway: Gateway) -> None:
+    """One request of one 11.4 MB string of `\\ud83d\\ude00` escapes once took the reading process up by
+    244 MB (the splitter's regexes kept stack per escape): read by the streaming tokenizer, the create is
+    accepted with both processes within twice the body + 50 MB, and the request reads back as the emoji."""
+    text = b"\\ud83d\\ude00" * 1_000_000
+    body = b'{"requests": [{"custom_id": "e", "params": {"model": "gpt-mini", "max_tokens": 8, "messages": ' \
+        b'[{"role": "user", "content": "' + text + b'"}]}}]}'
+    with _Watch(gateway) as watch:
+        reply = _create(gateway, BETA, body)
+    assert reply.status_code == 200, reply.text
+    grown = watch.peak - watch.idle
+
+    assert grown <= 2 * len(body) + 50 * MIB, (grown, len(body))
+    assert watch.child_growth() <= 2 * len(body) + 50 * MIB, (watch.child_growth(), len(body))
+    assert watch.latencies and watch.p99() < 0.5, watch.latencies
+    httpx.post(f"{gateway.url}/v1/messages/batches/{reply.json()['id']}/cancel", headers={"x-api-key": BETA},
+               timeout=30)
+
+
+@pytest.mark.parametrize("shape", ["escapes", "empty objects"])
+def test_every_other_json_body_is_bounded_whatever_its_content(gateway: Gateway, shape: str) -> None:
+    """`POST /v1/batches`, the other JSON body the API parses (its `Idempotency-Key` is read from it too), is
+    cut at 1 MB as it streams and parsed by orjson within 32 levels: a body of escapes or of `{}`s just
+    under the cap is refused in OpenAI's shape with the API within twice the body + 50 MB."""
+    fill = b"\\ud83d\\ude00" * 87_000 if shape == "escapes" else \
+        b'", "pad": [' + b",".join([b"{}"] * 340_000) + b'], "x": "'
+    body = b'{"input_file_id": "file-nothere", "endpoint": "/v1/chat/completions", "completion_window": "24h", ' \
+        b'"metadata": {"note": "' + fill + b'"}}'
+    assert len(body) < MIB
+    with _Watch(gateway) as watch:
+        reply = httpx.post(gateway.url + "/v1/batches", content=body, timeout=60,
+                           headers={"Authorization": f"Bearer {BETA}", "content-type": "application/json"})
+    assert 400 <= reply.status_code < 500, reply.text
+    assert reply.json()["error"]["message"], reply.text
+    assert watch.peak - watch.idle <= 2 * len(body) + 50 * MIB, (watch.peak - watch.idle, len(body))
 
 
 def test_a_message_batch_over_the_teams_storage_is_a_429_in_anthropics_shape(gateway: Gateway) -> None:

@@ -1,9 +1,11 @@
 """Traces on the wire: a batch through `batchyard serve` (embedded, with a worker process; and shared, over
 Redis with a `batchyard worker`), its spans exported over OTLP/HTTP to a real receiver on loopback
 (`tests.fakes.otlp_receiver`, decoding the protobuf with opentelemetry-proto), switched on only by the standard
-variables. The trace is whole across the processes: the API's SERVER span continuing the caller's
-`traceparent`, the batch's create, validation (in a validation process), shards and finalize spans, the request
-spans with the GenAI attributes (in the worker), and the loopback upstream got each request's `traceparent`.
+variables. The trace is whole across the processes: the API's SERVER span (the root of the batch's own
+trace, the caller's `traceparent` a link on it; its parent only with `batch_settings.trust_caller_trace`), the
+batch's create, validation (in a validation process), shards and finalize spans, the request spans with the
+GenAI attributes (in the worker), and the loopback upstream got each request's `traceparent` and never the
+caller's `tracestate` or `baggage`.
 """
 
 from __future__ import annotations
@@ -53,6 +55,30 @@ def _caller_context() -> tuple[str, str]:
     return trace_id, f"00-{trace_id}-{span_id}-01"
 
 
+CALLER_HEADERS = {"tracestate": "caller=secret-state", "baggage": "team=alpha,secret=value"}
+
+
+def _caller_headers(traceparent: str) -> dict[str, str]:
+    return {"traceparent": traceparent, **CALLER_HEADERS}
+
+
+def _batch_trace(receiver: OTLPReceiver, traceparent: str) -> str:
+    """The trace id of the batch created under the caller's `traceparent`: a trace of the gateway's own, whose
+    root (the create call's SERVER span) links the caller's span."""
+    caller_trace, caller_span = traceparent.split("-")[1:3]
+
+    def linked() -> str | None:
+        roots = [s for s in receiver.spans if s.kind == "SERVER" and caller_span in s.links]
+        return roots[0].trace_id if roots else None
+
+    trace_id = eventually(linked, 60, "the create call's span, linking the caller's")
+    assert trace_id != caller_trace
+    [root] = [s for s in receiver.spans if s.trace_id == trace_id and s.kind == "SERVER"]
+    assert root.parent_span_id == ""  # the caller's span is a link, never the parent
+    assert not [s for s in receiver.spans if s.trace_id == caller_trace]  # no span joined the caller's trace
+    return trace_id
+
+
 def _check_trace(receiver: OTLPReceiver, upstream: Upstream, trace_id: str, batch_id: str, n: int,
                  sent_before: int) -> None:
     def whole() -> list[Span] | None:
@@ -94,20 +120,27 @@ def _check_trace(receiver: OTLPReceiver, upstream: Upstream, trace_id: str, batc
     assert len({s.resource["service.instance.id"] for s in spans}) >= 3  # api, validation, worker
     sent = upstream.stats()["traceparents"][sent_before:]
     assert sorted(p.split("-")[2] for p in sent if p.split("-")[1] == trace_id) == sorted(s.span_id for s in requests)
+    assert upstream.stats()["trace_headers"] == []  # the caller's tracestate and baggage never went on
     for span in receiver.spans:  # no line's text, key or header value in any span of any trace
         assert SECRET not in repr(span.attributes) + repr(span.events), span.name
         assert "authorization" not in repr(span.attributes).lower()
     assert not [s for s in receiver.spans if "/health" in s.name or "/metrics" in s.name]
 
 
+@pytest.mark.parametrize("trust", [False, True], ids=["a caller's traceparent is a link", "trusted, continued"])
 def test_a_batch_through_serve_is_one_trace_at_the_collector(upstream: Upstream, receiver: OTLPReceiver,
-                                                             tmp_path: Path) -> None:
-    trace_id, traceparent = _caller_context()
+                                                             tmp_path: Path, trust: bool) -> None:
+    caller_trace, traceparent = _caller_context()
     sent_before = len(upstream.stats()["traceparents"])
-    with start_gateway(gateway_config(upstream, models=(MODEL,), shard_size=3), tmp_path / "data", workers=1) as gw:
-        client = gw.client(None, default_headers={"traceparent": traceparent})
+    config = gateway_config(upstream, models=(MODEL,), shard_size=3, **({"trust_caller_trace": True} if trust else {}))
+    with start_gateway(config, tmp_path / "data", workers=1) as gw:
+        client = gw.client(None, default_headers=_caller_headers(traceparent))
         batch = submit(client, _lines(7))
         assert wait_batch(client, batch.id).status == "completed"
+        trace_id = caller_trace if trust else _batch_trace(receiver, traceparent)
+        [create] = eventually(lambda: [c for c in receiver.named("batch.create") if c.trace_id == trace_id] or None,
+                              30, "the batch's create span")
+        assert create.links == ([] if trust else [traceparent.split("-")[2]])
         assert gw.http("GET", "/health").status_code == 200
         card = gw.http("GET", "/ui/api/batches").json()["cards"][batch.id]  # the dashboard's card: its trace id
         assert f"trace <code>{trace_id}</code>" in card
@@ -117,7 +150,7 @@ def test_a_batch_through_serve_is_one_trace_at_the_collector(upstream: Upstream,
 @pytest.mark.redis
 @pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)
 def test_shared_mode_joins_the_same_trace(upstream: Upstream, receiver: OTLPReceiver, tmp_path: Path) -> None:
-    trace_id, traceparent = _caller_context()
+    traceparent = _caller_context()[1]
     sent_before = len(upstream.stats()["traceparents"])
     redis = RedisServer().start()
     config = write_config(tmp_path / "shared.yaml", gateway_config(upstream, models=(MODEL,), shard_size=3))
@@ -134,10 +167,10 @@ def test_shared_mode_joins_the_same_trace(upstream: Upstream, receiver: OTLPRece
         eventually(lambda: _healthy(url), 90, f"serve --redis-url to answer ({Path(log).read_text()[-2000:]})")
         worker.wait_ready()
         client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=30,
-                        default_headers={"traceparent": traceparent})
+                        default_headers=_caller_headers(traceparent))
         batch = submit(client, _lines(5))
         assert wait_batch(client, batch.id).status == "completed"
-        _check_trace(receiver, upstream, trace_id, batch.id, 5, sent_before)
+        _check_trace(receiver, upstream, _batch_trace(receiver, traceparent), batch.id, 5, sent_before)
     finally:
         api.terminate()
         api.wait(20)
@@ -181,7 +214,9 @@ def test_batchyard_submit_starts_the_trace(upstream: Upstream, receiver: OTLPRec
         [submit_span] = eventually(lambda: receiver.named("batchyard.submit") or None, 30, "submit's span")
         assert submit_span.kind == "CLIENT" and submit_span.resource["batchyard.role"] == "submit"
         [create] = eventually(lambda: [s for s in receiver.named("batch.create")
-                                       if s.trace_id == submit_span.trace_id] or None, 30, "the batch in its trace")
+                                       if submit_span.span_id in s.links] or None, 30, "the batch, linked")
         by_id = {s.span_id: s for s in receiver.spans}
         assert by_id[create.parent_span_id].kind == "SERVER"
-        assert by_id[create.parent_span_id].parent_span_id == submit_span.span_id
+        # submit's span is a link on the batch's own root span (the server cannot tell its own client)
+        assert by_id[create.parent_span_id].parent_span_id == ""
+        assert submit_span.span_id in by_id[create.parent_span_id].links and submit_span.span_id in create.links

@@ -164,6 +164,8 @@ class UpstreamServer(FilesAndBatches):
         if not self.key_ok(headers):
             return _raw(401, error_body(401))
         self.counters.traceparents += [v.decode() for k, v in headers if k == b"traceparent"]
+        self.counters.trace_headers += [f"{k.decode()}: {v.decode()}" for k, v in headers
+                                        if k.lower() in (b"tracestate", b"baggage")]
         try:
             body = _loads(raw)
         except ValueError:

@@ -59,6 +59,8 @@ class Counters:
     by_custom: Counter[str] = field(default_factory=Counter)
     # the W3C `traceparent` headers the real-time requests carried (the gateway's request spans), in order
     traceparents: list[str] = field(default_factory=list)
+    # any other trace header they carried (`tracestate`, `baggage`, ...), as "name: value"
+    trace_headers: list[str] = field(default_factory=list)
 
     def to_json(self) -> JSON:
         return {
@@ -71,6 +73,7 @@ class Counters:
             "files_created": self.files_created,
             "batches_created": self.batches_created,
             "traceparents": self.traceparents,
+            "trace_headers": self.trace_headers,
         }
 
 
