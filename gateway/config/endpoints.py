@@ -3,7 +3,7 @@
 `ENDPOINTS` has one row per canonical `Endpoint`; `NATIVE_JOBS` one per provider whose batch jobs a
 native route can run. Everything else reads these: url normalising (`gateway.config.urls`), body checks
 (`gateway.lines.body_fields`), the upstream backend and its pass-through (`providers.litellm_backend`,
-`providers.passthrough`), the native backend (`providers.native` and each provider's jobs), and the local
+`providers.passthrough`), the native backend (`providers.native.runner` and each provider's jobs), and the local
 engine's refusals (`local_engine.serving`). A local route serves what its vLLM model serves (vLLM tells
 at start), less `never_local`.
 """
@@ -104,7 +104,7 @@ WIRE_ENDPOINTS = frozenset(e for e, rule in ENDPOINTS.items() if rule.wire)
 @dataclass(frozen=True, slots=True)
 class NativeJobs:
     """A provider whose batch jobs a native route runs: its `UpstreamJobs` class (`module:Name`, imported
-    only by `providers.native`, which this layer may not import) and the endpoints its jobs take."""
+    only by `providers.native.runner`, which this layer may not import) and the endpoints its jobs take."""
 
     jobs: str
     endpoints: frozenset[Endpoint]
@@ -114,12 +114,13 @@ class NativeJobs:
 _OPENAI_BATCH = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES})
 
 NATIVE_JOBS: dict[str, NativeJobs] = {
-    "openai": NativeJobs("providers.openai_jobs:OpenAIJobs", _OPENAI_BATCH),
-    "azure": NativeJobs("providers.openai_jobs:OpenAIJobs", _OPENAI_BATCH),
-    "anthropic": NativeJobs("providers.anthropic_jobs:AnthropicJobs", frozenset({Endpoint.CHAT, Endpoint.MESSAGES})),
-    "mistral": NativeJobs("providers.mistral_jobs:MistralJobs", frozenset({Endpoint.CHAT, Endpoint.EMBEDDINGS})),
-    "gemini": NativeJobs("providers.gemini_jobs:GeminiJobs", frozenset({Endpoint.CHAT})),
-    "bedrock": NativeJobs("providers.bedrock_jobs:BedrockJobs", frozenset({Endpoint.CHAT})),
-    "vertex_ai": NativeJobs("providers.vertex_jobs:VertexJobs", frozenset({Endpoint.CHAT})),
+    "openai": NativeJobs("providers.native.openai_jobs:OpenAIJobs", _OPENAI_BATCH),
+    "azure": NativeJobs("providers.native.openai_jobs:OpenAIJobs", _OPENAI_BATCH),
+    "anthropic": NativeJobs("providers.native.anthropic_jobs:AnthropicJobs",
+                            frozenset({Endpoint.CHAT, Endpoint.MESSAGES})),
+    "mistral": NativeJobs("providers.native.mistral_jobs:MistralJobs", frozenset({Endpoint.CHAT, Endpoint.EMBEDDINGS})),
+    "gemini": NativeJobs("providers.native.gemini_jobs:GeminiJobs", frozenset({Endpoint.CHAT})),
+    "bedrock": NativeJobs("providers.native.bedrock_jobs:BedrockJobs", frozenset({Endpoint.CHAT})),
+    "vertex_ai": NativeJobs("providers.native.vertex_jobs:VertexJobs", frozenset({Endpoint.CHAT})),
 }
 NATIVE_PROVIDERS = tuple(NATIVE_JOBS)

@@ -155,11 +155,11 @@ class NativeModelInfo(ModelInfo):
     - `native_poll_initial_seconds` (default 0.5), `native_poll_max_seconds` (default 60): polling backs off
       from the first up to the second.
     - `native_s3_bucket`, `native_role_arn` (required), `native_s3_prefix`, `native_keep_files`,
-      `native_min_records`: Bedrock's storage and job size (`providers.bedrock_jobs`); refused elsewhere.
+      `native_min_records`: Bedrock's storage and job size (`providers.native.bedrock_jobs`); refused elsewhere.
     - `native_gcs_bucket` (required), `native_gcs_prefix`, `native_keep_files`: Vertex AI's storage
-      (`providers.vertex_jobs`); refused elsewhere.
+      (`providers.native.vertex_jobs`); refused elsewhere.
     - `native_inline_max_bytes`, `native_keep_files`: the Gemini API's inline bound and its uploaded files
-      (`providers.gemini_jobs`); refused elsewhere.
+      (`providers.native.gemini_jobs`); refused elsewhere.
     """
 
     native_max_lines: PositiveInt | None = None

@@ -52,7 +52,7 @@ class BackendPool:
 
             return LocalEngineBackend(route.engine_args, allowed_params=route.allowed_params,
                                       allowed_media_domains=route.allowed_media_domains)
-        from providers.native import NativeBatchBackend
+        from providers.native.runner import NativeBatchBackend
 
         return NativeBatchBackend(route, self._config.router_settings, self._store)
 

@@ -27,7 +27,7 @@ from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result, Shard, n
 from gateway.lines.budget import Budgets, spending_for
 from gateway.store.objects import BatchRecord, now
 from gateway.store.sqlite.store import SQLiteStore
-from providers.native import NativeBatchBackend
+from providers.native.runner import NativeBatchBackend
 from tests.fakes.upstream.app import BAD_USAGE
 from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import Gateway, gateway_config, read_jsonl, start_gateway, submit

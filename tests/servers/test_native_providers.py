@@ -24,9 +24,9 @@ from gateway.config.schema import parse_config
 from gateway.domain import BatchRequest, Endpoint
 from gateway.errors import ConfigError
 from gateway.store.sqlite.store import SQLiteStore
-from providers.native import NativeBatchBackend, jobs_class, native_route_summary
-from providers.openai_batches import shard_meta_key
-from providers.upstream_jobs import UpstreamHTTPError, http_lines
+from providers.native.contract import UpstreamHTTPError, http_lines
+from providers.native.openai_format import shard_meta_key
+from providers.native.runner import NativeBatchBackend, jobs_class, native_route_summary
 from tests.fakes.stub_process import Stub, start_stub
 from tests.servers.test_native import (
     ROUTE,

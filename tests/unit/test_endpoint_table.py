@@ -11,7 +11,7 @@ from gateway.config.routes import native_refusal
 from gateway.config.urls import normalise_url
 from gateway.domain import Endpoint
 from gateway.lines.body_fields import typed_dict_fields, upstream_fields
-from providers.native import jobs_class
+from providers.native.runner import jobs_class
 
 # endpoint: (url tail, served upstream in real time, as bytes on OpenAI-wire routes, never by a local engine)
 KINDS = [

@@ -26,9 +26,7 @@ from typing import Any
 
 from gateway.config.endpoints import NATIVE_JOBS
 from gateway.domain import BatchRequest, Endpoint, Result
-from providers.openai_batches import Part, call_with_retries, detached, line_of, upstream_custom_id
-from providers.upstream_errors import ANTHROPIC_ERROR_TYPES
-from providers.upstream_jobs import (
+from providers.native.contract import (
     QUIET_POLL,
     JobState,
     Save,
@@ -37,6 +35,8 @@ from providers.upstream_jobs import (
     http_lines,
     stand_in_reply,
 )
+from providers.native.openai_format import Part, call_with_retries, detached, line_of, upstream_custom_id
+from providers.upstream_errors import ANTHROPIC_ERROR_TYPES
 
 ANTHROPIC_STATUS = {type_: status for status, type_ in ANTHROPIC_ERROR_TYPES.items()}  # Anthropic's own (529)
 

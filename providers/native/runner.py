@@ -3,9 +3,10 @@
 A deployment marked `model_info: {batch_mode: native}` gets no call per line.
 Each shard is rewritten for the provider (its line form, the deployment's model,
 custom_id `l<line>`), split under the provider's job limits and made into upstream
-jobs by that provider's `UpstreamJobs` (OpenAI and Azure: `providers.openai_jobs`;
-Anthropic: `providers.anthropic_jobs`; Mistral: `providers.mistral_jobs`; the Gemini API:
-`providers.gemini_jobs`; Bedrock: `providers.bedrock_jobs`; Vertex AI: `providers.vertex_jobs`). The file
+jobs by that provider's `UpstreamJobs` (OpenAI and Azure: `providers.native.openai_jobs`;
+Anthropic: `providers.native.anthropic_jobs`; Mistral: `providers.native.mistral_jobs`; the Gemini API:
+`providers.native.gemini_jobs`; Bedrock: `providers.native.bedrock_jobs`; Vertex AI:
+`providers.native.vertex_jobs`). The file
 and job ids are recorded in the store's meta (`native:<batch>:<shard>`) before any
 polling, so a restarted process polls the jobs it already created instead of
 creating new ones. No job is created while the team is over its budget
@@ -39,7 +40,8 @@ from gateway.lines.media_urls import internal_deployment, refused_media
 from gateway.lines.stops import OVER_BUDGET, stop_reason
 from gateway.store.protocols import Store
 from gateway.tracing import genai
-from providers.openai_batches import (
+from providers.native.contract import JobState, UpstreamJobs, call_kwargs
+from providers.native.openai_format import (
     TERMINAL,
     Part,
     accumulate_route,
@@ -55,7 +57,6 @@ from providers.openai_batches import (
 )
 from providers.passthrough import PROVIDERS as WIRE_PROVIDERS
 from providers.upstream_errors import describe_error, retryable
-from providers.upstream_jobs import JobState, UpstreamJobs, call_kwargs
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 

@@ -18,7 +18,7 @@ LiteLLM 1.110.2's Bedrock batch calls upload through its own files API with its 
 
 Limits (Bedrock's quotas): at least 100 and at most 50,000 records per job, 1 GB per input file; a job runs
 within its timeout (24 hours by default), else `Expired`. A part below the minimum never goes to Bedrock:
-`providers.native` runs its lines in real time on the same deployment (`realtime`).
+`providers.native.runner` runs its lines in real time on the same deployment (`realtime`).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from typing import Any
 from gateway.config.endpoints import NATIVE_JOBS
 from gateway.config.entries import NativeModelInfo
 from gateway.domain import BatchRequest, Endpoint, Result
-from providers.openai_batches import Part, call_with_retries, upstream_custom_id
-from providers.upstream_jobs import JobState, Save, TranslatedLines, UpstreamHTTPError, translation_refusal
+from providers.native.contract import JobState, Save, TranslatedLines, UpstreamHTTPError, translation_refusal
+from providers.native.openai_format import Part, call_with_retries, upstream_custom_id
 
 _NOT_IN_BATCHES = frozenset({"stream", "stream_options"})
 _STATUS = {"Submitted": "validating", "Validating": "validating", "Scheduled": "in_progress",
@@ -228,7 +228,7 @@ class BedrockJobs(TranslatedLines):
                 await self._call(0, "delete_object", Bucket=bucket, Key=key)
 
     def _result(self, record: dict[str, Any]) -> dict[str, Any]:
-        from providers.anthropic_jobs import chat_completion_body
+        from providers.native.anthropic_jobs import chat_completion_body
 
         custom_id = str(record.get("recordId"))
         output = record.get("modelOutput")
@@ -246,7 +246,7 @@ class BedrockJobs(TranslatedLines):
     async def realtime(self, req: BatchRequest) -> Result:
         """A line of a part below Bedrock's minimum records, answered by one real-time call (LiteLLM's
         `acompletion` on the same deployment, at its real-time price)."""
-        from providers.openai_batches import result_from_line
+        from providers.native.openai_format import result_from_line
         from providers.upstream_errors import describe_error
 
         # only the chat fields `reject` let through: nothing in a line names a key, an endpoint or a setting

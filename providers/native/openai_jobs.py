@@ -14,7 +14,8 @@ from typing import Any
 
 from gateway.config.endpoints import NATIVE_JOBS
 from gateway.domain import BatchRequest, Endpoint, Result
-from providers.openai_batches import (
+from providers.native.contract import QUIET_POLL, JobState, Save
+from providers.native.openai_format import (
     Part,
     call_with_retries,
     detached,
@@ -23,7 +24,6 @@ from providers.openai_batches import (
     upstream_url,
 )
 from providers.upstream_errors import batch_error_message
-from providers.upstream_jobs import QUIET_POLL, JobState, Save
 
 log = logging.getLogger("batchyard.native")
 

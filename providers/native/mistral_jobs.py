@@ -21,14 +21,14 @@ from typing import Any
 
 from gateway.config.endpoints import NATIVE_JOBS
 from gateway.domain import BatchRequest, Endpoint, Result
-from providers.openai_batches import (
+from providers.native.contract import QUIET_POLL, JobState, Save, http_json, http_lines
+from providers.native.openai_format import (
     Part,
     call_with_retries,
     detached,
     upstream_custom_id,
 )
 from providers.upstream_errors import batch_error_message
-from providers.upstream_jobs import QUIET_POLL, JobState, Save, http_json, http_lines
 
 log = logging.getLogger("batchyard.native")
 

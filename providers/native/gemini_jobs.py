@@ -13,7 +13,7 @@ A Gemini batch runs one model, named in its URL: `POST v1beta/models/{model}:bat
 A part whose inline body would pass `native_inline_max_bytes` (default and at most Google's 20 MB) goes as a
 file, any other inline. Auth: the `x-goog-api-key` header.
 
-What is LiteLLM's: each line's and each response's translation (`providers.gemini_content`), the auth header
+What is LiteLLM's: each line's and each response's translation (`providers.native.gemini_content`), the auth header
 and API base (`GeminiModelInfo`) and the state words (`litellm.llms.gemini.batches.transformation._STATUS_MAP`).
 What is ours, over HTTP: the upload, create, poll, read back, cancel and the files' deletes. LiteLLM 1.110.2's
 Gemini batch calls take an uploaded file of OpenAI-shaped rows only (translated by its own route), and its batch
@@ -36,10 +36,10 @@ from typing import Any
 from gateway.config.endpoints import NATIVE_JOBS
 from gateway.config.entries import NativeModelInfo
 from gateway.domain import BatchRequest
-from providers.gemini_content import GeminiContent
-from providers.openai_batches import Part, call_with_retries, upstream_custom_id
+from providers.native.contract import JobState, Save, UpstreamHTTPError, http_json, http_lines, provider_client
+from providers.native.gemini_content import GeminiContent
+from providers.native.openai_format import Part, call_with_retries, upstream_custom_id
 from providers.upstream_errors import describe_error, error_message
-from providers.upstream_jobs import JobState, Save, UpstreamHTTPError, http_json, http_lines, provider_client
 
 log = logging.getLogger("batchyard.native")
 

@@ -11,7 +11,7 @@ with the request) hold `batchyard_line: l<line>`, as LiteLLM's own Vertex batch 
 
 What is LiteLLM's: each line's translation (`VertexGeminiConfig.map_openai_params` and `transform_request_body`,
 the ones its real-time Vertex calls use) and each response's translation into a `chat.completion` with usage
-(`providers.gemini_content`, shared with Gemini API batches); credentials and project (`VertexBase`:
+(`providers.native.gemini_content`, shared with Gemini API batches); credentials and project (`VertexBase`:
 `vertex_credentials` as a JSON string, path or mapping, else ADC through google-auth; `vertex_project`/
 `vertex_location` or `VERTEXAI_*`); the API host (`get_vertex_base_url`) and the state words
 (`VertexAIBatchTransformation`). What is ours, over HTTP:
@@ -37,10 +37,10 @@ import httpx
 from gateway.config.endpoints import NATIVE_JOBS
 from gateway.config.entries import NativeModelInfo
 from gateway.domain import BatchRequest
-from providers.gemini_content import GeminiContent
-from providers.openai_batches import Part, call_with_retries, upstream_custom_id
+from providers.native.contract import JobState, Save, UpstreamHTTPError, http_json, http_lines, provider_client
+from providers.native.gemini_content import GeminiContent
+from providers.native.openai_format import Part, call_with_retries, upstream_custom_id
 from providers.upstream_errors import error_message
-from providers.upstream_jobs import JobState, Save, UpstreamHTTPError, http_json, http_lines, provider_client
 
 LABEL = "batchyard_line"  # the request label that names a row's input line
 _GCS = "https://storage.googleapis.com"

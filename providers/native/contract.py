@@ -1,4 +1,4 @@
-"""What a provider's batch jobs look like to `providers.native`: one small interface per provider.
+"""What a provider's batch jobs look like to `providers.native.runner`: one small interface per provider.
 
 `NativeBatchBackend` plans, records and reads back; an `UpstreamJobs` knows one provider's batch API:
 the request line it takes, how a part becomes a job (upload and create, or one create call), how a job
@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import httpx
 
 from gateway.domain import BatchRequest, Endpoint, Result
-from providers.openai_batches import Part, reply_lines
+from providers.native.openai_format import Part, reply_lines
 from providers.upstream_errors import error_message
 
 Save = Callable[[], Awaitable[None]]
@@ -79,7 +79,7 @@ class TranslatedLines:
     translates: Anthropic, Gemini, Vertex AI, Bedrock).
 
     `reject` translates a line to learn whether LiteLLM refuses it, planning sizes it and creating sends it: three
-    uses of one translation, which costs milliseconds a line (LiteLLM's parameter mapping). `providers.native`
+    uses of one translation, which costs milliseconds a line (LiteLLM's parameter mapping). `providers.native.runner`
     calls `release` once the shard's jobs exist, so the lines are not held while the jobs are polled."""
 
     def _translate(self, req: BatchRequest) -> bytes:
