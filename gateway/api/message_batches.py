@@ -31,7 +31,7 @@ from gateway.finished.message_results import message_batch_results
 from gateway.message_batches.outcomes import request_counts
 from gateway.message_batches.wire import MAX_BODY_BYTES, EnvelopeError, batch_object, error_body, error_type
 from gateway.pipeline.message_batch_create import create_message_batch, delete_message_batch
-from gateway.store.objects import BatchRecord
+from gateway.store.records import BatchRecord
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ from gateway.estimate.cost import estimate_lines
 from gateway.pipeline.validate import LINE_SLACK
 from gateway.runtime.runtime import Runtime, open_embedded
 from gateway.runtime.supervisor import Supervisor, default_workers
-from gateway.store.lines import split_lines
-from gateway.store.objects import BatchOptions, BatchRecord
+from gateway.store.records import BatchOptions, BatchRecord
+from gateway.store.splitter import split_lines
 
 EXIT_OK, EXIT_INPUT, EXIT_DELIVERY = 0, 1, 3
 _BOM = b"\xef\xbb\xbf"

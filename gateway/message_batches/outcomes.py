@@ -18,7 +18,7 @@ from typing import Any
 
 from gateway.errors import LineCode
 from gateway.message_batches.wire import error_body, error_type
-from gateway.store.objects import BatchRecord
+from gateway.store.records import BatchRecord
 
 EXPIRED_CODE, CANCELLED_CODE = "batch_expired", "batch_cancelled"  # the pipeline's stop reasons
 # Codes of a request refused before it was sent: the checks' (`LineCode`) and a route's that cannot honour

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from gateway.domain import BatchStatus
 from gateway.lines.body_fields import MAX_LINE_DEPTH
-from gateway.store.objects import BatchRecord
+from gateway.store.records import BatchRecord
 
 MAX_REQUESTS = 100_000  # Anthropic's limits on one Message Batch
 MAX_BODY_BYTES = 256 * 1024 * 1024

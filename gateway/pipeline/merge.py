@@ -18,9 +18,9 @@ from typing import Any
 from gateway import metrics
 from gateway.domain import BatchRequest, Result, Shard, Usage
 from gateway.json_codec import dumps, loads
-from gateway.store.lines import read_lines
 from gateway.store.order_index import entry_line
 from gateway.store.protocols import Blobs, Store
+from gateway.store.splitter import read_lines
 
 
 async def seal_shard(

@@ -24,8 +24,8 @@ from gateway.domain import BatchRequest, Endpoint, Result, Shard
 from gateway.errors import LINE_HTTP_STATUS, LineCode, LineError
 from gateway.json_codec import dumps
 from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, line_failure
-from gateway.store.lines import Overlong, split_lines
 from gateway.store.protocols import Blobs, BlobWriter
+from gateway.store.splitter import Overlong, split_lines
 
 log = logging.getLogger(__name__)
 

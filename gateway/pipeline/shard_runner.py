@@ -39,9 +39,9 @@ from gateway.pipeline.merge import seal_shard
 from gateway.scheduling.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
 from gateway.scheduling.pacing import Pacer, pacing_with
 from gateway.store.faults import Pause, machine_fault
-from gateway.store.lines import read_lines
-from gateway.store.objects import BatchRecord, Delivery
 from gateway.store.protocols import Blobs, Queue, Store
+from gateway.store.records import BatchRecord, Delivery
+from gateway.store.splitter import read_lines
 
 log = logging.getLogger("batchyard.runner")
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import NamedTuple
 
-from gateway.store.lines import read_lines
 from gateway.store.protocols import Blobs
+from gateway.store.splitter import read_lines
 
 
 class OrderEntry(NamedTuple):

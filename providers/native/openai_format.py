@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from gateway.domain import BatchRequest, Endpoint, Result, Shard, Usage
-from gateway.store.lines import Overlong, split_lines
 from gateway.store.protocols import Store
+from gateway.store.splitter import Overlong, split_lines
 from providers.retry_policy import job_call_retrying
 
 log = logging.getLogger("batchyard.native")

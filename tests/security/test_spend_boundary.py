@@ -25,7 +25,7 @@ import pytest
 from gateway.config.schema import parse_config
 from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result, Shard, new_id
 from gateway.lines.budget import Budgets, spending_for
-from gateway.store.objects import BatchRecord, now
+from gateway.store.records import BatchRecord, now
 from gateway.store.sqlite.store import SQLiteStore
 from providers.native.runner import NativeBatchBackend
 from tests.fakes.upstream.app import BAD_USAGE

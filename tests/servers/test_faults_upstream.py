@@ -86,7 +86,7 @@ async def test_a_hung_poll_of_a_native_job_is_held_no_longer_than_the_timeout(
     deployment's timeout, the job is polled again, and its lines come back; nothing fails."""
     from gateway.config.schema import parse_config
     from gateway.domain import BatchRequest, BatchStatus, Endpoint, Shard, new_id
-    from gateway.store.objects import BatchRecord, now
+    from gateway.store.records import BatchRecord, now
     from gateway.store.sqlite.store import SQLiteStore
     from providers.native.runner import NativeBatchBackend
 

@@ -20,8 +20,8 @@ from gateway.config.routes import Route
 from gateway.config.schema import Config
 from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result, Shard, new_id
 from gateway.runtime.runtime import open_embedded
-from gateway.store.objects import BatchRecord, now
 from gateway.store.protocols import Store
+from gateway.store.records import BatchRecord, now
 from gateway.store.sqlite.store import SQLiteStore
 from providers.native.openai_format import cost_meta_key, plan_parts, shard_meta_key
 from providers.native.runner import NativeBatchBackend, native_route_summary

@@ -17,8 +17,8 @@ from gateway.json_codec import loads
 from gateway.pipeline.merge import seal_shard
 from gateway.pipeline.plan import Planner
 from gateway.store.blobs.directory import LocalBlobs
-from gateway.store.lines import read_lines
-from gateway.store.objects import BatchRecord
+from gateway.store.records import BatchRecord
+from gateway.store.splitter import read_lines
 from gateway.store.sqlite.store import SQLiteStore
 from tests.support.services import shared_config
 

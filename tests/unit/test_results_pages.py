@@ -21,8 +21,8 @@ from gateway.finished.results import Cursor, results_page
 from gateway.json_codec import dumps, loads
 from gateway.pipeline.finalizer import Finalizer
 from gateway.store.blobs.directory import LocalBlobs
-from gateway.store.lines import read_lines
-from gateway.store.objects import BatchRecord, RequestCounts
+from gateway.store.records import BatchRecord, RequestCounts
+from gateway.store.splitter import read_lines
 from gateway.store.sqlite.coordination import SQLiteCoordination
 from gateway.store.sqlite.store import SQLiteStore
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway import tracing
 from gateway.domain import BatchStatus, RouteStats, Usage
-from gateway.store.objects import BatchRecord
+from gateway.store.records import BatchRecord
 
 MAX_ERRORS_SHOWN = 10
 NONE = "\u2013"  # an en dash: "no value yet"

@@ -74,7 +74,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from gateway.domain import Shard
 from gateway.scheduling.fairness import Candidate, pick
-from gateway.store.objects import Delivery
+from gateway.store.records import Delivery
 from gateway.store.redis import scripts
 from gateway.store.redis.coordination import RedisCoordination
 from gateway.store.redis.keys import GROUP, STREAM_FIELD, Keys
