@@ -20,9 +20,9 @@ import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from gateway.blob_keys import file_key, order_key
 from gateway.errors import Conflict, InvalidRequest
 from gateway.json_codec import dumps, loads
+from gateway.store.blobs.keys import file_key, order_key
 from gateway.store.order_index import read_entries
 from gateway.store.protocols import Blobs, Store
 from gateway.store.records import BatchRecord
