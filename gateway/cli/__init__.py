@@ -1,2 +1,8 @@
 """The command line: `batchyard run | serve | worker` (`main`), the offline run and its report, the console,
 and moving files in and out (`transfer`). The top layer: it composes the runtime and the HTTP app."""
+
+from gateway.runtime.pool import declare_native_providers
+
+# The top layer composes: every process that reads a config through the command line (and the workers and
+# validation processes it starts) has the native providers declared before it reads one.
+declare_native_providers()

@@ -1,11 +1,11 @@
 """Every fact about an endpoint, in one table: its url, its required fields, and what each route kind serves.
 
-`ENDPOINTS` has one row per canonical `Endpoint`; `NATIVE_JOBS` one per provider whose batch jobs a
-native route can run. Everything else reads these: url normalising (`gateway.config.urls`), body checks
-(`gateway.lines.body_fields`), the upstream backend and its pass-through (`providers.litellm_backend`,
-`providers.passthrough`), the native backend (`providers.native.runner` and each provider's jobs), and the local
-engine's refusals (`local_engine.serving`). A local route serves what its vLLM model serves (vLLM tells
-at start), less `never_local`.
+`ENDPOINTS` has one row per canonical `Endpoint` (which of them a native provider's jobs take, those jobs
+declare: `gateway.config.native_declarations`). Everything else reads these: url normalising
+(`gateway.config.urls`), body checks (`gateway.lines.body_fields`), the upstream backend and its pass-through
+(`providers.litellm_backend`, `providers.passthrough`), the native backend, and the local engine's refusals
+(`local_engine.serving`). A local route serves what its vLLM model serves (vLLM tells at start), less
+`never_local`.
 """
 
 from __future__ import annotations
@@ -100,27 +100,3 @@ ENDPOINTS: dict[Endpoint, EndpointRule] = {
 UPSTREAM_ENDPOINTS = frozenset(e for e, rule in ENDPOINTS.items() if rule.router_method is not None)
 WIRE_ENDPOINTS = frozenset(e for e, rule in ENDPOINTS.items() if rule.wire)
 
-
-@dataclass(frozen=True, slots=True)
-class NativeJobs:
-    """A provider whose batch jobs a native route runs: its `UpstreamJobs` class (`module:Name`, imported
-    only by `providers.native.runner`, which this layer may not import) and the endpoints its jobs take."""
-
-    jobs: str
-    endpoints: frozenset[Endpoint]
-
-
-# Endpoints that OpenAI's and Azure's batch jobs accept.
-_OPENAI_BATCH = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES})
-
-NATIVE_JOBS: dict[str, NativeJobs] = {
-    "openai": NativeJobs("providers.native.openai_jobs:OpenAIJobs", _OPENAI_BATCH),
-    "azure": NativeJobs("providers.native.openai_jobs:OpenAIJobs", _OPENAI_BATCH),
-    "anthropic": NativeJobs("providers.native.anthropic_jobs:AnthropicJobs",
-                            frozenset({Endpoint.CHAT, Endpoint.MESSAGES})),
-    "mistral": NativeJobs("providers.native.mistral_jobs:MistralJobs", frozenset({Endpoint.CHAT, Endpoint.EMBEDDINGS})),
-    "gemini": NativeJobs("providers.native.gemini_jobs:GeminiJobs", frozenset({Endpoint.CHAT})),
-    "bedrock": NativeJobs("providers.native.bedrock_jobs:BedrockJobs", frozenset({Endpoint.CHAT})),
-    "vertex_ai": NativeJobs("providers.native.vertex_jobs:VertexJobs", frozenset({Endpoint.CHAT})),
-}
-NATIVE_PROVIDERS = tuple(NATIVE_JOBS)

@@ -24,7 +24,7 @@ import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.config.endpoints import NATIVE_JOBS
+from gateway.config.entries import NativeModelInfo
 from gateway.domain import BatchRequest, Endpoint, Result
 from providers.native.contract import (
     QUIET_POLL,
@@ -81,18 +81,17 @@ def _origin(api_base: str | None) -> str | None:
 class AnthropicJobs(TranslatedLines):
     """`anthropic/` deployments: chat completions as Message Batches."""
 
-    endpoints = NATIVE_JOBS["anthropic"].endpoints
+    providers = ("anthropic",)
+    endpoints = frozenset({Endpoint.CHAT, Endpoint.MESSAGES})
     max_lines = 100_000
     max_bytes = 256_000_000
 
-    def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any]) -> None:
+    def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any],
+                 info: NativeModelInfo) -> None:
         from litellm.llms.anthropic.batches.transformation import AnthropicBatchesConfig
         from litellm.llms.anthropic.chat.transformation import AnthropicConfig
 
-        self.provider = provider
-        self._litellm = litellm
-        self._model = model
-        self._kwargs = {**kwargs, "api_base": _origin(kwargs.get("api_base"))}
+        super().__init__(litellm, provider, model, {**kwargs, "api_base": _origin(kwargs.get("api_base"))}, info)
         self._chat = AnthropicConfig()
         self._batches = AnthropicBatchesConfig()
         self._supported = set(self._chat.get_supported_openai_params(model))

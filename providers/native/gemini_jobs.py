@@ -33,9 +33,8 @@ import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.config.endpoints import NATIVE_JOBS
 from gateway.config.entries import NativeModelInfo
-from gateway.domain import BatchRequest
+from gateway.domain import BatchRequest, Endpoint
 from providers.native.contract import JobState, Save, UpstreamHTTPError, http_json, http_lines, provider_client
 from providers.native.gemini_content import GeminiContent
 from providers.native.openai_format import Part, call_with_retries, upstream_custom_id
@@ -55,13 +54,14 @@ _RPC_CODES = {1: (499, "CANCELLED"), 2: (500, "UNKNOWN"), 3: (400, "INVALID_ARGU
 class GeminiJobs(GeminiContent):
     """`gemini/` deployments: chat completions as Gemini Batch Mode jobs, inline or from an uploaded file."""
 
-    endpoints = NATIVE_JOBS["gemini"].endpoints
+    providers = ("gemini",)
+    endpoints = frozenset({Endpoint.CHAT})
     max_lines = 100_000
     max_bytes = 2_000_000_000  # an input file: 2 GB (a part over the inline bound goes as one)
-    storage = True  # takes the entry's `model_info` (its inline bound, keep-files)
+    settings = frozenset({"native_inline_max_bytes", "native_keep_files"})
 
     def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any],
-                 info: NativeModelInfo | None = None) -> None:
+                 info: NativeModelInfo) -> None:
         from litellm.llms.gemini.chat.transformation import GoogleAIStudioGeminiConfig
 
         model = model.removeprefix("models/")
@@ -69,9 +69,9 @@ class GeminiJobs(GeminiContent):
         self.provider = provider
         self._litellm = litellm
         self._kwargs = kwargs
-        bound = info.native_inline_max_bytes if info is not None else None
+        bound = info.native_inline_max_bytes
         self._inline_max = INLINE_MAX_BYTES if bound is None else bound
-        self._keep = info.native_keep_files if info is not None else False
+        self._keep = info.native_keep_files
 
     # -- lines --------------------------------------------------------------------------------------
 

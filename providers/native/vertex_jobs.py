@@ -34,10 +34,17 @@ from typing import Any
 
 import httpx
 
-from gateway.config.endpoints import NATIVE_JOBS
 from gateway.config.entries import NativeModelInfo
-from gateway.domain import BatchRequest
-from providers.native.contract import JobState, Save, UpstreamHTTPError, http_json, http_lines, provider_client
+from gateway.domain import BatchRequest, Endpoint
+from providers.native.contract import (
+    JobState,
+    Save,
+    UpstreamHTTPError,
+    UpstreamJobs,
+    http_json,
+    http_lines,
+    provider_client,
+)
 from providers.native.gemini_content import GeminiContent
 from providers.native.openai_format import Part, call_with_retries, upstream_custom_id
 from providers.upstream_errors import error_message
@@ -49,17 +56,25 @@ _GCS = "https://storage.googleapis.com"
 class VertexJobs(GeminiContent):
     """`vertex_ai/gemini-*` deployments: chat completions as Vertex AI batch prediction jobs over GCS."""
 
-    endpoints = NATIVE_JOBS["vertex_ai"].endpoints
+    providers = ("vertex_ai",)
+    endpoints = frozenset({Endpoint.CHAT})
     max_lines = 200_000
     max_bytes = 1_000_000_000
-    storage = True  # takes the entry's `model_info` (its bucket and prefix)
+    settings = frozenset({"native_gcs_bucket", "native_gcs_prefix", "native_keep_files"})
+    required_settings = ("native_gcs_bucket",)
+    settings_purpose = "the Cloud Storage bucket of Vertex AI's batch prediction jobs"
+    credentials = (*UpstreamJobs.credentials, "vertex_project", "vertex_location", "vertex_credentials")
+
+    @classmethod
+    def model_refusal(cls, model: str) -> str | None:
+        return None if model.rsplit("/", 1)[-1].startswith("gemini-") else f"runs gemini-* models only, not {model}"
 
     def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any],
-                 info: NativeModelInfo | None = None) -> None:
+                 info: NativeModelInfo) -> None:
         from litellm.llms.vertex_ai.gemini.vertex_and_google_ai_studio_gemini import VertexGeminiConfig
         from litellm.llms.vertex_ai.vertex_llm_base import VertexBase
 
-        if info is None or not info.native_gcs_bucket:
+        if not info.native_gcs_bucket:
             raise ValueError("a native Vertex AI deployment needs model_info.native_gcs_bucket")
         # `publishers/google/models/x` or `x`
         super().__init__(VertexGeminiConfig(), model.rsplit("/", 1)[-1], "vertex_ai", "Vertex AI")
