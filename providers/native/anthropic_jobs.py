@@ -26,6 +26,7 @@ from typing import Any
 
 from gateway.config.entries import NativeModelInfo
 from gateway.domain import BatchRequest, Endpoint, Result
+from gateway.message_batches.wire import ERROR_TYPES
 from providers.native.contract import (
     QUIET_POLL,
     JobState,
@@ -36,9 +37,8 @@ from providers.native.contract import (
     stand_in_reply,
 )
 from providers.native.openai_format import Part, call_with_retries, detached, line_of, upstream_custom_id
-from providers.upstream_errors import ANTHROPIC_ERROR_TYPES
 
-ANTHROPIC_STATUS = {type_: status for status, type_ in ANTHROPIC_ERROR_TYPES.items()}  # Anthropic's own (529)
+ANTHROPIC_STATUS = {type_: status for status, type_ in ERROR_TYPES.items()}  # Anthropic's own (529)
 
 # OpenAI chat fields that are the request itself, not parameters to map.
 _BODY_FIELDS = frozenset({"model", "messages"})
