@@ -24,12 +24,12 @@ from starlette.routing import Match
 
 from gateway import metrics
 from gateway.errors import Conflict, GatewayError, InvalidRequest, NotFound, OverQuota, TooLarge, shown
-from gateway.store.faults import MachineFault, StorageUnavailable, machine_fault, once_a_minute
+from gateway.store.faults import CarriedFault, MachineFault, machine_fault, once_a_minute
 
 log = logging.getLogger("batchyard.api")
 # What a fault of the machine raises (`gateway.store.faults`): these get a look before the catch-all 500.
 MACHINE_FAULT_ERRORS: tuple[type[Exception], ...] = (OSError, sqlite3.Error, RedisError, ClientError, BotoCoreError,
-                                                StorageUnavailable)
+                                                CarriedFault)
 RETRY_AFTER_SECONDS = 10
 
 

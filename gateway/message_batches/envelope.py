@@ -7,8 +7,8 @@ and levels it holds, BEFORE any of it becomes Python objects (a 14 MB request of
 be counted, and its event stream, in Python, costs several times what this does. Here one regular
 expression (C) jumps from one structural byte to the next, skipping whole strings; the Python loop sees
 only brackets, commas and strings, counts them against the bounds, and stops at the request's closing
-bracket. Only then is the request's slice read by orjson (`loads_checked`: strict JSON, as before) and
-checked as Anthropic checks it (`MessageBatchRequest`).
+bracket. Only then is the request's slice read by orjson (`loads_checked`: strict JSON, the same reader
+every input line gets) and checked as Anthropic checks it (`MessageBatchRequest`).
 
 Refusals are `EnvelopeError`s naming the field (`requests.3.custom_id: …`), as pydantic words them.
 """

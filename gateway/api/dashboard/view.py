@@ -21,7 +21,10 @@ NONE = "\u2013"  # an en dash: "no value yet"
 
 
 @dataclass(slots=True)
-class RouteRow:
+class RouteProgress:
+    """A batch's progress on one of its routes, as its page shows it (a config's route is `config check`'s
+    `RouteRow`)."""
+
     name: str  # "" for lines answered at validation
     stats: RouteStats
     planned: int | None = None  # the route's requests in this batch, while it runs (from its shards)
@@ -51,7 +54,7 @@ class BatchView:
     eta_seconds: float | None
     usage: Usage
     cost_usd: float
-    routes: list[RouteRow] = field(default_factory=list)
+    routes: list[RouteProgress] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     errors_more: int = 0
     output_file_id: str | None = None
@@ -92,7 +95,7 @@ def batch_view(
     routes = {name: _with_route_cost(stats, rec.routes.get(name)) for name, stats in routes.items()}
     names = sorted(set(routes) | set(planned), key=lambda n: (n == "", n))  # the validation bucket last
     unavailable = unavailable or {}
-    rows = [RouteRow(n, routes.get(n) or RouteStats(), planned.get(n), unavailable.get(n)) for n in names]
+    rows = [RouteProgress(n, routes.get(n) or RouteStats(), planned.get(n), unavailable.get(n)) for n in names]
     return BatchView(
         id=rec.id,
         status=rec.status.value,
