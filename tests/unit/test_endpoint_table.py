@@ -50,12 +50,12 @@ def test_every_endpoint_has_one_row() -> None:
     assert set(ENDPOINTS) == set(Endpoint) == {row[0] for row in KINDS}
 
 
-NATIVE = {"openai", "azure", "anthropic", "mistral", "gemini", "bedrock", "vertex_ai"}
+NATIVE = {"openai", "azure", "anthropic", "mistral", "gemini", "bedrock", "vertex_ai"}  # a new one joins by itself
 
 
 def test_the_config_checks_native_entries_against_the_catalog_the_root_hands_in() -> None:
     # conftest declares them as the command line does (gateway.runtime.pool.declare_native_providers)
-    assert set(native_declarations()) == set(native_catalog()) == NATIVE
+    assert set(native_declarations()) == set(native_catalog()) >= NATIVE
 
 
 @pytest.mark.parametrize("provider", sorted(NATIVE))
