@@ -2,10 +2,9 @@
 
 `ENDPOINTS` has one row per canonical `Endpoint` (which of them a native provider's jobs take, those jobs
 declare: `gateway.config.native_declarations`). Everything else reads these: url normalising
-(`gateway.config.urls`), body checks (`gateway.lines.body_fields`), the upstream backend and its pass-through
-(`providers.litellm_backend`, `providers.passthrough`), the native backend, and the local engine's refusals
-(`local_engine.serving`). A local route serves what its vLLM model serves (vLLM tells at start), less
-`never_local`.
+(`gateway.config.urls`), body checks (`gateway.lines.body_fields`), and every backend: the upstream one and
+its OpenAI-wire pass-through, the native one, the local engine's refusals. A local route serves what its vLLM
+model serves (vLLM tells at start), less `never_local`.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ class EndpointRule:
     `header_params`: names in that TypedDict the SDK sends as headers, not in the body (never a line's field).
     `fields`: the documented fields where no OpenAI schema exists (rerank: Cohere's v2 request).
     `router_method`: the LiteLLM Router's method on a real-time upstream route (None: no upstream serves it).
-    `wire`: an OpenAI-wire provider takes the line's bytes as they are (`providers.passthrough`).
+    `wire`: an OpenAI-wire provider takes the line's bytes as they are (the upstream backend's pass-through).
     `never_local`: what it is, when no vLLM model serves it (the local line's 400 says where to send it).
     """
 

@@ -1,9 +1,9 @@
-"""What a provider's batch jobs look like to `providers.native.runner`: one small interface per provider.
+"""The contract a provider's batch jobs fill in (`UpstreamJobs`, one subclass per provider), and what they share.
 
-`NativeBatchBackend` plans, records and reads back; an `UpstreamJobs` knows one provider's batch API:
-the request line it takes, how a part becomes a job (upload and create, or one create call), how a job
-is polled, cancelled and read back as OpenAI-shaped result lines. Each goes through LiteLLM's batch
-functions where LiteLLM 1.110.2 reaches the provider, and over plain HTTP (LiteLLM's own URL and header
+`NativeBatchBackend` (`providers.native.runner`) plans, records and reads back; an `UpstreamJobs` knows one
+provider's batch API: the request line it takes, how a part becomes a job (upload and create, or one create
+call), how a job is polled, cancelled and read back as OpenAI-shaped result lines. Each goes through LiteLLM's
+batch functions where LiteLLM 1.110.2 reaches the provider, and over plain HTTP (LiteLLM's own URL and header
 helpers) for the calls it lacks (Anthropic's create and cancel, Mistral's cancel and list).
 """
 
