@@ -3,6 +3,7 @@ and moving files in and out (`transfer`). The top layer: it composes the runtime
 
 from gateway.runtime.pool import declare_native_providers
 
-# The top layer composes: every process that reads a config through the command line (and the workers and
-# validation processes it starts) has the native providers declared before it reads one.
+# The top layer composes: every process that reads a config through the command line (`run`, `serve`, the
+# `worker`s a supervisor starts, `config check`) has the native providers declared before it reads one; a
+# validation process is handed the config already read.
 declare_native_providers()
