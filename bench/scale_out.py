@@ -38,9 +38,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from gateway.blob_keys import file_key  # noqa: E402
 from gateway.config.schema import parse_config  # noqa: E402
 from gateway.runtime.runtime import open_shared  # noqa: E402
+from gateway.store.blobs.keys import file_key  # noqa: E402
 from tests.fakes.upstream.server import start_upstream  # noqa: E402
 from tests.support.services import (  # noqa: E402
     MotoS3,

@@ -1,7 +1,8 @@
-"""The records the pipeline passes around: one dataclass per idea.
+"""The words the pipeline passes around: one dataclass per idea.
 
 `BatchRequest` is one input line, `Result` what came of it, `Shard` the unit of
-work. Batch and file records live in `gateway.store`; they are the wire objects.
+work. The stored batch and file records (the wire objects) are `gateway.store.records`; where a shard's
+blobs live is `gateway.store.blobs.keys`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import random
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
-
-from gateway.blob_keys import shard_requests_key, shard_results_key
 
 
 def new_id(prefix: str, sep: str = "_") -> str:
@@ -340,15 +339,6 @@ class Shard:
     @property
     def key(self) -> str:
         return f"{self.batch_id}:{self.index}"
-
-    @property
-    def requests_key(self) -> str:
-        return shard_requests_key(self.batch_id, self.index)
-
-    @property
-    def results_key(self) -> str:
-        """Sorted results, written once the shard is finished."""
-        return shard_results_key(self.batch_id, self.index)
 
     def to_json(self) -> dict[str, Any]:
         return {"batch_id": self.batch_id, "index": self.index, "route": self.route, "size": self.size,

@@ -241,7 +241,7 @@ class ServingLayer:
         are Anthropic's, by status)."""
         status, answer = await self._reply(url, body)
         if url is Endpoint.MESSAGES and status >= 400:
-            from providers.upstream_errors import anthropic_error
+            from gateway.message_batches.wire import anthropic_error
 
             return status, anthropic_error(status, answer)
         return status, answer

@@ -33,12 +33,13 @@ from gateway.lines.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecog
 from gateway.lines.budget import budgeted
 from gateway.lines.media_urls import api_host, internal_deployment, refused_media, resolves_private
 from gateway.lru import LRU
+from gateway.message_batches.wire import anthropic_error
 from gateway.scheduling.fairness import FairSlots
 from gateway.tracing import genai
 from providers import litellm_setup
 from providers.messages_bridge import message_through_wire
 from providers.passthrough import DEFAULT_MAX_REPLY_BYTES, PassThrough, wire_provider
-from providers.upstream_errors import UPSTREAM_ERROR, anthropic_error, provider_error
+from providers.upstream_errors import UPSTREAM_ERROR, provider_error
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price map at import
 

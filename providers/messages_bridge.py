@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.domain import BatchRequest, Endpoint, Result
-from providers.upstream_errors import anthropic_error
+from gateway.message_batches.wire import anthropic_error
 
 PassThrough = Callable[[BatchRequest, str], Awaitable[Result]]
 

@@ -150,28 +150,6 @@ def provider_error(exc: BaseException, model: str) -> ProviderError:
     return ProviderError(status=status if status and status >= 400 else 500, body={"error": error})
 
 
-# Anthropic's error types by HTTP status (its API reference, "Errors"); another 4xx reads as a bad request.
-ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                         404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-                         529: "overloaded_error"}
-
-
-def anthropic_error(status: int, body: dict[str, Any] | None) -> dict[str, Any]:
-    """An error reply in Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`), from a provider's
-    error body in OpenAI's shape (`provider_error`) or Anthropic's own: the provider's words, Anthropic's type
-    for the status (an Anthropic type the provider named is kept)."""
-    inner = (body or {}).get("error")
-    inner = inner if isinstance(inner, dict) else (body or {})  # an older vLLM's error object is the body
-    said = inner.get("type")
-    if said in ANTHROPIC_ERROR_TYPES.values() or said == "api_error":
-        type_ = str(said)
-    else:
-        type_ = ANTHROPIC_ERROR_TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
-    message = inner.get("message")
-    return {"type": "error", "error": {"type": type_,
-                                       "message": message if isinstance(message, str) else f"upstream {status}"}}
-
-
 def reply_error(status: int, data: bytes) -> dict[str, Any]:
     """The body of a provider's error reply: as sent when it is OpenAI's `{"error": {...}}` shape, else in
     that shape (vLLM's top-level error object, a string `error`, or the text of an HTML error page)."""

@@ -6,8 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from gateway.runtime.pool import declare_native_providers
 from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.services import SERVER_BINARIES, MotoS3, RedisClusterServers, RedisServer, need_server
+
+declare_native_providers()  # the tests read configs as the command line does: with the native providers declared
 
 
 @pytest.fixture(scope="module")

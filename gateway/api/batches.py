@@ -22,7 +22,7 @@ from gateway.pipeline.batch_params import CreateBatch
 
 if TYPE_CHECKING:
     from gateway.api.auth import Principal
-    from gateway.store.objects import BatchRecord
+    from gateway.store.records import BatchRecord
 
 router = APIRouter()
 

@@ -23,7 +23,7 @@ from gateway.errors import GatewayError, not_found, shown
 from gateway.json_codec import loads_checked
 from gateway.pipeline.batch_params import ExpiresAfter
 from gateway.store.faults import machine_fault
-from gateway.store.objects import FileRecord
+from gateway.store.records import FileRecord
 
 if TYPE_CHECKING:
     from gateway.runtime.runtime import Runtime

@@ -13,25 +13,25 @@ mode): a bad one is that request's `errored` result. The words (envelope, batch 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException
 
 from gateway.api.auth import Principal
 from gateway.api.deps import Caller, runtime_of
 from gateway.api.form import Body, declared_length
-from gateway.api.http_errors import RETRY_AFTER_SECONDS, STORAGE_ERRORS, ApiError, storage_fault
+from gateway.api.http_errors import RETRY_AFTER_SECONDS, ApiError, ErrorDoor, install_error_handlers
 from gateway.domain import MESSAGE_BATCH_KIND
-from gateway.errors import Conflict, GatewayError, NotFound, OverQuota, TooLarge, shown
+from gateway.errors import Conflict, NotFound, OverQuota, TooLarge, shown
 from gateway.finished.message_results import message_batch_results
 from gateway.message_batches.outcomes import request_counts
-from gateway.message_batches.wire import MAX_BODY_BYTES, EnvelopeError, batch_object, error_body, error_type
+from gateway.message_batches.wire import MAX_BODY_BYTES, EnvelopeError, anthropic_type, batch_object, error_body
 from gateway.pipeline.message_batch_create import create_message_batch, delete_message_batch
-from gateway.store.objects import BatchRecord
+from gateway.store.records import BatchRecord
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +40,8 @@ router = APIRouter()
 _MAX_LIST = 1000  # Anthropic's bound on `limit`
 
 
-class AnthropicError(Exception):
-    def __init__(self, status: int, message: str, type_: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type = status, message, type_ or error_type(status)
-
-
-def _not_found(batch_id: str) -> AnthropicError:
-    return AnthropicError(404, f"Message Batch '{shown(batch_id)}' not found.")
+def _not_found(batch_id: str) -> ApiError:
+    return ApiError(404, f"Message Batch '{shown(batch_id)}' not found.")
 
 
 async def _batch(request: Request, caller: Principal, batch_id: str) -> BatchRecord:
@@ -78,13 +72,13 @@ async def create(request: Request, caller: Caller) -> JSONResponse:
                                          declared=declared_length(request.headers), limit=limit,
                                          allowed_models=caller.allowed_models, reader=reader)
     except EnvelopeError as exc:
-        raise AnthropicError(400, str(exc)) from None
+        raise ApiError(400, str(exc)) from None
     except BrokenProcessPool:  # the reading process died twice (killed, out of memory): the machine's, not the body's
         log.warning("a validation process died twice while reading a Message Batch create; answered 529")
-        reply = _reply(529, "The server could not read the batch right now; the request was not completed. "
-                            "Try again later.", "overloaded_error")
-        reply.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)  # as for a storage fault: the SDK retries it
-        return reply
+        # as for a fault of the machine: the SDK retries it
+        return ANTHROPIC_DOOR.reply(529, "The server could not read the batch right now; the request was not "
+                                    "completed. Try again later.", type_="overloaded_error",
+                                    headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     return JSONResponse(_object(request, rec))
 
 
@@ -92,9 +86,9 @@ async def create(request: Request, caller: Caller) -> JSONResponse:
 async def list_batches(request: Request, caller: Caller, limit: int = 20, before_id: str | None = None,
                        after_id: str | None = None) -> JSONResponse:
     if not 1 <= limit <= _MAX_LIST:
-        raise AnthropicError(400, f"limit: Input should be between 1 and {_MAX_LIST}")
+        raise ApiError(400, f"limit: Input should be between 1 and {_MAX_LIST}")
     if before_id and after_id:
-        raise AnthropicError(400, "Only one of before_id and after_id may be given.")
+        raise ApiError(400, "Only one of before_id and after_id may be given.")
     page = await runtime_of(request).store.batches.page(caller.owner, limit=limit, after=after_id, before=before_id,
                                                         kind=MESSAGE_BATCH_KIND)
     data = [_object(request, rec) for rec in page.data]
@@ -119,7 +113,7 @@ async def cancel(request: Request, caller: Caller, batch_id: str) -> JSONRespons
 async def delete(request: Request, caller: Caller, batch_id: str) -> JSONResponse:
     rec = await _batch(request, caller, batch_id)
     if not rec.status.finished:
-        raise AnthropicError(400, f"Message Batch '{rec.id}' is still being processed and cannot be deleted; "
+        raise ApiError(400, f"Message Batch '{rec.id}' is still being processed and cannot be deleted; "
                                   "cancel it first, and delete it once it has ended.")
     if not await delete_message_batch(runtime_of(request).service, rec):
         raise _not_found(batch_id)
@@ -131,7 +125,7 @@ async def results(request: Request, caller: Caller, batch_id: str) -> Response:
     """The results as JSONL, one line per request in input order, streamed (one chunk read held at a time)."""
     rec = await _batch(request, caller, batch_id)
     if not rec.status.finished:
-        raise AnthropicError(400, f"Message Batch '{rec.id}' has not ended yet; its results are available once "
+        raise ApiError(400, f"Message Batch '{rec.id}' has not ended yet; its results are available once "
                                   "its processing_status is 'ended'.")
     runtime = runtime_of(request)
     return StreamingResponse(await message_batch_results(runtime.store, runtime.blobs, rec),
@@ -140,54 +134,31 @@ async def results(request: Request, caller: Caller, batch_id: str) -> Response:
 
 # -- errors, in Anthropic's shape ---------------------------------------------------------------------------
 
-def _reply(status: int, message: str, type_: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(type_ or error_type(status), message), status_code=status)
+class AnthropicDoor(ErrorDoor):
+    """Anthropic's words for the one handler set: its shape, its type for a status (`wire.ERROR_TYPES`), the
+    529 `overloaded_error` its SDK retries for a fault of the machine."""
+
+    statuses = ((NotFound, 404), (TooLarge, 413), (OverQuota, 429), (Conflict, 400))
+    fault_status = 529
+    fault_type = "overloaded_error"
+    unexpected = "Internal server error"
+
+    def reply(self, status: int, message: str, *, type_: str | None = None, code: str | None = None,
+              param: str | None = None, headers: Mapping[str, str] | None = None) -> JSONResponse:
+        # a type another family's words gave (OpenAI's `server_error`) reads as the status's Anthropic one
+        return JSONResponse(error_body(anthropic_type(status, type_), message), status_code=status,
+                            headers=dict(headers) if headers else None)
+
+    def unknown_url(self, request: Request) -> str:
+        return f"Not found: {request.method} {request.url.path}"
+
+    def invalid(self, exc: RequestValidationError) -> JSONResponse:
+        first: dict[str, Any] = next(iter(exc.errors()), {})
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or "request"
+        return self.reply(400, f"{where}: {first.get('msg', 'invalid')}")
 
 
-async def _anthropic_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, AnthropicError)
-    return _reply(exc.status, exc.message, exc.type)
-
-
-async def _api_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ApiError)
-    return _reply(exc.status, exc.message)  # a 401 is an authentication_error, a 413 request_too_large
-
-
-_STATUS: list[tuple[type[GatewayError], int]] = [(NotFound, 404), (TooLarge, 413), (OverQuota, 429), (Conflict, 400)]
-
-
-async def _gateway_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, GatewayError)
-    return _reply(next((s for kind, s in _STATUS if isinstance(exc, kind)), 400), exc.message)
-
-
-async def _http_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, HTTPException)
-    if exc.status_code == 404:
-        return _reply(404, f"Not found: {request.method} {request.url.path}")
-    return _reply(exc.status_code, str(exc.detail))
-
-
-async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    first: dict[str, Any] = next(iter(exc.errors()), {})
-    where = ".".join(str(p) for p in first.get("loc", ())[1:]) or "request"
-    return _reply(400, f"{where}: {first.get('msg', 'invalid')}")
-
-
-async def _storage_error(request: Request, exc: Exception) -> JSONResponse:
-    """A full disk, the store or S3 down: Anthropic's 529 `overloaded_error`, which its SDK retries."""
-    if (fault := storage_fault(request, exc, 529)) is None:
-        return _reply(500, "Internal server error")
-    reply = _reply(529, f"The server's {fault.service} is unavailable right now ({fault.words}); the request was "
-                        "not completed. Try again later.", "overloaded_error")
-    reply.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
-    return reply
-
-
-async def _unexpected(_: Request, __: Exception) -> JSONResponse:
-    return _reply(500, "Internal server error")
+ANTHROPIC_DOOR = AnthropicDoor()
 
 
 def message_batches_app(parent: FastAPI) -> FastAPI:
@@ -196,14 +167,7 @@ def message_batches_app(parent: FastAPI) -> FastAPI:
     app.state.runtime = parent.state.runtime
     app.state.auth = parent.state.auth
     app.include_router(router)
-    for kind in STORAGE_ERRORS:
-        app.add_exception_handler(kind, _storage_error)
-    app.add_exception_handler(AnthropicError, _anthropic_error)
-    app.add_exception_handler(ApiError, _api_error)
-    app.add_exception_handler(GatewayError, _gateway_error)
-    app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(Exception, _unexpected)
+    install_error_handlers(app, ANTHROPIC_DOOR)
     return app
 
 

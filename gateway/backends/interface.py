@@ -1,7 +1,7 @@
 """The `Backend` interface: how a shard's requests get executed.
 
 `providers.litellm_backend` (upstream, through LiteLLM's Router),
-`providers.native` (upstream batch jobs) and `local_engine.backend`
+`providers.native.runner` (upstream batch jobs) and `local_engine.backend`
 (in-process vLLM) each provide one. The runtime knows nothing else about
 them: what is special to one backend hangs on the optional hooks below.
 """

@@ -58,13 +58,15 @@ class StartupHeap:
         gc.set_threshold(young, middle, _NO_FULL_COLLECTION)
 
     def resume(self) -> None:
-        """Collect as before `pause` (also for a start-up that ended before `freeze`, e.g. on a bad input file)."""
+        """The thresholds `pause` kept, back (also for a start-up that ended before `freeze`, e.g. on a bad input
+        file): the running process collects at Python's own pace."""
         if self._thresholds is not None:
             gc.set_threshold(*self._thresholds)
             self._thresholds = None
 
     def freeze(self) -> None:
-        """Move every object start-up left out of the collector's sight, and collect as before."""
+        """Move every object start-up made out of the collector's sight (they live as long as the process), then
+        `resume`."""
         if self._frozen:
             return
         self._frozen = True

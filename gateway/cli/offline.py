@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.blob_keys import file_key
 from gateway.cli.console import log_path, say, stdout_bytes, terminal
 from gateway.cli.report import report_invalid, summarise
 from gateway.cli.transfer import Reader, TransferError, deliver, is_url, read_source, source_name
@@ -34,8 +33,9 @@ from gateway.estimate.cost import estimate_lines
 from gateway.pipeline.validate import LINE_SLACK
 from gateway.runtime.runtime import Runtime, open_embedded
 from gateway.runtime.supervisor import Supervisor, default_workers
-from gateway.store.lines import split_lines
-from gateway.store.objects import BatchOptions, BatchRecord
+from gateway.store.blobs.keys import file_key
+from gateway.store.records import BatchOptions, BatchRecord
+from gateway.store.splitter import split_lines
 
 EXIT_OK, EXIT_INPUT, EXIT_DELIVERY = 0, 1, 3
 _BOM = b"\xef\xbb\xbf"

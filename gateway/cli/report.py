@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.cli.console import log_path, say, terminal
-from gateway.store.objects import BatchRecord
+from gateway.store.records import BatchRecord
 
 MAX_ERRORS_SHOWN = 20
 

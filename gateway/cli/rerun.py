@@ -26,7 +26,7 @@ from gateway.errors import Conflict
 from gateway.finished.retry_failed import retry_batch
 from gateway.finished.retry_merge import is_merged, merge_retry
 from gateway.runtime.runtime import Runtime, open_embedded
-from gateway.store.objects import BatchRecord
+from gateway.store.records import BatchRecord
 
 
 async def retry_failed_run(config: Config, opts: RunOptions) -> int:

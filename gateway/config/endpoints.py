@@ -1,11 +1,10 @@
 """Every fact about an endpoint, in one table: its url, its required fields, and what each route kind serves.
 
-`ENDPOINTS` has one row per canonical `Endpoint`; `NATIVE_JOBS` one per provider whose batch jobs a
-native route can run. Everything else reads these: url normalising (`gateway.config.urls`), body checks
-(`gateway.lines.body_fields`), the upstream backend and its pass-through (`providers.litellm_backend`,
-`providers.passthrough`), the native backend (`providers.native` and each provider's jobs), and the local
-engine's refusals (`local_engine.serving`). A local route serves what its vLLM model serves (vLLM tells
-at start), less `never_local`.
+`ENDPOINTS` has one row per canonical `Endpoint` (which of them a native provider's jobs take, those jobs
+declare: `gateway.config.native_declarations`). Everything else reads these: url normalising
+(`gateway.config.urls`), body checks (`gateway.lines.body_fields`), and every backend: the upstream one and
+its OpenAI-wire pass-through, the native one, the local engine's refusals. A local route serves what its vLLM
+model serves (vLLM tells at start), less `never_local`.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ class EndpointRule:
     `header_params`: names in that TypedDict the SDK sends as headers, not in the body (never a line's field).
     `fields`: the documented fields where no OpenAI schema exists (rerank: Cohere's v2 request).
     `router_method`: the LiteLLM Router's method on a real-time upstream route (None: no upstream serves it).
-    `wire`: an OpenAI-wire provider takes the line's bytes as they are (`providers.passthrough`).
+    `wire`: an OpenAI-wire provider takes the line's bytes as they are (the upstream backend's pass-through).
     `never_local`: what it is, when no vLLM model serves it (the local line's 400 says where to send it).
     """
 
@@ -100,26 +99,3 @@ ENDPOINTS: dict[Endpoint, EndpointRule] = {
 UPSTREAM_ENDPOINTS = frozenset(e for e, rule in ENDPOINTS.items() if rule.router_method is not None)
 WIRE_ENDPOINTS = frozenset(e for e, rule in ENDPOINTS.items() if rule.wire)
 
-
-@dataclass(frozen=True, slots=True)
-class NativeJobs:
-    """A provider whose batch jobs a native route runs: its `UpstreamJobs` class (`module:Name`, imported
-    only by `providers.native`, which this layer may not import) and the endpoints its jobs take."""
-
-    jobs: str
-    endpoints: frozenset[Endpoint]
-
-
-# Endpoints that OpenAI's and Azure's batch jobs accept.
-_OPENAI_BATCH = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES})
-
-NATIVE_JOBS: dict[str, NativeJobs] = {
-    "openai": NativeJobs("providers.openai_jobs:OpenAIJobs", _OPENAI_BATCH),
-    "azure": NativeJobs("providers.openai_jobs:OpenAIJobs", _OPENAI_BATCH),
-    "anthropic": NativeJobs("providers.anthropic_jobs:AnthropicJobs", frozenset({Endpoint.CHAT, Endpoint.MESSAGES})),
-    "mistral": NativeJobs("providers.mistral_jobs:MistralJobs", frozenset({Endpoint.CHAT, Endpoint.EMBEDDINGS})),
-    "gemini": NativeJobs("providers.gemini_jobs:GeminiJobs", frozenset({Endpoint.CHAT})),
-    "bedrock": NativeJobs("providers.bedrock_jobs:BedrockJobs", frozenset({Endpoint.CHAT})),
-    "vertex_ai": NativeJobs("providers.vertex_jobs:VertexJobs", frozenset({Endpoint.CHAT})),
-}
-NATIVE_PROVIDERS = tuple(NATIVE_JOBS)

@@ -31,6 +31,7 @@ from pydantic_core import PydanticCustomError
 
 from gateway.config.engine_fields import unknown_engine_args
 from gateway.config.kinds import RouteKind, inferred_provider, native_refusal
+from gateway.config.native_declarations import native_declarations
 
 LOCAL_PREFIX = "vllm/"
 NATIVE_KEY_PREFIX = "native_"  # batchyard's keys of native entries; LiteLLM has none of that name
@@ -158,12 +159,9 @@ class NativeModelInfo(ModelInfo):
     - `native_max_lines`, `native_max_bytes`: split limits per upstream job (default: the provider's own).
     - `native_poll_initial_seconds` (default 0.5), `native_poll_max_seconds` (default 60): polling backs off
       from the first up to the second.
-    - `native_s3_bucket`, `native_role_arn` (required), `native_s3_prefix`, `native_keep_files`,
-      `native_min_records`: Bedrock's storage and job size (`providers.bedrock_jobs`); refused elsewhere.
-    - `native_gcs_bucket` (required), `native_gcs_prefix`, `native_keep_files`: Vertex AI's storage
-      (`providers.vertex_jobs`); refused elsewhere.
-    - `native_inline_max_bytes`, `native_keep_files`: the Gemini API's inline bound and its uploaded files
-      (`providers.gemini_jobs`); refused elsewhere.
+    - a provider's own keys (Bedrock's `native_s3_bucket`, Vertex AI's `native_gcs_bucket`, ...): each provider's
+      jobs declare which are theirs and which are required (`gateway.config.native_declarations`); refused on
+      every other provider.
     """
 
     native_max_lines: PositiveInt | None = None
@@ -278,7 +276,7 @@ class UpstreamEntry(_Entry):
 
 class NativeEntry(UpstreamEntry):
     """`model_info.batch_mode: native`: shards go to the provider's own batch API, on a provider that has
-    one we run (`NATIVE_PROVIDERS`); on any other it is refused here, never quietly run in real time."""
+    one we run (whose jobs are declared); on any other it is refused here, never quietly run in real time."""
 
     model_info: NativeModelInfo = Field(default_factory=NativeModelInfo)
     """LiteLLM's `model_info` (batch prices) plus batchyard's keys, the `native_*` ones included."""
@@ -291,37 +289,28 @@ class NativeEntry(UpstreamEntry):
         if refusal is not None:
             raise PydanticCustomError("native_provider", "batch_mode: native on {name}: {refusal}",
                                       {"name": repr(context.data.get("model_name")), "refusal": refusal})
-        provider, _, model = params.model.partition("/") if isinstance(params, LiteLLMParams) else ("", "", "")
-        mine = _STORAGE_KEYS.get(provider, ())
-        given = sorted(k for k in _ALL_STORAGE_KEYS if k in info.model_fields_set and k not in mine)
+        if not isinstance(params, LiteLLMParams):
+            return info  # its own error says what is wrong with litellm_params
+        provider, _, model = params.model.partition("/")
+        declared = native_declarations()
+        mine = declared[provider]
+        others = frozenset().union(*(d.settings for d in declared.values())) - mine.settings
+        given = sorted(k for k in others if k in info.model_fields_set)
         if given:
+            owners = sorted(p for p, d in declared.items() if d.settings & set(given))
             raise PydanticCustomError("native_key", "{names}: not a setting of a {provider}/ deployment (keys of "
-                                      "Bedrock's, Vertex AI's or the Gemini API's batch jobs)",
-                                      {"names": ", ".join(given), "provider": provider})
-        if provider == "vertex_ai":
-            if not info.native_gcs_bucket:
-                raise PydanticCustomError("native_storage", "batch_mode: native on vertex_ai/ needs native_gcs_bucket "
-                                          "(the Cloud Storage bucket of Vertex AI's batch prediction jobs)", {})
-            if not model.rsplit("/", 1)[-1].startswith("gemini-"):
-                raise PydanticCustomError("native_provider", "batch_mode: native on vertex_ai/ runs gemini-* models "
-                                          "only, not {model}", {"model": model})
-        if provider == "bedrock":
-            missing = [k for k in ("native_s3_bucket", "native_role_arn") if not getattr(info, k)]
-            if missing:
-                raise PydanticCustomError("native_storage", "batch_mode: native on bedrock/ needs {key} (the S3 bucket "
-                                          "and service role of Bedrock's batch jobs)", {"key": missing[0]})
-            if not model.split(".", 1)[-1].startswith("anthropic.") and not model.startswith("anthropic."):
-                raise PydanticCustomError("native_provider", "batch_mode: native on bedrock/ runs anthropic.claude-* "
-                                          "models only, not {model}", {"model": model})
+                                      "the {owners} batch jobs)",
+                                      {"names": ", ".join(given), "provider": provider,
+                                       "owners": ", ".join(f"{p}/" for p in owners)})
+        missing = [k for k in mine.required_settings if not getattr(info, k)]
+        if missing:
+            raise PydanticCustomError("native_storage", "batch_mode: native on {provider}/ needs {key} ({purpose})",
+                                      {"provider": provider, "key": missing[0], "purpose": mine.settings_purpose})
+        refusal = mine.model_refusal(model)
+        if refusal is not None:
+            raise PydanticCustomError("native_provider", "batch_mode: native on {provider}/ {refusal}",
+                                      {"provider": provider, "refusal": refusal})
         return info
-
-
-_STORAGE_KEYS = {
-    "bedrock": ("native_s3_bucket", "native_s3_prefix", "native_role_arn", "native_keep_files", "native_min_records"),
-    "vertex_ai": ("native_gcs_bucket", "native_gcs_prefix", "native_keep_files"),
-    "gemini": ("native_inline_max_bytes", "native_keep_files"),
-}
-_ALL_STORAGE_KEYS = frozenset(k for keys in _STORAGE_KEYS.values() for k in keys)
 
 
 def entry_kind(raw: Any) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 
-from gateway.config.endpoints import NATIVE_PROVIDERS  # one row each in NATIVE_JOBS, with its jobs class
+from gateway.config.native_declarations import native_declarations
 
 
 def native_refusal(model: str) -> str | None:
@@ -16,9 +16,10 @@ def native_refusal(model: str) -> str | None:
     Checked at load: a native route on another provider would otherwise have every line fail, or be
     quietly run in real time at twice the price."""
     provider = model.partition("/")[0]
-    if provider in NATIVE_PROVIDERS:
+    declared = native_declarations()
+    if provider in declared:
         return None
-    return (f"native batches run on {', '.join(NATIVE_PROVIDERS)} deployments, not {provider}/ "
+    return (f"native batches run on {', '.join(sorted(declared))} deployments, not {provider}/ "
             "(use batch_mode: realtime)")
 
 

@@ -28,8 +28,8 @@ from gateway.errors import LineCode, LineError
 from gateway.estimate.tokens import TokenCounter, counter_for, output_bound, price_map, price_names
 from gateway.pipeline.plan import chunks
 from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, line_failure
-from gateway.store.lines import Overlong, split_lines
 from gateway.store.protocols import Blobs
+from gateway.store.splitter import Overlong, split_lines
 
 
 @dataclass(frozen=True, slots=True)

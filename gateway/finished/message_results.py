@@ -13,9 +13,9 @@ from gateway.domain import BatchStatus
 from gateway.json_codec import dumps, loads
 from gateway.message_batches.outcomes import message_result
 from gateway.message_batches.wire import error_body
-from gateway.store.lines import read_line_runs
-from gateway.store.objects import BatchRecord
 from gateway.store.protocols import Blobs, Store
+from gateway.store.records import BatchRecord
+from gateway.store.splitter import read_line_runs
 
 
 async def message_batch_results(store: Store, blobs: Blobs, rec: BatchRecord) -> AsyncIterator[bytes]:

@@ -20,13 +20,13 @@ import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from gateway.blob_keys import file_key, order_key
 from gateway.errors import Conflict, InvalidRequest
 from gateway.json_codec import dumps, loads
-from gateway.store.lines import read_lines
-from gateway.store.objects import BatchRecord
+from gateway.store.blobs.keys import file_key, order_key
 from gateway.store.order_index import read_entries
 from gateway.store.protocols import Blobs, Store
+from gateway.store.records import BatchRecord
+from gateway.store.splitter import read_lines
 
 _CURSOR = re.compile(r"(\d{1,18})(?:\.(\d{1,18}))?")
 _Lines = AsyncIterator[bytes]

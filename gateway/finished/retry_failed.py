@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from gateway.blob_keys import order_key
 from gateway.domain import BatchStatus
 from gateway.errors import Conflict, not_found
 from gateway.pipeline.batch_service import BatchService
-from gateway.store.lines import split_lines
-from gateway.store.objects import BatchOptions, BatchRecord
+from gateway.store.blobs.keys import order_key
 from gateway.store.order_index import OrderEntry, read_entries
 from gateway.store.protocols import Blobs
+from gateway.store.records import BatchOptions, BatchRecord
+from gateway.store.splitter import split_lines
 
 _CHUNK = 1 << 16
 _MAX_METADATA = 16  # OpenAI's limit on metadata keys (`checked_metadata`)

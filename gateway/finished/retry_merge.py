@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from gateway.blob_keys import file_key, order_key, retry_merged_key, retry_staged_key
-from gateway.store.lines import read_lines
-from gateway.store.objects import BatchRecord
+from gateway.store.blobs.keys import file_key, order_key, retry_merged_key, retry_staged_key
 from gateway.store.order_index import entry_line, read_entries
 from gateway.store.protocols import Blobs
+from gateway.store.records import BatchRecord
+from gateway.store.splitter import read_lines
 
 
 async def is_merged(blobs: Blobs, retry_id: str) -> bool:

@@ -8,7 +8,7 @@ commits) all ask it, so it sits below the backends as well as the pipeline.
 from __future__ import annotations
 
 from gateway.domain import BatchStatus
-from gateway.store.objects import BatchRecord, now
+from gateway.store.records import BatchRecord, now
 
 StopReason = tuple[str, str]  # (error code, message) for each request that will not run
 CANCELLED: StopReason = ("batch_cancelled", "The batch was cancelled before this request ran.")

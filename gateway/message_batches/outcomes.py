@@ -17,17 +17,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.errors import LineCode
-from gateway.message_batches.wire import error_body, error_type
-from gateway.store.objects import BatchRecord
+from gateway.message_batches.wire import anthropic_type, error_body, error_type
+from gateway.store.records import BatchRecord
 
 EXPIRED_CODE, CANCELLED_CODE = "batch_expired", "batch_cancelled"  # the pipeline's stop reasons
 # Codes of a request refused before it was sent: the checks' (`LineCode`) and a route's that cannot honour
 # a parameter (`unknown_parameter`, `unsupported_parameter`, `unsupported_value`).
 _VALIDATION = frozenset({*(c.value for c in LineCode), "unknown_parameter", "unsupported_parameter",
                          "unsupported_value"})
-# Error codes of lines without any reply: what each means in Anthropic's types.
-_CODE_TYPES = {"budget_exceeded": "billing_error", "model_unavailable": "overloaded_error",
-               "rate_limit_exceeded": "rate_limit_error"}
+# Error codes of lines without any reply: the HTTP status each stands for (its Anthropic type is the status's).
+_CODE_STATUS = {"budget_exceeded": 402, "model_unavailable": 529, "rate_limit_exceeded": 429}
 
 
 def message_result(line: Mapping[str, Any]) -> dict[str, Any]:
@@ -47,14 +46,14 @@ def message_result(line: Mapping[str, Any]) -> dict[str, Any]:
     if code == CANCELLED_CODE:
         return {"custom_id": custom_id, "result": {"type": "canceled"}}
     message = str((error or {}).get("message") or "The request could not be run.")
-    type_ = "invalid_request_error" if code in _VALIDATION else _CODE_TYPES.get(code, "api_error")
+    type_ = "invalid_request_error" if code in _VALIDATION else error_type(_CODE_STATUS.get(code, 500))
     return {"custom_id": custom_id, "result": {"type": "errored", "error": error_body(type_, message)}}
 
 
 def _reply_error(status: int, body: Any, error: Mapping[str, Any] | None) -> dict[str, Any]:
     if isinstance(body, dict) and body.get("type") == "error" and isinstance(body.get("error"), dict):
         inner = body["error"]
-        return error_body(str(inner.get("type") or error_type(status)), str(inner.get("message") or ""))
+        return error_body(anthropic_type(status, inner.get("type")), str(inner.get("message") or ""))
     found = body.get("error") if isinstance(body, dict) else None  # OpenAI's shape: {"error": {message, code}}
     detail = found if isinstance(found, dict) else (error or {})
     message = detail.get("message") or (body if isinstance(body, str) else f"The request failed with {status}.")

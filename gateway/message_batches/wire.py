@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from gateway.domain import BatchStatus
 from gateway.lines.body_fields import MAX_LINE_DEPTH
-from gateway.store.objects import BatchRecord
+from gateway.store.records import BatchRecord
 
 MAX_REQUESTS = 100_000  # Anthropic's limits on one Message Batch
 MAX_BODY_BYTES = 256 * 1024 * 1024
@@ -26,7 +26,9 @@ COMPLETION_WINDOW = "24h"  # a Message Batch expires 24 hours after it is create
 # bound, so that a request accepted here is never a line the intake cannot read (which would fail the batch).
 MAX_PARAMS_DEPTH = MAX_LINE_DEPTH - 1
 
-# Anthropic's error types by HTTP status (its "Errors" reference); anything else 5xx is an api_error.
+# Anthropic's error types by HTTP status (its "Errors" reference): the one table of Anthropic's door, for
+# our own refusals, a route's errors and a Message Batch's results alike. Another 5xx is an api_error,
+# another 4xx a bad request.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                429: "rate_limit_error", 500: "api_error", 503: "overloaded_error", 504: "timeout_error",
@@ -40,6 +42,23 @@ def error_type(status: int) -> str:
 def error_body(type_: str, message: str) -> dict[str, Any]:
     """Anthropic's error shape: `{"type": "error", "error": {"type", "message"}}`."""
     return {"type": "error", "error": {"type": type_, "message": message}}
+
+
+def anthropic_type(status: int, said: Any = None) -> str:
+    """The Anthropic type of an error: the one its sender named when that is an Anthropic type, else the
+    status's."""
+    return str(said) if said in ERROR_TYPES.values() or said == "api_error" else error_type(status)
+
+
+def anthropic_error(status: int, body: dict[str, Any] | None) -> dict[str, Any]:
+    """An error reply in Anthropic's shape, from a route's error body in OpenAI's shape (a provider's,
+    the local engine's) or Anthropic's own: the route's words, Anthropic's type for the status (an Anthropic
+    type the route named is kept)."""
+    inner = (body or {}).get("error")
+    inner = inner if isinstance(inner, dict) else (body or {})  # an older vLLM's error object is the body
+    message = inner.get("message")
+    return error_body(anthropic_type(status, inner.get("type")),
+                      message if isinstance(message, str) else f"upstream {status}")
 
 
 class MessageBatchRequest(BaseModel):
@@ -95,6 +114,7 @@ def batch_object(rec: BatchRecord, request_counts: dict[str, int], results_url: 
 
 __all__ = [
     "COMPLETION_WINDOW", "CUSTOM_ID_PATTERN", "ERROR_TYPES", "MAX_BODY_BYTES", "MAX_PARAMS_DEPTH", "MAX_REQUESTS",
-    "EnvelopeError", "MessageBatchRequest", "batch_object", "error_body", "error_type", "input_line",
+    "EnvelopeError", "MessageBatchRequest", "anthropic_error", "anthropic_type", "batch_object", "error_body",
+    "error_type", "input_line",
     "processing_status", "rfc3339",
 ]

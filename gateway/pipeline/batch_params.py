@@ -59,7 +59,8 @@ Required = Annotated[StrictStr, BeforeValidator(_present)]
 
 
 class CreateBatch(BaseModel):
-    """The body of `POST /v1/batches`. Keys OpenAI's API has and we do not use are ignored, as before."""
+    """The body of `POST /v1/batches`. Keys OpenAI's API has and we do not use are ignored: a
+    client sending OpenAI's full body must not be refused for a field that changes nothing here."""
 
     input_file_id: Required
     endpoint: Required

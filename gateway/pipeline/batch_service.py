@@ -23,7 +23,6 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from gateway import metrics, tracing
-from gateway.blob_keys import batch_prefix, file_key, order_key
 from gateway.config.schema import Config
 from gateway.config.urls import normalise_endpoint
 from gateway.domain import BatchStatus, Endpoint, Shard, new_id
@@ -40,11 +39,12 @@ from gateway.pipeline.lifecycle import (
 )
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
 from gateway.pipeline.validate import LINE_SLACK, count_routes
+from gateway.store.blobs.keys import batch_prefix, file_key, order_key
 from gateway.store.faults import machine_fault
-from gateway.store.lines import Overlong, split_lines
-from gateway.store.objects import BatchOptions, BatchRecord, FileRecord, RequestCounts, now, storage_team
 from gateway.store.protocols import Blobs, Coordination, Queue, Store
 from gateway.store.quota import MAX_ACTIVE_BATCHES, MODEL_MAX_ENQUEUED_REQUESTS, TeamLimits, over_model
+from gateway.store.records import BatchOptions, BatchRecord, FileRecord, RequestCounts, now, storage_team
+from gateway.store.splitter import Overlong, split_lines
 from gateway.store.storage import StorageMeter, over_limit
 
 log = logging.getLogger("batchyard.service")

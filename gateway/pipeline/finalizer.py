@@ -13,13 +13,13 @@ from collections.abc import Callable
 
 from gateway import tracing
 from gateway.backends.interface import RouteReporter
-from gateway.blob_keys import batch_prefix, file_key, order_key
 from gateway.domain import BatchStatus, Shard
 from gateway.lines.stops import CANCELLED, EXPIRED, LOST, stop_reason
 from gateway.pipeline.lifecycle import Announce, announce_nothing, derived_id, expiry
 from gateway.pipeline.merge import merge_shards, seal_shard
-from gateway.store.objects import BatchFields, FileRecord, now, storage_team
+from gateway.store.blobs.keys import batch_prefix, file_key, order_key
 from gateway.store.protocols import Blobs, Coordination, Store
+from gateway.store.records import BatchFields, FileRecord, now, storage_team
 
 log = logging.getLogger("batchyard.finalizer")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from gateway.domain import BatchStatus, Shard
 from gateway.pipeline.batch_params import ExpiresAfter, checked
-from gateway.store.objects import BatchRecord, FileRecord
+from gateway.store.records import BatchRecord, FileRecord
 
 # (owner, batch id, the final status about to be set): called before the status is written, so an
 # event recorded there survives a crash between the two (the finalizer runs again and records it again).

@@ -18,9 +18,10 @@ from typing import Any
 from gateway import metrics
 from gateway.domain import BatchRequest, Result, Shard, Usage
 from gateway.json_codec import dumps, loads
-from gateway.store.lines import read_lines
+from gateway.store.blobs.keys import shard_requests_key, shard_results_key
 from gateway.store.order_index import entry_line
 from gateway.store.protocols import Blobs, Store
+from gateway.store.splitter import read_lines
 
 
 async def seal_shard(
@@ -34,12 +35,13 @@ async def seal_shard(
     shard's requests in input order, when the caller has them parsed already
     (the runner that just ran them); read from the shard's blob otherwise.
     """
-    if await blobs.size(shard.results_key) is not None:  # sealed already (or a shard of answered lines)
+    if await blobs.size(shard_results_key(shard)) is not None:  # sealed already (or a shard of answered lines)
         if shard.route:  # the blob written, then a crash before the seal: seal it (idempotent). The finalizer
             await store.ledger.drop_journal(shard)  # counts on it: no result counts (or costs) after its seal
         return
     if requests is None:
-        requests = [BatchRequest.from_json(loads(raw)) async for raw in read_lines(blobs, shard.requests_key) if raw]
+        key = shard_requests_key(shard)
+        requests = [BatchRequest.from_json(loads(raw)) async for raw in read_lines(blobs, key) if raw]
     done = {r.line: r for r in await store.ledger.journal(shard)}
     unrun = [r for r in requests if r.line not in done]
     if unrun:
@@ -51,7 +53,7 @@ async def seal_shard(
         metrics.observe_results(await metrics.team_of(store, shard.batch_id), shard.route, failures)
         # Read back for the `seq` the ledger gave each (the results endpoint's cursor counts by it).
         done = {f.line: f for f in failures} | {r.line: r for r in await store.ledger.journal(shard)}
-    async with blobs.writing(shard.results_key) as writer:
+    async with blobs.writing(shard_results_key(shard)) as writer:
         for req in requests:
             await writer.write(dumps(done[req.line].to_json()) + b"\n")
     await store.ledger.drop_journal(shard)
@@ -85,7 +87,7 @@ class Summary:
 
 
 async def _results(blobs: Blobs, shard: Shard) -> AsyncIterator[Result]:
-    async for raw in read_lines(blobs, shard.results_key):
+    async for raw in read_lines(blobs, shard_results_key(shard)):
         if raw:
             yield Result.from_json(loads(raw))
 

@@ -33,7 +33,7 @@ from gateway.errors import TooLarge
 from gateway.message_batches.envelope import read_create
 from gateway.message_batches.wire import COMPLETION_WINDOW
 from gateway.pipeline.batch_service import BatchService
-from gateway.store.objects import BatchOptions, BatchRecord, RequestCounts, message_batch_files_owner
+from gateway.store.records import BatchOptions, BatchRecord, RequestCounts, message_batch_files_owner
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,9 @@ from gateway.errors import LINE_HTTP_STATUS, LineCode, LineError
 from gateway.json_codec import dumps
 from gateway.log_safe import escaped
 from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, line_failure
-from gateway.store.lines import Overlong, split_lines
+from gateway.store.blobs.keys import shard_requests_key, shard_results_key
 from gateway.store.protocols import Blobs, BlobWriter
+from gateway.store.splitter import Overlong, split_lines
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class Planner:
     async def _new_shard(self, route: str) -> _OpenShard:
         shard = Shard(self._batch_id, self._next_index, route, 0)
         self._next_index += 1
-        key = shard.results_key if route == "" else shard.requests_key
+        key = shard_results_key(shard) if route == "" else shard_requests_key(shard)
         # Each shard's blob has its own exit stack: a full shard is committed mid-file by closing it,
         # and the plan's stack holds the rest, committed when the plan ends or aborted when it fails.
         written = contextlib.AsyncExitStack()

@@ -38,10 +38,11 @@ from gateway.lines.stops import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopR
 from gateway.pipeline.merge import seal_shard
 from gateway.scheduling.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
 from gateway.scheduling.pacing import Pacer, pacing_with
+from gateway.store.blobs.keys import shard_requests_key, shard_results_key
 from gateway.store.faults import Pause, machine_fault
-from gateway.store.lines import read_lines
-from gateway.store.objects import BatchRecord, Delivery
 from gateway.store.protocols import Blobs, Queue, Store
+from gateway.store.records import BatchRecord, Delivery
+from gateway.store.splitter import read_lines
 
 log = logging.getLogger("batchyard.runner")
 
@@ -203,7 +204,7 @@ class ShardRunner:
 
     async def run_shard(self, shard: Shard, attempt: int | None = None) -> None:
         """Run a shard's unfinished requests, seal it, and finalize the batch if it was the last."""
-        if await self.blobs.size(shard.results_key) is not None:
+        if await self.blobs.size(shard_results_key(shard)) is not None:
             await self._finish_shard(shard)  # sealed before a crash; only the bookkeeping is left
             return
         batch = await self.store.batches.get(shard.batch_id)
@@ -218,7 +219,7 @@ class ShardRunner:
         if reason is None:
             requests = [
                 BatchRequest.from_json(loads(raw))
-                async for raw in read_lines(self.blobs, shard.requests_key)
+                async for raw in read_lines(self.blobs, shard_requests_key(shard))
                 if raw
             ]
             recorded = await self.store.ledger.recorded_lines(shard)

@@ -33,9 +33,9 @@ from gateway.pipeline.batch_service import BatchService
 from gateway.pipeline.finalizer import Finalizer
 from gateway.pipeline.lifecycle import for_queue
 from gateway.store.faults import forget, machine_fault, notice, noticed, once_a_minute
-from gateway.store.objects import BatchRecord, now
 from gateway.store.protocols import Coordination, Queue, Store
 from gateway.store.quota import GRACE_SECONDS
+from gateway.store.records import BatchRecord, now
 
 log = logging.getLogger("batchyard.coordinator")  # the logger keeps its name: operators filter on it
 

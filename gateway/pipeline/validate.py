@@ -22,7 +22,7 @@ from gateway.domain import BatchRequest, Endpoint
 from gateway.errors import LineCode, LineError, shown
 from gateway.json_codec import loads_checked
 from gateway.lines.body_fields import MAX_LINE_DEPTH, check_body
-from gateway.store.lines import Overlong
+from gateway.store.splitter import Overlong
 
 _BOM = b"\xef\xbb\xbf"
 # Bytes a line may carry beyond `max_line_bytes` while it is read (a BOM, a `\r`): the check is exact after.

@@ -12,9 +12,22 @@ import importlib
 from collections.abc import Collection
 
 from gateway.backends.interface import Backend, BackendUnavailable, RouteReporter
+from gateway.config.native_declarations import Declarations, declare_native
 from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import Config
 from gateway.store.protocols import Store
+
+
+def _native_catalog() -> Declarations:
+    from providers.native.catalog import native_catalog
+
+    return native_catalog()
+
+
+def declare_native_providers() -> None:
+    """Hand the native providers' declarations (their jobs classes) to the config: the composition root knows
+    the implementations, the config may not import them. Nothing is imported until a native entry is read."""
+    declare_native(_native_catalog)
 
 
 class BackendPool:
@@ -52,7 +65,7 @@ class BackendPool:
 
             return LocalEngineBackend(route.engine_args, allowed_params=route.allowed_params,
                                       allowed_media_domains=route.allowed_media_domains)
-        from providers.native import NativeBatchBackend
+        from providers.native.runner import NativeBatchBackend
 
         return NativeBatchBackend(route, self._config.router_settings, self._store)
 

@@ -5,9 +5,10 @@ lines take about 5 s. On the API's event loop every other request waited for it;
 holds the GIL against the loop (p99 161 ms under load). So the API's runtime hands each batch to a small
 pool of processes, which read the input file from the blobs and write the shard blobs themselves,
 streamed, and send back only the `PlanOutcome` (the shards' names and sizes, the first errors, counts).
-The API process records it, as before: nothing is recorded by a child. The same processes do the other
-CPU work a door would otherwise do on the API's loop: a file's cost estimate, and the reading of a Message
-Batch create's body (`read_create`: from the spooled body's file to the input lines' file, by path).
+The API process records it: nothing is recorded by a child, so a child that dies leaves no half-made record.
+The same processes do the other CPU work a door would otherwise do on the API's loop: a file's cost
+estimate, and the reading of a Message Batch create's body (`read_create`: from the spooled body's file to
+the input lines' file, by path).
 
 The processes run at a lower CPU priority (`CHILD_NICENESS`): on a small machine the API's loop wins the
 cores whenever both want one, so another team's calls stay prompt while a large file is read; the work
@@ -42,7 +43,7 @@ from gateway.message_batches.envelope import read_create
 from gateway.message_batches.wire import EnvelopeError
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
 from gateway.store.blobs.place import BlobPlace
-from gateway.store.faults import StorageUnavailable, machine_fault
+from gateway.store.faults import CarriedFault, machine_fault
 from gateway.store.protocols import Blobs
 
 log = logging.getLogger("batchyard.validation")
@@ -170,7 +171,7 @@ def _plan_in_child(job: PlanJob) -> PlanOutcome:
     except Exception as exc:
         fault = machine_fault(exc)
         if fault is not None:  # the machine's, not the file's: the batch waits for the sweep, no traceback
-            raise StorageUnavailable(fault.kind, fault.detail) from None
+            raise CarriedFault(fault.kind, fault.detail) from None
         log.exception("planning batch %s failed", job.batch_id)  # the traceback stays in this process's log
         raise PlanFailed(f"{type(exc).__name__}: {str(exc)[:200]}") from None
     finally:
@@ -196,7 +197,7 @@ def _read_create_in_child(source: str, sink: str) -> int:
     except Exception as exc:
         fault = machine_fault(exc)
         if fault is not None:  # a full disk: the door's storage error, no traceback
-            raise StorageUnavailable(fault.kind, fault.detail) from None
+            raise CarriedFault(fault.kind, fault.detail) from None
         log.exception("reading a Message Batch create failed")
         raise PlanFailed(f"{type(exc).__name__}: {str(exc)[:200]}") from None
 

@@ -58,7 +58,7 @@ _S3_RETRY_CODES = {"SlowDown", "RequestTimeout", "ServiceUnavailable", "Internal
                    "ThrottlingException", "RequestLimitExceeded", "503"}
 
 
-class StorageUnavailable(RuntimeError):
+class CarriedFault(RuntimeError):
     """A fault of the machine carried as plain words across a process boundary (a validation process's
     answer), where the original exception may not pickle."""
 
@@ -85,7 +85,7 @@ class MachineFault:
 
 
 def _kind(exc: BaseException) -> str | None:
-    if isinstance(exc, StorageUnavailable):
+    if isinstance(exc, CarriedFault):
         return exc.kind if exc.kind in KINDS else None
     if isinstance(exc, sqlite3.Error):
         code = getattr(exc, "sqlite_errorcode", None)
@@ -264,5 +264,15 @@ class Pause:
             await asyncio.sleep(delay)
 
 
-__all__ = ["KINDS", "MachineFault", "Pause", "StorageUnavailable", "forget", "machine_fault",
-           "notice", "noticed", "once_a_minute", "waiting_words"]
+__all__ = [
+    "KINDS",
+    "CarriedFault",
+    "MachineFault",
+    "Pause",
+    "forget",
+    "machine_fault",
+    "notice",
+    "noticed",
+    "once_a_minute",
+    "waiting_words",
+]

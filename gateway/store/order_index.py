@@ -1,6 +1,6 @@
 """The results order index: the one module that writes and reads it.
 
-The finalizer writes it beside a finished batch's output files (at `gateway.blob_keys.order_key`): one
+The finalizer writes it beside a finished batch's output files (at `gateway.store.blobs.keys.order_key`): one
 `{line} {seq} {o|e}` line per result, in input order (`o`: a 2xx reply, `e`: anything else; `seq`: the
 number the ledger gave the result when it was journaled, 0 for a line answered at validation). The results
 endpoint's cursor walks it beside the files, the retry picks its lines by it, and a `--retry-failed` run
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import NamedTuple
 
-from gateway.store.lines import read_lines
 from gateway.store.protocols import Blobs
+from gateway.store.splitter import read_lines
 
 
 class OrderEntry(NamedTuple):

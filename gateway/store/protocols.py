@@ -13,7 +13,7 @@
 Each has an embedded implementation (`gateway.store.sqlite`: SQLite, with a queue that works across the
 processes of one machine; `gateway.store.blobs.directory`: a local directory) and a shared one
 (`gateway.store.redis`: Redis, Redis Streams; `gateway.store.blobs.s3`: S3). The records they hold are in
-`gateway.store.objects`; the rules both backends apply sit beside the records they rule (`quota.exceeded`,
+`gateway.store.records`; the rules both backends apply sit beside the records they rule (`quota.exceeded`,
 `rates.grantable`, the `storage` meter, the webhook delivery states).
 """
 
@@ -26,8 +26,8 @@ from typing import Any, Protocol
 from gateway.domain import BatchStatus, Result, RouteStats, Shard
 from gateway.scheduling.pacing import RateWindows  # the contract scheduling owns; each store implements it
 from gateway.store.idempotency import IdempotencyEntry
-from gateway.store.objects import BatchFields, BatchRecord, Delivery, FileRecord, Page
 from gateway.store.quota import SpendTo, TeamLimits, TeamUsage
+from gateway.store.records import BatchFields, BatchRecord, Delivery, FileRecord, Page
 from gateway.store.sessions import Session
 from gateway.store.webhook_deliveries import WebhookDelivery
 

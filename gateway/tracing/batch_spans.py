@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Link, Span
 
     from gateway.domain import Shard
-    from gateway.store.objects import BatchRecord
+    from gateway.store.records import BatchRecord
 
 # The share of requests a shard's request spans keep, and the shard's team (set by `shard_span`)
 _REQUESTS: contextvars.ContextVar[tuple[float, str] | None] = contextvars.ContextVar("batchyard_trace_requests",

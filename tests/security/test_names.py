@@ -22,7 +22,7 @@ import yaml
 from gateway.config.schema import parse_config
 from gateway.domain import BatchStatus
 from gateway.runtime.runtime import open_shared
-from gateway.store.objects import BatchRecord
+from gateway.store.records import BatchRecord
 from gateway.store.redis.keys import Keys
 from gateway.store.webhook_deliveries import PENDING, WebhookDelivery
 from tests.fakes.upstream.server import Upstream

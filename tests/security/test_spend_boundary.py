@@ -25,9 +25,9 @@ import pytest
 from gateway.config.schema import parse_config
 from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result, Shard, new_id
 from gateway.lines.budget import Budgets, spending_for
-from gateway.store.objects import BatchRecord, now
+from gateway.store.records import BatchRecord, now
 from gateway.store.sqlite.store import SQLiteStore
-from providers.native import NativeBatchBackend
+from providers.native.runner import NativeBatchBackend
 from tests.fakes.upstream.app import BAD_USAGE
 from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.server_helpers import Gateway, gateway_config, read_jsonl, start_gateway, submit

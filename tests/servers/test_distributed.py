@@ -34,7 +34,7 @@ from gateway.config.schema import Config, parse_config
 from gateway.domain import BatchStatus
 from gateway.errors import ConfigError
 from gateway.runtime.runtime import Runtime, open_shared
-from gateway.store.objects import BatchRecord
+from gateway.store.records import BatchRecord
 from gateway.store.redis.connection import connect_redis
 from gateway.store.redis.keys import GROUP, Keys
 from tests.fakes.upstream.server import Upstream

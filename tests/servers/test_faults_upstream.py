@@ -86,9 +86,9 @@ async def test_a_hung_poll_of_a_native_job_is_held_no_longer_than_the_timeout(
     deployment's timeout, the job is polled again, and its lines come back; nothing fails."""
     from gateway.config.schema import parse_config
     from gateway.domain import BatchRequest, BatchStatus, Endpoint, Shard, new_id
-    from gateway.store.objects import BatchRecord, now
+    from gateway.store.records import BatchRecord, now
     from gateway.store.sqlite.store import SQLiteStore
-    from providers.native import NativeBatchBackend
+    from providers.native.runner import NativeBatchBackend
 
     entry = {"model_name": "native", "model_info": {"batch_mode": "native", "native_poll_max_seconds": 0.2},
              "litellm_params": {"model": "openai/gpt-4o-mini", "api_base": upstream.v1_url, "api_key": "sk-x",

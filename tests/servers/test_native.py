@@ -1,5 +1,6 @@
-"""Upstream-native batches (`providers.native`) against the real loopback upstream (tests/fakes/upstream/server.py):
-LiteLLM's own file and batch functions talk HTTP to it, for OpenAI's and Azure's forms. Nothing is mocked."""
+"""Upstream-native batches (`providers.native.runner`) against the real loopback upstream
+(tests/fakes/upstream/server.py): LiteLLM's own file and batch functions talk HTTP to it, for OpenAI's and Azure's
+forms. Nothing is mocked."""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ from gateway.config.routes import Route
 from gateway.config.schema import Config
 from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result, Shard, new_id
 from gateway.runtime.runtime import open_embedded
-from gateway.store.objects import BatchRecord, now
 from gateway.store.protocols import Store
+from gateway.store.records import BatchRecord, now
 from gateway.store.sqlite.store import SQLiteStore
-from providers.native import NativeBatchBackend, native_route_summary
-from providers.openai_batches import cost_meta_key, plan_parts, shard_meta_key
+from providers.native.openai_format import cost_meta_key, plan_parts, shard_meta_key
+from providers.native.runner import NativeBatchBackend, native_route_summary
 from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.native_config import AZURE_API_VERSION as API_VERSION
 from tests.support.native_config import ROUTE

@@ -18,15 +18,16 @@ from typing import Any
 
 import pytest
 
-from gateway.config.endpoints import NATIVE_PROVIDERS
+from gateway.config.native_declarations import native_declarations
 from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import parse_config
 from gateway.domain import BatchRequest, Endpoint
 from gateway.errors import ConfigError
 from gateway.store.sqlite.store import SQLiteStore
-from providers.native import NativeBatchBackend, jobs_class, native_route_summary
-from providers.openai_batches import shard_meta_key
-from providers.upstream_jobs import UpstreamHTTPError, http_lines
+from providers.native.catalog import jobs_class
+from providers.native.contract import UpstreamHTTPError, http_lines
+from providers.native.openai_format import shard_meta_key
+from providers.native.runner import NativeBatchBackend, native_route_summary
 from tests.fakes.stub_process import Stub, start_stub
 from tests.servers.test_native import (
     ROUTE,
@@ -292,13 +293,14 @@ def test_config_refuses_native_on_a_provider_without_native_batches(model: str) 
     assert refused.value.key == "model_list[1].model_info"
     assert str(refused.value).startswith("cheap.yaml: model_list[1].model_info: batch_mode: native on 'llama-cheap': ")
     provider = model.partition("/")[0]
-    assert f"not {provider}/" in refused.value.problem and "anthropic, mistral" in refused.value.problem
+    assert f"not {provider}/" in refused.value.problem
+    assert "on anthropic, azure, bedrock, gemini, mistral, openai, vertex_ai deployments" in refused.value.problem
     config = parse_config({"model_list": raw["model_list"][:1]}, "cheap.yaml")
     assert config.routes["claude-cheap"].kind is RouteKind.NATIVE
 
 
 def test_every_provider_the_config_accepts_has_its_jobs() -> None:
-    for provider in NATIVE_PROVIDERS:
+    for provider in native_declarations():
         cls = jobs_class(provider)
         assert cls is not None and cls.endpoints and cls.max_lines > 0 and cls.max_bytes > 0, provider
     assert jobs_class("groq") is None

@@ -24,8 +24,8 @@ from gateway.config.routes import Route
 from gateway.config.schema import parse_config
 from gateway.errors import ConfigError
 from gateway.store.sqlite.store import SQLiteStore
-from providers.native import NativeBatchBackend, native_route_summary
-from providers.openai_batches import shard_meta_key
+from providers.native.openai_format import shard_meta_key
+from providers.native.runner import NativeBatchBackend, native_route_summary
 from tests.fakes.stub_process import Stub, start_stub
 from tests.servers.test_native import ROUTE, cancelled_mid_poll, content, new_shard, run_shard, upstream_ids
 from tests.servers.test_native_providers import chat

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from gateway.domain import Shard
-from gateway.store.objects import Delivery
 from gateway.store.protocols import Coordination, Queue
+from gateway.store.records import Delivery
 from gateway.store.redis.connection import connect_redis, open_redis
 from gateway.store.redis.coordination import RedisCoordination
 from gateway.store.redis.queue import RedisStreamQueue

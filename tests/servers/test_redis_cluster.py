@@ -24,8 +24,8 @@ from openai.types import Batch
 from gateway.config.schema import parse_config
 from gateway.domain import BatchStatus, Result, Shard
 from gateway.runtime.runtime import open_shared
-from gateway.store.objects import BatchOptions, BatchRecord, FileRecord
 from gateway.store.quota import SpendTo, TeamLimits
+from gateway.store.records import BatchOptions, BatchRecord, FileRecord
 from gateway.store.redis.connection import open_redis
 from gateway.store.redis.keys import Keys
 from gateway.store.redis.queue import RedisStreamQueue

@@ -19,9 +19,9 @@ import pytest
 from gateway.config.schema import parse_config
 from gateway.domain import BatchStatus, Result, Shard
 from gateway.runtime.runtime import open_shared
-from gateway.store.objects import BatchOptions, BatchRecord, FileRecord
 from gateway.store.protocols import Store
 from gateway.store.quota import SpendTo
+from gateway.store.records import BatchOptions, BatchRecord, FileRecord
 from gateway.store.redis.connection import open_redis
 from gateway.store.redis.creates import CREATE_GRACE_SECONDS
 from gateway.store.redis.keys import Keys

@@ -16,7 +16,7 @@ from openai import OpenAI
 
 from gateway.config.schema import parse_config
 from gateway.runtime.runtime import open_embedded
-from gateway.store.objects import FileRecord
+from gateway.store.records import FileRecord
 from tests.fakes.upstream.server import Upstream
 from tests.support.loops import run_apart
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, jsonl, start_gateway, submit, wait_batch

@@ -22,9 +22,9 @@ import pytest
 
 from gateway.domain import BatchStatus, Result, Shard
 from gateway.store.idempotency import IdempotencyEntry
-from gateway.store.objects import BatchOptions, BatchRecord, FileRecord, RequestCounts
 from gateway.store.protocols import Store
 from gateway.store.quota import SpendTo, TeamLimits
+from gateway.store.records import BatchOptions, BatchRecord, FileRecord, RequestCounts
 from gateway.store.redis.connection import connect_redis, open_redis
 from gateway.store.redis.store import RedisStore
 from gateway.store.sessions import Session, session_name

@@ -226,7 +226,7 @@ def test_log_lines_in_a_span_carry_its_ids(spans: InMemorySpanExporter, caplog: 
 
 async def test_a_native_job_has_spans_for_its_create_each_poll_and_the_download(
         spans: InMemorySpanExporter, tmp_path: Path) -> None:
-    from providers.native import NativeBatchBackend
+    from providers.native.runner import NativeBatchBackend
     from tests.servers.test_native import chat, native_route, new_shard, run_shard
 
     configure("worker", exporter=spans)

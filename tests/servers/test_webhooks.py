@@ -20,7 +20,7 @@ from openai import OpenAI
 from gateway.config.schema import parse_config
 from gateway.domain import BatchStatus
 from gateway.runtime.runtime import open_embedded
-from gateway.store.objects import BatchRecord
+from gateway.store.records import BatchRecord
 from tests.fakes.upstream.server import Upstream
 from tests.fakes.webhook_receiver import Receiver
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, start_gateway, submit, wait_batch

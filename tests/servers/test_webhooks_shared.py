@@ -15,7 +15,7 @@ import pytest
 from gateway.config.schema import Config, parse_config
 from gateway.domain import BatchStatus
 from gateway.runtime.runtime import open_shared
-from gateway.store.objects import BatchRecord
+from gateway.store.records import BatchRecord
 from gateway.store.webhook_deliveries import DELIVERED, PENDING
 from tests.fakes.webhook_receiver import Receiver
 from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisServer

@@ -30,7 +30,7 @@ from tests.support.waiting import free_port
 
 if TYPE_CHECKING:
     from gateway.runtime.runtime import Runtime
-    from gateway.store.objects import BatchRecord
+    from gateway.store.records import BatchRecord
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 API_VERSION = "2024-10-21"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from providers.upstream_errors import anthropic_error
+from gateway.message_batches.wire import anthropic_error
 
 OPENAI_SHAPED = {"error": {"message": "said the provider", "type": "invalid_request_error", "param": "x",
                            "code": "bad_request"}}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.domain import BatchStatus
-from gateway.store.objects import BatchFields, BatchRecord, RequestCounts, batch_fields
+from gateway.store.records import BatchFields, BatchRecord, RequestCounts, batch_fields
 
 
 @pytest.mark.parametrize(("fields", "written"), [

@@ -17,8 +17,9 @@ from gateway.json_codec import loads
 from gateway.pipeline.merge import seal_shard
 from gateway.pipeline.plan import Planner
 from gateway.store.blobs.directory import LocalBlobs
-from gateway.store.lines import read_lines
-from gateway.store.objects import BatchRecord
+from gateway.store.blobs.keys import shard_requests_key, shard_results_key
+from gateway.store.records import BatchRecord
+from gateway.store.splitter import read_lines
 from gateway.store.sqlite.store import SQLiteStore
 from tests.support.services import shared_config
 
@@ -43,7 +44,8 @@ async def test_the_planner_counts_answered_lines_as_it_writes_them(tmp_path: Pat
     assert not outcome.failed and outcome.total == 5
     assert [(s.route, s.size) for s in outcome.shards] == [("gpt-mini", 2), ("gpt-mini", 1)]
     assert outcome.answered is not None and outcome.answered.size == 2
-    written = [Result.from_json(loads(raw)) async for raw in read_lines(blobs, outcome.answered.results_key) if raw]
+    key = shard_results_key(outcome.answered)
+    written = [Result.from_json(loads(raw)) async for raw in read_lines(blobs, key) if raw]
     assert [r.line for r in written] == [2, 4]
     assert outcome.answered_statuses == {str(written[0].status_code): 2}
 
@@ -55,8 +57,8 @@ async def test_a_failed_plan_writes_no_shard_and_counts_nothing(tmp_path: Path) 
     assert outcome.failed and outcome.answered is None
     # the full shard was committed as it filled; the open one and the answered lines were aborted
     assert [s.size for s in outcome.shards] == [2]
-    assert await blobs.size(Shard("batch_f", 1, "gpt-mini", 0).requests_key) is None
-    assert await blobs.size(Shard("batch_f", 2, "", 0).results_key) is None
+    assert await blobs.size(shard_requests_key(Shard("batch_f", 1, "gpt-mini", 0))) is None
+    assert await blobs.size(shard_results_key(Shard("batch_f", 2, "", 0))) is None
 
 
 async def test_seal_takes_the_requests_its_runner_parsed(tmp_path: Path) -> None:
@@ -72,7 +74,7 @@ async def test_seal_takes_the_requests_its_runner_parsed(tmp_path: Path) -> None
                                                   Result(line=3, custom_id="c3", status_code=200, body={})])
         # no requests blob at all: sealing must not need one
         await seal_shard(store, blobs, shard, missing=None, requests=requests)
-        sealed = [loads(raw) async for raw in read_lines(blobs, shard.results_key) if raw]
+        sealed = [loads(raw) async for raw in read_lines(blobs, shard_results_key(shard)) if raw]
         assert [r["line"] for r in sealed] == [3, 1]  # in the order of the requests given
         assert await store.ledger.journal(shard) == []
     finally:

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config.endpoints import ENDPOINTS, NATIVE_JOBS, NATIVE_PROVIDERS, UPSTREAM_ENDPOINTS, WIRE_ENDPOINTS
+from gateway.config.endpoints import ENDPOINTS, UPSTREAM_ENDPOINTS, WIRE_ENDPOINTS
+from gateway.config.native_declarations import native_declarations
 from gateway.config.routes import native_refusal
 from gateway.config.urls import normalise_url
 from gateway.domain import Endpoint
 from gateway.lines.body_fields import typed_dict_fields, upstream_fields
-from providers.native import jobs_class
+from providers.native.catalog import jobs_class, native_catalog
 
 # endpoint: (url tail, served upstream in real time, as bytes on OpenAI-wire routes, never by a local engine)
 KINDS = [
@@ -49,10 +50,19 @@ def test_every_endpoint_has_one_row() -> None:
     assert set(ENDPOINTS) == set(Endpoint) == {row[0] for row in KINDS}
 
 
-@pytest.mark.parametrize("provider", NATIVE_PROVIDERS)
+NATIVE = {"openai", "azure", "anthropic", "mistral", "gemini", "bedrock", "vertex_ai"}  # a new one joins by itself
+
+
+def test_the_config_checks_native_entries_against_the_catalog_the_root_hands_in() -> None:
+    # conftest declares them as the command line does (gateway.runtime.pool.declare_native_providers)
+    assert set(native_declarations()) == set(native_catalog()) >= NATIVE
+
+
+@pytest.mark.parametrize("provider", sorted(NATIVE))
 def test_every_native_provider_has_its_jobs_class(provider: str) -> None:
     cls = jobs_class(provider)
-    assert cls is not None and cls.endpoints == NATIVE_JOBS[provider].endpoints
+    assert cls is not None and provider in cls.providers and cls.endpoints <= set(Endpoint)
+    assert cls.endpoints and cls.max_lines > 0 and cls.max_bytes > 0
     assert native_refusal(f"{provider}/some-model") is None
 
 

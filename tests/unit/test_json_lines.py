@@ -17,7 +17,7 @@ import pytest
 
 from gateway.json_codec import dumps, dumps_checked, loads, loads_checked
 from gateway.store.blobs.directory import LocalBlobs
-from gateway.store.lines import read_line_runs, read_lines
+from gateway.store.splitter import read_line_runs, read_lines
 
 
 def nested(depth: int) -> Any:

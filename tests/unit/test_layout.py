@@ -1,5 +1,7 @@
 """The code's shape, checked: no import cycle, lower layers never import higher ones, pipeline stages
-import only earlier stages, no two module names that a letter or a suffix tells apart, small modules.
+import only earlier stages, no two module names that a letter or a suffix tells apart, small modules; the
+backends apart from each other, no module named in a string for importlib, the native jobs reached through
+their contract, one status-to-error-type table per API family.
 
 Read statically (ast), so nothing is imported: vLLM and LiteLLM stay unloaded. Imports under
 `if TYPE_CHECKING:` count as any other: an annotation that names a higher layer is an arrow back up all the
@@ -30,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gateway.lines",),  # the rules about one line: the pipeline and the backends both apply them
     ("gateway.backends", "gateway.webhooks", "gateway.message_batches"),  # message_batches: Anthropic's words
     ("providers", "local_engine"),  # the backends the pipeline drives: they never import it
+    ("providers.native",),  # providers' own batch jobs: the runner, the contract, each provider's jobs
     ("gateway.pipeline",),
     # a file's cost before it runs; what is asked after a batch's end; what is kept about the API's callers
     ("gateway.estimate", "gateway.finished", "gateway.callers"),
@@ -260,3 +263,72 @@ def test_the_http_layer_writes_no_record_and_no_blob() -> None:
     wrong = [f"{m} {where}" for m, p in MODULES.items() if m == "gateway.api" or m.startswith("gateway.api.")
              for where in _writes(p)]
     assert wrong == []
+
+
+def _strings(path: Path) -> Iterator[tuple[int, str]]:
+    """The string constants of a module, docstrings left out (they document; an import string acts)."""
+    tree = ast.parse(path.read_text(), str(path))
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            yield node.lineno, node.value
+
+
+def test_gateway_names_no_provider_module_in_a_string() -> None:
+    # A `providers.x:Class` string handed to importlib is an import all the same, one no arrow above shows:
+    # what gateway/ needs of a provider is handed in by the composition root (gateway.runtime.pool).
+    named = [f"{m} line {line}: {text!r}" for m, p in MODULES.items() if m.startswith("gateway.")
+             for line, text in _strings(p) if text.startswith("providers.")]
+    assert named == []
+
+
+def test_the_local_engine_imports_nothing_from_providers() -> None:
+    # two backends side by side: what both need (Anthropic's error words) lives below both
+    wrong = [f"{m} imports {dep}" for m in MODULES if m == "local_engine" or m.startswith("local_engine.")
+             for dep in GRAPH[m] if dep == "providers" or dep.startswith("providers.")]
+    assert wrong == []
+
+
+def test_the_native_jobs_are_reached_through_their_contract() -> None:
+    # `UpstreamJobs` says every ability a provider may offer, with its default: nothing is asked of a jobs
+    # class or object by name (`getattr(jobs, "min_lines")`), nor past the type checker.
+    wrong = []
+    for module, path in MODULES.items():
+        if module != "providers.native" and not module.startswith("providers.native."):
+            continue
+        text = path.read_text()
+        wrong += [f"{module} line {i}: an attribute past the type checker" for i, line
+                  in enumerate(text.splitlines(), 1) if "type: ignore[attr-defined]" in line]
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, ast.Call) and _named(node.func, "getattr") and node.args:
+                target = ast.unparse(node.args[0])
+                if "jobs" in target.lower() or target in ("cls", "self"):
+                    wrong.append(f"{module} line {node.lineno}: getattr({target}, ...)")
+    assert wrong == []
+
+
+# An Anthropic error type OpenAI's words never use: a table holding one is Anthropic's.
+ANTHROPIC_ONLY = frozenset({"authentication_error", "billing_error", "not_found_error", "overloaded_error",
+                            "api_error", "timeout_error"})
+
+
+def test_one_status_to_error_type_table_per_api_family() -> None:
+    # Two tables of one family drift apart (402, 500, 503 and 504 were in one of two Anthropic tables only):
+    # each door says a status in one table's words.
+    tables: dict[str, list[str]] = {"anthropic": [], "openai": []}
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Dict) or not node.keys:
+                continue
+            keys = [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, int)]
+            values = [v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+            if len(keys) != len(node.keys) or len(values) != len(node.values) or not all(400 <= k < 600 for k in keys):
+                continue
+            if sum(v.endswith("_error") for v in values) * 2 < len(values):
+                continue  # statuses to codes (`unknown_url`), not to types
+            family = "anthropic" if ANTHROPIC_ONLY & set(values) else "openai"
+            tables[family].append(f"{module} line {node.lineno}")
+    assert all(len(found) <= 1 for found in tables.values()), tables
+    assert tables["anthropic"], "the scan finds no table: it reads nothing"

@@ -16,7 +16,7 @@ from redis.exceptions import BusyLoadingError, ClusterDownError, ReadOnlyError, 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.store.faults import Pause, StorageUnavailable, machine_fault, waiting_words
+from gateway.store.faults import CarriedFault, Pause, machine_fault, waiting_words
 
 
 def _s3(code: str, status: int) -> ClientError:
@@ -45,7 +45,7 @@ def _s3(code: str, status: int) -> ClientError:
     (EndpointConnectionError(endpoint_url="http://127.0.0.1:1"), "s3_unreachable"),
     (ConnectTimeoutError(endpoint_url="http://127.0.0.1:1"), "s3_unreachable"),
     (ReadTimeoutError(endpoint_url="http://127.0.0.1:1"), "s3_unreachable"),
-    (StorageUnavailable("disk_full", "[Errno 28] No space left on device"), "disk_full"),
+    (CarriedFault("disk_full", "[Errno 28] No space left on device"), "disk_full"),
 ])
 def test_faults_of_the_machine(exc: BaseException, kind: str) -> None:
     fault = machine_fault(exc)

@@ -17,7 +17,7 @@ from gateway.domain import BatchStatus
 from gateway.message_batches.envelope import MAX_REQUEST_BYTES, MAX_REQUEST_VALUES, read_create
 from gateway.message_batches.outcomes import message_result, request_counts
 from gateway.message_batches.wire import MAX_PARAMS_DEPTH, MAX_REQUESTS, EnvelopeError, batch_object
-from gateway.store.objects import BatchRecord, RequestCounts
+from gateway.store.records import BatchRecord, RequestCounts
 
 MESSAGE = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [
     {"type": "text", "text": "hi"}], "stop_reason": "end_turn", "stop_sequence": None,

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.config.entries import NativeModelInfo
 from gateway.domain import BatchRequest, Endpoint
-from providers.anthropic_jobs import chat_completion_body
+from providers.native.anthropic_jobs import chat_completion_body
 
 MODELS = ("anthropic.claude-3-5-haiku-20241022-v1:0", "anthropic.claude-sonnet-4-20250514-v1:0",
           "us.anthropic.claude-3-7-sonnet-20250219-v1:0")
@@ -39,7 +39,7 @@ def test_a_bedrock_line_is_litellms_translation(model: str) -> None:
     import litellm
     from litellm.llms.bedrock.files.transformation import BedrockFilesConfig
 
-    from providers.bedrock_jobs import BedrockJobs
+    from providers.native.bedrock_jobs import BedrockJobs
 
     info = NativeModelInfo(batch_mode="native", native_s3_bucket="bucket", native_role_arn="arn:aws:iam::1:role/r")
     jobs = BedrockJobs(litellm, "bedrock", model, {}, info)

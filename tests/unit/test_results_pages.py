@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from gateway.blob_keys import order_key
 from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result, Shard
 from gateway.errors import InvalidRequest
 from gateway.finished.results import Cursor, results_page
 from gateway.json_codec import dumps, loads
 from gateway.pipeline.finalizer import Finalizer
 from gateway.store.blobs.directory import LocalBlobs
-from gateway.store.lines import read_lines
-from gateway.store.objects import BatchRecord, RequestCounts
+from gateway.store.blobs.keys import order_key, shard_requests_key
+from gateway.store.records import BatchRecord, RequestCounts
+from gateway.store.splitter import read_lines
 from gateway.store.sqlite.coordination import SQLiteCoordination
 from gateway.store.sqlite.store import SQLiteStore
 
@@ -51,7 +51,7 @@ async def test_pages_while_running_then_after_cancel(tmp_path: Path) -> None:
         shards = [Shard(BATCH, 0, "m", 3), Shard(BATCH, 1, "m", 3)]  # lines 1-3, 4-6
         await store.ledger.put_shards(BATCH, shards)
         for shard in shards:  # the planner's requests blobs: the finalizer reads the lines that never ran there
-            async with blobs.writing(shard.requests_key) as writer:
+            async with blobs.writing(shard_requests_key(shard)) as writer:
                 for line in range(3 * shard.index + 1, 3 * shard.index + 4):
                     request = BatchRequest(line, f"c{line}", Endpoint.CHAT, {"model": "m"})
                     await writer.write(dumps(request.to_json()) + b"\n")

@@ -43,8 +43,8 @@ from gateway.config.schema import Config
 from gateway.domain import MESSAGE_BATCH_KIND
 from gateway.pipeline.sweeper import unavailable_routes
 from gateway.store.faults import noticed, waiting_words
-from gateway.store.objects import BatchRecord, Page
 from gateway.store.protocols import Store
+from gateway.store.records import BatchRecord, Page
 
 PREFIX = "/ui"
 COOKIE = "batchyard_session"

@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway import tracing
 from gateway.domain import BatchStatus, RouteStats, Usage
-from gateway.store.objects import BatchRecord
+from gateway.store.records import BatchRecord
 
 MAX_ERRORS_SHOWN = 10
 # A finished batch with at least this share of its lines failed is shown as failed (red), whatever its
@@ -24,7 +24,10 @@ NONE = "\u2013"  # an en dash: "no value yet"
 
 
 @dataclass(slots=True)
-class RouteRow:
+class RouteProgress:
+    """A batch's progress on one of its routes, as its page shows it (a config's route is `config check`'s
+    `RouteRow`)."""
+
     name: str  # "" for lines answered at validation
     stats: RouteStats
     planned: int | None = None  # the route's requests in this batch, while it runs (from its shards)
@@ -59,7 +62,7 @@ class BatchView:
     eta_seconds: float | None
     usage: Usage
     cost_usd: float
-    routes: list[RouteRow] = field(default_factory=list)
+    routes: list[RouteProgress] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     errors_more: int = 0
     output_file_id: str | None = None
@@ -127,7 +130,7 @@ def batch_view(
     routes = {name: _with_route_cost(stats, rec.routes.get(name)) for name, stats in routes.items()}
     names = sorted(set(routes) | set(planned), key=lambda n: (n == "", n))  # the validation bucket last
     unavailable = unavailable or {}
-    rows = [RouteRow(n, routes.get(n) or RouteStats(), planned.get(n), unavailable.get(n) or _kept(rec, n),
+    rows = [RouteProgress(n, routes.get(n) or RouteStats(), planned.get(n), unavailable.get(n) or _kept(rec, n),
                      n in unpriced) for n in names]
     return BatchView(
         id=rec.id,

@@ -31,7 +31,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 
 from gateway.domain import BatchStatus, Usage
-from gateway.store.objects import BatchFields, BatchRecord, Page, RequestCounts, batch_fields
+from gateway.store.records import BatchFields, BatchRecord, Page, RequestCounts, batch_fields
 from gateway.store.redis.creates import PendingCreates
 from gateway.store.redis.keys import Keys
 

@@ -41,7 +41,7 @@ API_RETRIES = 1
 # The errors of a failover: the old primary gone (connection, timeout), its replica not promoted yet
 # (READONLY), and, in a cluster, a node still LOADING its data. Each drops the connection and tries a new
 # one. One server still LOADING (restarted from its AOF) is left to the runner's fault pause
-# (gateway.store.faults), as before: retried in place there, a shard was sealed short of a result about once
+# (gateway.store.faults): retried in place here, a shard was sealed short of a result about once
 # in six runs (tests/servers/test_faults_redis.py), while the cluster's failover test needs the retry.
 FAILOVER_ERRORS: list[type[Exception]] = [RedisConnectionError, RedisTimeoutError, ReadOnlyError]
 CLUSTER_FAILOVER_ERRORS: list[type[Exception]] = [*FAILOVER_ERRORS, BusyLoadingError]
@@ -113,6 +113,11 @@ async def get_many(client: Any, names: Sequence[str]) -> list[Any]:
         return list(await p.execute())
 
 
+def as_text(value: Any) -> str:
+    """A reply value as text: clients made without `decode_responses` answer bytes."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def retry_policy(retries: int) -> Retry:
     """`retries`: how patient (1: once, at once)."""
     return Retry(ExponentialBackoff(cap=1.0, base=0.05) if retries > 1 else NoBackoff(), retries=retries)
@@ -165,5 +170,5 @@ async def open_redis(url: str, retries: int = WORKER_RETRIES, *, ca_file: str | 
     return cast(aioredis.Redis, cluster), Keys(prefix or DEFAULT_PREFIX)
 
 
-__all__ = ["API_RETRIES", "FAILOVER_ERRORS", "WORKER_RETRIES", "connect_redis", "get_many", "open_redis",
+__all__ = ["API_RETRIES", "FAILOVER_ERRORS", "WORKER_RETRIES", "as_text", "connect_redis", "get_many", "open_redis",
            "retry_policy", "tls_options"]

@@ -21,7 +21,7 @@ from typing import cast
 
 import redis.asyncio as aioredis
 
-from gateway.store.objects import FileRecord, Page
+from gateway.store.records import FileRecord, Page
 from gateway.store.redis.connection import get_many
 from gateway.store.redis.creates import PendingCreates
 from gateway.store.redis.keys import Keys

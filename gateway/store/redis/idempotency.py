@@ -10,6 +10,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from gateway.store.idempotency import KEY_TTL_SECONDS, IdempotencyEntry
+from gateway.store.redis.connection import as_text
 from gateway.store.redis.keys import Keys
 
 # KEYS: idempotency:{team}:{key}. ARGV: token, fingerprint, now, hold (ms). 0 when reserved, else the live entry.
@@ -51,7 +52,7 @@ class RedisIdempotencyKeys:
                                     args=[token, fingerprint, repr(time.time()), max(1, int(hold * 1000))])
         if not isinstance(found, list):
             return None
-        fields = {_text(found[i]): _text(found[i + 1]) for i in range(0, len(found), 2)}
+        fields = {as_text(found[i]): as_text(found[i + 1]) for i in range(0, len(found), 2)}
         result = json.loads(fields["result"]) if "result" in fields else None
         return IdempotencyEntry(fields["token"], fields["fingerprint"], float(fields["created_at"]), result)
 
@@ -63,10 +64,6 @@ class RedisIdempotencyKeys:
 
     async def release(self, team: str, key: str, token: str) -> None:
         await self._release(keys=[self._k.idempotency(team, key)], args=[token])
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 __all__ = ["RedisIdempotencyKeys"]

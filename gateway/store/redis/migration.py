@@ -6,7 +6,8 @@ untagged on one Redis and all under one tag on a cluster (`{batchyard}:…`, one
 `{b:<id>}` and a team's `{t:<team>}`. The marker `{prefix}layout` = "2" says a Redis has the new layout; while
 it is missing, the first process to start (under the lease `lease:layout`; the others wait for the marker):
 
-1. merges the oldest version's fixed sets (`batches:active`, ...) as before (`gateway.store.redis.layout`);
+1. merges the oldest version's fixed sets (`batches:active`, ...) into their own keys first, while their old names
+   still hold them (`gateway.store.redis.migrate_global_sets`);
 2. walks the previous layout's keys once: on one Redis `SCAN MATCH {prefix}*` (one node, one time: the only
    keyspace walk batchyard makes), on a cluster `SCAN` of the one master that holds the old tag's slot;
 3. gives each key its new name by family (`new_name`): a batch's and a team's keys move into their slots, a
@@ -32,7 +33,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from gateway.store.redis.keys import Keys
-from gateway.store.redis.layout import upgrade_key_layout
+from gateway.store.redis.migrate_global_sets import upgrade_key_layout
 
 log = logging.getLogger("batchyard.redis")
 

@@ -5,15 +5,15 @@
   registry of its teams another (`gateway.store.redis.keys` has the layout,
   `gateway.store.redis.scripts` the scripts). A put, an ack, a refresh and a
   reclaim touch one slot each, so a Redis Cluster spreads the queues over its
-  masters. A worker reads only the routes it hosts. Streams keep what they did
-  before: a pending list per consumer, idle times, XCLAIM for take-over.
+  masters. A worker reads only the routes it hosts. Streams give what a queue
+  of workers needs: a pending list per consumer, idle times, XCLAIM for take-over.
 - A claim is the fair pick (`gateway.scheduling.fairness.pick`, the embedded
   queue's rule) between teams, and EDF within a team. Teams are in different
-  slots, so it is no longer one script: (1) the registries of the routes asked,
+  slots, which one script cannot touch together, so a claim is four steps: (1) the registries of the routes asked,
   (2) one script per (route, team), all in one pipeline, giving that team's use
   and its waiting batches without reading any, (3) the pick in Python, (4) a
   read of the chosen stream that reads nothing if another worker emptied it
-  meanwhile, then the next-best candidate (at most `_TRIES`). What is no longer
+  meanwhile, then the next-best candidate (at most `_TRIES`). What is not
   atomic is the comparison across teams: it is made on a snapshot one round
   trip old. The rule still holds: a worker takes only a candidate whose key
   was the least when read (a race only lets it take one whose key was best a
@@ -74,7 +74,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from gateway.domain import Shard
 from gateway.scheduling.fairness import Candidate, pick
-from gateway.store.objects import Delivery
+from gateway.store.records import Delivery
 from gateway.store.redis import scripts
 from gateway.store.redis.coordination import RedisCoordination
 from gateway.store.redis.keys import GROUP, STREAM_FIELD, Keys

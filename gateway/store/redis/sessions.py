@@ -4,10 +4,10 @@ expiring by Redis' own TTL at the session's end."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import redis.asyncio as aioredis
 
+from gateway.store.redis.connection import as_text
 from gateway.store.redis.keys import Keys
 from gateway.store.sessions import Session
 
@@ -27,7 +27,7 @@ class RedisDashboardSessions:
         found = await self._r.hgetall(self._k.session(name))
         if not found:
             return None
-        fields = {_text(k): _text(v) for k, v in found.items()}
+        fields = {as_text(k): as_text(v) for k, v in found.items()}
         expires_at = float(fields.get("expires_at", 0))
         if "key_digest" not in fields or expires_at <= time.time():
             return None
@@ -35,10 +35,6 @@ class RedisDashboardSessions:
 
     async def close(self, name: str) -> None:
         await self._r.delete(self._k.session(name))
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 __all__ = ["RedisDashboardSessions"]

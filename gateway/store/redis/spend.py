@@ -12,7 +12,8 @@ Two steps, each one script in one slot:
    order, add each USD once.
 
 A crash between the two leaves owed > moved: the batch's next `record_results` moves the rest, and so does
-the finalizer (`settle`), so a finished batch's spend is whole. The budget checks read `{t}:spend` as before.
+the finalizer (`settle`), so a finished batch's spend is whole. The budget checks read `{t}:spend`: one key
+per team, whatever its batches.
 Nothing here runs for results without cost (no budget, or a free model): the hot path keeps one round trip.
 
 `settle` is the batch's last move, and it trims what the batch left in its team's `spend-moved` (else one

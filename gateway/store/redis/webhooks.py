@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.store.redis.connection import get_many
+from gateway.store.redis.connection import as_text, get_many
 from gateway.store.redis.keys import Keys
 from gateway.store.webhook_deliveries import PENDING, WebhookDelivery
 
@@ -48,7 +48,7 @@ class RedisWebhookDeliveries:
 
     async def due(self, now: float, limit: int) -> list[WebhookDelivery]:
         pairs = await self._r.zrangebyscore(self._k.webhooks_due, "-inf", now, start=0, num=limit, withscores=True)
-        ids, times = [_text(i) for i, _ in pairs], [float(at) for _, at in pairs]
+        ids, times = [as_text(i) for i, _ in pairs], [float(at) for _, at in pairs]
         raws = await get_many(self._r, [self._key(i) for i in ids])
         found = [WebhookDelivery.from_json(json.loads(raw)) if raw is not None else None for raw in raws]
         # No longer pending (a save stopped between its steps), or no record long after its time (an add
@@ -73,9 +73,6 @@ class RedisWebhookDeliveries:
     async def _load(self, ids: list[Any]) -> list[WebhookDelivery]:
         if not ids:
             return []
-        raws = await get_many(self._r, [self._key(i.decode() if isinstance(i, bytes) else i) for i in ids])
+        raws = await get_many(self._r, [self._key(as_text(i)) for i in ids])
         return [WebhookDelivery.from_json(json.loads(raw)) for raw in raws if raw is not None]
 
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

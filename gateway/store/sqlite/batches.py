@@ -12,7 +12,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from gateway.domain import BatchStatus, Usage
-from gateway.store.objects import BatchFields, BatchRecord, Page, RequestCounts, batch_fields
+from gateway.store.records import BatchFields, BatchRecord, Page, RequestCounts, batch_fields
 from gateway.store.sqlite.db import Database, immediate, off_loop
 
 SCHEMA = """

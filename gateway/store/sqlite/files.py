@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.store.objects import FileRecord, Page
+from gateway.store.records import FileRecord, Page
 from gateway.store.sqlite.db import Database, off_loop
 
 SCHEMA = """

@@ -31,7 +31,7 @@ from typing import Any, cast
 
 from gateway.domain import Shard
 from gateway.scheduling.fairness import Candidate, pick
-from gateway.store.objects import Delivery
+from gateway.store.records import Delivery
 from gateway.store.sqlite import coordination
 from gateway.store.sqlite.db import Database, immediate, off_loop
 

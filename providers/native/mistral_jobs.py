@@ -19,17 +19,17 @@ import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.config.endpoints import NATIVE_JOBS
+from gateway.config.entries import NativeModelInfo
 from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.log_safe import escaped
-from providers.openai_batches import (
+from providers.native.contract import QUIET_POLL, JobState, Save, UpstreamJobs, http_json, http_lines
+from providers.native.openai_format import (
     Part,
     call_with_retries,
     detached,
     upstream_custom_id,
 )
 from providers.upstream_errors import batch_error_message
-from providers.upstream_jobs import QUIET_POLL, JobState, Save, http_json, http_lines
 
 log = logging.getLogger("batchyard.native")
 
@@ -37,18 +37,17 @@ log = logging.getLogger("batchyard.native")
 _SHORT = {"failed": "failed", "expired": "timeout_exceeded"}
 
 
-class MistralJobs:
+class MistralJobs(UpstreamJobs):
     """`mistral/` deployments: chat completions and embeddings as Mistral batch jobs."""
 
-    endpoints = NATIVE_JOBS["mistral"].endpoints
+    providers = ("mistral",)
+    endpoints = frozenset({Endpoint.CHAT, Endpoint.EMBEDDINGS})
     max_lines = 1_000_000
     max_bytes = 512_000_000
 
-    def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any]) -> None:
-        self.provider = provider
-        self._litellm = litellm
-        self._model = model
-        self._kwargs = kwargs
+    def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any],
+                 info: NativeModelInfo) -> None:
+        super().__init__(litellm, provider, model, kwargs, info)
         self._job_kwargs = {**kwargs, "model": f"mistral/{model}"}
 
     def url(self, endpoint: Endpoint) -> str:

@@ -11,7 +11,7 @@ with the request) hold `batchyard_line: l<line>`, as LiteLLM's own Vertex batch 
 
 What is LiteLLM's: each line's translation (`VertexGeminiConfig.map_openai_params` and `transform_request_body`,
 the ones its real-time Vertex calls use) and each response's translation into a `chat.completion` with usage
-(`providers.gemini_content`, shared with Gemini API batches); credentials and project (`VertexBase`:
+(`providers.native.gemini_content`, shared with Gemini API batches); credentials and project (`VertexBase`:
 `vertex_credentials` as a JSON string, path or mapping, else ADC through google-auth; `vertex_project`/
 `vertex_location` or `VERTEXAI_*`); the API host (`get_vertex_base_url`) and the state words
 (`VertexAIBatchTransformation`). What is ours, over HTTP:
@@ -34,13 +34,20 @@ from typing import Any
 
 import httpx
 
-from gateway.config.endpoints import NATIVE_JOBS
 from gateway.config.entries import NativeModelInfo
-from gateway.domain import BatchRequest
-from providers.gemini_content import GeminiContent
-from providers.openai_batches import Part, call_with_retries, upstream_custom_id
+from gateway.domain import BatchRequest, Endpoint
+from providers.native.contract import (
+    JobState,
+    Save,
+    UpstreamHTTPError,
+    UpstreamJobs,
+    http_json,
+    http_lines,
+    provider_client,
+)
+from providers.native.gemini_content import GeminiContent
+from providers.native.openai_format import Part, call_with_retries, upstream_custom_id
 from providers.upstream_errors import error_message
-from providers.upstream_jobs import JobState, Save, UpstreamHTTPError, http_json, http_lines, provider_client
 
 LABEL = "batchyard_line"  # the request label that names a row's input line
 _GCS = "https://storage.googleapis.com"
@@ -49,17 +56,25 @@ _GCS = "https://storage.googleapis.com"
 class VertexJobs(GeminiContent):
     """`vertex_ai/gemini-*` deployments: chat completions as Vertex AI batch prediction jobs over GCS."""
 
-    endpoints = NATIVE_JOBS["vertex_ai"].endpoints
+    providers = ("vertex_ai",)
+    endpoints = frozenset({Endpoint.CHAT})
     max_lines = 200_000
     max_bytes = 1_000_000_000
-    storage = True  # takes the entry's `model_info` (its bucket and prefix)
+    settings = frozenset({"native_gcs_bucket", "native_gcs_prefix", "native_keep_files"})
+    required_settings = ("native_gcs_bucket",)
+    settings_purpose = "the Cloud Storage bucket of Vertex AI's batch prediction jobs"
+    credentials = (*UpstreamJobs.credentials, "vertex_project", "vertex_location", "vertex_credentials")
+
+    @classmethod
+    def model_refusal(cls, model: str) -> str | None:
+        return None if model.rsplit("/", 1)[-1].startswith("gemini-") else f"runs gemini-* models only, not {model}"
 
     def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any],
-                 info: NativeModelInfo | None = None) -> None:
+                 info: NativeModelInfo) -> None:
         from litellm.llms.vertex_ai.gemini.vertex_and_google_ai_studio_gemini import VertexGeminiConfig
         from litellm.llms.vertex_ai.vertex_llm_base import VertexBase
 
-        if info is None or not info.native_gcs_bucket:
+        if not info.native_gcs_bucket:
             raise ValueError("a native Vertex AI deployment needs model_info.native_gcs_bucket")
         # `publishers/google/models/x` or `x`
         super().__init__(VertexGeminiConfig(), model.rsplit("/", 1)[-1], "vertex_ai", "Vertex AI")

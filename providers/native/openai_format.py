@@ -2,7 +2,7 @@
 
 Named for the format every provider's results are read back into: OpenAI's batch
 lines (its own line form is here too; other providers' forms sit in their
-`providers.*_jobs`). `providers.native` and the `*_jobs` modules talk to the
+`providers.*_jobs`). `providers.native.runner` and the `*_jobs` modules talk to the
 providers; this module shapes the data and keeps the records in the store's meta:
 `native:<batch_id>:<shard index>` (a shard's upstream files and batches, with
 each batch's tokens and cost once read) and `cost:<batch_id>:<route>` (the
@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from gateway.domain import BatchRequest, Endpoint, Result, Shard, Usage
-from gateway.store.lines import Overlong, split_lines
 from gateway.store.protocols import Store
+from gateway.store.splitter import Overlong, split_lines
 from providers.retry_policy import job_call_retrying
 
 log = logging.getLogger("batchyard.native")
@@ -129,7 +129,7 @@ class Part:
 
 
 class LineForm(Protocol):
-    """How a provider takes a request in its batch jobs (`providers.upstream_jobs.UpstreamJobs` is one)."""
+    """How a provider takes a request in its batch jobs (`providers.native.contract.UpstreamJobs` is one)."""
 
     def url(self, endpoint: Endpoint) -> str: ...
 

@@ -12,10 +12,10 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.config.endpoints import NATIVE_JOBS
 from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.log_safe import escaped
-from providers.openai_batches import (
+from providers.native.contract import QUIET_POLL, JobState, Save, UpstreamJobs
+from providers.native.openai_format import (
     Part,
     call_with_retries,
     detached,
@@ -24,24 +24,18 @@ from providers.openai_batches import (
     upstream_url,
 )
 from providers.upstream_errors import batch_error_message
-from providers.upstream_jobs import QUIET_POLL, JobState, Save
 
 log = logging.getLogger("batchyard.native")
 
 
 
-class OpenAIJobs:
+class OpenAIJobs(UpstreamJobs):
     """`openai/` and `azure/` deployments: OpenAI's Batch API (Azure's is the same, under its own URLs)."""
 
-    endpoints = NATIVE_JOBS["openai"].endpoints
+    providers = ("openai", "azure")
+    endpoints = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES})
     max_lines = 50_000  # OpenAI: 50,000 requests and 200 MB per input file
     max_bytes = 190_000_000
-
-    def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any]) -> None:
-        self.provider = provider
-        self._litellm = litellm
-        self._model = model
-        self._kwargs = kwargs
 
     def url(self, endpoint: Endpoint) -> str:
         return upstream_url(endpoint, self.provider)

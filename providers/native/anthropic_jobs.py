@@ -24,11 +24,10 @@ import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.config.endpoints import NATIVE_JOBS
+from gateway.config.entries import NativeModelInfo
 from gateway.domain import BatchRequest, Endpoint, Result
-from providers.openai_batches import Part, call_with_retries, detached, line_of, upstream_custom_id
-from providers.upstream_errors import ANTHROPIC_ERROR_TYPES
-from providers.upstream_jobs import (
+from gateway.message_batches.wire import ERROR_TYPES
+from providers.native.contract import (
     QUIET_POLL,
     JobState,
     Save,
@@ -37,8 +36,9 @@ from providers.upstream_jobs import (
     http_lines,
     stand_in_reply,
 )
+from providers.native.openai_format import Part, call_with_retries, detached, line_of, upstream_custom_id
 
-ANTHROPIC_STATUS = {type_: status for status, type_ in ANTHROPIC_ERROR_TYPES.items()}  # Anthropic's own (529)
+ANTHROPIC_STATUS = {type_: status for status, type_ in ERROR_TYPES.items()}  # Anthropic's own (529)
 
 # OpenAI chat fields that are the request itself, not parameters to map.
 _BODY_FIELDS = frozenset({"model", "messages"})
@@ -81,18 +81,17 @@ def _origin(api_base: str | None) -> str | None:
 class AnthropicJobs(TranslatedLines):
     """`anthropic/` deployments: chat completions as Message Batches."""
 
-    endpoints = NATIVE_JOBS["anthropic"].endpoints
+    providers = ("anthropic",)
+    endpoints = frozenset({Endpoint.CHAT, Endpoint.MESSAGES})
     max_lines = 100_000
     max_bytes = 256_000_000
 
-    def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any]) -> None:
+    def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any],
+                 info: NativeModelInfo) -> None:
         from litellm.llms.anthropic.batches.transformation import AnthropicBatchesConfig
         from litellm.llms.anthropic.chat.transformation import AnthropicConfig
 
-        self.provider = provider
-        self._litellm = litellm
-        self._model = model
-        self._kwargs = {**kwargs, "api_base": _origin(kwargs.get("api_base"))}
+        super().__init__(litellm, provider, model, {**kwargs, "api_base": _origin(kwargs.get("api_base"))}, info)
         self._chat = AnthropicConfig()
         self._batches = AnthropicBatchesConfig()
         self._supported = set(self._chat.get_supported_openai_params(model))

@@ -8,6 +8,11 @@ what a `--retry-failed` run stages while it merges are under `results/`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.domain import Shard
+
 
 def file_key(file_id: str) -> str:
     """A file's bytes: an upload, or a batch's output or error file."""
@@ -19,13 +24,14 @@ def batch_prefix(batch_id: str) -> str:
     return f"batches/{batch_id}"
 
 
-def shard_requests_key(batch_id: str, index: int) -> str:
-    return f"{batch_prefix(batch_id)}/shards/{index:06d}.requests.jsonl"
+def shard_requests_key(shard: Shard) -> str:
+    """A shard's requests, written when the batch is planned."""
+    return f"{batch_prefix(shard.batch_id)}/shards/{shard.index:06d}.requests.jsonl"
 
 
-def shard_results_key(batch_id: str, index: int) -> str:
+def shard_results_key(shard: Shard) -> str:
     """A shard's sorted results, written once the shard is finished."""
-    return f"{batch_prefix(batch_id)}/shards/{index:06d}.results.jsonl"
+    return f"{batch_prefix(shard.batch_id)}/shards/{shard.index:06d}.results.jsonl"
 
 
 def order_key(batch_id: str) -> str:

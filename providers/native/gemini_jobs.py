@@ -13,7 +13,7 @@ A Gemini batch runs one model, named in its URL: `POST v1beta/models/{model}:bat
 A part whose inline body would pass `native_inline_max_bytes` (default and at most Google's 20 MB) goes as a
 file, any other inline. Auth: the `x-goog-api-key` header.
 
-What is LiteLLM's: each line's and each response's translation (`providers.gemini_content`), the auth header
+What is LiteLLM's: each line's and each response's translation (`providers.native.gemini_content`), the auth header
 and API base (`GeminiModelInfo`) and the state words (`litellm.llms.gemini.batches.transformation._STATUS_MAP`).
 What is ours, over HTTP: the upload, create, poll, read back, cancel and the files' deletes. LiteLLM 1.110.2's
 Gemini batch calls take an uploaded file of OpenAI-shaped rows only (translated by its own route), and its batch
@@ -33,14 +33,13 @@ import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.config.endpoints import NATIVE_JOBS
 from gateway.config.entries import NativeModelInfo
-from gateway.domain import BatchRequest
+from gateway.domain import BatchRequest, Endpoint
 from gateway.log_safe import escaped
-from providers.gemini_content import GeminiContent
-from providers.openai_batches import Part, call_with_retries, upstream_custom_id
+from providers.native.contract import JobState, Save, UpstreamHTTPError, http_json, http_lines, provider_client
+from providers.native.gemini_content import GeminiContent
+from providers.native.openai_format import Part, call_with_retries, upstream_custom_id
 from providers.upstream_errors import describe_error, error_message
-from providers.upstream_jobs import JobState, Save, UpstreamHTTPError, http_json, http_lines, provider_client
 
 log = logging.getLogger("batchyard.native")
 
@@ -56,13 +55,14 @@ _RPC_CODES = {1: (499, "CANCELLED"), 2: (500, "UNKNOWN"), 3: (400, "INVALID_ARGU
 class GeminiJobs(GeminiContent):
     """`gemini/` deployments: chat completions as Gemini Batch Mode jobs, inline or from an uploaded file."""
 
-    endpoints = NATIVE_JOBS["gemini"].endpoints
+    providers = ("gemini",)
+    endpoints = frozenset({Endpoint.CHAT})
     max_lines = 100_000
     max_bytes = 2_000_000_000  # an input file: 2 GB (a part over the inline bound goes as one)
-    storage = True  # takes the entry's `model_info` (its inline bound, keep-files)
+    settings = frozenset({"native_inline_max_bytes", "native_keep_files"})
 
     def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any],
-                 info: NativeModelInfo | None = None) -> None:
+                 info: NativeModelInfo) -> None:
         from litellm.llms.gemini.chat.transformation import GoogleAIStudioGeminiConfig
 
         model = model.removeprefix("models/")
@@ -70,9 +70,9 @@ class GeminiJobs(GeminiContent):
         self.provider = provider
         self._litellm = litellm
         self._kwargs = kwargs
-        bound = info.native_inline_max_bytes if info is not None else None
+        bound = info.native_inline_max_bytes
         self._inline_max = INLINE_MAX_BYTES if bound is None else bound
-        self._keep = info.native_keep_files if info is not None else False
+        self._keep = info.native_keep_files
 
     # -- lines --------------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Chat lines as Gemini `GenerateContentRequest`s and `GenerateContentResponse`s back as `chat.completion`s.
 
-Shared by the two batch APIs that run Gemini models: the Gemini API's Batch Mode (`providers.gemini_jobs`) and
-Vertex AI's batch prediction (`providers.vertex_jobs`). Both take the same request body per line and answer
+Shared by the two batch APIs that run Gemini models: the Gemini API's Batch Mode (`providers.native.gemini_jobs`) and
+Vertex AI's batch prediction (`providers.native.vertex_jobs`). Both take the same request body per line and answer
 with the same response body; they differ in how a job is made, named, polled and read back, which stays in
 their own modules.
 
@@ -17,7 +17,7 @@ import types
 from typing import Any
 
 from gateway.domain import BatchRequest, Endpoint, Result
-from providers.upstream_jobs import TranslatedLines, stand_in_reply, translation_refusal
+from providers.native.contract import TranslatedLines, stand_in_reply, translation_refusal
 
 _BODY_FIELDS = frozenset({"model", "messages"})
 _NOT_IN_BATCHES = frozenset({"stream", "stream_options"})  # a batch answers each request whole

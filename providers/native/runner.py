@@ -3,9 +3,10 @@
 A deployment marked `model_info: {batch_mode: native}` gets no call per line.
 Each shard is rewritten for the provider (its line form, the deployment's model,
 custom_id `l<line>`), split under the provider's job limits and made into upstream
-jobs by that provider's `UpstreamJobs` (OpenAI and Azure: `providers.openai_jobs`;
-Anthropic: `providers.anthropic_jobs`; Mistral: `providers.mistral_jobs`; the Gemini API:
-`providers.gemini_jobs`; Bedrock: `providers.bedrock_jobs`; Vertex AI: `providers.vertex_jobs`). The file
+jobs by that provider's `UpstreamJobs` (OpenAI and Azure: `providers.native.openai_jobs`;
+Anthropic: `providers.native.anthropic_jobs`; Mistral: `providers.native.mistral_jobs`; the Gemini API:
+`providers.native.gemini_jobs`; Bedrock: `providers.native.bedrock_jobs`; Vertex AI:
+`providers.native.vertex_jobs`). The file
 and job ids are recorded in the store's meta (`native:<batch>:<shard>`) before any
 polling, so a restarted process polls the jobs it already created instead of
 creating new ones. No job is created while the team is over its budget
@@ -20,14 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from gateway import tracing
-from gateway.config.endpoints import NATIVE_JOBS, NATIVE_PROVIDERS
 from gateway.config.entries import NativeModelInfo
 from gateway.config.priced_fields import priced_fields
 from gateway.config.prices import Prices, batch_prices, cost_of
@@ -40,7 +39,9 @@ from gateway.lines.stops import OVER_BUDGET, stop_reason
 from gateway.log_safe import escaped
 from gateway.store.protocols import Store
 from gateway.tracing import genai
-from providers.openai_batches import (
+from providers.native.catalog import jobs_class, native_catalog
+from providers.native.contract import JobState, UpstreamJobs, call_kwargs
+from providers.native.openai_format import (
     TERMINAL,
     Part,
     accumulate_route,
@@ -56,7 +57,6 @@ from providers.openai_batches import (
 )
 from providers.passthrough import PROVIDERS as WIRE_PROVIDERS
 from providers.upstream_errors import describe_error, retryable
-from providers.upstream_jobs import JobState, UpstreamJobs, call_kwargs
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -65,16 +65,6 @@ log = logging.getLogger("batchyard.native")
 _MAX_POLL_ERRORS = 10  # consecutive transient polling errors before a part's requests get error results
 _CANCEL_TIMEOUT = 15.0
 _REALTIME_CONCURRENCY = 16  # calls at once for the lines of a part below a provider's minimum job size
-
-
-def jobs_class(provider: str) -> Any:
-    """The `UpstreamJobs` implementation of a provider (`gateway.config.endpoints.NATIVE_JOBS`; imported lazily:
-    one module per provider); None for a provider with no native jobs."""
-    native = NATIVE_JOBS.get(provider)
-    if native is None:
-        return None
-    module, _, name = native.jobs.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def _job_attributes(jobs: UpstreamJobs, shard: Shard) -> dict[str, Any]:
@@ -106,8 +96,8 @@ class NativeBatchBackend:
         """What every deployment's provider takes in its batch jobs."""
         served: frozenset[Endpoint] | None = None
         for entry in self.route.entries:
-            native = NATIVE_JOBS.get(entry.litellm_params.model.partition("/")[0])
-            mine = native.endpoints if native is not None else frozenset()
+            cls = jobs_class(entry.litellm_params.model.partition("/")[0])
+            mine = cls.endpoints if cls is not None else frozenset()
             served = mine if served is None else served & mine
         return served or frozenset()
 
@@ -148,9 +138,10 @@ class NativeBatchBackend:
         candidates = [info.get("base_model") or "", entry.litellm_params.model, model]
         prices = batch_prices(info, self._litellm.model_cost, candidates)
         cls = jobs_class(provider)
-        storage = {"info": entry.model_info} if getattr(cls, "storage", False) else {}  # Bedrock's bucket and role
-        jobs = cls(self._litellm, provider, model, call_kwargs(params, provider, self._timeout), **storage) \
-            if cls else None
+        native_info = entry.model_info
+        if cls is None or not isinstance(native_info, NativeModelInfo):
+            return None, provider, prices
+        jobs = cls(self._litellm, provider, model, call_kwargs(params, cls, provider, self._timeout), native_info)
         return jobs, provider, prices
 
     # -- the Backend interface --------------------------------------------------------------------
@@ -176,7 +167,7 @@ class NativeBatchBackend:
         state = await self._store.backend_state.get(key) or {"deployment": shard.index % len(self.route.entries)}
         jobs, provider, prices = self._deployment(int(state["deployment"]))
         if jobs is None:  # the config refuses these at load; a route built by hand may still hold one
-            message = f"native batches need a deployment of {', '.join(NATIVE_PROVIDERS)}, not {provider}/"
+            message = f"native batches need a deployment of {', '.join(sorted(native_catalog()))}, not {provider}/"
             for req in requests:
                 yield Result.failure(req.line, req.custom_id, "native_unsupported", message, model=req.model)
             return
@@ -206,14 +197,12 @@ class NativeBatchBackend:
             yield Result.failure(req.line, req.custom_id, "request_too_large",
                                  f"the request is larger than the upstream job limit of {max_bytes} bytes",
                                  model=req.model)
-        min_lines = int(getattr(jobs, "min_lines", 0) or 0)  # Bedrock's minimum records per job
-        small = [line for p in new_parts if len(p.lines) < min_lines for line in p.lines]
-        if small:
-            new_parts = [p for p in new_parts if len(p.lines) >= min_lines]
-            realtime = jobs.realtime  # type: ignore[attr-defined]
+        small = [line for p in new_parts if len(p.lines) < jobs.min_lines for line in p.lines]
+        if small:  # a provider's minimum job size (Bedrock's records per job)
+            new_parts = [p for p in new_parts if len(p.lines) >= jobs.min_lines]
             for start in range(0, len(small), _REALTIME_CONCURRENCY):  # too few for a job: answered in real time
                 chunk = small[start:start + _REALTIME_CONCURRENCY]      # on the same deployment, never failed
-                for result in await asyncio.gather(*(realtime(by_line[line]) for line in chunk)):
+                for result in await asyncio.gather(*(jobs.realtime(by_line[line]) for line in chunk)):
                     yield result
         parts += new_parts
 
@@ -242,9 +231,7 @@ class NativeBatchBackend:
                                                      model=req.model)
                         continue
                 pending.append(part)
-            release = getattr(jobs, "release", None)  # `TranslatedLines`: the translations are in the jobs now
-            if release is not None:
-                release()
+            jobs.release()  # what was kept to make the jobs (`TranslatedLines`' translations) is in them now
             async for result in self._poll(jobs, shard, pending, by_line, prices, save):
                 yield result
         except (asyncio.CancelledError, GeneratorExit):
@@ -387,4 +374,4 @@ class NativeBatchBackend:
                             escaped(describe_error(exc)))
 
 
-__all__ = ["NativeBatchBackend", "drop_native_state", "jobs_class", "native_route_summary"]
+__all__ = ["NativeBatchBackend", "drop_native_state", "native_route_summary"]

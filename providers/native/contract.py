@@ -1,9 +1,9 @@
-"""What a provider's batch jobs look like to `providers.native`: one small interface per provider.
+"""The contract a provider's batch jobs fill in (`UpstreamJobs`, one subclass per provider), and what they share.
 
-`NativeBatchBackend` plans, records and reads back; an `UpstreamJobs` knows one provider's batch API:
-the request line it takes, how a part becomes a job (upload and create, or one create call), how a job
-is polled, cancelled and read back as OpenAI-shaped result lines. Each goes through LiteLLM's batch
-functions where LiteLLM 1.110.2 reaches the provider, and over plain HTTP (LiteLLM's own URL and header
+`NativeBatchBackend` (`providers.native.runner`) plans, records and reads back; an `UpstreamJobs` knows one
+provider's batch API: the request line it takes, how a part becomes a job (upload and create, or one create
+call), how a job is polled, cancelled and read back as OpenAI-shaped result lines. Each goes through LiteLLM's
+batch functions where LiteLLM 1.110.2 reaches the provider, and over plain HTTP (LiteLLM's own URL and header
 helpers) for the calls it lacks (Anthropic's create and cancel, Mistral's cancel and list).
 """
 
@@ -13,13 +13,16 @@ import functools
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx
 
 from gateway.domain import BatchRequest, Endpoint, Result
-from providers.openai_batches import Part, reply_lines
+from providers.native.openai_format import Part, reply_lines
 from providers.upstream_errors import error_message
+
+if TYPE_CHECKING:
+    from gateway.config.entries import NativeModelInfo
 
 Save = Callable[[], Awaitable[None]]
 
@@ -42,44 +45,94 @@ class JobState:
     code: str | None = None
 
 
-class UpstreamJobs(Protocol):
-    """One provider's batch API, bound to one deployment (its model and credentials)."""
+class UpstreamJobs:
+    """One provider's batch API, bound to one deployment (its model and credentials): the class a provider's
+    `*_jobs.py` fills in. `providers.native.catalog` finds every subclass that names its `providers`.
 
-    provider: str
-    endpoints: frozenset[Endpoint]
-    max_lines: int  # the provider's own limits on one job
-    max_bytes: int
+    What the class declares, read before any deployment exists (the config checks a native entry against it,
+    handed in by the composition root; the runner splits and routes by it):
+    - `providers`: the LiteLLM provider prefixes it serves (`openai`, `azure`);
+    - `endpoints`: what its jobs take; `max_lines`, `max_bytes`: the provider's own limits on one job;
+    - `settings`: its own `native_*` keys of `model_info` (refused on every other provider), `required_settings`
+      (of those, the ones a deployment must set, `settings_purpose` saying what they are) and `model_refusal`
+      (the models of the provider its jobs cannot run);
+    - `credentials`: the `litellm_params` its calls take (keys, bases, regions): nothing else reaches them.
+
+    The optional abilities have defaults, as httpx's transports default `close`: `min_lines` (a part with
+    fewer lines runs in real time through `realtime`), `release` (drop what was kept for the jobs' creation).
+    """
+
+    providers: ClassVar[tuple[str, ...]] = ()
+    endpoints: ClassVar[frozenset[Endpoint]] = frozenset()
+    max_lines: ClassVar[int]
+    max_bytes: ClassVar[int]
+    settings: ClassVar[frozenset[str]] = frozenset()
+    required_settings: ClassVar[tuple[str, ...]] = ()
+    settings_purpose: ClassVar[str] = ""
+    credentials: ClassVar[tuple[str, ...]] = ("api_base", "api_key", "api_version", "organization")
+    min_lines: int = 0  # a part below it runs in real time (`realtime`); 0: every part is a job
+
+    provider: str  # the deployment's provider (one of `providers`)
+
+    def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any],
+                 info: NativeModelInfo) -> None:
+        """`kwargs`: the deployment's LiteLLM keyword arguments (`call_kwargs`); `info`: its `model_info`, whose
+        `settings` a provider reads here."""
+        self.provider = provider
+        self._litellm = litellm
+        self._model = model
+        self._kwargs = kwargs
+
+    @classmethod
+    def model_refusal(cls, model: str) -> str | None:
+        """Why this provider's jobs cannot run `model` (the part after `provider/`); None: they can."""
+        return None
 
     def url(self, endpoint: Endpoint) -> str:
         """The job endpoint a request goes to (requests of one part share it)."""
+        raise NotImplementedError
 
     def line(self, req: BatchRequest) -> bytes:
         """The request as one line of the provider's job input (its size counts against `max_bytes`)."""
+        raise NotImplementedError
 
     def reject(self, req: BatchRequest) -> Result | None:
         """The error result of a request the provider's job cannot take (before any job is made)."""
+        raise NotImplementedError
 
     async def create(self, part: Part, data: bytes, name: str, metadata: dict[str, str], save: Save) -> None:
         """Make the part's job from its lines (`data`), setting `part.file_id`/`part.batch_id` and calling
         `save` as soon as each exists; raises on failure."""
+        raise NotImplementedError
 
     async def find(self, part: Part) -> bool:
         """A job created from `part.file_id` before a crash could record it: set `part.batch_id` if found."""
+        raise NotImplementedError
 
-    async def retrieve(self, batch_id: str) -> JobState: ...
+    async def retrieve(self, batch_id: str) -> JobState:
+        raise NotImplementedError
 
     def results(self, state: JobState) -> AsyncIterator[dict[str, Any]]:
         """The finished job's result lines in OpenAI's batch output shape (`custom_id`, `response` or `error`)."""
+        raise NotImplementedError
 
-    async def cancel(self, batch_id: str) -> None: ...
+    async def cancel(self, batch_id: str) -> None:
+        raise NotImplementedError
+
+    async def realtime(self, req: BatchRequest) -> Result:
+        """A line of a part below `min_lines`, answered by one real-time call on the same deployment."""
+        raise NotImplementedError(f"{type(self).__name__} sets no min_lines, so it runs no line in real time")
+
+    def release(self) -> None:
+        """The shard's jobs exist: drop what was kept only to make them (nothing by default)."""
 
 
-class TranslatedLines:
-    """Each request's job line translated once per shard (a mixin of the `UpstreamJobs` whose lines LiteLLM
+class TranslatedLines(UpstreamJobs):
+    """Each request's job line translated once per shard (the base of the `UpstreamJobs` whose lines LiteLLM
     translates: Anthropic, Gemini, Vertex AI, Bedrock).
 
     `reject` translates a line to learn whether LiteLLM refuses it, planning sizes it and creating sends it: three
-    uses of one translation, which costs milliseconds a line (LiteLLM's parameter mapping). `providers.native`
+    uses of one translation, which costs milliseconds a line (LiteLLM's parameter mapping). `providers.native.runner`
     calls `release` once the shard's jobs exist, so the lines are not held while the jobs are polled."""
 
     def _translate(self, req: BatchRequest) -> bytes:
@@ -151,12 +204,12 @@ async def http_lines(url: str, headers: Mapping[str, str], timeout: float | None
 
 
 
-def call_kwargs(params: Mapping[str, Any], provider: str, timeout: float | None) -> dict[str, Any]:
-    """The LiteLLM keyword arguments of a deployment's batch calls (credentials never logged)."""
+def call_kwargs(params: Mapping[str, Any], jobs: type[UpstreamJobs], provider: str,
+                timeout: float | None) -> dict[str, Any]:
+    """The LiteLLM keyword arguments of a deployment's batch calls: the credentials its jobs class declares and
+    the timeout (credentials never logged)."""
     kwargs: dict[str, Any] = {"custom_llm_provider": provider}
-    for name in ("api_base", "api_key", "api_version", "organization", "timeout", "aws_access_key_id",
-                 "aws_secret_access_key", "aws_session_token", "aws_region_name", "vertex_project",
-                 "vertex_location", "vertex_credentials"):
+    for name in (*jobs.credentials, "timeout"):
         if params.get(name) is not None:
             kwargs[name] = params[name]
     if "timeout" not in kwargs and timeout is not None:

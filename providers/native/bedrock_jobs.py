@@ -18,7 +18,7 @@ LiteLLM 1.110.2's Bedrock batch calls upload through its own files API with its 
 
 Limits (Bedrock's quotas): at least 100 and at most 50,000 records per job, 1 GB per input file; a job runs
 within its timeout (24 hours by default), else `Expired`. A part below the minimum never goes to Bedrock:
-`providers.native` runs its lines in real time on the same deployment (`realtime`).
+`providers.native.runner` runs its lines in real time on the same deployment (`realtime`).
 """
 
 from __future__ import annotations
@@ -34,11 +34,17 @@ import posixpath
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.config.endpoints import NATIVE_JOBS
 from gateway.config.entries import NativeModelInfo
 from gateway.domain import BatchRequest, Endpoint, Result
-from providers.openai_batches import Part, call_with_retries, upstream_custom_id
-from providers.upstream_jobs import JobState, Save, TranslatedLines, UpstreamHTTPError, translation_refusal
+from providers.native.contract import (
+    JobState,
+    Save,
+    TranslatedLines,
+    UpstreamHTTPError,
+    UpstreamJobs,
+    translation_refusal,
+)
+from providers.native.openai_format import Part, call_with_retries, upstream_custom_id
 
 _NOT_IN_BATCHES = frozenset({"stream", "stream_options"})
 _STATUS = {"Submitted": "validating", "Validating": "validating", "Scheduled": "in_progress",
@@ -65,25 +71,34 @@ def _aws_clients(session_params: tuple[tuple[str, str], ...], aws_env: tuple[tup
 class BedrockJobs(TranslatedLines):
     """`bedrock/anthropic.claude-*` deployments: chat completions as Bedrock batch inference jobs."""
 
-    endpoints = NATIVE_JOBS["bedrock"].endpoints
+    providers = ("bedrock",)
+    endpoints = frozenset({Endpoint.CHAT})
     max_lines = 50_000
     max_bytes = 1_000_000_000
-    min_lines = 100  # Bedrock's minimum records per job: a smaller part runs in real time
-    storage = True  # takes the entry's `model_info` (its bucket, prefix and role)
+    min_lines = 100  # Bedrock's minimum records per job (`native_min_records`): a smaller part runs in real time
+    settings = frozenset({"native_s3_bucket", "native_s3_prefix", "native_role_arn", "native_keep_files",
+                          "native_min_records"})
+    required_settings = ("native_s3_bucket", "native_role_arn")
+    settings_purpose = "the S3 bucket and service role of Bedrock's batch jobs"
+    credentials = (*UpstreamJobs.credentials, "aws_access_key_id", "aws_secret_access_key", "aws_session_token",
+                   "aws_region_name")
+
+    @classmethod
+    def model_refusal(cls, model: str) -> str | None:
+        if model.split(".", 1)[-1].startswith("anthropic.") or model.startswith("anthropic."):
+            return None
+        return f"runs anthropic.claude-* models only, not {model}"
 
     def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any],
-                 info: NativeModelInfo | None = None) -> None:
+                 info: NativeModelInfo) -> None:
         from litellm.llms.anthropic.chat.transformation import AnthropicConfig
         from litellm.llms.bedrock.chat.invoke_transformations.anthropic_claude_transformation import (
             AmazonAnthropicClaudeConfig,
         )
 
-        if info is None or not info.native_s3_bucket or not info.native_role_arn:
+        if not info.native_s3_bucket or not info.native_role_arn:
             raise ValueError("a native Bedrock deployment needs model_info.native_s3_bucket and native_role_arn")
-        self.provider = provider
-        self._litellm = litellm
-        self._model = model
-        self._kwargs = kwargs
+        super().__init__(litellm, provider, model, kwargs, info)
         self._bucket = info.native_s3_bucket
         self._prefix = info.native_s3_prefix.strip("/")
         self._role = info.native_role_arn
@@ -228,7 +243,7 @@ class BedrockJobs(TranslatedLines):
                 await self._call(0, "delete_object", Bucket=bucket, Key=key)
 
     def _result(self, record: dict[str, Any]) -> dict[str, Any]:
-        from providers.anthropic_jobs import chat_completion_body
+        from providers.native.anthropic_jobs import chat_completion_body
 
         custom_id = str(record.get("recordId"))
         output = record.get("modelOutput")
@@ -246,7 +261,7 @@ class BedrockJobs(TranslatedLines):
     async def realtime(self, req: BatchRequest) -> Result:
         """A line of a part below Bedrock's minimum records, answered by one real-time call (LiteLLM's
         `acompletion` on the same deployment, at its real-time price)."""
-        from providers.openai_batches import result_from_line
+        from providers.native.openai_format import result_from_line
         from providers.upstream_errors import describe_error
 
         # only the chat fields `reject` let through: nothing in a line names a key, an endpoint or a setting
