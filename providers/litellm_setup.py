@@ -2,7 +2,7 @@
 
 `apply` does what LiteLLM's proxy does with `litellm_settings` (proxy_server.py
 `load_config`: `setattr(litellm, key, value)`, callbacks through the
-`logging_callback_manager`) for the keys `gateway.config.litellm_settings` accepts.
+`logging_callback_manager`) for the keys `gateway.config.litellm.litellm_settings` accepts.
 """
 
 from __future__ import annotations

@@ -165,7 +165,7 @@ def _cell(text: str) -> str:
 
 
 def config_page() -> str:
-    from gateway.config.litellm_settings import SUPPORTED
+    from gateway.config.litellm.litellm_settings import SUPPORTED
     from gateway.config.sections import ROUTER_SETTINGS
 
     out = [NOTICE, "# Configuration reference\n",

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from gateway.config.notices import notice_text
+from gateway.config.litellm.notices import notice_text
 from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import Config, load_config
 from gateway.config.wildcards import hidden_aliases

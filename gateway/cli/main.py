@@ -16,7 +16,7 @@ from gateway.cli import console
 from gateway.cli.flags import ENGINE_OPTIONS, count, port, positive_int, positive_seconds, refused_flag
 from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
-from gateway.config.notices import notice_text
+from gateway.config.litellm.notices import notice_text
 from gateway.config.schema import Config, load_config, local_model_config
 from gateway.errors import ConfigError, GatewayError
 

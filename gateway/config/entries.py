@@ -126,7 +126,7 @@ class ModelInfo(BaseModel):
     @field_validator("allowed_params")
     @classmethod
     def _no_litellm_settings(cls, names: list[str]) -> list[str]:
-        from gateway.config.litellm_names import LITELLM_SETTINGS  # generated from the pinned LiteLLM
+        from gateway.config.litellm.litellm_names import LITELLM_SETTINGS  # generated from the pinned LiteLLM
 
         bad = sorted(n for n in names if n in LITELLM_SETTINGS)
         if bad:

@@ -22,9 +22,9 @@ from pydantic import Field, ValidationError, field_validator
 
 from gateway.config.engine_fields import unknown_engine_args
 from gateway.config.entries import Entry, LocalEntry, ModelEntry, Strict, kind_of
-from gateway.config.litellm_file import INCLUDE, apply_environment, merge_includes, read_yaml
-from gateway.config.litellm_settings import check_litellm_settings
-from gateway.config.notices import Notice, split_litellm_settings, strict_refusal
+from gateway.config.litellm.litellm_file import INCLUDE, apply_environment, merge_includes, read_yaml
+from gateway.config.litellm.litellm_settings import check_litellm_settings
+from gateway.config.litellm.notices import Notice, split_litellm_settings, strict_refusal
 from gateway.config.problems import config_error
 from gateway.config.route_checks import check_aliases, check_fallbacks
 from gateway.config.routes import Route, RouteKind
@@ -74,7 +74,7 @@ class Config:
     litellm_settings: dict[str, Any] = field(default_factory=dict)
     master_key: str | None = None
     batch: BatchSettings = field(default_factory=BatchSettings)
-    # The LiteLLM settings of the file that batchyard does not apply (gateway.config.notices), section by section.
+    # The LiteLLM settings of the file that batchyard does not apply (config.litellm.notices), section by section.
     notices: list[Notice] = field(default_factory=list)
     # vLLM run_batch's input rules (repeated custom_ids answered line by line, an empty file is no error):
     # only the config `batchyard run --model` implies; a YAML config and the server keep OpenAI's.

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.config.notices import REASONS
+from gateway.config.litellm.notices import REASONS
 from gateway.config.schema import load_config, parse_config
 from gateway.errors import ConfigError
 from tests.support.server_helpers import start_gateway

@@ -3,7 +3,7 @@
 LiteLLM's proxy applies this section with `setattr(litellm, key, value)`, with
 special cases for callbacks. We do the same (`providers.litellm_setup.apply`)
 for the keys below. LiteLLM's other settings never reach this module: they are
-named at start as not applied (`gateway.config.notices`), and a key LiteLLM does
+named at start as not applied (`gateway.config.litellm.notices`), and a key LiteLLM does
 not know is refused there; a setting accepted and then ignored would be a lie.
 Callback names are checked against the names LiteLLM knows (LiteLLM is imported
 only when callbacks are configured: it takes seconds).

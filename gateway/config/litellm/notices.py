@@ -1,6 +1,6 @@
 """LiteLLM's settings that batchyard does not apply: named at start, never silent, never fatal (unless strict).
 
-A key LiteLLM's proxy knows (gateway.config.proxy_names, generated from the pinned LiteLLM; the Router's
+A key LiteLLM's proxy knows (gateway.config.litellm.proxy_names, generated from the pinned LiteLLM; the Router's
 keyword arguments for `router_settings`) is never a config error: where batchyard applies it, it is
 kept; where it does not, it is taken out of the config and becomes a `Notice` (its dotted key and why),
 which `batchyard run` prints on stderr, and `serve` logs and shows in `/health`, once at start.
@@ -17,8 +17,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config.litellm_settings import SUPPORTED as LITELLM_APPLIED
-from gateway.config.proxy_names import CONFIG_SECTIONS, GENERAL_SETTINGS, LITELLM_MODULE_SETTINGS
+from gateway.config.litellm.litellm_settings import SUPPORTED as LITELLM_APPLIED
+from gateway.config.litellm.proxy_names import CONFIG_SECTIONS, GENERAL_SETTINGS, LITELLM_MODULE_SETTINGS
 from gateway.config.sections import ROUTER_SETTINGS, GeneralSettings
 from gateway.errors import ConfigError
 
