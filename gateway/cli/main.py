@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway import tracing
 from gateway.cli import console
+from gateway.cli.config_check import check_router
 from gateway.cli.flags import ENGINE_OPTIONS, count, port, positive_int, positive_seconds, refused_flag
 from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
@@ -260,6 +261,7 @@ def _load(args: argparse.Namespace, extra: list[str]) -> Config:
         config = load_config(args.config, strict=args.strict_config)  # engine flags beside it were refused
         if config.notices:  # once, at start
             console.say(notice_text(config.notices))
+        check_router(config)  # what config check builds: a Router LiteLLM refuses is a config error (exit 2)
         return config
     if args.model:
         return local_model_config(args.model, _engine_args(args, extra), args.served_model_name)
@@ -335,7 +337,8 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _serve_command(args: argparse.Namespace) -> int:
-    load_config(args.config, strict=args.strict_config)  # a bad config fails here, before the server starts
+    config = load_config(args.config, strict=args.strict_config)  # a bad config fails here, before it starts
+    check_router(config)  # as config check does: a Router LiteLLM refuses is a config error (exit 2)
     log_level = "debug" if args.verbose else "info"  # the server's log (uvicorn's included)
     if args.redis_url:
         from gateway.cli.serve import serve_shared

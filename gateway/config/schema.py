@@ -20,8 +20,9 @@ from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator
 
-from gateway.config.engine_fields import unknown_engine_args
+from gateway.config.engine_fields import unknown_engine_args, unknown_parser
 from gateway.config.entries import Entry, LocalEntry, ModelEntry, Strict, kind_of
+from gateway.config.litellm.credentials import apply_credentials
 from gateway.config.litellm.litellm_file import INCLUDE, apply_environment, merge_includes, read_yaml
 from gateway.config.litellm.litellm_settings import check_litellm_settings
 from gateway.config.litellm.notices import Notice, split_litellm_settings, strict_refusal
@@ -199,6 +200,7 @@ def parse_config(raw: Any, path: str = "<config>", *, strict: bool = False) -> C
     if INCLUDE in raw:
         raise ConfigError(path, INCLUDE, "names files relative to a config file: load the file (load_config)")
     raw, env_notices = apply_environment(raw, path)
+    raw = apply_credentials(raw, path)  # before the keys are checked: a credential's values are litellm_params
     raw, notices = split_litellm_settings(raw, ConfigFile.model_fields, path)
     notices = env_notices + notices
     raw = _resolve(raw, path, "")  # after the split: a setting not applied needs no variable set
@@ -206,8 +208,9 @@ def parse_config(raw: Any, path: str = "<config>", *, strict: bool = False) -> C
         file = ConfigFile.model_validate(raw)
     except ValidationError as exc:
         raise config_error(exc, path, ConfigFile) from None
-    if notices and (strict or file.batch_settings.strict_config):
-        raise strict_refusal(notices, path)
+    refusal = strict_refusal(notices, path) if strict or file.batch_settings.strict_config else None
+    if refusal is not None:
+        raise refusal
     routes = _routes(file.model_list, path)
     router_settings = check_router_settings(file.router_settings, path)
     check_aliases(router_settings.get("model_group_alias"), routes, path)
@@ -221,6 +224,7 @@ def parse_config(raw: Any, path: str = "<config>", *, strict: bool = False) -> C
         notices=notices,
     )
     check_fallbacks(router_settings, config.route, path)
+    check_fallbacks(config.litellm_settings, config.route, path, "litellm_settings")
     _check_teams(file.batch_settings.teams, config, path)
     declared = {team.team_id for team in file.batch_settings.teams}
     for team_id in file.batch_settings.tracing.capture_content_teams:  # a team no key can be: never applies
@@ -252,6 +256,9 @@ def local_model_config(model: str, engine_args: dict[str, Any], served_names: li
     if unknown:
         flag = "--" + str(unknown[0]).replace("_", "-")
         raise ConfigError("command line", flag, "is not an option of vLLM's run_batch (nor of batchyard run)")
+    parser = unknown_parser(engine_args)  # before any engine loads: vLLM would say it only after loading
+    if parser is not None:
+        raise ConfigError("command line", "--" + parser[0].replace("_", "-"), parser[1])
     try:
         typed = LocalEntry.model_validate(entry)
     except ValidationError as exc:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config.schema import load_config
+from gateway.errors import ConfigError
 from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.cli_in_process import batchyard
 
@@ -145,8 +146,11 @@ def test_strict_config_refuses_an_example_before_anything_starts(upstream: Upstr
 
 
 @pytest.mark.usefixtures("own_environment")
-def test_load_balancer_example_loads(upstream: Upstream) -> None:
+def test_load_balancer_example_is_refused_for_the_provider_litellm_cannot_place(upstream: Upstream) -> None:
+    """Its `mistralai/mistral-7b-instruct` has a provider LiteLLM's Router cannot place: every line of it would
+    fail there, so it is refused at load, naming the entry (test_litellm_routes runs the file without it)."""
     os.environ["FAKE_OPENAI_API_BASE"] = upstream.v1_url
-    config = load_config(CONFIGS / "load_balancer.yaml")
-    assert sorted(config.routes) == ["gpt-3.5-turbo", "mistral-7b-instruct"]
-    assert config.notices == []
+    with pytest.raises(ConfigError) as caught:
+        load_config(CONFIGS / "load_balancer.yaml")
+    assert caught.value.key == "model_list[3].litellm_params"
+    assert caught.value.problem == "LiteLLM has no provider `mistralai`; did you mean `mistral/`?"
