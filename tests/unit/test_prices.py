@@ -71,3 +71,16 @@ def test_an_adapter_replys_deployment_prices_it() -> None:
                                                "output_cost_per_token": 1.0}}])
     body = {"type": "message", "usage": {"input_tokens": 2, "output_tokens": 3}}
     assert prices.cost({**body, "_hidden_params": {"model_id": "d1"}}, body) == 4.0
+
+
+def test_the_price_map_read_from_the_wheel_is_litellm_s() -> None:
+    """`price_map` reads LiteLLM's shipped file without importing LiteLLM; it holds what `litellm.model_cost`
+    holds at import (aliases resolved), so a price looked up either way is the same."""
+    import litellm
+    from litellm.litellm_core_utils.get_model_cost_map import get_model_cost_map
+
+    from gateway.config.prices import price_map
+
+    loaded = get_model_cost_map(url=litellm.model_cost_map_url)  # a fresh map, as LiteLLM loads it at import
+    shipped = price_map()
+    assert {k: loaded[k] for k in loaded} == {k: shipped[k] for k in loaded}
