@@ -49,6 +49,10 @@ EXAMPLES: dict[str, tuple[dict[str, str], list[str]]] = {
                                 "litellm_settings.cache_params"]),
     "include_config.yaml": ({"included-gpt": "pass-through"}, []),
     "environment_variables_config.yaml": ({"env-gpt": "pass-through"}, []),
+    "docs_credentials_config.yaml": ({"gpt-4o": "pass-through"}, []),
+    # zephyr-beta's hosts answer nothing: its lines are answered by gpt-3.5-turbo, litellm_settings.fallbacks
+    "docs_reliability_config.yaml": ({"zephyr-beta": "LiteLLM", "gpt-3.5-turbo": "pass-through",
+                                      "gpt-3.5-turbo-16k": "pass-through"}, ["litellm_settings.cooldown_time"]),
 }
 
 
@@ -71,7 +75,7 @@ def own_environment() -> Iterator[None]:
 def _env(upstream: Upstream) -> dict[str, str]:
     # The examples' own variables: their api_base at the loopback upstream, their key the one it takes.
     return {**os.environ, "FAKE_OPENAI_API_BASE": upstream.v1_url, "OPENAI_API_KEY": FILE_KEY,
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+            "AZURE_API_BASE": upstream.url, "AZURE_API_KEY": "az-test", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
 def _batchyard(upstream: Upstream, *args: str) -> subprocess.CompletedProcess[str]:
