@@ -5,14 +5,18 @@ is read from the installed wheel, unchanged: its `os.environ/` variables are set
 pointed at the loopback upstream (tests/fakes/upstream). Each one either passes `batchyard config check`
 (rc 0) or is refused (rc 2) for a reason LiteLLM shares, asserted per file below. The configs whose chat
 models go through OpenAI's wire to such a base URL run a small batch each, answered by the deployment
-LiteLLM's Router picks. A new pin that ships another config fails `test_the_population_is_the_wheels` until
-the file is added to `POPULATION` with what batchyard does with it.
+LiteLLM's Router picks (in a process of its own where the file starts LiteLLM callbacks). A new pin that
+ships another config fails `test_the_population_is_the_wheels` until the file is added to `POPULATION` with
+what batchyard does with it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -125,8 +129,13 @@ def test_a_small_batch_goes_to_the_deployment_litellm_picks(name: str, upstream:
                            + "\n" for model in models for i in range(2)))
     out = tmp_path / "out.jsonl"
     before = dict(upstream.stats()["by_model"])
-    proc = batchyard(capsys, "run", "-i", str(src), "-o", str(out), "--config", str(PROXY / name), "--no-progress",
-                     env=_env(upstream), cwd=REPO)
+    args = ["run", "-i", str(src), "-o", str(out), "--config", str(PROXY / name), "--no-progress"]
+    if yaml.safe_load((PROXY / name).read_text()).get("litellm_settings", {}).get("callbacks"):
+        # LiteLLM's callbacks (otel, prometheus, gcs_bucket) set process-wide state: their own process
+        proc = subprocess.run([sys.executable, "-m", "gateway.cli", *args], cwd=REPO,
+                              env={**os.environ, **_env(upstream)}, capture_output=True, text=True, timeout=300)
+    else:
+        proc = batchyard(capsys, *args, env=_env(upstream), cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     results = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["response"]["status_code"] for r in results] == [200] * len(results), results
