@@ -36,15 +36,16 @@ def apply(settings: dict[str, Any]) -> None:
 
 def build_router(model_list: list[dict[str, Any]], router_kwargs: dict[str, Any], settings: dict[str, Any],
                  where: str = "config") -> Any:
-    """LiteLLM's Router of `model_list`, the module set from `settings` first; a config it refuses (a
-    deployment's `supported_environments` without `LITELLM_ENVIRONMENT`, a bad setting) is a `ConfigError`."""
+    """LiteLLM's Router of `model_list`, the module set from `settings` first; a config it refuses (a setting
+    of the wrong type, such as a boolean `cooldown_time`) is a `ConfigError`."""
     from litellm import Router
 
     apply(settings)
     try:
         return Router(model_list=model_list, **router_kwargs)
     except Exception as exc:  # building makes no call: whatever it refuses is the config's
-        raise ConfigError(where, "model_list", f"LiteLLM's Router refuses it: {type(exc).__name__}: {exc}") from None
+        raise ConfigError(where, "model_list, router_settings", f"LiteLLM's Router refuses them: "
+                          f"{type(exc).__name__}: {exc}") from None
 
 
 def _callbacks(litellm: Any, key: str, names: list[str]) -> None:

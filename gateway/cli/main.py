@@ -337,8 +337,7 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _serve_command(args: argparse.Namespace) -> int:
-    config = load_config(args.config, strict=args.strict_config)  # a bad config fails here, before it starts
-    check_router(config)  # as config check does: a Router LiteLLM refuses is a config error (exit 2)
+    load_config(args.config, strict=args.strict_config)  # a bad config fails here, before the server starts
     log_level = "debug" if args.verbose else "info"  # the server's log (uvicorn's included)
     if args.redis_url:
         from gateway.cli.serve import serve_shared

@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError, field_validator
 from gateway.config.engine_fields import unknown_engine_args, unknown_parser
 from gateway.config.entries import Entry, LocalEntry, ModelEntry, Strict, kind_of
 from gateway.config.litellm.credentials import apply_credentials
+from gateway.config.litellm.deployment_keys import environment_entries
 from gateway.config.litellm.litellm_file import INCLUDE, apply_environment, merge_includes, read_yaml
 from gateway.config.litellm.litellm_settings import check_litellm_settings
 from gateway.config.litellm.notices import Notice, split_litellm_settings, strict_refusal
@@ -201,6 +202,9 @@ def parse_config(raw: Any, path: str = "<config>", *, strict: bool = False) -> C
         raise ConfigError(path, INCLUDE, "names files relative to a config file: load the file (load_config)")
     raw, env_notices = apply_environment(raw, path)
     raw = apply_credentials(raw, path)  # before the keys are checked: a credential's values are litellm_params
+    entries, skipped = environment_entries(raw.get("model_list"), path)  # after environment_variables are set
+    raw = {**raw, "model_list": entries} if "model_list" in raw else raw
+    env_notices += [Notice(key, why) for key, why in skipped]
     raw, notices = split_litellm_settings(raw, ConfigFile.model_fields, path)
     notices = env_notices + notices
     raw = _resolve(raw, path, "")  # after the split: a setting not applied needs no variable set

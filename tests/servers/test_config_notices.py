@@ -266,10 +266,29 @@ def test_batchyard_s_own_model_info_keys_are_one_list() -> None:
     assert fields <= set(BATCHYARD_MODEL_INFO), sorted(fields - set(BATCHYARD_MODEL_INFO))
 
 
+def test_supported_environments_load_as_litellm_s_router_loads_them() -> None:
+    from litellm.types.router import VALID_LITELLM_ENVIRONMENTS
+
+    from gateway.config.litellm.deployment_keys import ENVIRONMENTS
+
+    assert list(ENVIRONMENTS) == list(VALID_LITELLM_ENVIRONMENTS)
+    prod = {**UPSTREAM, "model_info": {"supported_environments": ["production"]}}
+    both = {**UPSTREAM, "model_name": "any", "model_info": {"supported_environments": ["staging", "production"]}}
+    os.environ["LITELLM_ENVIRONMENT"] = "staging"
+    config = parse_config({"model_list": [prod, both]}, "team.yaml")
+    assert list(config.routes) == ["any"]  # the Router skips a deployment its environment leaves out
+    assert [n.key for n in config.notices] == ["model_list[0]"] and "LITELLM_ENVIRONMENT=staging" in \
+        config.notices[0].why
+    os.environ["LITELLM_ENVIRONMENT"] = "prod"
+    with pytest.raises(ConfigError, match="LiteLLM takes development, staging, production"):
+        parse_config({"model_list": [prod]}, "team.yaml")
+
+
 def test_a_router_litellm_refuses_is_a_config_error_at_check_and_run(
         upstream: Upstream, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`supported_environments` without LITELLM_ENVIRONMENT: LiteLLM's Router refuses to build. config check
-    builds it as run does, so both say so with exit status 2, and run sends nothing."""
+    """`supported_environments` without LITELLM_ENVIRONMENT: LiteLLM's Router refuses to build. config check and
+    run build it and load refuses it first (serve too), so all three say so with exit status 2, and nothing is
+    sent."""
     cfg = _write(tmp_path / "team.yaml", {"model_list": [{
         "model_name": "gpt", "litellm_params": {"model": "openai/gpt-4o-mini", "api_key": "k",
                                                 "api_base": upstream.v1_url},
@@ -280,10 +299,22 @@ def test_a_router_litellm_refuses_is_a_config_error_at_check_and_run(
     os.environ.pop("LITELLM_ENVIRONMENT", None)
     before = upstream.stats()["requests"]
     for args in (["config", "check", str(cfg)], ["run", "-i", str(src), "-o", str(tmp_path / "o"), "--config",
-                                                 str(cfg)]):
+                                                 str(cfg)],
+                 ["serve", "--config", str(cfg), "--data-dir", str(tmp_path / "data"), "--port", "9"]):
         proc = batchyard(capsys, *args, cwd=REPO)
         assert proc.returncode == 2, (args, proc.stderr)
-        assert "model_list: LiteLLM's Router refuses it" in proc.stderr and "LITELLM_ENVIRONMENT" in proc.stderr
+        assert "model_list[0].model_info.supported_environments: set, but LITELLM_ENVIRONMENT is not" in proc.stderr
     assert upstream.stats()["requests"] == before and not (tmp_path / "o").exists()
     proc = batchyard(capsys, "config", "check", str(cfg), env={"LITELLM_ENVIRONMENT": "production"}, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
+    # what only LiteLLM's Router refuses, config check and run refuse alike: they build the same Router
+    _write(cfg, {"model_list": [{"model_name": "gpt", "litellm_params": {
+        "model": "openai/gpt-4o-mini", "api_key": "k", "api_base": upstream.v1_url}}],
+        "router_settings": {"cooldown_time": True}})
+    for args in (["config", "check", str(cfg)], ["run", "-i", str(src), "-o", str(tmp_path / "o"), "--config",
+                                                 str(cfg)]):
+        proc = batchyard(capsys, *args, cwd=REPO)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert ("model_list, router_settings: LiteLLM's Router refuses them: TypeError: Router cooldown_time must "
+                "be a number of seconds, not a bool") in proc.stderr
+    assert upstream.stats()["requests"] == before and not (tmp_path / "o").exists()

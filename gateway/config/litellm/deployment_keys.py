@@ -13,10 +13,12 @@ as a field of `gateway.config.entries.ModelInfo` or its subclasses, which a test
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable
 from typing import Any
 
 from gateway.config.litellm.deployment_names import LITELLM_PARAMS, MODEL_INFO, PROVIDERS
+from gateway.errors import ConfigError
 
 # batchyard's own model_info keys -> what each is for (LiteLLM has none of these names).
 BATCHYARD_MODEL_INFO: dict[str, str] = {
@@ -88,6 +90,41 @@ def provider_refusal(model: str, params: dict[str, Any]) -> str | None:
     return None
 
 
+# LiteLLM's `VALID_LITELLM_ENVIRONMENTS` (litellm.types.router; a test compares).
+ENVIRONMENTS = ("development", "staging", "production")
+
+
+def environment_entries(model_list: Any, path: str) -> tuple[Any, list[tuple[str, str]]]:
+    """The entries LiteLLM's Router loads under `LITELLM_ENVIRONMENT` (its `model_info_is_active_for_environment`
+    rule), and (dotted key, why) for each it skips. What its Router refuses to build with (no
+    `LITELLM_ENVIRONMENT`, a name outside its list) is refused here, at load, naming the entry."""
+    if not isinstance(model_list, list):
+        return model_list, []
+    kept: list[Any] = []
+    skipped: list[tuple[str, str]] = []
+    current = os.environ.get("LITELLM_ENVIRONMENT")
+    for index, entry in enumerate(model_list):
+        info = entry.get("model_info") if isinstance(entry, dict) else None
+        wanted = info.get("supported_environments") if isinstance(info, dict) else None
+        if wanted is None:
+            kept.append(entry)
+            continue
+        key = f"model_list[{index}].model_info.supported_environments"
+        if not isinstance(wanted, list) or any(name not in ENVIRONMENTS for name in wanted):
+            raise ConfigError(path, key, f"must be a list of {', '.join(ENVIRONMENTS)}")
+        if current is None:
+            raise ConfigError(path, key, "set, but LITELLM_ENVIRONMENT is not: LiteLLM's Router refuses to load "
+                              "the deployment without it")
+        if current not in ENVIRONMENTS:
+            raise ConfigError(path, key, f"LITELLM_ENVIRONMENT is {current!r}; LiteLLM takes {', '.join(ENVIRONMENTS)}")
+        if current in wanted:
+            kept.append(entry)
+        else:
+            skipped.append((f"model_list[{index}]", f"not loaded: its supported_environments leave out "
+                            f"LITELLM_ENVIRONMENT={current}, as LiteLLM's Router leaves it out"))
+    return kept, skipped
+
+
 def extra_body_notices(model_list: Any) -> list[tuple[str, str]]:
     """(dotted key, why) for each entry whose `litellm_params.extra_body` LiteLLM sends on as written."""
     found: list[tuple[str, str]] = []
@@ -100,5 +137,5 @@ def extra_body_notices(model_list: Any) -> list[tuple[str, str]]:
     return found
 
 
-__all__ = ["BATCHYARD_MODEL_INFO", "EXTRA_BODY", "extra_body_notices", "provider_refusal", "unknown_model_info",
-           "unknown_params"]
+__all__ = ["BATCHYARD_MODEL_INFO", "ENVIRONMENTS", "EXTRA_BODY", "environment_entries", "extra_body_notices",
+           "provider_refusal", "unknown_model_info", "unknown_params"]
