@@ -1,8 +1,8 @@
 """`batchyard config check FILE`: load a config as `serve` would and say what it does.
 
 No network, no engine started, nothing written: the file is loaded (includes merged, environment_variables
-set, every key checked) and LiteLLM's Router built as `run` and `serve` build it (`check_router`), then each
-model_name is printed with its route kind (local, pass-through, LiteLLM, native), provider, limits and
+set, every key checked) and LiteLLM's Router built as `run` and serve's workers build it (`check_router`),
+then each model_name is printed with its route kind (local, pass-through, LiteLLM, native), provider, limits and
 prices, then the LiteLLM settings batchyard does not apply.
 Exit status 0, or 2 with the error.
 
@@ -103,7 +103,7 @@ def route_row(route: Route, kind: str) -> RouteRow:
 
 
 def check_router(config: Config) -> None:
-    """Build LiteLLM's Router of the config's upstream routes as `run` and `serve` build it (no network);
+    """Build LiteLLM's Router of the config's upstream routes as `run` and serve's workers build it (no network);
     raises `ConfigError` with what it refuses. Imports LiteLLM: only a config with upstream routes pays."""
     from providers.litellm_backend import router_kwargs
     from providers.litellm_setup import build_router
