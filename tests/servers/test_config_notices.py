@@ -156,7 +156,7 @@ def test_a_deployment_key_litellm_does_not_know_is_refused(params: dict[str, Any
 def test_litellm_s_own_deployment_keys_and_batchyard_s_load() -> None:
     entry = {"model_name": "gpt", "litellm_params": {"model": "anthropic/claude-3-5-haiku", "api_key": "k",
                                                     "top_k": 5, "thinking": {"type": "enabled"}, "rpm": 5},
-             "model_info": {"id": "d1", "base_model": "claude", "supported_environments": ["production"],
+             "model_info": {"id": "d1", "base_model": "claude", "max_input_tokens": 1000,
                             "input_cost_per_token": 1e-6, "mode": "chat", "allowed_params": ["top_k"]}}
     assert "gpt" in parse_config({"model_list": [entry]}, "team.yaml", strict=True).routes
 
