@@ -101,19 +101,18 @@ class LiteLLMBackend:
     async def start(self) -> None:
         if self._router is not None:
             return
-        from litellm import Router
-
-        litellm_setup.apply(self._litellm_settings)
         # Building a Router does seconds of synchronous work on first use: keep it off the event loop.
-        self._router = await asyncio.to_thread(Router, model_list=self._model_list, **self._settings)
+        self._router = await asyncio.to_thread(litellm_setup.build_router, self._model_list, self._settings,
+                                               self._litellm_settings)
         self._prices = DeploymentPrices(self._router.model_list)  # by the deployment ids the Router gave
         self._prices.on_unpriced_tier = _unpriced_tier
         self._wire = PassThrough(self._router, self._max_concurrency, self._max_reply_bytes)
         # the config's entries, not the Router's copies (it adds its own defaults to litellm_params)
         self._wire_groups = wire_groups(self._model_list, self._litellm_settings)
-        # every fallback list, as the Router was given them: a line may be sent on along any of them
+        # every fallback list, as the Router reads them (router_settings', else litellm_settings' from the
+        # module): a line may be sent on along any of them
         fallbacks = [entry for key in ("fallbacks", "context_window_fallbacks", "content_policy_fallbacks")
-                     for entry in self._settings.get(key) or []]
+                     for entry in self._settings.get(key) or self._litellm_settings.get(key) or []]
         self._internal = await internal_groups(self._model_list, fallbacks)
         for group in self._internal:  # a line may be sent to any fallback: it may fetch only what all allow
             for fallback in _fallback_closure(fallbacks, group):

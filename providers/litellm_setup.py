@@ -2,13 +2,17 @@
 
 `apply` does what LiteLLM's proxy does with `litellm_settings` (proxy_server.py
 `load_config`: `setattr(litellm, key, value)`, callbacks through the
-`logging_callback_manager`) for the keys `gateway.config.litellm_settings` accepts.
+`logging_callback_manager`) for the keys `gateway.config.litellm.litellm_settings` accepts.
+`build_router` builds the one Router (no network), for the backend and for `config check` alike, so a
+config the check accepts never fails the Router's build at `run` or `serve`.
 """
 
 from __future__ import annotations
 
 import contextlib
 from typing import Any
+
+from gateway.errors import ConfigError
 
 # Ours when the config says nothing (the config's value wins).
 DEFAULTS: dict[str, Any] = {
@@ -28,6 +32,20 @@ def apply(settings: dict[str, Any]) -> None:
             setattr(litellm, key, value)
             if key == "request_timeout":
                 litellm.request_timeout_explicitly_set = True
+
+
+def build_router(model_list: list[dict[str, Any]], router_kwargs: dict[str, Any], settings: dict[str, Any],
+                 where: str = "config") -> Any:
+    """LiteLLM's Router of `model_list`, the module set from `settings` first; a config it refuses (a setting
+    of the wrong type, such as a boolean `cooldown_time`) is a `ConfigError`."""
+    from litellm import Router
+
+    apply(settings)
+    try:
+        return Router(model_list=model_list, **router_kwargs)
+    except Exception as exc:  # building makes no call: whatever it refuses is the config's
+        raise ConfigError(where, "model_list, router_settings", f"LiteLLM's Router refuses them: "
+                          f"{type(exc).__name__}: {exc}") from None
 
 
 def _callbacks(litellm: Any, key: str, names: list[str]) -> None:

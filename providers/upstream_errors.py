@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
+import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -101,16 +103,43 @@ def _kind(exc: BaseException) -> str | None:
         if type(e).__name__ == "Timeout" and type(e).__module__.startswith("litellm"):
             return UPSTREAM_TIMEOUT
     for e in _chain(exc):
-        if isinstance(e, httpx.TransportError | openai.APIConnectionError | ConnectionError):
-            return UPSTREAM_UNREACHABLE
-        if type(e).__module__.startswith("aiohttp") and "Connect" in type(e).__name__:
+        if _no_bytes_came_back(e):
             return UPSTREAM_UNREACHABLE
     return None
 
 
+def _no_bytes_came_back(exc: BaseException) -> bool:
+    """A transport failure before any reply: connect, DNS, TLS, a reset. LiteLLM's own `APIConnectionError`
+    is no such proof: it is its catch-all, raised as well for a reply it failed to map or a credential file
+    it could not read, so only what it wraps counts."""
+    import openai
+
+    if isinstance(exc, httpx.NetworkError | httpx.ProxyError | httpx.UnsupportedProtocol | ConnectionError
+                  | ssl.SSLError | socket.gaierror):
+        return True
+    module = type(exc).__module__
+    if isinstance(exc, openai.APIConnectionError) and module.startswith("openai"):
+        return True  # the SDK's: raised only when its transport failed
+    return module.startswith("aiohttp") and ("Connect" in type(exc).__name__ or "Disconnected" in type(exc).__name__)
+
+
+def _litellm_said(exc: BaseException) -> dict[str, Any]:
+    """LiteLLM's words for an exception it raised itself, with the provider it names (`llm_provider`)."""
+    message = clean_message(str(getattr(exc, "message", None) or exc))
+    provider = getattr(exc, "llm_provider", None)
+    said: dict[str, Any] = {"message": message}
+    if isinstance(provider, str) and provider:
+        said["message"] = message if message.startswith(provider) else f"{provider}: {message}"
+        said["provider"] = provider
+    if type(exc).__module__.startswith("litellm"):
+        said["exception"] = type(exc).__name__
+    return said
+
+
 # LiteLLM's decorations of a message: "litellm.XError: ", "XException - ", and the router's trailers
 _PREFIX = re.compile(r"^(?:litellm\.\w+:\s*)?(?:\w+Error:\s*)?(?:\w*Exception(?: \w+Error)?\s*-\s*)?")
-_TRAILERS = ("\n\nLiteLLM", " LiteLLM Retried", "\nReceived Model Group", "\nDeployment Info", " Error_str:")
+_TRAILERS = ("\n\nLiteLLM", " LiteLLM Retried", "\nReceived Model Group", "\nDeployment Info", " Error_str:",
+             "\nTraceback (most recent call last)", "\n\nThis looks like a bug in LiteLLM")
 
 
 def clean_message(text: str) -> str:
@@ -142,11 +171,13 @@ def provider_error(exc: BaseException, model: str) -> ProviderError:
         return ProviderError(None, code=kind, message=f"the upstream for model {model!r} did not answer in time")
     if kind == UPSTREAM_UNREACHABLE:
         return ProviderError(None, code=kind, message=f"the upstream for model {model!r} could not be reached")
-    # An answer without an error object (an HTML 502 page), or a refusal by LiteLLM itself
-    # (no deployment available, unsupported parameter): its text, cleaned of LiteLLM's decorations.
-    error = {"message": clean_message(str(getattr(exc, "message", None) or exc)),
+    # An answer without an error object (an HTML 502 page), or a failure of LiteLLM itself (no deployment
+    # available, a reply it could not map, a credential file it could not read): its words, cleaned of its
+    # decorations, with its exception's name and the provider it names.
+    said = _litellm_said(exc)
+    error = {"message": said.pop("message"),
              "type": "invalid_request_error" if status and status < 500 else "upstream_error",
-             "param": None, "code": UPSTREAM_ERROR}
+             "param": None, "code": UPSTREAM_ERROR, **said}
     return ProviderError(status=status if status and status >= 400 else 500, body={"error": error})
 
 

@@ -1,10 +1,14 @@
-"""Write gateway/config/litellm_names.py and gateway/config/proxy_names.py from the pinned LiteLLM.
+"""Write gateway/config/litellm/litellm_names.py, proxy_names.py and deployment_names.py from the pinned LiteLLM.
 
     python scripts/gen_litellm_names.py          # rewrite both modules from the installed LiteLLM
     python scripts/gen_litellm_names.py --check  # exit 1 if a module differs (tests run this)
 
 proxy_names.py: what each section of LiteLLM's proxy config may hold (`proxy_names()` below), so that a
 key LiteLLM knows is named as not applied rather than refused as a typo.
+
+deployment_names.py: what a `model_list` entry's `litellm_params` and `model_info` may hold
+(`deployment_names()` below), and the providers LiteLLM places, so that a misspelt key (`api_bse`) is
+refused at load instead of being sent upstream.
 
 The names: LiteLLM's own list of its parameters (`litellm.types.utils.all_litellm_params`), the
 signatures of its call functions (completion, embedding, responses, images, moderation, rerank) and
@@ -18,6 +22,7 @@ import LiteLLM (seconds, and a price-map fetch unless told not to).
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import re
 import sys
@@ -25,8 +30,9 @@ from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 ROOT = Path(__file__).resolve().parents[1]
-TARGET = ROOT / "gateway" / "config" / "litellm_names.py"
-PROXY_TARGET = ROOT / "gateway" / "config" / "proxy_names.py"
+TARGET = ROOT / "gateway" / "config" / "litellm" / "litellm_names.py"
+PROXY_TARGET = ROOT / "gateway" / "config" / "litellm" / "proxy_names.py"
+DEPLOYMENT_TARGET = ROOT / "gateway" / "config" / "litellm" / "deployment_names.py"
 
 
 def litellm_names() -> set[str]:
@@ -61,17 +67,26 @@ def openai_fields() -> set[str]:
     return set().union(*(upstream_fields(e) for e in Endpoint))
 
 
+def _proxy_reads(proxy: Path, variable: str) -> set[str]:
+    """Every `variable.get("X")` / `variable["X"]` of LiteLLM's proxy package, helper methods included."""
+    pattern = re.compile(rf"""(?<![\w.]){variable}(?:\.get\(|\[)\s*["']([A-Za-z_]\w*)["']""")
+    return {name for source in sorted(proxy.rglob("*.py")) for name in pattern.findall(source.read_text())}
+
+
 def proxy_names() -> dict[str, set[str]]:
     """The keys of each section of LiteLLM's proxy config, read from the pinned LiteLLM.
 
     The proxy package is read as text, not imported (it needs the proxy extras, which batchyard does not
-    install): `ProxyConfig.load_config` is what applies a config file.
-    - top level: `ConfigYAML`'s fields, every `config.get("X")` of load_config, and `include`;
+    install). Every place the proxy reads its config counts, not only `ProxyConfig.load_config`:
+    - top level: `ConfigYAML`'s fields, every `config.get("X")` / `config["X"]` of proxy_server.py (its
+      helper methods read `credential_list`, `mcp_servers`, `search_tools`, `policies`, ...), and `include`;
     - general_settings: `ConfigGeneralSettings`' fields and every `general_settings.get("X")` / `["X"]` of
       the proxy package;
-    - litellm_settings: the keys load_config treats apart (`key == "X"`) and the `litellm` module's own
-      settings (what its final `setattr(litellm, key, value)` sets): its public names that are no module,
-      class or function.
+    - litellm_settings: the keys load_config treats apart (`key == "X"`), every `litellm_settings.get("X")`
+      of the proxy package, and the `litellm` module's own settings (what load_config's final
+      `setattr(litellm, key, value)` sets): its public names that are no module, class or function;
+    - the callbacks the proxy starts itself (`callback == "X"` in `initialize_callbacks_on_proxy`: guardrails,
+      interceptions, moderations), which are no logging callback of the `litellm` module.
     """
     import types
 
@@ -84,15 +99,73 @@ def proxy_names() -> dict[str, set[str]]:
     if found is None:
         raise SystemExit("ProxyConfig.load_config not found in litellm/proxy/proxy_server.py")
     load_config = found.group(0)
-    top = set(re.findall(r"""(?<![\w.])config(?:\.get\(|\[)\s*["']([A-Za-z_]\w*)["']""", load_config))
+    top = set(re.findall(r"""(?<![\w.])config(?:\.get\(|\[)\s*["']([A-Za-z_]\w*)["']""", server))
+    top -= {"force_reload", "interval_hours"}  # a DB row's keys read through the same name, no section
     top |= set(ConfigYAML.model_fields) | {"include"}
-    general = set(ConfigGeneralSettings.model_fields)
-    for source in sorted(proxy.rglob("*.py")):
-        general |= set(re.findall(r"""general_settings(?:\.get\(|\[)\s*["']([A-Za-z_]\w*)["']""", source.read_text()))
+    general = set(ConfigGeneralSettings.model_fields) | _proxy_reads(proxy, "general_settings")
     module = {name for name, value in vars(litellm).items()
               if not name.startswith("_") and not callable(value) and not isinstance(value, types.ModuleType | type)}
     module |= set(re.findall(r"""key == ["']([A-Za-z_]\w*)["']""", load_config))
-    return {"CONFIG_SECTIONS": top, "GENERAL_SETTINGS": general, "LITELLM_MODULE_SETTINGS": module}
+    module |= _proxy_reads(proxy, "litellm_settings")
+    callbacks_source = (proxy / "common_utils" / "callback_utils.py").read_text()
+    callbacks = set(re.findall(r"""callback == ["']([A-Za-z_]\w*)["']""", callbacks_source))
+    return {"CONFIG_SECTIONS": top, "GENERAL_SETTINGS": general, "LITELLM_MODULE_SETTINGS": module,
+            "PROXY_CALLBACKS": callbacks}
+
+
+def _provider_params(llms: Path) -> set[str]:
+    """The settings LiteLLM's provider configs take: each `*Config` class's `__init__` parameters and the
+    names its `get_supported_openai_params` lists (read as text: importing every provider takes minutes)."""
+    import ast
+
+    names: set[str] = set()
+    for source in sorted(llms.rglob("*.py")):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if not isinstance(node, ast.ClassDef) or not node.name.endswith("Config"):
+                continue
+            for item in node.body:
+                if not isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                if item.name == "__init__":
+                    args = [*item.args.posonlyargs, *item.args.args, *item.args.kwonlyargs]
+                    names |= {a.arg for a in args if a.arg != "self"}
+                elif item.name == "get_supported_openai_params":
+                    names |= {c.value for c in ast.walk(item) if isinstance(c, ast.Constant)
+                              and isinstance(c.value, str) and re.fullmatch(r"[a-z_][a-z0-9_]*", c.value)}
+    return names
+
+
+def deployment_names() -> dict[str, set[str]]:
+    """What a deployment's `litellm_params` and `model_info` may hold, and the providers LiteLLM places.
+
+    - litellm_params: every keyword LiteLLM reads (`litellm_names()`), its deployment params' fields
+      (`GenericLiteLLMParams`), OpenAI's request fields (a deployment may fix `temperature`), and its provider
+      configs' settings (`_provider_params`: `top_k`, `thinking`, ...);
+    - model_info: the Router's `ModelInfo` fields, every key of LiteLLM's price map (prices, `mode`,
+      `supports_*`), `ModelInfoBase`'s keys, and every `model_info.get("X")` of the Router's and the proxy's
+      packages (and every `litellm_params.get("X")` there counts for litellm_params);
+    - providers: `LlmProviders`' values (what `provider/` may say).
+    """
+    import litellm
+    from litellm.types.router import GenericLiteLLMParams, ModelInfo
+    from litellm.types.utils import LlmProviders, ModelInfoBase
+
+    package = Path(inspect.getfile(litellm)).parent
+    params = litellm_names() | set(GenericLiteLLMParams.model_fields) | openai_fields()
+    params |= _provider_params(package / "llms")
+    prices = json.loads((package / "model_prices_and_context_window_backup.json").read_text())
+    info = set(ModelInfo.model_fields) | set(ModelInfoBase.__annotations__)
+    info |= {key for value in prices.values() if isinstance(value, dict) for key in value}
+    router = [package / "router.py", *(source for folder in ("router_utils", "router_rust", "router_strategy")
+                                       for source in (package / folder).rglob("*.py"))]
+    for source in sorted([*router, *(package / "proxy").rglob("*.py")]):
+        text = source.read_text()
+        # the Router's code names a deployment's model_info `info` or `mi_dict` too (its adaptive router's
+        # `adaptive_router_preferences`); the proxy's `info` is many other things
+        names = r"\w*model_info\w*|info|mi_dict" if source in router else r"\w*model_info\w*"
+        info |= set(re.findall(rf"""(?<![\w.])(?:{names})(?:\.get\(|\[)\s*["']([A-Za-z_]\w*)["']""", text))
+        params |= set(re.findall(r"""litellm_params(?:\.get\(|\[)\s*["']([A-Za-z_]\w*)["']""", text))
+    return {"LITELLM_PARAMS": params, "MODEL_INFO": info, "PROVIDERS": {p.value for p in LlmProviders}}
 
 
 def _packed(names: set[str]) -> str:
@@ -126,13 +199,24 @@ def render_proxy() -> str:
     return (
         f'"""The keys of LiteLLM {_version()}\'s proxy config, section by section.\n\n'
         "Generated by scripts/gen_litellm_names.py; do not edit. A key named here is LiteLLM's: where batchyard\n"
-        "does not apply it, loading names it (gateway.config.notices) instead of refusing it as a typo.\n"
+        "does not apply it, loading names it (gateway.config.litellm.notices) instead of refusing it as a typo.\n"
+        '"""\n' + "".join(f"\n{name} = {_packed(names)}" for name, names in sections.items())
+    )
+
+
+def render_deployment() -> str:
+    sections = deployment_names()
+    return (
+        f'"""What a model_list entry of LiteLLM {_version()} may hold: `litellm_params` and `model_info` keys,\n'
+        "and the providers LiteLLM places.\n\n"
+        "Generated by scripts/gen_litellm_names.py; do not edit. A key outside these (and batchyard's own,\n"
+        "gateway.config.litellm.deployment_keys) is refused at load with the closest name.\n"
         '"""\n' + "".join(f"\n{name} = {_packed(names)}" for name, names in sections.items())
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    outputs = {TARGET: render(), PROXY_TARGET: render_proxy()}
+    outputs = {TARGET: render(), PROXY_TARGET: render_proxy(), DEPLOYMENT_TARGET: render_deployment()}
     if "--check" in (sys.argv[1:] if argv is None else argv):
         stale = [target for target, text in outputs.items() if not target.exists() or target.read_text() != text]
         for target in stale:

@@ -1,9 +1,9 @@
 """`batchyard config check FILE`: load a config as `serve` would and say what it does.
 
 No network, no engine started, nothing written: the file is loaded (includes merged, environment_variables
-set, every key checked, each local model's path there), then each model_name is printed with its route kind
-(local, pass-through, LiteLLM, native), provider, limits and prices, then the LiteLLM settings batchyard does
-not apply.
+set, every key checked, each local model's path there) and LiteLLM's Router built as `run` and serve's
+workers build it (`check_router`), then each model_name is printed with its route kind (local, pass-through,
+LiteLLM, native), provider, limits and prices, then the LiteLLM settings batchyard does not apply.
 Exit status 0, or 2 with the error.
 
 The printer takes one `RouteRow` per model name (`route_rows`), so a route of another shape (a wildcard,
@@ -18,8 +18,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from gateway.config.litellm.litellm_settings import CALLBACK_KEYS
+from gateway.config.litellm.notices import notice_text
 from gateway.config.local_paths import missing_paths
-from gateway.config.notices import notice_text
 from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import Config, load_config
 from gateway.config.wildcards import hidden_aliases
@@ -49,11 +50,10 @@ def add_parser(sub: Any) -> None:
     check = actions.add_parser(
         "check", help="load a config as serve would and print its routes and the settings it does not apply",
         description="Load FILE as `batchyard serve` would (includes merged, environment_variables set, every key "
-        "checked, a local model's path checked to be a directory; no network, no engine started) and print each "
-        "model_name with its route kind (local, "
-        "pass-through, LiteLLM, native), provider, limits (rpm, tpm, max_parallel_requests of its deployments "
-        "together) and prices (USD per 1M input / output tokens), then the LiteLLM settings batchyard does not "
-        "apply. Exit status 0, or 2 with the error.",
+        "checked, a local model's path checked to be a directory, LiteLLM's Router built; no network, no engine "
+        "started) and print each model_name with its route kind (local, pass-through, LiteLLM, native), provider, "
+        "limits (rpm, tpm, max_parallel_requests of its deployments together) and prices (USD per 1M input / "
+        "output tokens), then the LiteLLM settings batchyard does not apply. Exit status 0, or 2 with the error.",
     )
     check.add_argument("file", metavar="FILE", help="the config file (LiteLLM-style YAML)")
     check.add_argument("--strict-config", action="store_true",
@@ -103,6 +103,24 @@ def route_row(route: Route, kind: str) -> RouteRow:
                     _total(limits["max_parallel_requests"]), _prices(route))
 
 
+def check_router(config: Config) -> None:
+    """Build LiteLLM's Router of the config's upstream routes as `run` and serve's workers build it (no network);
+    raises `ConfigError` with what it refuses. Imports LiteLLM: only a config with upstream routes pays."""
+    from providers.litellm_backend import router_kwargs
+    from providers.litellm_setup import build_router
+
+    seen: set[str] = set()
+    model_list = []
+    for route in config.routes.values():
+        if route.kind is RouteKind.UPSTREAM and route.model_name not in seen:
+            seen.add(route.model_name)
+            model_list += route.model_list()
+    if model_list:  # its callbacks are not started: a logger's client may open connections at start
+        settings = {k: v for k, v in config.litellm_settings.items() if k not in CALLBACK_KEYS}
+        build_router(model_list, router_kwargs(config.router_settings, config.litellm_settings), settings,
+                     config.path)
+
+
 def route_rows(config: Config) -> list[RouteRow]:
     """One row per model name of `config.routes`, in name order."""
     from providers.litellm_backend import wire_groups  # which upstream groups take the pass-through
@@ -129,6 +147,7 @@ def check_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     try:
         config = load_config(args.file, strict=args.strict_config)
+        check_router(config)
         rows = route_rows(config)
         for name, path in missing_paths(config.routes):  # serve would start, and the engine fail later
             raise ConfigError(config.path, f"model_list[{name}].litellm_params.model",

@@ -13,10 +13,11 @@ from typing import Any
 
 from gateway import tracing
 from gateway.cli import console
+from gateway.cli.config_check import check_router
 from gateway.cli.flags import ENGINE_OPTIONS, count, port, positive_int, positive_seconds, refused_flag
 from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
-from gateway.config.notices import notice_text
+from gateway.config.litellm.notices import notice_text
 from gateway.config.schema import Config, load_config, local_model_config
 from gateway.errors import ConfigError, GatewayError
 from gateway.log_safe import escape_every_handler
@@ -261,6 +262,7 @@ def _load(args: argparse.Namespace, extra: list[str]) -> Config:
         config = load_config(args.config, strict=args.strict_config)  # engine flags beside it were refused
         if config.notices:  # once, at start
             console.say(notice_text(config.notices))
+        check_router(config)  # what config check builds: a Router LiteLLM refuses is a config error (exit 2)
         return config
     if args.model:
         return local_model_config(args.model, _engine_args(args, extra), args.served_model_name)

@@ -27,7 +27,7 @@ import uvicorn
 from gateway import tracing
 from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
-from gateway.config.notices import notice_text
+from gateway.config.litellm.notices import notice_text
 from gateway.config.schema import Config, load_config
 from gateway.log_safe import escape_every_handler
 

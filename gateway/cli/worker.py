@@ -25,7 +25,7 @@ from gateway import metrics, tracing
 from gateway.api.scrape import worker_metrics
 from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
-from gateway.config.notices import notice_text
+from gateway.config.litellm.notices import notice_text
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config, load_config
 from gateway.errors import ConfigError

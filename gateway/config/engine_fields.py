@@ -10,7 +10,9 @@ list with the installed vLLM's parser and `dataclasses.fields(AsyncEngineArgs)`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import difflib
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 VLLM_ENGINE_ARGS = frozenset({
     "additional_config", "aggregate_engine_logging", "all2all_backend", "allow_deprecated_quantization",
@@ -84,9 +86,43 @@ VLLM_ENGINE_ARGS = frozenset({
 })
 
 
+# The parser names vLLM registers (vllm/reasoning/__init__.py, vllm/tool_parsers/__init__.py): an unknown
+# one would otherwise fail only once the engine has loaded, a minute or more on a CPU. A `*_plugin` option
+# may register more names, so with one set the name is left to vLLM.
+VLLM_PARSERS: dict[str, tuple[frozenset[str], str]] = {
+    "reasoning_parser": (frozenset({
+        'cohere_command3', 'cohere_command4', 'deepseek_r1', 'deepseek_v3', 'deepseek_v4', 'deepseek_v41', 'ernie45',
+        'gemma4', 'glm45', 'glm47', 'granite', 'granite_thinking_parser', 'hf', 'holo2', 'hunyuan_a13b', 'hy_v3',
+        'hy_v4', 'inkling', 'k2_horizon', 'kimi_k2', 'kimi_k3', 'ling3', 'mimo', 'minicpmv', 'minimax_m2',
+        'minimax_m2_append_think', 'minimax_m3', 'mistral', 'muse_glimmer', 'nemotron_v3', 'olmo3', 'openai_gptoss',
+        'plamo3', 'poolside_v1', 'qwen3', 'seed_oss', 'step3', 'step3p5',
+    }), "reasoning_parser_plugin"),
+    "tool_call_parser": (frozenset({
+        'apertus', 'cohere_command3', 'cohere_command4', 'deepseek_v3', 'deepseek_v31', 'deepseek_v32', 'deepseek_v4',
+        'deepseek_v41', 'dots', 'ernie45', 'functiongemma', 'gemma4', 'gigachat3', 'glm45', 'glm47', 'granite',
+        'granite-20b-fc', 'granite4', 'hermes', 'hf', 'hunyuan_a13b', 'hy_v3', 'hy_v4', 'inkling', 'internlm', 'jamba',
+        'k2_horizon', 'kimi_k2', 'kimi_k3', 'lfm2', 'ling3', 'llama3_json', 'llama4_json', 'llama4_pythonic', 'longcat',
+        'mimo', 'minicpm5', 'minimax_m2', 'minimax_m3', 'mistral', 'muse_glimmer', 'olmo3', 'openai', 'phi4_mini_json',
+        'plamo3', 'poolside_v1', 'pythonic', 'qwen3_coder', 'qwen3_json', 'qwen3_xml', 'seed_oss', 'step3', 'step3p5',
+        'xlam',
+    }), "tool_parser_plugin"),
+}
+
+
+def unknown_parser(args: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(option, problem) for a parser name vLLM does not register; None when every one is known."""
+    for option, (known, plugin) in VLLM_PARSERS.items():
+        name = args.get(option)
+        if isinstance(name, str) and name not in known and not args.get(plugin):
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            return option, f"{name!r} is not a {option} of vLLM; {hint}known: {', '.join(sorted(known))}"
+    return None
+
+
 def unknown_engine_args(names: Iterable[str]) -> list[str]:
     """The names vLLM's run_batch does not take (dashes count as underscores, as on its command line)."""
     return [n for n in names if str(n).replace("-", "_") not in VLLM_ENGINE_ARGS]
 
 
-__all__ = ["VLLM_ENGINE_ARGS", "unknown_engine_args"]
+__all__ = ["VLLM_ENGINE_ARGS", "VLLM_PARSERS", "unknown_engine_args", "unknown_parser"]

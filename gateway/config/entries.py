@@ -6,9 +6,9 @@ native`: shards forwarded as provider batch jobs). Each kind is its own model wi
 so a key that kind would not use (`engine_args` on an upstream entry, `tpm` beside the `litellm_params`
 of a local one, a typo such as `modle_info`) is refused at load instead of being dropped.
 
-`litellm_params` and `model_info` stay open mappings for LiteLLM's keys (provider keyword
-arguments, prices, ids), passed to it as written (`deployment()`); batchyard's own keys in `model_info`
-are typed fields, and an unknown key that starts with `native_` is refused (a misspelt batchyard key).
+`litellm_params` and `model_info` hold LiteLLM's keys (provider keyword arguments, prices, ids), passed to
+it as written (`deployment()`); a key that is none of LiteLLM's is refused with the closest name
+(gateway.config.litellm.deployment_keys). batchyard's own keys in `model_info` are typed fields.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from gateway.config.engine_fields import unknown_engine_args
+from gateway.config.engine_fields import unknown_engine_args, unknown_parser
 from gateway.config.kinds import RouteKind, inferred_provider, native_refusal
+from gateway.config.litellm.deployment_keys import provider_refusal, unknown_model_info, unknown_params
 from gateway.config.native_declarations import native_declarations
 
 LOCAL_PREFIX = "vllm/"
@@ -61,8 +62,10 @@ class LiteLLMParams(BaseModel):
         """A model without `provider/` gets the provider LiteLLM infers for it (`get_llm_provider`: `gpt-4o` is
         `openai/gpt-4o`, what the Router sends either way); a name it cannot place is refused. A wildcard
         model (`*`) is left as written: LiteLLM infers per request, and so does our route (wildcards)."""
-        if "/" in model or "*" in model:
+        if "*" in model:
             return model
+        if "/" in model:
+            return model  # its provider is checked with the other keys (`_known_keys`), which may name it
         # inferred_provider imports LiteLLM (seconds): called only for a prefix-less model
         provider = inferred_provider(model)
         if provider is None:
@@ -71,6 +74,17 @@ class LiteLLMParams(BaseModel):
                 {"model": model},
             )
         return f"{provider}/{model}"
+
+    @model_validator(mode="after")
+    def _known_keys(self) -> LiteLLMParams:
+        """Every key is LiteLLM's (else LiteLLM would send it upstream), and LiteLLM can place the provider."""
+        extra = self.model_extra or {}
+        problem = unknown_params(extra)
+        if problem is None and "/" in self.model and not self.model.startswith(LOCAL_PREFIX):
+            problem = provider_refusal(self.model, extra)
+        if problem is not None:
+            raise PydanticCustomError("litellm_param", "{problem}", {"problem": problem})
+        return self
 
 
 class ModelInfo(BaseModel):
@@ -128,10 +142,17 @@ class ModelInfo(BaseModel):
                                       {"names": ", ".join(stray), "where": where, "known": ", ".join(native)})
         return self
 
+    @model_validator(mode="after")
+    def _known_keys(self) -> ModelInfo:
+        problem = unknown_model_info(self.model_extra or {})
+        if problem is not None:
+            raise PydanticCustomError("model_info_key", "{problem}", {"problem": problem})
+        return self
+
     @field_validator("allowed_params")
     @classmethod
     def _no_litellm_settings(cls, names: list[str]) -> list[str]:
-        from gateway.config.litellm_names import LITELLM_SETTINGS  # generated from the pinned LiteLLM
+        from gateway.config.litellm.litellm_names import LITELLM_SETTINGS  # generated from the pinned LiteLLM
 
         bad = sorted(n for n in names if n in LITELLM_SETTINGS)
         if bad:
@@ -247,6 +268,9 @@ class LocalEntry(_Entry):
                 "unknown_engine_args", "{names}: not an option of vLLM's run_batch (AsyncEngineArgs and its "
                 "frontend options, by python name)", {"names": ", ".join(map(str, unknown))},
             )
+        parser = unknown_parser(args)
+        if parser is not None:
+            raise PydanticCustomError("unknown_parser", "{problem}", {"problem": parser[1]})
         return args
 
 

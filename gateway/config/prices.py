@@ -9,7 +9,7 @@ Prices are the operator's (trusted), never a line's: a deployment may carry
 `input_cost_per_token` / `output_cost_per_token` in its `model_info` or
 `litellm_params` (LiteLLM's proxy reads both); then the reply's token counts
 times those prices. Otherwise the per-token prices LiteLLM's local price map
-(`litellm.model_cost`, never fetched) gives the deployment's model, looked up
+(`price_map`: the file its wheel ships, read without importing LiteLLM) gives the deployment's model, looked up
 once per deployment (`model_info.base_model` first, as LiteLLM does for Azure
 deployments), read when the Router is built. Token counts are the reply's sane
 ones only (`Usage.read`).
@@ -24,15 +24,21 @@ image model, priced per image), and then only a finite, non-negative one.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from importlib.util import find_spec
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from gateway.config.priced_fields import Charge, extra_cost, tier_of
 from gateway.config.wildcards import pattern_model  # the one rule that fills a pattern's `*`s
 from gateway.domain import Usage
 from gateway.lru import LRU
+
+_PRICE_FILE = "model_prices_and_context_window_backup.json"  # the map LiteLLM ships in its wheel
 
 _KEYS = ("input_cost_per_token", "output_cost_per_token")
 _TIER = re.compile(r"[a-z][a-z0-9_]{0,31}")
@@ -157,9 +163,7 @@ class DeploymentPrices:
                 if source.get(key) is not None:
                     return source[key]
             if key == "code_interpreter_cost_per_session":  # the map prices containers per provider
-                import litellm
-
-                return (litellm.model_cost.get(f"{provider}/container") or {}).get(key)
+                return (price_map().get(f"{provider}/container") or {}).get(key)
             return None
 
         return find
@@ -278,13 +282,31 @@ def _price_map(deployment: dict[str, Any]) -> Prices | None:
 
 def _map_entry(deployment: dict[str, Any]) -> dict[str, Any] | None:
     """The deployment's entry in LiteLLM's local price map (the first with a per-token price), or None."""
-    import litellm
-
     model = str((deployment.get("litellm_params") or {}).get("model") or "")
     base = (deployment.get("model_info") or {}).get("base_model")
     provider, _, name = model.partition("/")
+    prices = price_map()
     for key in (base, model, name, f"{provider}/{base}" if base else None):
-        entry = litellm.model_cost.get(key) if isinstance(key, str) and key else None
+        entry = prices.get(key) if isinstance(key, str) and key else None
         if isinstance(entry, dict) and any(_price(entry.get(k)) is not None for k in _KEYS):
             return dict(entry)
     return None
+
+
+@functools.cache
+def price_map() -> Mapping[str, Any]:
+    """LiteLLM's local price map as `litellm.model_cost` holds it at import (`LITELLM_LOCAL_MODEL_COST_MAP`),
+    read from the file its wheel ships: importing LiteLLM takes seconds, and its live map also holds the
+    prices calls register (a line's keyword arguments). An `alias_of` entry is its target's, as LiteLLM
+    resolves it."""
+    spec = find_spec("litellm")
+    if spec is None or spec.origin is None:
+        return {}
+    raw: dict[str, Any] = json.loads((Path(spec.origin).parent / _PRICE_FILE).read_bytes())
+
+    def resolved(entry: Any, hops: int = 0) -> Any:
+        if isinstance(entry, dict) and set(entry) == {"alias_of"} and hops < 8:
+            return resolved(raw.get(entry["alias_of"]), hops + 1)
+        return entry
+
+    return {key: resolved(entry) for key, entry in raw.items() if isinstance(entry, dict)}

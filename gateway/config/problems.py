@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from gateway.config.entries import ENTRY_MODELS, ENTRY_TAGS
-from gateway.config.notices import unknown_key
+from gateway.config.litellm.notices import unknown_key
 from gateway.env_values import from_environment
 from gateway.errors import ConfigError
 

@@ -38,29 +38,31 @@ def check_aliases(aliases: Any, routes: Mapping[str, Route], path: str) -> None:
 
 def _pairs(value: Any, key: str, path: str) -> list[tuple[str, list[str]]]:
     if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
-        raise ConfigError(path, f"router_settings.{key}", "must be a list of {model_name: [fallback, ...]}")
+        raise ConfigError(path, key, "must be a list of {model_name: [fallback, ...]}")
     pairs: list[tuple[str, list[str]]] = []
     for item in value:
         for group, targets in item.items():
             if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-                raise ConfigError(path, f"router_settings.{key}.{group}", "must be a list of model_names")
+                raise ConfigError(path, f"{key}.{group}", "must be a list of model_names")
             pairs.append((str(group), list(targets)))
     return pairs
 
 
-def check_fallbacks(settings: Mapping[str, Any], route: Callable[[str], Route | None], path: str) -> None:
+def check_fallbacks(settings: Mapping[str, Any], route: Callable[[str], Route | None], path: str,
+                    section: str = "router_settings") -> None:
     """The Router's fallbacks hold on upstream routes only (the Router, or the pass-through doing what it
-    does): a local or native route on either side of one is refused, naming both routes."""
+    does): a local or native route on either side of one is refused, naming both routes. `section`: where
+    the settings are written (the Router reads `litellm_settings`' too, from the module)."""
     for key in FALLBACK_KEYS:
         if settings.get(key) is None:
             continue
-        for group, targets in _pairs(settings[key], key, path):
+        for group, targets in _pairs(settings[key], f"{section}.{key}", path):
             source = route(group) if group != "*" else None
             for target in targets:
                 for name, found in ((group, source), (target, route(target))):
                     if found is not None and found.kind is not RouteKind.UPSTREAM:
                         raise ConfigError(
-                            path, f"router_settings.{key}.{group}",
+                            path, f"{section}.{key}.{group}",
                             f"{group!r} -> {target!r}: {name!r} is a {found.kind.value} route; fallbacks hold "
                             "between upstream (real-time) routes only")
 

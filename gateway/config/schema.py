@@ -20,12 +20,14 @@ from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator
 
-from gateway.config.engine_fields import unknown_engine_args
+from gateway.config.engine_fields import unknown_engine_args, unknown_parser
 from gateway.config.entries import Entry, LocalEntry, ModelEntry, Strict, kind_of
-from gateway.config.litellm_file import INCLUDE, apply_environment, merge_includes, read_yaml
-from gateway.config.litellm_settings import check_litellm_settings
+from gateway.config.litellm.credentials import apply_credentials
+from gateway.config.litellm.deployment_keys import environment_entries
+from gateway.config.litellm.litellm_file import INCLUDE, apply_environment, merge_includes, read_yaml
+from gateway.config.litellm.litellm_settings import check_litellm_settings
+from gateway.config.litellm.notices import Notice, split_litellm_settings, strict_refusal
 from gateway.config.local_paths import anchor_local_paths
-from gateway.config.notices import Notice, split_litellm_settings, strict_refusal
 from gateway.config.problems import config_error
 from gateway.config.route_checks import check_aliases, check_fallbacks
 from gateway.config.routes import Route, RouteKind
@@ -76,7 +78,7 @@ class Config:
     litellm_settings: dict[str, Any] = field(default_factory=dict)
     master_key: str | None = None
     batch: BatchSettings = field(default_factory=BatchSettings)
-    # The LiteLLM settings of the file that batchyard does not apply (gateway.config.notices), section by section.
+    # The LiteLLM settings of the file that batchyard does not apply (config.litellm.notices), section by section.
     notices: list[Notice] = field(default_factory=list)
     # vLLM run_batch's input rules (repeated custom_ids answered line by line, an empty file is no error):
     # only the config `batchyard run --model` implies; a YAML config and the server keep OpenAI's.
@@ -228,6 +230,10 @@ def parse_config(raw: Any, path: str = "<config>", *, strict: bool = False) -> C
     if INCLUDE in raw:
         raise ConfigError(path, INCLUDE, "names files relative to a config file: load the file (load_config)")
     raw, env_notices = apply_environment(raw, path)
+    raw = apply_credentials(raw, path)  # before the keys are checked: a credential's values are litellm_params
+    entries, skipped = environment_entries(raw.get("model_list"), path)  # after environment_variables are set
+    raw = {**raw, "model_list": entries} if "model_list" in raw else raw
+    env_notices += [Notice(key, why) for key, why in skipped]
     raw, notices = split_litellm_settings(raw, ConfigFile.model_fields, path)
     notices = env_notices + notices
     raw = _resolve(raw, path, "")  # after the split: a setting not applied needs no variable set
@@ -235,8 +241,9 @@ def parse_config(raw: Any, path: str = "<config>", *, strict: bool = False) -> C
         file = ConfigFile.model_validate(raw)
     except ValidationError as exc:
         raise config_error(exc, path, ConfigFile) from None
-    if notices and (strict or file.batch_settings.strict_config):
-        raise strict_refusal(notices, path)
+    refusal = strict_refusal(notices, path) if strict or file.batch_settings.strict_config else None
+    if refusal is not None:
+        raise refusal
     routes = _routes(file.model_list, path)
     router_settings = check_router_settings(file.router_settings, path)
     check_aliases(router_settings.get("model_group_alias"), routes, path)
@@ -250,6 +257,7 @@ def parse_config(raw: Any, path: str = "<config>", *, strict: bool = False) -> C
         notices=notices,
     )
     check_fallbacks(router_settings, config.route, path)
+    check_fallbacks(config.litellm_settings, config.route, path, "litellm_settings")
     _check_teams(file.batch_settings.teams, config, path)
     declared = {team.team_id for team in file.batch_settings.teams}
     for team_id in file.batch_settings.tracing.capture_content_teams:  # a team no key can be: never applies
@@ -283,6 +291,9 @@ def local_model_config(model: str, engine_args: dict[str, Any], served_names: li
     if unknown:
         flag = "--" + str(unknown[0]).replace("_", "-")
         raise ConfigError("command line", flag, "is not an option of vLLM's run_batch (nor of batchyard run)")
+    parser = unknown_parser(engine_args)  # before any engine loads: vLLM would say it only after loading
+    if parser is not None:
+        raise ConfigError("command line", "--" + parser[0].replace("_", "-"), parser[1])
     try:
         typed = LocalEntry.model_validate(entry)
     except ValidationError as exc:

@@ -241,7 +241,7 @@ class BatchSettings(Strict):
 
 class GeneralSettings(Strict):
     """`general_settings`: LiteLLM proxy's section; batchyard applies its `master_key` (LiteLLM's other keys
-    are named as not applied: gateway.config.notices)."""
+    are named as not applied: gateway.config.litellm.notices)."""
 
     master_key: NonEmpty | None = None
     """The admin key of `batchyard serve`: every team's batches, every model, `/metrics`, `/health`'s details."""

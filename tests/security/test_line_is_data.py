@@ -197,13 +197,13 @@ def test_no_litellm_keyword_in_a_line_changes_destination_key_model_or_cost(
 
 
 def _settings() -> frozenset[str]:
-    from gateway.config.litellm_names import LITELLM_SETTINGS
+    from gateway.config.litellm.litellm_names import LITELLM_SETTINGS
 
     return LITELLM_SETTINGS
 
 
 def test_the_generated_list_of_litellm_keywords_matches_the_installed_litellm() -> None:
-    """gateway/config/litellm_names.py and proxy_names.py (which the config reads without importing LiteLLM) are
+    """gateway/config/litellm/litellm_names.py and proxy_names.py (which the config reads without importing LiteLLM) are
     current. Checked in a fresh process: LiteLLM's module grows the attributes its lazy imports load, so what
     `vars(litellm)` holds depends on what this test process ran before."""
     import subprocess

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.config.notices import REASONS
+from gateway.config.litellm.notices import REASONS
 from gateway.config.schema import load_config, parse_config
 from gateway.errors import ConfigError
+from tests.fakes.upstream.server import Upstream
+from tests.support.cli_in_process import batchyard
 from tests.support.server_helpers import start_gateway
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,7 +86,6 @@ def test_settings_with_a_meaning_here_are_applied_not_named() -> None:
 
 
 @pytest.mark.parametrize(("extra", "key", "says"), [
-    ({"litellm_settings": {"drop_parms": True}}, "litellm_settings.drop_parms", "did you mean drop_params?"),
     ({"general_settings": {"master_kye": "k"}}, "general_settings.master_kye", "did you mean master_key?"),
     ({"router_settings": {"routing_stratgy": "x"}}, "router_settings.routing_stratgy",
      "did you mean routing_strategy?"),
@@ -96,6 +97,96 @@ def test_a_key_nobody_knows_is_an_error_with_the_closest_name(extra: dict[str, A
         parse_config(_config(**extra), "team.yaml")
     assert caught.value.key == key and caught.value.problem.startswith("unknown key")
     assert says in caught.value.problem
+
+
+@pytest.mark.parametrize(("key", "says"), [
+    ("drop_parms", "did you mean drop_params?"),
+    ("cooldown_time", "a Router setting: write it in router_settings"),  # not "did you mean scaledown_models"
+    ("zzzz_qqqq", "where nothing reads it"),
+])
+def test_a_litellm_settings_key_the_module_lacks_is_named_as_litellm_sets_it(key: str, says: str) -> None:
+    """LiteLLM's proxy setattr()s any litellm_settings key on its module: the file loads there, so here too."""
+    config = parse_config(_config(litellm_settings={key: 1}), "team.yaml")
+    assert [(n.key, says in n.why) for n in config.notices] == [(f"litellm_settings.{key}", True)]
+    assert key not in config.litellm_settings
+    with pytest.raises(ConfigError) as caught:
+        parse_config(_config(litellm_settings={key: 1}), "team.yaml", strict=True)
+    assert caught.value.key == f"litellm_settings.{key}" and says in caught.value.problem
+
+
+@pytest.mark.parametrize("section", ["credential_list", "search_tools", "mcp_servers", "mcp_tools", "agents",
+                                     "vector_store_registry", "policies", "policy_attachments"])
+def test_sections_the_proxy_reads_in_its_helpers_are_named(section: str) -> None:
+    config = parse_config(_config(**{section: []}), "team.yaml")
+    assert [n.key for n in config.notices] == ([] if section == "credential_list" else [section])
+
+
+def test_a_credential_gives_its_values_to_the_deployments_naming_it() -> None:
+    os.environ["TEAM_CREDENTIAL_KEY"] = "sk-from-credential"
+    entry = {"model_name": "gpt", "litellm_params": {"model": "openai/gpt-4o-mini", "litellm_credential_name": "c1"}}
+    config = parse_config({"model_list": [entry], "credential_list": [
+        {"credential_name": "c1", "credential_values": {"api_key": "os.environ/TEAM_CREDENTIAL_KEY",
+                                                         "api_base": "http://127.0.0.1:9/v1"},
+         "credential_info": {"description": "team key"}}]}, "team.yaml", strict=True)
+    params = config.routes["gpt"].model_list()[0]["litellm_params"]
+    assert params == {"model": "openai/gpt-4o-mini", "api_key": "sk-from-credential",
+                      "api_base": "http://127.0.0.1:9/v1"}
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"model_list": [entry], "credential_list": []}, "team.yaml")
+    assert caught.value.key == "model_list[0].litellm_params.litellm_credential_name"
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"model_list": [entry], "credential_list": [
+            {"credential_name": "c1", "credential_values": {"api_bse": "http://x"}}]}, "team.yaml")
+    assert "did you mean api_base?" in caught.value.problem  # a credential's values are checked as litellm_params
+
+
+@pytest.mark.parametrize(("params", "info", "key", "says"), [
+    ({"api_bse": "http://127.0.0.1:9/v1"}, {}, "model_list[0].litellm_params", "api_bse: not a LiteLLM "
+     "completion argument or provider setting (LiteLLM would send it to the provider); did you mean api_base?"),
+    ({}, {"input_cost_per_tokn": 1e-6}, "model_list[0].model_info", "did you mean input_cost_per_token?"),
+])
+def test_a_deployment_key_litellm_does_not_know_is_refused(params: dict[str, Any], info: dict[str, Any], key: str,
+                                                          says: str) -> None:
+    entry = {**UPSTREAM, "litellm_params": {**UPSTREAM["litellm_params"], **params}, "model_info": info}
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"model_list": [entry]}, "team.yaml")
+    assert caught.value.key.startswith(key) and says in caught.value.problem
+
+
+def test_litellm_s_own_deployment_keys_and_batchyard_s_load() -> None:
+    entry = {"model_name": "gpt", "litellm_params": {"model": "anthropic/claude-3-5-haiku", "api_key": "k",
+                                                    "top_k": 5, "thinking": {"type": "enabled"}, "rpm": 5},
+             "model_info": {"id": "d1", "base_model": "claude", "max_input_tokens": 1000,
+                            "input_cost_per_token": 1e-6, "mode": "chat", "allowed_params": ["top_k"]}}
+    assert "gpt" in parse_config({"model_list": [entry]}, "team.yaml", strict=True).routes
+
+
+def test_extra_body_is_passed_on_and_named() -> None:
+    entry = {**UPSTREAM, "litellm_params": {**UPSTREAM["litellm_params"], "extra_body": {"guided_json": {}}}}
+    config = parse_config({"model_list": [entry]}, "team.yaml", strict=True)  # passed on: strict keeps it
+    assert [(n.key, n.applied) for n in config.notices] == [("model_list[0].litellm_params.extra_body", True)]
+    assert config.routes["gpt"].model_list()[0]["litellm_params"]["extra_body"] == {"guided_json": {}}
+
+
+def test_a_provider_litellm_cannot_place_is_refused_at_load() -> None:
+    entry = {"model_name": "m", "litellm_params": {"model": "mistralai/Mistral-7B-Instruct-v0.3", "api_key": "k"}}
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"model_list": [entry]}, "team.yaml")
+    assert caught.value.key == "model_list[0].litellm_params"
+    assert "LiteLLM has no provider `mistralai`; did you mean `mistral/`?" in caught.value.problem
+    placed = {"model_name": "m", "litellm_params": {"model": "mistralai/Mistral-7B-Instruct-v0.3",
+                                                    "custom_llm_provider": "together_ai", "api_key": "k"}}
+    assert "m" in parse_config({"model_list": [placed]}, "team.yaml").routes
+
+
+def test_callbacks_the_proxy_starts_are_named_and_the_others_kept() -> None:
+    config = parse_config(_config(litellm_settings={
+        "callbacks": ["presidio", "prometheus", "hide_secrets"], "success_callback": ["websearch_interception"]}),
+        "team.yaml")
+    assert [n.key for n in config.notices] == ["litellm_settings.callbacks.presidio",
+                                               "litellm_settings.callbacks.hide_secrets",
+                                               "litellm_settings.success_callback.websearch_interception"]
+    assert config.litellm_settings == {"callbacks": ["prometheus"], "success_callback": []}
 
 
 def test_every_reason_names_a_key_litellm_knows_and_the_docs_list() -> None:
@@ -165,3 +256,65 @@ def test_serve_logs_the_notice_and_health_shows_it_to_the_master_key(tmp_path: P
     assert anyone == {"status": "healthy"}
     assert log.count("2 LiteLLM setting(s) not applied") == 1 and "general_settings.database_url" in log
     assert "postgres://x" not in log
+
+
+def test_batchyard_s_own_model_info_keys_are_one_list() -> None:
+    from gateway.config.entries import LocalModelInfo, ModelInfo, NativeModelInfo
+    from gateway.config.litellm.deployment_keys import BATCHYARD_MODEL_INFO
+
+    fields = set(ModelInfo.model_fields) | set(NativeModelInfo.model_fields) | set(LocalModelInfo.model_fields)
+    assert fields <= set(BATCHYARD_MODEL_INFO), sorted(fields - set(BATCHYARD_MODEL_INFO))
+
+
+def test_supported_environments_load_as_litellm_s_router_loads_them() -> None:
+    from litellm.types.router import VALID_LITELLM_ENVIRONMENTS
+
+    from gateway.config.litellm.deployment_keys import ENVIRONMENTS
+
+    assert list(ENVIRONMENTS) == list(VALID_LITELLM_ENVIRONMENTS)
+    prod = {**UPSTREAM, "model_info": {"supported_environments": ["production"]}}
+    both = {**UPSTREAM, "model_name": "any", "model_info": {"supported_environments": ["staging", "production"]}}
+    os.environ["LITELLM_ENVIRONMENT"] = "staging"
+    config = parse_config({"model_list": [prod, both]}, "team.yaml")
+    assert list(config.routes) == ["any"]  # the Router skips a deployment its environment leaves out
+    assert [n.key for n in config.notices] == ["model_list[0]"] and "LITELLM_ENVIRONMENT=staging" in \
+        config.notices[0].why
+    os.environ["LITELLM_ENVIRONMENT"] = "prod"
+    with pytest.raises(ConfigError, match="LiteLLM takes development, staging, production"):
+        parse_config({"model_list": [prod]}, "team.yaml")
+
+
+def test_a_router_litellm_refuses_is_a_config_error_at_check_and_run(
+        upstream: Upstream, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`supported_environments` without LITELLM_ENVIRONMENT: LiteLLM's Router refuses to build. config check and
+    run build it and load refuses it first (serve too), so all three say so with exit status 2, and nothing is
+    sent."""
+    cfg = _write(tmp_path / "team.yaml", {"model_list": [{
+        "model_name": "gpt", "litellm_params": {"model": "openai/gpt-4o-mini", "api_key": "k",
+                                                "api_base": upstream.v1_url},
+        "model_info": {"supported_environments": ["production"]}}]})
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "gpt", '
+                   '"messages": [{"role": "user", "content": "hi"}]}}\n')
+    os.environ.pop("LITELLM_ENVIRONMENT", None)
+    before = upstream.stats()["requests"]
+    for args in (["config", "check", str(cfg)], ["run", "-i", str(src), "-o", str(tmp_path / "o"), "--config",
+                                                 str(cfg)],
+                 ["serve", "--config", str(cfg), "--data-dir", str(tmp_path / "data"), "--port", "9"]):
+        proc = batchyard(capsys, *args, cwd=REPO)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "model_list[0].model_info.supported_environments: set, but LITELLM_ENVIRONMENT is not" in proc.stderr
+    assert upstream.stats()["requests"] == before and not (tmp_path / "o").exists()
+    proc = batchyard(capsys, "config", "check", str(cfg), env={"LITELLM_ENVIRONMENT": "production"}, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    # what only LiteLLM's Router refuses, config check and run refuse alike: they build the same Router
+    _write(cfg, {"model_list": [{"model_name": "gpt", "litellm_params": {
+        "model": "openai/gpt-4o-mini", "api_key": "k", "api_base": upstream.v1_url}}],
+        "router_settings": {"cooldown_time": True}})
+    for args in (["config", "check", str(cfg)], ["run", "-i", str(src), "-o", str(tmp_path / "o"), "--config",
+                                                 str(cfg)]):
+        proc = batchyard(capsys, *args, cwd=REPO)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert ("model_list, router_settings: LiteLLM's Router refuses them: TypeError: Router cooldown_time must "
+                "be a number of seconds, not a bool") in proc.stderr
+    assert upstream.stats()["requests"] == before and not (tmp_path / "o").exists()

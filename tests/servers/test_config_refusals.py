@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from gateway.config.engine_fields import VLLM_ENGINE_ARGS
-from gateway.config.schema import parse_config
+from gateway.config.engine_fields import VLLM_ENGINE_ARGS, VLLM_PARSERS
+from gateway.config.schema import local_model_config, parse_config
 from gateway.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,3 +168,26 @@ def test_the_static_engine_arg_list_is_the_installed_vllms() -> None:
     fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     assert fields & options <= VLLM_ENGINE_ARGS
     assert len(fields & VLLM_ENGINE_ARGS) > 200  # the engine's own options are the bulk of the list
+
+
+def test_the_static_parser_names_are_the_installed_vllms() -> None:
+    """Parser names are checked at load without importing vLLM; these are the names it registers."""
+    vllm = pytest.importorskip("vllm")
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    assert VLLM_PARSERS["reasoning_parser"][0] == set(ReasoningParserManager.list_registered()), vllm.__version__
+    assert VLLM_PARSERS["tool_call_parser"][0] == set(ToolParserManager.list_registered())
+
+
+def test_an_unknown_parser_is_refused_before_any_engine_loads() -> None:
+    with pytest.raises(ConfigError) as caught:
+        local_model_config("some/model", {"reasoning_parser": "qwen_3"})
+    assert (caught.value.key, "did you mean qwen3?" in caught.value.problem) == ("--reasoning-parser", True)
+    entry = {"model_name": "m", "litellm_params": {"model": "vllm/some/model"},
+             "engine_args": {"tool_call_parser": "hermess"}}
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"model_list": [entry]}, "team.yaml")
+    assert "'hermess' is not a tool_call_parser of vLLM; did you mean hermes?" in caught.value.problem
+    plugin = {**entry, "engine_args": {"tool_call_parser": "mine", "tool_parser_plugin": "/opt/mine.py"}}
+    assert "m" in parse_config({"model_list": [plugin]}, "team.yaml").routes  # a plugin may register it

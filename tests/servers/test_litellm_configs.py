@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config.schema import load_config
+from gateway.errors import ConfigError
 from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.cli_in_process import batchyard
 
@@ -48,6 +49,10 @@ EXAMPLES: dict[str, tuple[dict[str, str], list[str]]] = {
                                 "litellm_settings.cache_params"]),
     "include_config.yaml": ({"included-gpt": "pass-through"}, []),
     "environment_variables_config.yaml": ({"env-gpt": "pass-through"}, []),
+    "docs_credentials_config.yaml": ({"gpt-4o": "pass-through"}, []),
+    # zephyr-beta's hosts answer nothing: its lines are answered by gpt-3.5-turbo, litellm_settings.fallbacks
+    "docs_reliability_config.yaml": ({"zephyr-beta": "LiteLLM", "gpt-3.5-turbo": "pass-through",
+                                      "gpt-3.5-turbo-16k": "pass-through"}, ["litellm_settings.cooldown_time"]),
 }
 
 
@@ -70,7 +75,7 @@ def own_environment() -> Iterator[None]:
 def _env(upstream: Upstream) -> dict[str, str]:
     # The examples' own variables: their api_base at the loopback upstream, their key the one it takes.
     return {**os.environ, "FAKE_OPENAI_API_BASE": upstream.v1_url, "OPENAI_API_KEY": FILE_KEY,
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+            "AZURE_API_BASE": upstream.url, "AZURE_API_KEY": "az-test", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
 def _batchyard(upstream: Upstream, *args: str) -> subprocess.CompletedProcess[str]:
@@ -145,8 +150,11 @@ def test_strict_config_refuses_an_example_before_anything_starts(upstream: Upstr
 
 
 @pytest.mark.usefixtures("own_environment")
-def test_load_balancer_example_loads(upstream: Upstream) -> None:
+def test_load_balancer_example_is_refused_for_the_provider_litellm_cannot_place(upstream: Upstream) -> None:
+    """Its `mistralai/mistral-7b-instruct` has a provider LiteLLM's Router cannot place: every line of it would
+    fail there, so it is refused at load, naming the entry (test_litellm_routes runs the file without it)."""
     os.environ["FAKE_OPENAI_API_BASE"] = upstream.v1_url
-    config = load_config(CONFIGS / "load_balancer.yaml")
-    assert sorted(config.routes) == ["gpt-3.5-turbo", "mistral-7b-instruct"]
-    assert config.notices == []
+    with pytest.raises(ConfigError) as caught:
+        load_config(CONFIGS / "load_balancer.yaml")
+    assert caught.value.key == "model_list[3].litellm_params"
+    assert caught.value.problem == "LiteLLM has no provider `mistralai`; did you mean `mistral/`?"

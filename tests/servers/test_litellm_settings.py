@@ -35,8 +35,6 @@ def test_supported_settings_are_kept() -> None:
 
 
 @pytest.mark.parametrize(("settings", "key", "says"), [
-    ({"cache_me": True}, "litellm_settings.cache_me", "unknown key"),
-    ({"set_verbos": True}, "litellm_settings.set_verbos", "did you mean set_verbose?"),
     ({"drop_params": "yes"}, "litellm_settings.drop_params", "true or false"),
     ({"request_timeout": 0}, "litellm_settings.request_timeout", "positive number"),
     ({"num_retries": -1}, "litellm_settings.num_retries", "non-negative integer"),
@@ -58,9 +56,12 @@ def test_refused_at_start_by_the_command(tmp_path: Path) -> None:
     src.write_text('{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}}\n')
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     proc = subprocess.run([sys.executable, "-m", "gateway.cli", "run", "-i", str(src), "-o", str(tmp_path / "o"),
-                           "--config", str(cfg)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+                           "--config", str(cfg), "--strict-config"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 2
-    assert f"{cfg}: litellm_settings.max_budgt: unknown key; did you mean max_budget?" in proc.stderr
+    # LiteLLM sets a key its module lacks all the same: named with the nearest name, refused when strict
+    assert (f"{cfg}: litellm_settings.max_budgt: not applied: LiteLLM sets it on its module, where nothing reads "
+            "it; did you mean max_budget?") in proc.stderr
     assert not (tmp_path / "o").exists()
 
 

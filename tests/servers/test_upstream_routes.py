@@ -226,3 +226,20 @@ async def test_aclose_closes_every_client(upstream: Upstream) -> None:
     assert all(c.is_closed for c in open_clients)
     assert all(s is not None and s.closed for s in sessions)
     assert not litellm.in_memory_llm_clients_cache.cache_dict  # a later start makes fresh ones
+
+
+def test_litellm_s_own_failure_is_said_as_litellm_said_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """LiteLLM raises its catch-all APIConnectionError for a credential file it cannot read: no byte went out,
+    nothing was unreachable. The line keeps LiteLLM's words and names the provider."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model_list:\n  - model_name: gem\n    litellm_params: {model: vertex_ai/gemini-2.0-flash, "
+                   "vertex_credentials: /nonexistent/creds.json, vertex_project: p, vertex_location: us-central1}\n"
+                   "router_settings: {num_retries: 0}\n")
+    _, out = run_here(capsys, tmp_path, cfg, [chat("creds", "gem", "hello")])
+    response = out["creds"]["response"]
+    assert response["status_code"] == 500, out
+    error = response["body"]["error"]
+    assert error["code"] == "upstream_error" and error["provider"] == "vertex_ai"
+    assert error["exception"] == "APIConnectionError"
+    assert error["message"] == ("vertex_ai: Unable to load the vertex credentials file. LiteLLM's log names the path "
+                                "and the reason.")

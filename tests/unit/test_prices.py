@@ -111,3 +111,16 @@ def test_the_reported_tier_is_billed_and_an_unknown_one_at_the_highest_price() -
     for tier in ("turbo", "batches", "x" * 40):  # unknown, a price key that is no tier, a nonsense one
         assert prices.for_deployment("d", {**REPLY, "service_tier": tier}) == pytest.approx(priority)
     assert [t for _, t in told] == ["turbo", "batches", "x" * 40] and {g for g, _ in told} == {"m"}
+
+
+def test_the_price_map_read_from_the_wheel_is_litellm_s() -> None:
+    """`price_map` reads LiteLLM's shipped file without importing LiteLLM; it holds what `litellm.model_cost`
+    holds at import (aliases resolved), so a price looked up either way is the same."""
+    import litellm
+    from litellm.litellm_core_utils.get_model_cost_map import get_model_cost_map
+
+    from gateway.config.prices import price_map
+
+    loaded = get_model_cost_map(url=litellm.model_cost_map_url)  # a fresh map, as LiteLLM loads it at import
+    shipped = price_map()
+    assert {k: loaded[k] for k in loaded} == {k: shipped[k] for k in loaded}

@@ -3,8 +3,8 @@
 LiteLLM's proxy applies this section with `setattr(litellm, key, value)`, with
 special cases for callbacks. We do the same (`providers.litellm_setup.apply`)
 for the keys below. LiteLLM's other settings never reach this module: they are
-named at start as not applied (`gateway.config.notices`), and a key LiteLLM does
-not know is refused there; a setting accepted and then ignored would be a lie.
+named at start as not applied (`gateway.config.litellm.notices`, a key LiteLLM's module lacks
+included, with the nearest name); a setting accepted and then ignored would be a lie.
 Callback names are checked against the names LiteLLM knows (LiteLLM is imported
 only when callbacks are configured: it takes seconds).
 """
@@ -50,6 +50,16 @@ def _names(value: Any) -> str | None:
     return None
 
 
+def _fallbacks(value: Any) -> str | None:
+    ok = isinstance(value, list) and all(isinstance(item, dict) for item in value)
+    return None if ok else f"must be a list of {{model_name: [fallback, ...]}}, got {value!r}"
+
+
+CALLBACK_KEYS = ("callbacks", "success_callback", "failure_callback")
+# Read by LiteLLM's Router from the module when router_settings does not set them (litellm.router_config's
+# current_dynamic_config): set on the module here too, and checked at load as router_settings' are.
+ROUTER_MODULE_KEYS = ("fallbacks", "context_window_fallbacks", "content_policy_fallbacks", "allowed_fails")
+
 # key -> check. Every key here is applied by providers.litellm_setup.apply.
 SUPPORTED: dict[str, Check] = {
     "drop_params": _bool,  # ours defaults to true: a field one provider lacks should not fail the line
@@ -64,6 +74,10 @@ SUPPORTED: dict[str, Check] = {
     "ssl_verify": _ssl_verify,
     "force_ipv4": _bool,
     "disable_aiohttp_transport": _bool,
+    "fallbacks": _fallbacks,
+    "context_window_fallbacks": _fallbacks,
+    "content_policy_fallbacks": _fallbacks,
+    "allowed_fails": _count,
 }
 
 # Callbacks LiteLLM's logging dispatches by name (litellm_logging.set_callbacks), besides

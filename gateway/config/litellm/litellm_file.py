@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from gateway.config.notices import Notice
+from gateway.config.litellm.notices import Notice
 from gateway.env_values import remember
 from gateway.errors import ConfigError
 
