@@ -346,6 +346,8 @@ class NativeBatchBackend:
                         usage.add(line_usage(obj))
                         continue
                     result = result_from_line(obj, req)
+                    if prices is not None and result.ok:  # the provider bills this line at its batch price
+                        result.cost_usd = prices.cost(result.usage)
                     usage.add(result.usage)
                     yield result
         except Exception as exc:

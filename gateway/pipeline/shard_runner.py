@@ -30,6 +30,7 @@ from typing import Any
 from gateway import metrics, tracing
 from gateway.backends.interface import ROUTE_UNAVAILABLE, Backends, BackendUnavailable, ShardAwareBackend
 from gateway.config.prices import Prices, route_prices
+from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
 from gateway.domain import BatchRequest, Result, Shard
 from gateway.json_codec import loads
@@ -264,7 +265,10 @@ class ShardRunner:
             results = backend.execute(todo)
 
         route = self.config.route(shard.route)  # priced once per shard: results come by the thousand
-        prices = route_prices(route.model_info.litellm_keys) if route is not None else None
+        # A native route's backend prices its lines at batch rates itself (its real-time price is not what the
+        # provider bills), and a line it leaves unpriced has no price at all.
+        prices = (route_prices(route.model_info.litellm_keys)
+                  if route is not None and route.kind is not RouteKind.NATIVE else None)
 
         async def consume() -> None:
             async for result in results:

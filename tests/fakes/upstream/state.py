@@ -59,6 +59,8 @@ class Counters:
     by_custom: Counter[str] = field(default_factory=Counter)
     # the W3C `traceparent` headers the real-time requests carried (the gateway's request spans), in order
     traceparents: list[str] = field(default_factory=list)
+    # model -> the tokens its batch jobs' answered lines are billed, {"input": n, "output": n}
+    billed: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> JSON:
         return {
@@ -71,6 +73,7 @@ class Counters:
             "files_created": self.files_created,
             "batches_created": self.batches_created,
             "traceparents": self.traceparents,
+            "billed": self.billed,
         }
 
 
