@@ -77,7 +77,7 @@ def _prices(route: Route) -> str:
     """The prices each deployment's lines are charged: a native deployment's at batch rates (the rule of
     `gateway.config.prices.batch_prices`, as the native runner prices its results)."""
     from gateway.config.prices import Prices, batch_prices, deployment_prices, route_prices
-    from gateway.estimate.tokens import price_map, price_names
+    from gateway.lines.tokens import price_map, price_names
 
     found = []
     charged: list[Prices | None]

@@ -6,9 +6,13 @@ route's `model_info` prices otherwise), added by the store in the step that jour
 happen. Over budget: the service refuses new batches and the runner stops
 sending (`gateway.pipeline.shard_runner`).
 
-A backend that commits money in bulk (a native route's provider batch job) asks `over_budget_now()` before
-each commitment: the runner says whose budget its requests spend with `spending_for` (a context variable,
-like `gateway.scheduling.fairness.running_for`, so the `Backend` interface keeps its shape).
+A backend that commits money in bulk (a native route's provider batch job) reserves its estimated cost before
+each commitment (`reserve_now`): the hold is taken in the store's one atomic step that reads the spend and the
+other holds (`QuotaLedger.reserve`), so spend never passes `max_budget` by a job; the lines that do not fit are
+not sent. The hold is let go once the results it stood for are recorded (`settled_now`: after the runner's next
+journal write, so the cost is never counted in neither) or when the batch ends (the finalizer). The runner says
+whose budget its requests spend with `spending_for` (a context variable, like
+`gateway.scheduling.fairness.running_for`, so the `Backend` interface keeps its shape).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 from gateway.config.schema import Config
 from gateway.store.protocols import QuotaLedger
@@ -49,14 +53,81 @@ class Budgets:
         return limit is not None and await self.spent(team) >= limit
 
 
+    async def reserve(self, team: str, holder: str, costs: Sequence[float]) -> int:
+        """Hold for `holder` the cost of as many of `costs` (from the first) as the team's budget has room for,
+        counting what is spent and held already, in one atomic step; how many fit (all: no budget)."""
+        limit = self.limit(team)
+        if limit is None or self._ledger is None:
+            return len(costs)
+        return await self._ledger.reserve(team, self.period(team), holder, costs, limit)
+
+    async def unreserve(self, team: str, prefix: str) -> None:
+        """Let go of the team's holds whose holder starts with `prefix` (nothing held without a budget)."""
+        if self._ledger is not None and self.limit(team) is not None:
+            await self._ledger.unreserve(team, prefix)
+
+
 OverBudget = Callable[[], Awaitable[bool]]  # is the team whose requests these are over its budget now?
-_current: contextvars.ContextVar[OverBudget | None] = contextvars.ContextVar("batchyard_budget", default=None)
+
+
+class TeamSpending:
+    """Whose budget the current requests spend (one shard's): is it spent, and its holds, let go of once the
+    results they stood for are recorded (`recorded`, called by the runner after each journal write)."""
+
+    def __init__(self, budgets: Budgets, team: str) -> None:
+        self._budgets, self.team = budgets, team
+        self._settled: list[str] = []
+
+    @property
+    def budgeted(self) -> bool:
+        return self._budgets.limit(self.team) is not None
+
+    async def over(self) -> bool:
+        return await self._budgets.over(self.team)
+
+    async def reserve(self, holder: str, costs: Sequence[float]) -> int:
+        return await self._budgets.reserve(self.team, holder, costs)
+
+    def settled(self, holder: str) -> None:
+        self._settled.append(holder)
+
+    async def release(self, holder: str) -> None:
+        await self._budgets.unreserve(self.team, holder)
+
+    async def recorded(self) -> None:
+        """The results yielded so far are in the spend: the holds they settled go."""
+        while self._settled:
+            await self._budgets.unreserve(self.team, self._settled.pop())
+
+
+class _OverOnly:
+    """A budget known only by whether it is spent: a job fits whole until it is."""
+
+    budgeted = True
+
+    def __init__(self, over: OverBudget) -> None:
+        self.over = over
+
+    async def reserve(self, holder: str, costs: Sequence[float]) -> int:
+        return 0 if await self.over() else len(costs)
+
+    def settled(self, holder: str) -> None:
+        return None
+
+    async def release(self, holder: str) -> None:
+        return None
+
+
+_current: contextvars.ContextVar[TeamSpending | _OverOnly | None] = contextvars.ContextVar(
+    "batchyard_budget", default=None)
 
 
 @contextlib.contextmanager
-def spending_for(over: OverBudget | None) -> Iterator[None]:
-    """Requests started in this block (and tasks created in it) spend the budget that `over` checks."""
-    token = _current.set(over)
+def spending_for(spending: TeamSpending | OverBudget | None) -> Iterator[None]:
+    """Requests started in this block (and tasks created in it) spend this budget (a bare `OverBudget`: one
+    known only by whether it is spent)."""
+    current = spending if spending is None or isinstance(spending, TeamSpending) else _OverOnly(spending)
+    token = _current.set(current)
     try:
         yield
     finally:
@@ -65,8 +136,36 @@ def spending_for(over: OverBudget | None) -> Iterator[None]:
 
 async def over_budget_now() -> bool:
     """The budget the current requests spend is spent (never, outside `spending_for`: no team, no budget)."""
-    over = _current.get()
-    return over is not None and await over()
+    current = _current.get()
+    return current is not None and await current.over()
 
 
-__all__ = ["Budgets", "OverBudget", "over_budget_now", "spending_for"]
+def budgeted_now() -> bool:
+    """A budget applies to the current requests (a team with a `max_budget`)."""
+    current = _current.get()
+    return current is not None and current.budgeted
+
+
+async def reserve_now(holder: str, costs: Sequence[float]) -> int:
+    """Reserve for `holder` the cost of as many of `costs` (from the first) as the current budget has room for;
+    how many fit (all, outside `spending_for`)."""
+    current = _current.get()
+    return len(costs) if current is None else await current.reserve(holder, costs)
+
+
+def settled_now(holder: str) -> None:
+    """The results `holder` reserved for are yielded: its hold goes once they are recorded."""
+    current = _current.get()
+    if current is not None:
+        current.settled(holder)
+
+
+async def release_now(holder: str) -> None:
+    """`holder` will spend nothing more (its job was never made): its hold goes now."""
+    current = _current.get()
+    if current is not None:
+        await current.release(holder)
+
+
+__all__ = ["Budgets", "OverBudget", "TeamSpending", "budgeted_now", "over_budget_now", "release_now", "reserve_now",
+           "settled_now", "spending_for"]

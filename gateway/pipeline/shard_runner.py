@@ -34,7 +34,7 @@ from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
 from gateway.domain import BatchRequest, Result, Shard
 from gateway.json_codec import loads
-from gateway.lines.budget import Budgets, spending_for
+from gateway.lines.budget import Budgets, TeamSpending, spending_for
 from gateway.lines.stops import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
 from gateway.pipeline.merge import seal_shard
 from gateway.scheduling.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
@@ -247,6 +247,7 @@ class ShardRunner:
         buffer: list[Result] = []
         flushed_at = time.monotonic()
         pacer = self._pacer(owner, shard.route)
+        spending = TeamSpending(self.budgets, owner)
 
         async def flush() -> None:
             nonlocal buffer, flushed_at
@@ -255,6 +256,7 @@ class ShardRunner:
                 # The spend moves with the journal, in one step of the store (see SpendTo).
                 await self.store.ledger.record_results(shard, done, self.budgets.spend_to(owner))
                 metrics.observe_results(owner, shard.route, done)
+            await spending.recorded()  # the holds of what is now in the spend go (none before it is)
             if pacer is not None:
                 await pacer.flush()  # the tokens results reported, into the team's rate window
             flushed_at = time.monotonic()
@@ -277,12 +279,9 @@ class ShardRunner:
                 if len(buffer) >= _FLUSH_EVERY or time.monotonic() - flushed_at > _FLUSH_SECONDS:
                     await flush()
 
-        async def over() -> bool:
-            return await self.budgets.over(owner)
-
         # The task copies the context: the backend's slots see whose requests these are, under which rates, and
-        # whose budget they spend (a native route asks it before each provider job).
-        with running_for(share), pacing_with(pacer), spending_for(over):
+        # whose budget they spend (a native route reserves of it before each provider job).
+        with running_for(share), pacing_with(pacer), spending_for(spending):
             consumer = asyncio.create_task(consume(), name=f"shard-{shard.key}")
         stopping: StopReason | None = None
         try:

@@ -147,3 +147,64 @@ def test_config_check_shows_the_prices_a_native_route_charges() -> None:
                     "mapped": f"{haiku['input_cost_per_token_batches'] * 1e6:g} / "
                               f"{haiku['output_cost_per_token_batches'] * 1e6:g}",
                     "live": "2.5 / 10"}, rows
+
+
+# -- a native job reserves before it is created ---------------------------------------------------------------
+
+PRICE = 1e-3  # USD per token at batch rates, in and out: a line's estimate is a few cents
+BUDGET = 0.1
+
+
+def budget_config(servers: StandIns, tmp_path: Path) -> Path:
+    config = yaml.safe_load(servers.config())
+    config["model_list"] = [e for e in config["model_list"] if e["model_name"] == "gpt-bulk"]
+    config["model_list"][0]["model_info"].update(input_cost_per_token_batches=PRICE,
+                                                 output_cost_per_token_batches=PRICE)
+    config["batch_settings"] = {"teams": [{"team_id": TEAM, "api_keys": ["sk-payer"], "max_budget": BUDGET}]}
+    path = tmp_path / "budget.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize("mode", ["embedded", "redis"])
+async def test_native_jobs_are_cut_to_what_the_budget_holds_two_batches_at_once(
+    mode: str, servers: StandIns, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Two batches of 10 lines on a native route, created at once by a team with $0.10 left: before each provider
+    job its lines' estimate (input tokens, output bounded by max_tokens, at the batch price) is reserved in the
+    store's one step that reads the budget, so the two jobs together hold no more than the budget; the lines that
+    do not fit get `budget_exceeded` and never reach the provider. The spend is the provider's bill, within the
+    budget, and nothing is left reserved once the batches end."""
+    config = load_config(str(budget_config(servers, tmp_path)))
+    if mode == "redis":
+        from gateway.runtime.runtime import open_shared
+
+        redis = request.getfixturevalue("redis_server")
+        redis.flush()
+        pipeline = await open_shared(config, redis.url, tmp_path / "blobs", routes=None)
+    else:
+        pipeline = await open_embedded(config, tmp_path / "data")
+    before = servers.upstream.stats()["batch_lines"]
+    billed_before = billed(servers, "gpt-bulk")
+    try:
+        await pipeline.start()
+        batches = []
+        for name in ("a", "b"):
+            source = await pipeline.service.upload_file(TEAM, f"{name}.jsonl", "batch", chunks("gpt-bulk", 10))
+            batches.append(source)
+        created = await asyncio.gather(*(pipeline.service.create_batch(
+            TEAM, input_file_id=s.id, endpoint="/v1/chat/completions", completion_window="24h") for s in batches))
+        done = [await asyncio.wait_for(pipeline.service.wait(b.id), 60) for b in created]
+        spent = await pipeline.store.quota.spend(TEAM, 0)
+        held = await pipeline.store.quota.reserved(TEAM)
+    finally:
+        await pipeline.aclose()
+    sent = servers.upstream.stats()["batch_lines"] - before
+    ran = sum(d.counts.completed for d in done)
+    assert all(d.status is BatchStatus.COMPLETED for d in done)
+    assert 0 < ran == sent < 20, (ran, sent)  # some fit, not all: the rest never reached the provider
+    assert sum(d.counts.failed for d in done) == 20 - ran
+    after = billed(servers, "gpt-bulk")
+    bill = ((after[0] - billed_before[0]) + (after[1] - billed_before[1])) * PRICE
+    assert spent == pytest.approx(bill, rel=1e-9) and 0 < spent <= BUDGET, (spent, bill)
+    assert held == {}  # the results replaced the holds
