@@ -31,6 +31,8 @@ class Budgets:
     def __init__(self, config: Config, ledger: QuotaLedger | None) -> None:
         self._ledger = ledger
         self._teams = {t.team_id: t for t in config.batch.teams}
+        # team -> the cost of this process's results not yet journaled (a runner's buffer): counted as spent
+        self._unrecorded: dict[str, float] = {}
 
     def limit(self, team: str) -> float | None:
         settings = self._teams.get(team)
@@ -48,9 +50,19 @@ class Budgets:
         return 0.0 if self._ledger is None else await self._ledger.spend(team, self.period(team))
 
     async def over(self, team: str) -> bool:
-        """The team has spent its budget for this period (never, without a `max_budget`)."""
+        """The team has spent its budget for this period (never, without a `max_budget`): what the store holds,
+        and what this process's results cost that it has not journaled yet."""
         limit = self.limit(team)
-        return limit is not None and await self.spent(team) >= limit
+        return limit is not None and await self.spent(team) + self._unrecorded.get(team, 0.0) >= limit
+
+    def unrecorded(self, team: str, usd: float) -> None:
+        """`usd` more (less, once journaled) of the team's results wait in this process to be journaled."""
+        if usd:
+            left = self._unrecorded.get(team, 0.0) + usd
+            if left > 1e-12:
+                self._unrecorded[team] = left
+            else:
+                self._unrecorded.pop(team, None)
 
 
     async def reserve(self, team: str, holder: str, costs: Sequence[float]) -> int:
@@ -77,6 +89,7 @@ class TeamSpending:
     def __init__(self, budgets: Budgets, team: str) -> None:
         self._budgets, self.team = budgets, team
         self._settled: list[str] = []
+        self._buffered = 0.0  # what this shard's results not yet journaled cost
 
     @property
     def budgeted(self) -> bool:
@@ -94,8 +107,17 @@ class TeamSpending:
     async def release(self, holder: str) -> None:
         await self._budgets.unreserve(self.team, holder)
 
+    def buffered(self, usd: float) -> None:
+        """A result that costs `usd` waits to be journaled: it counts as spent already (`over`)."""
+        if usd and self.budgeted:
+            self._buffered += usd
+            self._budgets.unrecorded(self.team, usd)
+
     async def recorded(self) -> None:
-        """The results yielded so far are in the spend: the holds they settled go."""
+        """The results yielded so far are in the spend: they count there now, and the holds they settled go."""
+        if self._buffered:
+            self._budgets.unrecorded(self.team, -self._buffered)
+            self._buffered = 0.0
         while self._settled:
             await self._budgets.unreserve(self.team, self._settled.pop())
 
@@ -140,6 +162,11 @@ async def over_budget_now() -> bool:
     return current is not None and await current.over()
 
 
+def current_spending() -> TeamSpending | _OverOnly | None:
+    """The budget the current requests spend (None: none), for a run that checks it per request."""
+    return _current.get()
+
+
 def budgeted_now() -> bool:
     """A budget applies to the current requests (a team with a `max_budget`)."""
     current = _current.get()
@@ -167,5 +194,5 @@ async def release_now(holder: str) -> None:
         await current.release(holder)
 
 
-__all__ = ["Budgets", "OverBudget", "TeamSpending", "budgeted_now", "over_budget_now", "release_now", "reserve_now",
-           "settled_now", "spending_for"]
+__all__ = ["Budgets", "OverBudget", "TeamSpending", "budgeted_now", "current_spending", "over_budget_now",
+           "release_now", "reserve_now", "settled_now", "spending_for"]

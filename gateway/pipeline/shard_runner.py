@@ -32,7 +32,7 @@ from gateway.backends.interface import ROUTE_UNAVAILABLE, Backends, BackendUnava
 from gateway.config.prices import Prices, route_prices
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
-from gateway.domain import BatchRequest, Result, Shard
+from gateway.domain import BatchRequest, Result, Shard, billable
 from gateway.json_codec import loads
 from gateway.lines.budget import Budgets, TeamSpending, spending_for
 from gateway.lines.stops import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
@@ -275,6 +275,7 @@ class ShardRunner:
         async def consume() -> None:
             async for result in results:
                 price(prices, result)
+                spending.buffered(billable(result.cost_usd))  # spent from now on, for the budget's checks
                 buffer.append(result)
                 if len(buffer) >= _FLUSH_EVERY or time.monotonic() - flushed_at > _FLUSH_SECONDS:
                     await flush()

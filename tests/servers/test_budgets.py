@@ -76,3 +76,28 @@ def test_a_budget_crossed_mid_batch_stops_it_and_survives_a_restart(
     finally:
         if redis is not None:
             redis.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_two_batches_at_once_overshoot_by_at_most_the_requests_in_flight(
+    mode: str, upstream: Upstream, tmp_path: Path
+) -> None:
+    """Each real-time request is granted against the budget in the store as it starts (not a reading every
+    half second): two batches of one team, eight requests at once, spend past `max_budget` by at most what
+    was in flight when it was reached (eight lines' cost), and every unrun line says `budget_exceeded`."""
+    budget, in_flight = 0.05, 8
+    config = gateway_config(upstream, models=(MODEL,), teams=[{"team_id": "thrifty", "api_keys": ["sk-thrifty"],
+                                                                "max_budget": budget}],
+                            shard_size=25, max_concurrency=in_flight, master_key="sk-admin")
+    config["model_list"][0]["model_info"] = {"input_cost_per_token": PRICE, "output_cost_per_token": PRICE}
+    with serve(mode, config, tmp_path / "data") as gw:
+        client = gw.client("sk-thrifty")
+        first, second = (submit(client, lines(100, tag, sleep_ms=50)) for tag in ("one", "two"))
+        ends = [until(gw, "sk-thrifty", b.id, finished, timeout=90) for b in (first, second)]
+        ran = sum(e.request_counts.completed for e in ends if e.request_counts is not None)
+        spend = metric(gw, "batchyard_team_spend_usd", team="thrifty")
+        assert spend is not None and spend == pytest.approx(ran * 7 * PRICE), (spend, ran)
+        assert budget <= spend <= budget + in_flight * 7 * PRICE + 1e-9, (spend, ran)
+        for end in ends:
+            errors = [json.loads(x) for x in client.files.content(end.error_file_id or "").text.splitlines()]
+            assert {e["error"]["code"] for e in errors} <= {"budget_exceeded"}
