@@ -75,7 +75,9 @@ async def _api_error(_: Request, exc: Exception) -> JSONResponse:
 async def _gateway_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GatewayError)
     status = next((code for kind, code in _STATUS.items() if isinstance(exc, kind)), 400)
-    return error_response(status, exc.message, code=exc.code, param=exc.param)
+    # OpenAI's quota refusal is its own type: {"type": "insufficient_quota", "code": "insufficient_quota"}
+    type_ = exc.code if exc.code == "insufficient_quota" else None
+    return error_response(status, exc.message, type_=type_, code=exc.code, param=exc.param)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 from gateway.config.schema import Config
+from gateway.errors import OverQuota
 from gateway.store.protocols import QuotaLedger
 from gateway.store.quota import SpendTo, budget_period
 
@@ -31,6 +32,7 @@ class Budgets:
     def __init__(self, config: Config, ledger: QuotaLedger | None) -> None:
         self._ledger = ledger
         self._teams = {t.team_id: t for t in config.batch.teams}
+        self._mode = config.batch.budget_reservation
         # team -> the cost of this process's results not yet journaled (a runner's buffer): counted as spent
         self._unrecorded: dict[str, float] = {}
 
@@ -65,6 +67,38 @@ class Budgets:
                 self._unrecorded.pop(team, None)
 
 
+    def teams_with_budgets(self) -> list[str]:
+        return [t for t, settings in self._teams.items() if settings.max_budget is not None]
+
+    def reserves_at_create(self, team: str) -> bool:
+        """A create of the team's reserves its batch's estimate (`budget_reservation: estimate`, and a budget)."""
+        settings = self._teams.get(team)
+        if settings is None or settings.max_budget is None:
+            return False
+        return (settings.budget_reservation or self._mode) == "estimate"
+
+    async def standing(self, team: str) -> tuple[float, float]:
+        """(spent this period, held by the team's running batches and jobs) in USD."""
+        if self._ledger is None:
+            return 0.0, 0.0
+        return await self.spent(team), sum((await self._ledger.reserved(team)).values())
+
+    async def hold_estimate(self, team: str, holder: str, usd: float) -> None:
+        """Hold `usd` (a batch's estimate) for `holder` if the budget, less the spend and the other holds, has
+        room for it; else refuse it as OpenAI refuses a call past a quota (429 `insufficient_quota`)."""
+        if await self.reserve(team, holder, [usd]) == 1:
+            return
+        spent, held = await self.standing(team)
+        limit = self.limit(team) or 0.0
+        raise OverQuota(f"You exceeded your current quota: this batch's estimated cost, {usd:.6f} USD, is more than "
+                        f"team {team!r} has left of its budget, {max(limit - spent - held, 0.0):.6f} USD (max_budget "
+                        f"{limit} USD, spent {spent:.6f} USD, held by running batches {held:.6f} USD). Try a "
+                        "smaller batch, or again once running batches have finished.", code="insufficient_quota")
+
+    async def shrink(self, team: str, holder: str, usd: float) -> None:
+        if self._ledger is not None and usd:
+            await self._ledger.shrink(team, holder, usd)
+
     async def reserve(self, team: str, holder: str, costs: Sequence[float]) -> int:
         """Hold for `holder` the cost of as many of `costs` (from the first) as the team's budget has room for,
         counting what is spent and held already, in one atomic step; how many fit (all: no budget)."""
@@ -79,6 +113,17 @@ class Budgets:
             await self._ledger.unreserve(team, prefix)
 
 
+def create_hold(batch_id: str, created_at: float) -> str:
+    """The hold a batch takes of its whole estimate at create (the sweeper reads when it was made from it)."""
+    return f"{batch_id}/create/{int(created_at)}/"
+
+
+def hold_made_at(holder: str) -> float | None:
+    """When a create's hold was taken (epoch seconds); None for another hold."""
+    _, kind, made = holder.rstrip("/").partition("/create/")
+    return float(made) if kind and made.isdigit() else None
+
+
 OverBudget = Callable[[], Awaitable[bool]]  # is the team whose requests these are over its budget now?
 
 
@@ -86,8 +131,11 @@ class TeamSpending:
     """Whose budget the current requests spend (one shard's): is it spent, and its holds, let go of once the
     results they stood for are recorded (`recorded`, called by the runner after each journal write)."""
 
-    def __init__(self, budgets: Budgets, team: str) -> None:
-        self._budgets, self.team = budgets, team
+    def __init__(self, budgets: Budgets, team: str, create_hold: str | None = None) -> None:
+        # `create_hold`: the batch's hold of its whole estimate, taken at create (`budget_reservation: estimate`);
+        # it covers every line of the batch, so a native job reserves nothing more, and it shrinks as results
+        # are recorded.
+        self._budgets, self.team, self._create_hold = budgets, team, create_hold
         self._settled: list[str] = []
         self._buffered = 0.0  # what this shard's results not yet journaled cost
 
@@ -99,6 +147,8 @@ class TeamSpending:
         return await self._budgets.over(self.team)
 
     async def reserve(self, holder: str, costs: Sequence[float]) -> int:
+        if self._create_hold is not None:
+            return len(costs)  # held whole at create
         return await self._budgets.reserve(self.team, holder, costs)
 
     def settled(self, holder: str) -> None:
@@ -113,11 +163,15 @@ class TeamSpending:
             self._buffered += usd
             self._budgets.unrecorded(self.team, usd)
 
-    async def recorded(self) -> None:
-        """The results yielded so far are in the spend: they count there now, and the holds they settled go."""
-        if self._buffered:
-            self._budgets.unrecorded(self.team, -self._buffered)
-            self._buffered = 0.0
+    async def recorded(self, usd: float) -> None:
+        """Results that cost `usd` were journaled: they count in the spend now (and no more in the batch's hold),
+        and the holds that the results yielded before them settled go."""
+        usd = min(usd, self._buffered)
+        if usd > 0:
+            self._buffered -= usd
+            self._budgets.unrecorded(self.team, -usd)
+            if self._create_hold is not None:
+                await self._budgets.shrink(self.team, self._create_hold, usd)
         while self._settled:
             await self._budgets.unreserve(self.team, self._settled.pop())
 
@@ -194,5 +248,5 @@ async def release_now(holder: str) -> None:
         await current.release(holder)
 
 
-__all__ = ["Budgets", "OverBudget", "TeamSpending", "budgeted_now", "current_spending", "over_budget_now",
-           "release_now", "reserve_now", "settled_now", "spending_for"]
+__all__ = ["Budgets", "OverBudget", "TeamSpending", "budgeted_now", "create_hold", "current_spending", "hold_made_at",
+           "over_budget_now", "release_now", "reserve_now", "settled_now", "spending_for"]

@@ -34,7 +34,7 @@ from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
 from gateway.domain import BatchRequest, Result, Shard, billable
 from gateway.json_codec import loads
-from gateway.lines.budget import Budgets, TeamSpending, spending_for
+from gateway.lines.budget import Budgets, TeamSpending, create_hold, spending_for
 from gateway.lines.stops import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
 from gateway.pipeline.merge import seal_shard
 from gateway.scheduling.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
@@ -227,7 +227,9 @@ class ShardRunner:
             if todo:
                 share = Share(batch.owner, batch.id, batch.expires_at, self.weights.get(batch.owner, DEFAULT_WEIGHT))
                 try:
-                    reason = await self._execute(shard, share, todo)
+                    hold = (create_hold(batch.id, batch.created_at) if self.budgets.reserves_at_create(batch.owner)
+                            else None)
+                    reason = await self._execute(shard, share, todo, hold)
                 except BackendUnavailable as exc:  # no attempt spent: the route's lines say why, once
                     reason = (ROUTE_UNAVAILABLE, f"The model {shard.route!r} is unavailable: {exc}")
         if reason is None or reason is OVER_BUDGET or reason[0] == ROUTE_UNAVAILABLE:
@@ -241,25 +243,31 @@ class ShardRunner:
         rpm, tpm = settings.rate_limits(route) if settings is not None else (None, None)
         return None if rpm is None and tpm is None else Pacer(self.store.rates, team, route, rpm, tpm)
 
-    async def _execute(self, shard: Shard, share: Share, todo: list[BatchRequest]) -> StopReason | None:
+    async def _execute(self, shard: Shard, share: Share, todo: list[BatchRequest],
+                       hold: str | None = None) -> StopReason | None:
         owner = share.team
         backend = await self.backends.get(shard.route)
         buffer: list[Result] = []
         flushed_at = time.monotonic()
         pacer = self._pacer(owner, shard.route)
-        spending = TeamSpending(self.budgets, owner)
+        spending = TeamSpending(self.budgets, owner, hold)
+
+        flushing = asyncio.Lock()  # one write at a time: a hold goes only once every result before it is written
 
         async def flush() -> None:
             nonlocal buffer, flushed_at
-            if buffer:
-                done, buffer = buffer, []
-                # The spend moves with the journal, in one step of the store (see SpendTo).
-                await self.store.ledger.record_results(shard, done, self.budgets.spend_to(owner))
-                metrics.observe_results(owner, shard.route, done)
-            await spending.recorded()  # the holds of what is now in the spend go (none before it is)
-            if pacer is not None:
-                await pacer.flush()  # the tokens results reported, into the team's rate window
-            flushed_at = time.monotonic()
+            async with flushing:
+                cost = 0.0
+                if buffer:
+                    done, buffer = buffer, []
+                    # The spend moves with the journal, in one step of the store (see SpendTo).
+                    await self.store.ledger.record_results(shard, done, self.budgets.spend_to(owner))
+                    metrics.observe_results(owner, shard.route, done)
+                    cost = sum(billable(r.cost_usd) for r in done)
+                await spending.recorded(cost)  # in the spend now: out of the holds
+                if pacer is not None:
+                    await pacer.flush()  # the tokens results reported, into the team's rate window
+                flushed_at = time.monotonic()
 
         if isinstance(backend, ShardAwareBackend):
             results = backend.execute_shard(shard, todo)

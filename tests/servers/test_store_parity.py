@@ -252,11 +252,16 @@ async def _quota(store: Store) -> list[Any]:
     out.append(await quota.reserve("t", 100, "f/0/1/", [], 1.0))
     out.append(await quota.reserve("u", 100, "b/0/1/", [0.4], 0.5))  # another team holds apart
     out.append({h: round(usd, 9) for h, usd in (await quota.reserved("t")).items()})
+    await quota.shrink("t", "c/0/1/", 0.015)
+    await quota.shrink("t", "d/0/1/", 0.75)  # never below nothing
+    await quota.shrink("t", "nope/", 0.1)  # nothing held: nothing made
+    out.append({h: round(usd, 9) for h, usd in (await quota.reserved("t")).items()})
     await quota.unreserve("t", "b/")
     await quota.unreserve("t", "nope/")
     out.append({h: round(usd, 9) for h, usd in (await quota.reserved("t")).items()})
     out.append({h: round(usd, 9) for h, usd in (await quota.reserved("u")).items()})
-    assert out[-10:-3] == [2, 1, 2, 1, 0, 0, 1] and out[-3] == {"b/0/1/": 0.1, "c/0/1/": 0.02, "d/0/1/": 0.5}, out[-8:]
+    assert out[-11:-4] == [2, 1, 2, 1, 0, 0, 1] and out[-4] == {"b/0/1/": 0.1, "c/0/1/": 0.02, "d/0/1/": 0.5}
+    assert out[-3] == {"b/0/1/": 0.1, "c/0/1/": 0.005, "d/0/1/": 0.0}, out[-3]
     return out
 
 

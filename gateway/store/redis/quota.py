@@ -78,6 +78,16 @@ end
 return count
 """
 
+# KEYS: {t}:reserved. ARGV: a holder, USD. The hold less the USD, never below nothing (a hold gone stays gone).
+_SHRINK = """
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if not held then return 0 end
+local left = tonumber(held) - tonumber(ARGV[2])
+if left < 0 then left = 0 end
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%.17g', left))
+return 1
+"""
+
 # KEYS: {t}:reserved. ARGV: a holder prefix. Every hold whose holder starts with it goes.
 _UNRESERVE = """
 local gone = 0
@@ -94,6 +104,7 @@ class RedisQuotaLedger:
         self._admit = client.register_script(_ADMIT)
         self._reserve = client.register_script(_RESERVE)
         self._unreserve = client.register_script(_UNRESERVE)
+        self._shrink = client.register_script(_SHRINK)
 
     async def admit(self, team: str, batch_id: str, requests: int, limits: TeamLimits,
                     by_model: Mapping[str, int] | None = None) -> str | None:
@@ -149,6 +160,9 @@ class RedisQuotaLedger:
     async def reserve(self, team: str, period: int, holder: str, costs: Sequence[float], limit: float) -> int:
         args: list[str | int | float] = [str(period), repr(float(limit)), holder, *(repr(float(c)) for c in costs)]
         return int(await self._reserve(keys=[self._k.spend(team), self._k.reserved(team)], args=args))
+
+    async def shrink(self, team: str, holder: str, usd: float) -> None:
+        await self._shrink(keys=[self._k.reserved(team)], args=[holder, repr(float(usd))])
 
     async def unreserve(self, team: str, prefix: str) -> None:
         await self._unreserve(keys=[self._k.reserved(team)], args=[prefix])

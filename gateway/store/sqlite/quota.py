@@ -89,6 +89,12 @@ class SQLiteQuotaLedger:
         return count
 
     @off_loop
+    def shrink(self, team: str, holder: str, usd: float) -> None:
+        with immediate(self._db):
+            self._db.execute("UPDATE team_reserved SET usd = MAX(usd - ?, 0.0) WHERE team = ? AND holder = ?",
+                             (usd, team, holder))
+
+    @off_loop
     def unreserve(self, team: str, prefix: str) -> None:
         with immediate(self._db):
             self._db.execute("DELETE FROM team_reserved WHERE team = ? AND substr(holder, 1, ?) = ?",
