@@ -4,6 +4,7 @@
     .venv/bin/python bench/server_load.py --validation-only [--validate-lines 500000]
     .venv/bin/python bench/server_load.py --during-run [--run-lines 500000] [--run-seconds 60]
     .venv/bin/python bench/server_load.py --message-batch-create [--mb-requests 100000] [--mb-size-mb 200]
+    .venv/bin/python bench/server_load.py --reservations [--res-teams 20] [--res-batches 50]
 
 Each client uploads its own N-line batch file with the real `openai` SDK,
 creates a batch, and polls it until it finishes; meanwhile a prober times
@@ -21,6 +22,8 @@ runs), with the load average. `--validation-only` measures only that. `--during-
 requests, then one of pathological objects, then escape-heavy ones: the API's peak RSS over idle (and a
 validation process's, where the body is read), the create's wall, another team's `GET /v1/models` p50/p99
 (bench/_message_batch_create.py).
+`--reservations`: creates per second of `--res-teams` teams each creating `--res-batches` small batches at once,
+with `budget_reservation: estimate` and without (bench/_reservations.py).
 Not a test: a shared 2-core machine is noisy; the upstream runs beside it.
 """
 
@@ -179,7 +182,17 @@ def main() -> None:
                         help="--message-batch-create: which bodies, comma-separated: normal, pathological, escapes "
                         "(one request of one long escaped string, and --mb-requests requests of escaped text); "
                         "normal alone for the code before issue 34, which holds a pathological body as Python objects)")
+    parser.add_argument("--reservations", action="store_true",
+                        help="creates per second with budget_reservation: estimate, against the same without")
+    parser.add_argument("--res-teams", type=int, default=20, help="--reservations: teams creating at once")
+    parser.add_argument("--res-batches", type=int, default=50, help="--reservations: batches each team creates")
     args = parser.parse_args()
+    if args.reservations:
+        from bench._reservations import reservations
+
+        print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the start")
+        reservations(args.res_teams, args.res_batches, args.workers or 1)
+        return
     if args.message_batch_create:
         from bench._message_batch_create import message_batch_create
 

@@ -30,7 +30,7 @@ from gateway.config.routes import Route
 from gateway.config.wildcards import is_pattern
 from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.lines.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecognized, unsupported, upstream_fields
-from gateway.lines.budget import budgeted
+from gateway.lines.budget import budgeted_now
 from gateway.lines.media_urls import api_host, internal_deployment, refused_media, resolves_private
 from gateway.lru import LRU
 from gateway.message_batches.wire import anthropic_error
@@ -211,7 +211,7 @@ class LiteLLMBackend:
         a base URL, a mock, a fallback or a price (see gateway.lines.body_fields). A wildcard route's model
         with no known price is refused under a team's budget (`price_unknown`): no line that reaches an
         upstream goes unbilled."""
-        if is_pattern(group) and group not in self._unpriced_ok and budgeted() \
+        if is_pattern(group) and group not in self._unpriced_ok and budgeted_now() \
                 and not self._prices.priced_for(group, req.model):
             return Result.http_error(req.line, req.custom_id, 400, f"No price is known for model '{req.model}' "
                                      f"(none in the config, none in LiteLLM's price map, none in the model_info "

@@ -176,7 +176,9 @@ def install_error_handlers(app: FastAPI, door: ErrorDoor = OPENAI_DOOR) -> None:
     async def gateway_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, GatewayError)
         status = next((code for kind, code in door.statuses if isinstance(exc, kind)), 400)
-        return door.reply(status, exc.message, code=exc.code, param=exc.param)
+        # OpenAI's quota refusal is its own type: {"type": "insufficient_quota", "code": "insufficient_quota"}
+        type_ = exc.code if exc.code == "insufficient_quota" else None
+        return door.reply(status, exc.message, type_=type_, code=exc.code, param=exc.param)
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)

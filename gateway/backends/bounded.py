@@ -8,7 +8,10 @@ here, so each keeps one bound on its requests in flight, shared by every shard i
 - under a team's rate limits (`pacing_with`, `gateway.scheduling.pacing`) requests reach the slots only as
   the store's rate window grants them: one waiting for the next window holds no slot;
 - results are yielded as they finish; closing the iterator early (or cancelling its consumer) cancels the
-  calls still running, and a budget's `stop_sending` lets the ones in flight finish and starts no more.
+  calls still running, and a budget's `stop_sending` lets the ones in flight finish and starts no more;
+- a team with a budget has each request granted against it as it starts (`gateway.lines.budget`: the spend in
+  the store and this process's results not yet journaled): once it is spent, the request gets
+  `budget_exceeded` and nothing more starts, so spend passes the budget by at most the requests in flight.
 
 The slots call back into the run (`_start`, `_stop`) from whichever task frees a slot; the run's own
 iterator only waits on its queue of finished calls (`_done`).
@@ -24,6 +27,8 @@ from typing import Any, cast
 
 from gateway import tracing
 from gateway.domain import BatchRequest, Result
+from gateway.lines.budget import current_spending
+from gateway.lines.stops import OVER_BUDGET
 from gateway.metrics import RequestMeter
 from gateway.scheduling.fairness import FairSlots, Flow, current_share
 from gateway.scheduling.pacing import current_pacer
@@ -48,6 +53,8 @@ class BoundedRun:
         self._all = requests  # the pacer reads them (their sizes) to estimate tokens
         self._call, self._slots, self._tracked = call, slots, tracked
         self.share, self.pacer = current_share(), current_pacer()
+        spending = current_spending()
+        self._spending = spending if spending is not None and spending.budgeted else None
         # each request's span (gateway.tracing): a child of the caller's (the shard's) span, made here for the same
         # reason as the share: the calls start from whichever task frees a slot
         self._trace = tracing.capture(spans.provider, internal=spans.internal) if spans is not None else None
@@ -139,6 +146,10 @@ class BoundedRun:
         self._slots.release(self.share)  # in a callback: it runs even for a task cancelled before it started
 
     async def _measured(self, req: BatchRequest) -> Result:
+        if self._spending is not None and await self._spending.over():  # granted against the budget, or none
+            if not self.stopped:
+                self._stop()
+            return Result.failure(req.line, req.custom_id, *OVER_BUDGET, model=req.model)
         # Every backend's per-request call passes here: in-flight and latency per route.
         meter = self._meters.get(req.model)
         if meter is None:

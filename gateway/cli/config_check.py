@@ -40,7 +40,7 @@ class RouteRow:
     rpm: int | None  # per window, all deployments together; None: unbounded
     tpm: int | None
     max_parallel: int | None
-    prices: str  # USD per 1M tokens in / out ("-": LiteLLM's price map knows none)
+    prices: str  # USD per 1M tokens in / out, as the route charges them (a native route: batch prices; "-": none known)
 
 
 def add_parser(sub: Any) -> None:
@@ -53,7 +53,8 @@ def add_parser(sub: Any) -> None:
         "checked, a local model's path checked to be a directory, LiteLLM's Router built; no network, no engine "
         "started) and print each model_name with its route kind (local, pass-through, LiteLLM, native), provider, "
         "limits (rpm, tpm, max_parallel_requests of its deployments together) and prices (USD per 1M input / "
-        "output tokens), then the LiteLLM settings batchyard does not apply. Exit status 0, or 2 with the error.",
+        "output tokens, as its lines are charged: a native route's at batch rates), then the LiteLLM settings "
+        "batchyard does not apply. Exit status 0, or 2 with the error.",
     )
     check.add_argument("file", metavar="FILE", help="the config file (LiteLLM-style YAML)")
     check.add_argument("--strict-config", action="store_true",
@@ -76,12 +77,22 @@ def _total(values: Sequence[int | None]) -> int | None:
 
 
 def _prices(route: Route) -> str:
-    from gateway.config.prices import deployment_prices, route_prices
+    """The prices each deployment's lines are charged: a native deployment's at batch rates (the rule of
+    `gateway.config.prices.batch_prices`, as the native runner prices its results)."""
+    from gateway.config.prices import Prices, batch_prices, deployment_prices, route_prices
+    from gateway.lines.tokens import price_map, price_names
 
     found = []
-    for deployment in route.model_list():
-        prices = (route_prices(deployment.get("model_info") or {}) if route.kind is RouteKind.LOCAL
-                  else deployment_prices(deployment))
+    charged: list[Prices | None]
+    if route.kind is RouteKind.LOCAL:
+        charged = [route_prices(d.get("model_info") or {}) for d in route.model_list()]
+    elif route.kind is RouteKind.NATIVE:
+        cost = price_map()
+        charged = [batch_prices(entry.model_info.litellm_keys, cost, names)
+                   for entry, names in zip(route.entries, price_names(route), strict=True)]
+    else:
+        charged = [deployment_prices(d) for d in route.model_list()]
+    for prices in charged:
         text = f"{prices.input * 1e6:g} / {prices.output * 1e6:g}" if prices is not None else "-"
         if text not in found:
             found.append(text)

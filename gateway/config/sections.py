@@ -83,6 +83,8 @@ class Team(Strict):
     budget_duration: Annotated[str, Field(pattern=r"^[1-9][0-9]*(s|m|h|d)$")] | None = None
     """The budget period: a number and `s`, `m`, `h` or `d` (`30d`, `1h`, `10m`, `30s`); null: the budget
     never resets."""
+    budget_reservation: Literal["none", "estimate"] | None = None
+    """The team's own `batch_settings.budget_reservation` (null: that one)."""
 
     def rate_limits(self, route: str) -> tuple[int | None, int | None]:
         """(rpm, tpm) of the team on `route` (a model_name): the per-model value, else the team's."""
@@ -167,6 +169,12 @@ class BatchSettings(Strict):
 
     teams: list[Team] = Field(default_factory=list)
     """The teams that share the gateway: keys, models, fair-share weight, quotas, budgets, webhooks."""
+    budget_reservation: Literal["none", "estimate"] = "none"
+    """`estimate`: a batch create of a team with a `max_budget` reserves the batch's whole cost estimate (its
+    high end, as `GET /v1/files/{id}/cost_estimate` gives it) against the budget, less what the team spent
+    and what its running batches hold; an estimate that does not fit is refused with 429
+    `insufficient_quota`. The reservation shrinks as results are recorded and is released when the batch
+    ends. `none`: creates are refused only once the budget is spent."""
     max_lines: PositiveInt = 50_000
     """Lines per input file; more is `too_many_tasks`."""
     max_wildcard_models: PositiveInt = 200

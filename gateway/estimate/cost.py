@@ -5,7 +5,7 @@ its route's lines, input tokens and output-token bound, and the route's prices t
 Nothing is sent and no engine starts. The API's `GET /v1/files/{id}/cost_estimate` and `batchyard run
 --dry-run` both ask `estimate_lines`.
 
-- Input tokens and a line's output bound: `gateway.estimate.tokens` (each model says whether its tokenizer
+- Input tokens and a line's output bound: `gateway.lines.tokens` (each model says whether its tokenizer
   is `exact` or an `estimate`).
 - Prices are the ones the route charges (`gateway.config.prices`): the config's or the price map's for an
   upstream route, batch prices for a native one, `model_info` for a local one (else unpriced). With several
@@ -25,7 +25,7 @@ from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import Config
 from gateway.domain import BatchRequest, Endpoint
 from gateway.errors import LineCode, LineError
-from gateway.estimate.tokens import TokenCounter, counter_for, output_bound, price_map, price_names
+from gateway.lines.tokens import TokenCounter, counter_for, output_bound, price_map, price_names
 from gateway.pipeline.plan import chunks
 from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, line_failure
 from gateway.store.protocols import Blobs

@@ -27,7 +27,8 @@ from gateway.config.schema import Config
 from gateway.config.urls import normalise_endpoint
 from gateway.domain import BatchStatus, Endpoint, Shard, new_id
 from gateway.errors import Conflict, InvalidRequest, OverQuota, TooLarge, invalid_value, not_found
-from gateway.lines.budget import Budgets
+from gateway.lines.budget import Budgets, create_hold
+from gateway.lines.reservation import batch_holds
 from gateway.pipeline.batch_params import ExpiresAfter, checked, checked_metadata
 from gateway.pipeline.lifecycle import (
     NO_EXPIRY,
@@ -55,6 +56,8 @@ Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
 # Validates and plans a batch's input file into shard blobs: in place by default, in processes of their own
 # where the runtime serves the API (`gateway.runtime.validation_processes`).
 Plan = Callable[[PlanJob], Awaitable[PlanOutcome]]
+# A batch's estimated cost in USD, for a create that reserves it (handed in: the estimate is a later layer).
+EstimateCost = Callable[[BatchRecord, FileRecord], Awaitable[float]]
 _COUNT_LINES, _COUNT_BYTES = 2_000, 1 << 20  # lines parsed for their route per thread hop (at create)
 
 
@@ -62,7 +65,7 @@ class BatchService:
     def __init__(
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
         spawn: Spawn, finish_shard: Callable[[Shard], Awaitable[None]], announce: Announce = announce_nothing,
-        budgets: Budgets | None = None, plan: Plan | None = None,
+        budgets: Budgets | None = None, plan: Plan | None = None, estimate_cost: EstimateCost | None = None,
     ) -> None:
         self.config, self.store, self.blobs, self.queue = config, store, blobs, queue
         self._coordination = coordination
@@ -70,6 +73,7 @@ class BatchService:
         self._finish_shard = finish_shard
         self._announce = announce
         self._plan: Plan = plan or functools.partial(plan_batch, config, blobs)
+        self._estimate_cost = estimate_cost
         self.quotas = store.quota
         self.budgets = budgets or Budgets(config, self.quotas)
         self._limits = {t.team_id: TeamLimits(t.max_enqueued_requests, t.max_active_batches,
@@ -202,10 +206,24 @@ class BatchService:
             output_expires_after=output_expiry.model_dump() if output_expiry else None,
         )
         with tracing.batch_create(batch):  # sets batch.trace_context: the trace every later stage joins
-            await self._admit(batch, source)
-            await self.store.batches.put(batch)
+            hold = await self._reserve(batch, source)
+            try:
+                await self._admit(batch, source)
+                await self.store.batches.put(batch)
+            except BaseException:  # refused or failed: the batch holds nothing
+                await self.budgets.unreserve(batch.owner, hold) if hold is not None else None
+                raise
         self._spawn(self.validate(batch.id), f"validate-{batch.id}")
         return batch
+
+    async def _reserve(self, batch: BatchRecord, source: FileRecord) -> str | None:
+        """The hold of the batch's whole estimate (`budget_reservation: estimate`; 429 if it does not fit)."""
+        if self._estimate_cost is None or not self.budgets.reserves_at_create(batch.owner):
+            return None
+        await self._check_budget(batch.owner)
+        hold = create_hold(batch.id, batch.created_at)
+        await self.budgets.hold_estimate(batch.owner, hold, await self._estimate_cost(batch, source))
+        return hold
 
     async def _admit(self, batch: BatchRecord, source: FileRecord) -> None:
         """Count the batch against its team's quotas, or refuse it (429, the code names the quota)."""
@@ -384,11 +402,13 @@ class BatchService:
     async def expire(self, batch: BatchRecord) -> None:
         """A batch past its `expires_at` while still `validating` (the sweep found it): it ends `expired`
         with no shard to finalize."""
+        await self.budgets.unreserve(batch.owner, batch_holds(batch.id))
         await self._announce(batch.owner, batch.id, BatchStatus.EXPIRED)
         await self.store.batches.update(batch.id, {"status": BatchStatus.EXPIRED},
                                       if_status={BatchStatus.VALIDATING})
 
     async def _fail(self, batch: BatchRecord, errors: list[dict[str, Any]]) -> None:
+        await self.budgets.unreserve(batch.owner, batch_holds(batch.id))  # it never runs: its hold goes
         tracing.status_event(BatchStatus.FAILED)
         await self._announce(batch.owner, batch.id, BatchStatus.FAILED)
         await self.store.batches.update(
@@ -397,4 +417,4 @@ class BatchService:
         )
 
 
-__all__ = ["FILE_PURPOSES", "BatchService", "Plan"]
+__all__ = ["FILE_PURPOSES", "BatchService", "EstimateCost", "Plan"]

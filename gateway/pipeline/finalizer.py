@@ -14,6 +14,7 @@ from collections.abc import Callable
 from gateway import tracing
 from gateway.backends.interface import RouteReporter
 from gateway.domain import BatchStatus, Shard
+from gateway.lines.reservation import batch_holds
 from gateway.lines.stops import CANCELLED, EXPIRED, LOST, stop_reason
 from gateway.pipeline.lifecycle import Announce, announce_nothing, derived_id, expiry
 from gateway.pipeline.merge import merge_shards, seal_shard
@@ -102,6 +103,9 @@ class Finalizer:
         # Before the status (a finished batch's spend is whole) and after every shard is sealed above (no result
         # counts after its seal, so nothing more is owed: the settle may forget the batch's moves).
         await self.store.ledger.settle_spend(batch_id)
+        # Whatever the batch still holds of its team's budget goes (its jobs' results are in the spend, or never
+        # will be: cancelled, failed, or a worker that died holding it).
+        await self.store.quota.unreserve(batch.owner, batch_holds(batch_id))
         await self._announce(batch.owner, batch_id, fields["status"])
         tracing.status_event(fields["status"], completed=summary.succeeded, failed=summary.failed)
         await self.store.batches.update(batch_id, fields)

@@ -30,10 +30,11 @@ from typing import Any
 from gateway import metrics, tracing
 from gateway.backends.interface import ROUTE_UNAVAILABLE, Backends, BackendUnavailable, ShardAwareBackend
 from gateway.config.prices import Prices, route_prices
+from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
-from gateway.domain import BatchRequest, Result, Shard
+from gateway.domain import BatchRequest, Result, Shard, billable
 from gateway.json_codec import loads
-from gateway.lines.budget import Budgets, spending_for
+from gateway.lines.budget import Budgets, TeamSpending, create_hold, spending_for
 from gateway.lines.stops import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
 from gateway.pipeline.merge import seal_shard
 from gateway.scheduling.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
@@ -227,7 +228,9 @@ class ShardRunner:
             if todo:
                 share = Share(batch.owner, batch.id, batch.expires_at, self.weights.get(batch.owner, DEFAULT_WEIGHT))
                 try:
-                    reason = await self._execute(shard, share, todo)
+                    hold = (create_hold(batch.id, batch.created_at) if self.budgets.reserves_at_create(batch.owner)
+                            else None)
+                    reason = await self._execute(shard, share, todo, hold)
                 except BackendUnavailable as exc:  # no attempt spent: the route's lines say why, once
                     reason = (ROUTE_UNAVAILABLE, f"The model {shard.route!r} is unavailable: {exc}")
                     await self._note_unavailable(shard.batch_id, shard.route, str(exc))
@@ -254,23 +257,31 @@ class ShardRunner:
         rpm, tpm = settings.rate_limits(route) if settings is not None else (None, None)
         return None if rpm is None and tpm is None else Pacer(self.store.rates, team, route, rpm, tpm)
 
-    async def _execute(self, shard: Shard, share: Share, todo: list[BatchRequest]) -> StopReason | None:
+    async def _execute(self, shard: Shard, share: Share, todo: list[BatchRequest],
+                       hold: str | None = None) -> StopReason | None:
         owner = share.team
         backend = await self.backends.get(shard.route)
         buffer: list[Result] = []
         flushed_at = time.monotonic()
         pacer = self._pacer(owner, shard.route)
+        spending = TeamSpending(self.budgets, owner, hold)
+
+        flushing = asyncio.Lock()  # one write at a time: a hold goes only once every result before it is written
 
         async def flush() -> None:
             nonlocal buffer, flushed_at
-            if buffer:
-                done, buffer = buffer, []
-                # The spend moves with the journal, in one step of the store (see SpendTo).
-                await self.store.ledger.record_results(shard, done, self.budgets.spend_to(owner))
-                metrics.observe_results(owner, shard.route, done)
-            if pacer is not None:
-                await pacer.flush()  # the tokens results reported, into the team's rate window
-            flushed_at = time.monotonic()
+            async with flushing:
+                cost = 0.0
+                if buffer:
+                    done, buffer = buffer, []
+                    # The spend moves with the journal, in one step of the store (see SpendTo).
+                    await self.store.ledger.record_results(shard, done, self.budgets.spend_to(owner))
+                    metrics.observe_results(owner, shard.route, done)
+                    cost = sum(billable(r.cost_usd) for r in done)
+                await spending.recorded(cost)  # in the spend now: out of the holds
+                if pacer is not None:
+                    await pacer.flush()  # the tokens results reported, into the team's rate window
+                flushed_at = time.monotonic()
 
         if isinstance(backend, ShardAwareBackend):
             results = backend.execute_shard(shard, todo)
@@ -278,22 +289,22 @@ class ShardRunner:
             results = backend.execute(todo)
 
         route = self.config.route(shard.route)  # priced once per shard: results come by the thousand
-        prices = route_prices(route.model_info.litellm_keys) if route is not None else None
+        # A native route's backend prices its lines at batch rates itself (its real-time price is not what the
+        # provider bills), and a line it leaves unpriced has no price at all.
+        prices = (route_prices(route.model_info.litellm_keys)
+                  if route is not None and route.kind is not RouteKind.NATIVE else None)
 
         async def consume() -> None:
             async for result in results:
                 price(prices, result)
+                spending.buffered(billable(result.cost_usd))  # spent from now on, for the budget's checks
                 buffer.append(result)
                 if len(buffer) >= _FLUSH_EVERY or time.monotonic() - flushed_at > _FLUSH_SECONDS:
                     await flush()
 
-        async def over() -> bool:
-            return await self.budgets.over(owner)
-
         # The task copies the context: the backend's slots see whose requests these are, under which rates, and
-        # whose budget they spend (a native route asks it before each provider job).
-        budget = over if self.budgets.limit(owner) is not None else None  # no budget: nothing to check
-        with running_for(share), pacing_with(pacer), spending_for(budget):
+        # whose budget they spend (a native route reserves of it before each provider job).
+        with running_for(share), pacing_with(pacer), spending_for(spending):
             consumer = asyncio.create_task(consume(), name=f"shard-{shard.key}")
         stopping: StopReason | None = None
         try:

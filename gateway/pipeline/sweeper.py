@@ -28,6 +28,8 @@ from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from typing import Any
 
 from gateway.domain import BatchStatus
+from gateway.lines.budget import hold_made_at
+from gateway.lines.reservation import batch_holds
 from gateway.log_safe import escaped
 from gateway.pipeline.batch_service import BatchService
 from gateway.pipeline.finalizer import Finalizer
@@ -112,6 +114,7 @@ class Sweeper:
             for batch in active:
                 await self._sweep_batch(batch, queued, stale_after)
             await self._release_quotas({b.id for b in active})
+            await self._release_holds({b.id for b in active})
             workers = await self.coordination.live_workers()
             self._tell_unavailable(workers)
             await self.queue.tidy({w["name"] for w in workers})
@@ -176,6 +179,24 @@ class Sweeper:
                 done.append(batch_id)
         if done:
             await self.store.quota.release(done)
+
+    async def _release_holds(self, active: set[str]) -> None:
+        """What a batch holds of its team's budget goes once the batch has ended, however it ended (a worker
+        that died holding it included), and so does a create's hold whose batch was never stored, once its
+        creation cannot be under way any more."""
+        for team in self.intake.budgets.teams_with_budgets():
+            for holder in await self.store.quota.reserved(team):
+                batch_id = holder.partition("/")[0]
+                if batch_id in active:
+                    continue
+                batch = await self.store.batches.get(batch_id)
+                if batch is None:
+                    made = hold_made_at(holder)  # None: a provider job's hold, its batch gone
+                    if made is not None and time.time() - made <= GRACE_SECONDS:
+                        continue
+                elif not batch.status.finished:
+                    continue
+                await self.store.quota.unreserve(team, batch_holds(batch_id))
 
     # -- health ------------------------------------------------------------------------
 

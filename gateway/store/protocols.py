@@ -156,6 +156,16 @@ class QuotaLedger(Protocol):
     async def release(self, batch_ids: Collection[str]) -> None: ...
     async def spend(self, team: str, period: int) -> float:
         """The team's spend in the budget period that starts at `period` (see `SpendTo`)."""
+    async def reserve(self, team: str, period: int, holder: str, costs: Sequence[float], limit: float) -> int:
+        """Hold for `holder` the cost of the longest prefix of `costs` that fits `limit` less the team's spend in
+        `period` and what its other holders hold, in the one atomic step that reads them (`quota.fitting`); the
+        holder's earlier hold is replaced (0 fitting: it holds nothing). Returns how many fit."""
+    async def shrink(self, team: str, holder: str, usd: float) -> None:
+        """The holder's hold less `usd` (results it stood for are in the spend now); never below nothing."""
+    async def unreserve(self, team: str, prefix: str) -> None:
+        """Let go of every hold of the team whose holder starts with `prefix` (a holder, or a batch's `id/`)."""
+    async def reserved(self, team: str) -> dict[str, float]:
+        """The team's holds now: holder -> USD."""
 
 
 class StorageLedger(Protocol):

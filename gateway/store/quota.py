@@ -13,11 +13,16 @@ admission whose batch was never stored (its creation died), once
 The team's spend is read here too, but written by the shard ledger
 (`ShardLedger.record_results`), in the same step that journals the results it
 is the cost of: see `SpendTo`.
+
+Money is held before it is spent: a holder (a native provider job, `gateway.lines.reservation`) reserves the
+estimated cost of its lines against the team's budget in one atomic step with the read of the spend and of the
+other holds (`fitting`, the rule both ledgers apply), so two workers never both take the budget's last dollar.
+A hold is let go (`unreserve`) once the results it stood for are in the spend, or when its batch ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 MAX_ENQUEUED_REQUESTS = "max_enqueued_requests"
@@ -59,6 +64,22 @@ def budget_period(duration: int | None, at: float) -> int:
     return 0 if not duration else int(at // duration) * duration
 
 
+# A hold may pass the room left by this much (USD): float sums of the same costs differ in the last bits
+RESERVE_SLACK = 1e-9
+
+
+def fitting(room: float, costs: Sequence[float]) -> tuple[int, float]:
+    """How many of `costs`, from the first, fit in `room` USD together, and their total (the rule both
+    ledgers apply; the Lua of `gateway.store.redis.quota` adds in the same order)."""
+    count, total = 0, 0.0
+    for cost in costs:
+        if total + cost > room + RESERVE_SLACK:
+            break
+        total += cost
+        count += 1
+    return count, total
+
+
 def exceeded(usage: TeamUsage, requests: int, by_model: Mapping[str, int], limits: TeamLimits) -> str | None:
     """The quota a new batch of `requests` (`by_model` per model) would exceed, if any (the rule both ledgers
     apply)."""
@@ -84,10 +105,12 @@ __all__ = [
     "MAX_ACTIVE_BATCHES",
     "MAX_ENQUEUED_REQUESTS",
     "MODEL_MAX_ENQUEUED_REQUESTS",
+    "RESERVE_SLACK",
     "SpendTo",
     "TeamLimits",
     "TeamUsage",
     "budget_period",
     "exceeded",
+    "fitting",
     "over_model",
 ]

@@ -9,9 +9,9 @@ Anthropic: `providers.native.anthropic_jobs`; Mistral: `providers.native.mistral
 `providers.native.vertex_jobs`). The file
 and job ids are recorded in the store's meta (`native:<batch>:<shard>`) before any
 polling, so a restarted process polls the jobs it already created instead of
-creating new ones. No job is created while the team is over its budget
-(`gateway.lines.budget.over_budget_now`): its lines get `budget_exceeded`, as
-on a real-time route. Jobs are polled with backoff and read back as OpenAI-shaped
+creating new ones. Before a job is created its lines' estimated cost is reserved of the team's budget
+(`gateway.lines.reservation`): the lines that do not fit get `budget_exceeded`, as on a real-time route, and
+the hold goes once the job's results are recorded. Jobs are polled with backoff and read back as OpenAI-shaped
 result lines; every request gets exactly one `Result`. When the shard runner
 cancels a shard because our batch was cancelled or expired, the upstream jobs are
 cancelled too; a process shutdown leaves them running, to be picked up on restart.
@@ -33,8 +33,9 @@ from gateway.config.prices import Prices, batch_prices, cost_of
 from gateway.config.routes import Route
 from gateway.domain import BatchRequest, Endpoint, Result, Shard, Usage, new_id
 from gateway.lines.body_fields import unknown_field, unrecognized, unsupported, upstream_fields
-from gateway.lines.budget import over_budget_now
+from gateway.lines.budget import release_now, settled_now
 from gateway.lines.media_urls import internal_deployment, refused_media
+from gateway.lines.reservation import holder, reserve_job
 from gateway.lines.stops import OVER_BUDGET, stop_reason
 from gateway.log_safe import escaped
 from gateway.store.protocols import Store
@@ -216,14 +217,19 @@ class NativeBatchBackend:
                 if not any(line in by_line for line in part.lines):
                     continue  # every request of it is recorded already
                 if part.batch_id is None:
-                    if await over_budget_now():  # a job is money committed: none past the team's budget
-                        for line in part.lines:
-                            if line in by_line:
-                                yield Result.failure(line, by_line[line].custom_id, *OVER_BUDGET,
-                                                     model=by_line[line].model)
+                    # A job is money committed: its lines' estimate is reserved first, and those past the budget
+                    # are not sent.
+                    part.lines = [line for line in part.lines if line in by_line]
+                    hold = holder(shard, part.lines[0])
+                    fit = await reserve_job(hold, self.route, prices, [by_line[line] for line in part.lines])
+                    for line in part.lines[fit:]:
+                        yield Result.failure(line, by_line[line].custom_id, *OVER_BUDGET, model=by_line[line].model)
+                    part.lines = part.lines[:fit]
+                    if not part.lines:
                         continue
                     failure = await self._create(jobs, shard, i, part, by_line, save)
                     if failure is not None:
+                        await release_now(hold)
                         for line in part.lines:
                             if line in by_line:
                                 req = by_line[line]
@@ -305,6 +311,7 @@ class NativeBatchBackend:
                 pending.remove(part)
                 async for result in self._read_back(jobs, part, job, by_line, prices):
                     yield result
+                settled_now(holder(shard, part.lines[0]))  # its results replace its hold once recorded
                 await save()
                 await accumulate_route(self._store, shard)
             if pending:
@@ -335,6 +342,8 @@ class NativeBatchBackend:
                         usage.add(line_usage(obj))
                         continue
                     result = result_from_line(obj, req)
+                    if prices is not None and result.ok:  # the provider bills this line at its batch price
+                        result.cost_usd = prices.cost(result.usage)
                     usage.add(result.usage)
                     yield result
         except Exception as exc:

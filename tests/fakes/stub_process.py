@@ -165,3 +165,16 @@ def directive(text: str, name: str) -> str | None:
     if marker not in text:
         return None
     return text.split(marker, 1)[1].split()[0] if text.split(marker, 1)[1].split() else ""
+
+
+_BILLED = (("billed_input_tokens", ("input_tokens", "prompt_tokens", "promptTokenCount", "inputTokens")),
+           ("billed_output_tokens", ("output_tokens", "completion_tokens", "candidatesTokenCount", "outputTokens")))
+
+
+def bill(counters: Any, usage: Any) -> None:
+    """Count what a batch job's answered line is billed (its usage, in any provider's words) in the stub's
+    `billed_input_tokens` / `billed_output_tokens`: the provider's bill a test compares with our ledger."""
+    if not isinstance(usage, dict):
+        return
+    for counter, names in _BILLED:
+        counters[counter] += next((int(usage[n]) for n in names if isinstance(usage.get(n), int)), 0)

@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.fakes.stub_process import directive, last_user_text, serve, stub_arguments, text_of, words
+from tests.fakes.stub_process import bill, directive, last_user_text, serve, stub_arguments, text_of, words
 
 MAX_REQUESTS = 100_000
 MAX_BYTES = 256 * 1024 * 1024
@@ -187,7 +187,8 @@ class AnthropicStub:
             self._end(batch, "expired")
             return
         for item in batch.requests:
-            batch.results[item["custom_id"]] = _answer(item["params"])
+            answer = batch.results[item["custom_id"]] = _answer(item["params"])
+            bill(self.counters, (answer.get("message") or {}).get("usage"))
         self._end(batch, "canceled")
 
     def _end(self, batch: Batch, unanswered: str) -> None:

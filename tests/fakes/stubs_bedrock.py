@@ -39,7 +39,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.fakes.stub_process import directive, serve, stub_arguments, text_of, words
+from tests.fakes.stub_process import bill, directive, serve, stub_arguments, text_of, words
 
 MAX_RECORDS = 50_000
 _ROLE = re.compile(r"^arn:aws(-[^:]+)?:iam::([0-9]{12})?:role/.+$")
@@ -175,6 +175,7 @@ class BedrockStub:
         lines, errors = [], 0
         for record in records:
             answer = _answer(record["modelInput"], job["modelId"])
+            bill(self.counters, (answer.get("modelOutput") or {}).get("usage"))
             errors += "error" in answer
             lines.append(json.dumps({"recordId": record["recordId"], "modelInput": record["modelInput"], **answer}))
         out_bucket, out_key = _split(output.rstrip("/") + f"/{job_id}/{key.rsplit('/', 1)[-1]}.out")

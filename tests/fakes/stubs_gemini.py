@@ -45,7 +45,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.fakes.stub_process import directive, serve, stub_arguments, words
+from tests.fakes.stub_process import bill, directive, serve, stub_arguments, words
 
 MAX_BYTES = 20 * 1024 * 1024
 MAX_FILE_BYTES = 2 * 1024 * 1024 * 1024
@@ -294,16 +294,21 @@ class GeminiStub:
             batch.op["error"] = {"code": 3, "message": "Batch failed (#batch:fail directive)."}
             self._end(batch, "BATCH_STATE_FAILED")
         elif batch.from_file:  # a file in, a file out: `{key, response | error}` lines
-            lines = [json.dumps({"key": item["key"], **_answer(item["request"], model)}) for item in batch.requests]
+            lines = [json.dumps({"key": item["key"], **self._billed(_answer(item["request"], model))})
+                     for item in batch.requests]
             written = self._store_file("files/batch-" + secrets.token_hex(6), "\n".join(lines).encode() + b"\n", {})
             batch.op["response"] = {"@type": _OUTPUT_TYPE, "responsesFile": written["name"]}
             batch.op["metadata"]["output"] = {"responsesFile": written["name"]}
             self._end(batch, "BATCH_STATE_SUCCEEDED")
         else:
-            answers = [{**_answer(item["request"], model), "metadata": item.get("metadata") or {}}
+            answers = [{**self._billed(_answer(item["request"], model)), "metadata": item.get("metadata") or {}}
                        for item in batch.requests]
             batch.op["response"] = {"@type": _OUTPUT_TYPE, "inlinedResponses": {"inlinedResponses": answers}}
             self._end(batch, "BATCH_STATE_SUCCEEDED")
+
+    def _billed(self, answer: dict[str, Any]) -> dict[str, Any]:
+        bill(self.counters, (answer.get("response") or {}).get("usageMetadata"))
+        return answer
 
     def _end(self, batch: Batch, state: str) -> None:
         batch.op["metadata"].update(state=state, endTime=_now(), updateTime=_now())

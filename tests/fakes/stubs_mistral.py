@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.fakes.stub_process import directive, last_user_text, serve, stub_arguments, words
+from tests.fakes.stub_process import bill, directive, last_user_text, serve, stub_arguments, words
 
 MAX_REQUESTS = 1_000_000
 MAX_FILE_BYTES = 512 * 1024 * 1024
@@ -176,6 +176,8 @@ class MistralStub:
         ok, failed = [], []
         for line in job.lines:
             status, body = _answer(job.obj["endpoint"], job.obj["model"], line["body"])
+            if status == 200:
+                bill(self.counters, body.get("usage"))
             out = {"id": "batch-" + secrets.token_hex(6), "custom_id": line["custom_id"],
                    "response": {"status_code": status, "body": body}, "error": None}
             (ok if status == 200 else failed).append(json.dumps(out) + "\n")

@@ -44,7 +44,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.fakes.stub_process import directive, serve, stub_arguments
+from tests.fakes.stub_process import bill, directive, serve, stub_arguments
 from tests.fakes.stubs_gemini import _CONTENT_FIELDS, _GENERATION_FIELDS, _PART_FIELDS, _REQUEST_FIELDS, _answer
 
 _STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
@@ -226,7 +226,10 @@ class VertexStub:
                           4 if expired else 13)
                 return
             model = _MODEL.match(job["model"]).group(2)  # type: ignore[union-attr]
-            out = [json.dumps(_row(r["request"], model)) for r in reversed(rows)]
+            answered = [_row(r["request"], model) for r in reversed(rows)]
+            for row in answered:
+                bill(self.counters, (row.get("response") or {}).get("usageMetadata"))
+            out = [json.dumps(row) for row in answered]
             bucket, prefix = _gs(job["outputConfig"]["gcsDestination"]["outputUriPrefix"])
             directory = f"{prefix.rstrip('/')}/prediction-model-{datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%S.%fZ')}"
             put = await client.post(f"{self.gcs}/upload/storage/v1/b/{bucket}/o", params={

@@ -76,3 +76,68 @@ def test_a_budget_crossed_mid_batch_stops_it_and_survives_a_restart(
     finally:
         if redis is not None:
             redis.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_two_batches_at_once_overshoot_by_at_most_the_requests_in_flight(
+    mode: str, upstream: Upstream, tmp_path: Path
+) -> None:
+    """Each real-time request is granted against the budget in the store as it starts (not a reading every
+    half second): two batches of one team, eight requests at once, spend past `max_budget` by at most what
+    was in flight when it was reached (eight lines' cost), and every unrun line says `budget_exceeded`."""
+    budget, in_flight = 0.05, 8
+    config = gateway_config(upstream, models=(MODEL,), teams=[{"team_id": "thrifty", "api_keys": ["sk-thrifty"],
+                                                                "max_budget": budget}],
+                            shard_size=25, max_concurrency=in_flight, master_key="sk-admin")
+    config["model_list"][0]["model_info"] = {"input_cost_per_token": PRICE, "output_cost_per_token": PRICE}
+    with serve(mode, config, tmp_path / "data") as gw:
+        client = gw.client("sk-thrifty")
+        first, second = (submit(client, lines(100, tag, sleep_ms=50)) for tag in ("one", "two"))
+        ends = [until(gw, "sk-thrifty", b.id, finished, timeout=90) for b in (first, second)]
+        ran = sum(e.request_counts.completed for e in ends if e.request_counts is not None)
+        spend = metric(gw, "batchyard_team_spend_usd", team="thrifty")
+        assert spend is not None and spend == pytest.approx(ran * 7 * PRICE), (spend, ran)
+        assert budget <= spend <= budget + in_flight * 7 * PRICE + 1e-9, (spend, ran)
+        for end in ends:
+            errors = [json.loads(x) for x in client.files.content(end.error_file_id or "").text.splitlines()]
+            assert {e["error"]["code"] for e in errors} <= {"budget_exceeded"}
+
+
+def _estimate_lines(tag: str, n: int = 6) -> list[dict[str, Any]]:
+    """`n` lines each bounded to 1000 output tokens: at $0.0001 an output token (input free), $0.10 each."""
+    return [{"custom_id": f"{tag}-{i}", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": MODEL, "max_tokens": 1000,
+                      "messages": [{"role": "user", "content": f"#sleep:3000 {tag} {i}"}]}} for i in range(n)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_create_reserves_its_estimate_and_one_that_does_not_fit_gets_insufficient_quota(
+    mode: str, upstream: Upstream, tmp_path: Path
+) -> None:
+    """`budget_reservation: estimate`: a create estimated at $0.60 holds it of a $1.00 budget; a second one of
+    $0.60 while the first runs is refused with 429 in OpenAI's `insufficient_quota` shape, with the numbers.
+    Once the first has ended its hold is released (its few cents of results are spent), and the second fits.
+    (Two creates at the same instant: tests/servers/test_reservations.py.)"""
+    teams = [{"team_id": "careful", "api_keys": ["sk-careful"], "max_budget": 1.0, "budget_reservation": "estimate"}]
+    config = gateway_config(upstream, models=(MODEL,), teams=teams, max_concurrency=1, master_key="sk-admin")
+    config["model_list"][0]["model_info"] = {"input_cost_per_token": 0.0, "output_cost_per_token": 1e-4}
+    with serve(mode, config, tmp_path / "data") as gw:
+        client = gw.client("sk-careful").with_options(timeout=120)  # the first estimate starts the processes
+        files = [client.files.create(file=(f"{tag}.jsonl", "".join(json.dumps(x) + "\n" for x in _estimate_lines(tag))
+                                           .encode()), purpose="batch") for tag in ("a", "b")]
+
+        def create(file_id: str) -> Any:
+            return client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                         completion_window="24h")
+
+        first = create(files[0].id)
+        with pytest.raises(openai.RateLimitError) as refused:
+            create(files[1].id)
+        error = refused.value.response.json()["error"]
+        assert (error["type"], error["code"]) == ("insufficient_quota", "insufficient_quota"), error
+        assert "0.600000 USD" in error["message"] and "max_budget 1.0 USD" in error["message"], error
+        assert "held by running batches 0.600000 USD" in error["message"], error
+        end = until(gw, "sk-careful", first.id, finished, timeout=90)
+        assert end.status == "completed" and end.request_counts is not None and end.request_counts.completed == 6
+        again = create(files[1].id)  # the first batch's hold is gone; its spend is cents
+        assert until(gw, "sk-careful", again.id, finished, timeout=90).status == "completed"

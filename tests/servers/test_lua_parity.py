@@ -3,6 +3,8 @@ and a 3-master Redis Cluster: `any_redis`).
 
 - The quota rule: `gateway.store.quota.exceeded` (the SQLite ledger's) and the ADMIT script of
   `gateway.store.redis.quota`, on the same admitted batches and the same new batch.
+- The budget hold: `gateway.store.quota.fitting` (the SQLite ledger's) and the RESERVE script of
+  `gateway.store.redis.quota`, on the same holds and the same new one.
 - The rate grant: `gateway.store.rates.grantable` (the SQLite windows') and the take script of
   `gateway.store.redis.rates`, on the same window (requests and tokens counted already) and the same ask.
 - The fair pick: `gateway.scheduling.fairness.pick` over the SQLite queue's rows, and the Redis queue's claim
@@ -25,7 +27,7 @@ from gateway.scheduling.fairness import Candidate, pick
 from gateway.store.quota import MAX_ACTIVE_BATCHES as BATCHES
 from gateway.store.quota import MAX_ENQUEUED_REQUESTS as REQUESTS
 from gateway.store.quota import MODEL_MAX_ENQUEUED_REQUESTS as PER_MODEL
-from gateway.store.quota import TeamLimits, exceeded
+from gateway.store.quota import TeamLimits, exceeded, fitting
 from gateway.store.rates import grantable, window_of
 from gateway.store.redis.connection import open_redis
 from gateway.store.redis.keys import GROUP
@@ -80,6 +82,45 @@ def test_the_quota_rule_in_lua_and_in_python(
             python = exceeded(await lua.usage("team"), requests, by_model, limits)
             return (await lua.admit("team", "new", requests, limits, by_model), python,
                     await sqlite.quota.admit("team", "new", requests, limits, by_model))
+        finally:
+            await client.aclose()
+            await sqlite.aclose()
+
+    assert run_apart(scenario()) == (expected, expected, expected)
+
+
+# -- the budget hold ---------------------------------------------------------------------------------
+
+# (what other holders hold, the limit, the new hold's line costs, how many fit)
+HOLDS: list[tuple[list[float], float, list[float], int]] = [
+    ([], 1.0, [0.25, 0.25, 0.25, 0.25], 4),  # exactly the limit
+    ([], 1.0, [0.25, 0.25, 0.25, 0.25, 0.01], 4),
+    ([0.5], 1.0, [0.2, 0.2, 0.2], 2),
+    ([0.5, 0.5], 1.0, [0.0001], 0),  # the budget is held whole
+    ([0.7], 0.5, [0.1], 0),  # held past a lowered limit: none, never a negative room
+    ([], 1.0, [2.0, 0.1], 0),  # a prefix only: a later cheap line does not jump the queue
+    ([0.1, 0.2], 0.6, [0.1, 0.1, 0.1, 0.1], 3),  # 0.1 + 0.2 + 0.3: float sums within the slack
+    ([], 0.0, [0.0, 0.0], 2),  # unpriced lines hold nothing, and fit
+    ([], 5.0, [], 0),
+]
+
+
+@pytest.mark.parametrize(("held", "limit", "costs", "expected"), HOLDS)
+def test_the_budget_hold_in_lua_and_in_python(any_redis: RedisServer | RedisClusterServers, tmp_path: Path,
+                                              held: list[float], limit: float, costs: list[float],
+                                              expected: int) -> None:
+    async def scenario() -> tuple[int, int, int]:
+        any_redis.flush()
+        client, keys = await open_redis(any_redis.url)  # on a cluster: the spend and the holds in one slot
+        lua = RedisQuotaLedger(client, keys)
+        sqlite = SQLiteStore(tmp_path / "h.sqlite3")
+        try:
+            for i, usd in enumerate(held):
+                for ledger in (lua, sqlite.quota):
+                    assert await ledger.reserve("team", 0, f"other{i}/", [usd], 10.0) == 1
+            python, _ = fitting(limit - sum(held), costs)
+            return (await lua.reserve("team", 0, "new/", costs, limit), python,
+                    await sqlite.quota.reserve("team", 0, "new/", costs, limit))
         finally:
             await client.aclose()
             await sqlite.aclose()

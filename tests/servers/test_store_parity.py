@@ -243,6 +243,25 @@ async def _quota(store: Store) -> list[Any]:
     journaled = sum(r.cost_usd or 0 for r in await store.ledger.journal(shard))
     out.append([await quota.spend("t", 100), await quota.spend("t", 0), await quota.spend("u", 100), journaled])
     assert await quota.spend("t", 100) == journaled == 0.875  # the spend is the cost of what is journaled
+    # Holds against a $1 budget: the spend (0.875 in period 100) and the other holds leave the room.
+    out.append(await quota.reserve("t", 100, "b/0/1/", [0.05, 0.05, 0.05], 1.0))  # room 0.125: two fit
+    out.append(await quota.reserve("t", 100, "c/0/1/", [0.02, 0.01], 1.0))  # room 0.025: one
+    out.append(await quota.reserve("t", 100, "b/0/1/", [0.05, 0.05, 0.05], 1.0))  # its own hold replaced: two
+    out.append(await quota.reserve("t", 0, "d/0/1/", [0.5, 0.5], 1.0))  # no spend in period 0: 0.88 left, one
+    out.append(await quota.reserve("t", 100, "e/0/1/", [0.001], 1.0))  # nothing left: none, and no hold
+    out.append(await quota.reserve("t", 100, "f/0/1/", [], 1.0))
+    out.append(await quota.reserve("u", 100, "b/0/1/", [0.4], 0.5))  # another team holds apart
+    out.append({h: round(usd, 9) for h, usd in (await quota.reserved("t")).items()})
+    await quota.shrink("t", "c/0/1/", 0.015)
+    await quota.shrink("t", "d/0/1/", 0.75)  # never below nothing
+    await quota.shrink("t", "nope/", 0.1)  # nothing held: nothing made
+    out.append({h: round(usd, 9) for h, usd in (await quota.reserved("t")).items()})
+    await quota.unreserve("t", "b/")
+    await quota.unreserve("t", "nope/")
+    out.append({h: round(usd, 9) for h, usd in (await quota.reserved("t")).items()})
+    out.append({h: round(usd, 9) for h, usd in (await quota.reserved("u")).items()})
+    assert out[-11:-4] == [2, 1, 2, 1, 0, 0, 1] and out[-4] == {"b/0/1/": 0.1, "c/0/1/": 0.02, "d/0/1/": 0.5}
+    assert out[-3] == {"b/0/1/": 0.1, "c/0/1/": 0.005, "d/0/1/": 0.0}, out[-3]
     return out
 
 

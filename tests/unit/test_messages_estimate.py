@@ -4,7 +4,7 @@ output is bounded by its `max_tokens`, as a chat line's is."""
 from __future__ import annotations
 
 from gateway.domain import Endpoint
-from gateway.estimate.tokens import Limit, TokenCounter, output_bound
+from gateway.lines.tokens import Limit, TokenCounter, output_bound
 
 BODY = {"model": "m", "max_tokens": 7, "system": [{"type": "text", "text": "abcd" * 3}],
         "messages": [{"role": "user", "content": [{"type": "text", "text": "efgh" * 5}]},

@@ -83,6 +83,8 @@ quotas (`RedisQuotaLedger`, `RedisRates`, `RedisStorageLedger`)
                                       a batch's fields go when it is settled (`gateway.store.redis.spend`)
     {t}:spend-settled:{batch} string  "1": the batch's spend is settled, later moves do nothing (expires a day
                                       after the settle)
+    {t}:reserved              hash    holder ("{batch}/{shard}/{line}/": a native provider job) -> USD reserved of
+                                      the budget until its results are in `spend` (gateway.store.quota)
     {t}:storage               hash    file id -> bytes, for each upload counted against the team's storage
                                       (RedisStorageLedger, gateway.store.storage)
     {t}:storage-pending       hash    file id -> when last checked, for the entries of running uploads and
@@ -249,6 +251,9 @@ class Keys:
 
     def spend(self, team: str) -> str:
         return f"{self.team_tag(team)}:spend"
+
+    def reserved(self, team: str) -> str:
+        return f"{self.team_tag(team)}:reserved"
 
     def spend_moved(self, team: str) -> str:
         return f"{self.team_tag(team)}:spend-moved"

@@ -1,13 +1,13 @@
 """The embedded `QuotaLedger`: tables in the embedded SQLite file (see `gateway.store.sqlite.store`),
 checked and written in one transaction. `team_spend` is written by `SQLiteLedger.record_results`, in the
-transaction that journals the results."""
+transaction that journals the results; `team_reserved` holds what is reserved of it (`quota.fitting`)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
-from gateway.store.quota import TeamLimits, TeamUsage, exceeded
+from gateway.store.quota import TeamLimits, TeamUsage, exceeded, fitting
 from gateway.store.sqlite.db import Database, immediate, off_loop
 
 SCHEMA = """
@@ -22,6 +22,9 @@ CREATE TABLE IF NOT EXISTS quota_models (
 CREATE INDEX IF NOT EXISTS quota_models_team ON quota_models(team);
 CREATE TABLE IF NOT EXISTS team_spend (
     team TEXT NOT NULL, period INTEGER NOT NULL, usd REAL NOT NULL, PRIMARY KEY (team, period)
+);
+CREATE TABLE IF NOT EXISTS team_reserved (
+    team TEXT NOT NULL, holder TEXT NOT NULL, usd REAL NOT NULL, PRIMARY KEY (team, holder)
 );
 """
 
@@ -69,6 +72,38 @@ class SQLiteQuotaLedger:
     def spend(self, team: str, period: int) -> float:
         row = self._db.execute("SELECT usd FROM team_spend WHERE team = ? AND period = ?", (team, period)).fetchone()
         return float(row[0]) if row else 0.0
+
+    @off_loop
+    def reserve(self, team: str, period: int, holder: str, costs: Sequence[float], limit: float) -> int:
+        with immediate(self._db):  # the spend, the other holds and the new one under one lock
+            row = self._db.execute("SELECT usd FROM team_spend WHERE team = ? AND period = ?",
+                                   (team, period)).fetchone()
+            (held,) = self._db.execute("SELECT COALESCE(SUM(usd), 0) FROM team_reserved WHERE team = ? AND holder != ?",
+                                       (team, holder)).fetchone()
+            room = float(limit) - (float(row[0]) if row else 0.0) - float(held)
+            count, total = fitting(room, costs)
+            if count:
+                self._db.execute("INSERT OR REPLACE INTO team_reserved VALUES (?, ?, ?)", (team, holder, total))
+            else:
+                self._db.execute("DELETE FROM team_reserved WHERE team = ? AND holder = ?", (team, holder))
+        return count
+
+    @off_loop
+    def shrink(self, team: str, holder: str, usd: float) -> None:
+        with immediate(self._db):
+            self._db.execute("UPDATE team_reserved SET usd = MAX(usd - ?, 0.0) WHERE team = ? AND holder = ?",
+                             (usd, team, holder))
+
+    @off_loop
+    def unreserve(self, team: str, prefix: str) -> None:
+        with immediate(self._db):
+            self._db.execute("DELETE FROM team_reserved WHERE team = ? AND substr(holder, 1, ?) = ?",
+                             (team, len(prefix), prefix))
+
+    @off_loop
+    def reserved(self, team: str) -> dict[str, float]:
+        rows = self._db.execute("SELECT holder, usd FROM team_reserved WHERE team = ?", (team,)).fetchall()
+        return {str(h): float(u) for h, u in rows}
 
 
 __all__ = ["SCHEMA", "SQLiteQuotaLedger"]

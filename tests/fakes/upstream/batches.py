@@ -268,6 +268,9 @@ class FilesAndBatches:
             (ok if status < 300 else failed).append(_dumps(out))
             if status < 300:
                 _add_usage(usage, reply.get("usage") or {})
+                billed = self.counters.billed.setdefault(line.model, {"input": 0, "output": 0})
+                billed["input"] += int((reply.get("usage") or {}).get("prompt_tokens") or 0)
+                billed["output"] += int((reply.get("usage") or {}).get("completion_tokens") or 0)
         obj["request_counts"].update(completed=len(ok), failed=len(failed))
         batch_id = obj["id"]
         if ok:

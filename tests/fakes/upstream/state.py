@@ -61,6 +61,8 @@ class Counters:
     traceparents: list[str] = field(default_factory=list)
     # any other trace header they carried (`tracestate`, `baggage`, ...), as "name: value"
     trace_headers: list[str] = field(default_factory=list)
+    # model -> the tokens its batch jobs' answered lines are billed, {"input": n, "output": n}
+    billed: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> JSON:
         return {
@@ -74,6 +76,7 @@ class Counters:
             "batches_created": self.batches_created,
             "traceparents": self.traceparents,
             "trace_headers": self.trace_headers,
+            "billed": self.billed,
         }
 
 
