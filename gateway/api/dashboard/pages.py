@@ -38,7 +38,7 @@ from gateway.api.http_errors import ApiError
 from gateway.api.teams_view import team_states
 from gateway.callers.logins import SESSION_TTL_SECONDS
 from gateway.domain import MESSAGE_BATCH_KIND
-from gateway.pipeline.sweeper import unavailable_routes
+from gateway.pipeline.sweeper import background_routes, unavailable_routes
 from gateway.store.faults import noticed, waiting_words
 from gateway.store.objects import BatchRecord, Page
 from gateway.store.protocols import Store
@@ -236,7 +236,8 @@ async def _batches(
     unavailable = unavailable_routes(workers)
     now = time.time()
     waiting = waiting_words(_paused(workers))
-    return page, [batch_view(r, s, p, now, unavailable, waiting)
+    background = background_routes(workers)
+    return page, [batch_view(r, s, p, now, unavailable, waiting, background)
                   for r, s, p in zip(wanted, stats, planned, strict=True)]
 
 

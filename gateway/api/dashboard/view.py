@@ -26,6 +26,7 @@ class RouteRow:
     stats: RouteStats
     planned: int | None = None  # the route's requests in this batch, while it runs (from its shards)
     unavailable: str | None = None  # why a worker cannot run this route (its engine cannot start), if so
+    background: str | None = None  # a background route's pacing on its shared server (`background_words`)
 
     @property
     def progress(self) -> str:
@@ -80,6 +81,7 @@ class BatchView:
 def batch_view(
     rec: BatchRecord, routes: dict[str, RouteStats], planned: dict[str, int] | None = None, now: float | None = None,
     unavailable: Mapping[str, str] | None = None, waiting: str | None = None,
+    background: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> BatchView:
     """`planned`: requests per route (from the batch's shards), so a running batch lists every route
     from the start, each with its own done / total. `unavailable`: route -> why a worker cannot run it."""
@@ -92,7 +94,9 @@ def batch_view(
     routes = {name: _with_route_cost(stats, rec.routes.get(name)) for name, stats in routes.items()}
     names = sorted(set(routes) | set(planned), key=lambda n: (n == "", n))  # the validation bucket last
     unavailable = unavailable or {}
-    rows = [RouteRow(n, routes.get(n) or RouteStats(), planned.get(n), unavailable.get(n)) for n in names]
+    paced = background or {}
+    rows = [RouteRow(n, routes.get(n) or RouteStats(), planned.get(n), unavailable.get(n),
+                     background_words(paced[n]) if n in paced and not rec.status.finished else None) for n in names]
     return BatchView(
         id=rec.id,
         status=rec.status.value,
@@ -116,6 +120,16 @@ def batch_view(
         waiting=None if rec.status.finished else waiting,
         trace_id=tracing.trace_id(rec.trace_context),
     )
+
+
+def background_words(state: Mapping[str, Any]) -> str:
+    """A background route's pacing in a few words: in flight of allowed, the server's queue, what to know."""
+    words = f"background: {state.get('in_flight', 0)} in flight of {state.get('allowed', 0)} allowed"
+    if state.get("metrics_up") is False:
+        words += " (the server's /metrics cannot be read: low fixed concurrency)"
+    elif state.get("server_waiting") is not None:
+        words += f", server waiting {state['server_waiting']}"
+    return words + (f"; {state['notice']}" if state.get("notice") else "")
 
 
 def _with_route_cost(stats: RouteStats, summary: Any) -> RouteStats:
