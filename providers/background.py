@@ -131,7 +131,8 @@ class BackgroundRoute:
         ask = ShareAsk(self.route, self.worker, want, held, time.time(), initial=floor)
         state = await self._shares.share_concurrency(ask)
         if ask.now - state.stepped_at >= self._every * 0.8:
-            target = (self._aimd.step(state.allowed, load, state.reserved, self.ceiling) if load is not None
+            target = (self._aimd.step(state.allowed, load, state.reserved, self.ceiling, self.priority)
+                      if load is not None
                       else floor)
             if target != state.allowed:
                 ask = ShareAsk(self.route, self.worker, want, held, ask.now, ask.initial, (state.version, target))

@@ -64,10 +64,14 @@ class Aimd:
     increase: int = 1
     decrease: float = 0.5
 
-    def step(self, allowed: int, load: ServerLoad, in_use: int, ceiling: int) -> int:
+    def step(self, allowed: int, load: ServerLoad, in_use: int, ceiling: int, prioritised: bool = False) -> int:
         """The next allowed concurrency: `in_use` is what the route holds now (every worker's part); it grows
-        only while the limit is what holds the route back (RFC 7661: a limit not used is not probed)."""
-        if load.waiting > 0:
+        only while the limit is what holds the route back (RFC 7661: a limit not used is not probed).
+
+        `prioritised`: the server serves our lines after live ones (vLLM's priority scheduling), so a short
+        queue is ours and costs a live request at most a wait for the next free slot: up to an eighth of the
+        server's running count may wait before it backs off. Without it, any request waiting is too many."""
+        if load.waiting > (max(1, load.running // 8) if prioritised else 0):
             return max(self.floor, min(ceiling, int(allowed * self.decrease)))
         if in_use >= allowed - 1:
             return max(self.floor, min(ceiling, allowed + self.increase))
