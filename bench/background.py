@@ -42,11 +42,13 @@ def _batch(url: str, mode: str, lines: int, concurrency: int, ready: Any, go: An
     from gateway.domain import BatchRequest, Endpoint
     from providers.litellm_backend import LiteLLMBackend
 
-    info: dict[str, Any] = {"batch_mode": "background"} if mode == "background" else {}
-    config = parse_config({"model_list": [{"model_name": "batch", "max_parallel_requests": concurrency,
-                                           "litellm_params": {"model": f"hosted_vllm/{MODEL}",
-                                                              "api_base": url + "/v1", "api_key": "none"},
-                                           "model_info": info}]})
+    # today's route: the pass-through at batch_settings.max_concurrency (the backend's bound); background: paced
+    # within its max_parallel_requests
+    entry: dict[str, Any] = {"model_name": "batch", "litellm_params": {"model": f"hosted_vllm/{MODEL}",
+                                                                       "api_base": url + "/v1", "api_key": "none"}}
+    if mode == "background":
+        entry.update(max_parallel_requests=concurrency, model_info={"batch_mode": "background"})
+    config = parse_config({"model_list": [entry]})
     requests = [BatchRequest(line=i + 1, custom_id=f"r{i}", url=Endpoint.CHAT,
                              body={"model": "batch", "messages": [{"role": "user", "content": f"line {i}"}]})
                 for i in range(lines)]
