@@ -13,6 +13,10 @@ throughput while live traffic ran as a share of the spare capacity, the server's
 whether every line answered 200. Aims (background): live p99 <= 1.3x alone, batch >= 60% of the spare
 capacity, waiting queue <= half the slots on average, every line 200.
 
+`--server URL --model NAME` runs the same against a real server instead (`bench/background_vllm.sh` starts
+`vllm serve` on the CPU engine with `--scheduling-policy priority`): give its `--capacity` (max_num_seqs) and
+a `--service-ms` measured alone; its waiting queue is then sampled from its /metrics every 100 ms.
+
 Not a test: the figures need a quiet machine (the load average is printed).
 """
 
@@ -20,10 +24,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,7 +40,37 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 MODEL = "shared-model"
 
 
-def _batch(url: str, mode: str, lines: int, concurrency: int, ready: Any, go: Any, out: Any) -> None:
+class External:
+    """A real server in the stand-in's place: its /metrics sampled for the waiting queue's mean."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.samples: list[tuple[float, float]] = []
+
+    def reset(self) -> None:
+        self.samples = []
+
+    async def sample(self, seconds: float) -> None:
+        import aiohttp
+
+        from gateway.scheduling.busy_server import read_load
+
+        async with aiohttp.ClientSession() as session:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                async with session.get(self.url + "/metrics") as reply:
+                    load = read_load(await reply.text(), MODEL)
+                if load is not None:
+                    self.samples.append((load.waiting, load.running))
+                await asyncio.sleep(0.1)
+
+    def stats(self) -> dict[str, Any]:
+        n = max(len(self.samples), 1)
+        return {"mean_waiting": sum(w for w, _ in self.samples) / n,
+                "mean_running": sum(r for _, r in self.samples) / n}
+
+
+def _batch(url: str, model: str, mode: str, lines: int, concurrency: int, ready: Any, go: Any, out: Any) -> None:
     """The child: one route's backend (LiteLLM's Router, the pass-through) running the batch."""
     from gateway.config.schema import parse_config
     from gateway.domain import BatchRequest, Endpoint
@@ -44,7 +78,7 @@ def _batch(url: str, mode: str, lines: int, concurrency: int, ready: Any, go: An
 
     # today's route: the pass-through at batch_settings.max_concurrency (the backend's bound); background: paced
     # within its max_parallel_requests
-    entry: dict[str, Any] = {"model_name": "batch", "litellm_params": {"model": f"hosted_vllm/{MODEL}",
+    entry: dict[str, Any] = {"model_name": "batch", "litellm_params": {"model": f"hosted_vllm/{model}",
                                                                        "api_base": url + "/v1", "api_key": "none"}}
     if mode == "background":
         entry.update(max_parallel_requests=concurrency, model_info={"batch_mode": "background"})
@@ -111,7 +145,7 @@ def run_case(stub: Any, mode: str | None, args: argparse.Namespace) -> dict[str,
         ctx = mp.get_context("spawn")
         ready, go, out = ctx.Event(), ctx.Event(), ctx.Queue()
         concurrency = args.today_concurrency if mode == "today" else args.capacity * 2
-        child = ctx.Process(target=_batch, args=(stub.url, mode, args.lines, concurrency, ready, go, out))
+        child = ctx.Process(target=_batch, args=(stub.url, MODEL, mode, args.lines, concurrency, ready, go, out))
         child.start()
         if not ready.wait(120):
             raise RuntimeError("the batch process did not start")
@@ -119,7 +153,13 @@ def run_case(stub: Any, mode: str | None, args: argparse.Namespace) -> dict[str,
     began = time.time()
     if child is not None:
         go.set()
-    latencies = asyncio.run(_live(stub.url, rate, args.seconds, seed=7))
+    if isinstance(stub, External):
+        async def both() -> list[float]:
+            latencies, _ = await asyncio.gather(_live(stub.url, rate, args.seconds, seed=7), stub.sample(args.seconds))
+            return latencies
+        latencies = asyncio.run(both())
+    else:
+        latencies = asyncio.run(_live(stub.url, rate, args.seconds, seed=7))
     ended = time.time()
     server = stub.stats()
     row: dict[str, Any] = {"mode": mode or "alone", "p50_ms": 1000 * _pct(latencies, 0.5),
@@ -146,19 +186,25 @@ def main() -> None:
     parser.add_argument("--policy", choices=("priority", "fcfs"), default="priority",
                         help="the server's --scheduling-policy (fcfs: it refuses priority, the route goes without)")
     parser.add_argument("--cases", default="alone,today,background")
+    parser.add_argument("--server", default=None, help="a real server's base URL (no /v1) instead of the stand-in")
+    parser.add_argument("--model", default=MODEL, help="the model the server serves (with --server)")
     args = parser.parse_args()
+    globals()["MODEL"] = args.model  # run_case sends it to the batch process
     from tests.fakes.stub_process import start_stub
 
     print(f"load average at start: {os.getloadavg()}")
     stub_args = ["--capacity", str(args.capacity), "--service-ms", str(args.service_ms), "--model", MODEL,
                  "--scheduling-policy", args.policy]
     rows = []
-    with start_stub("tests.fakes.stubs_vllm", stub_args) as stub:
+    with contextlib.nullcontext(External(args.server)) if args.server else start_stub(
+            "tests.fakes.stubs_vllm", stub_args) as stub:
         for case in args.cases.split(","):
             rows.append(run_case(stub, None if case == "alone" else case, args))
             print(rows[-1], flush=True)
     alone = next((r for r in rows if r["mode"] == "alone"), None)
-    print(f"\ncapacity {args.capacity}, {args.service_ms:.0f} ms a request, live Poisson at {args.live_share:.0%} "
+    where = f"server {args.server}" if args.server else "the stand-in"
+    print(f"\n{where}: capacity {args.capacity}, {args.service_ms:.0f} ms a request, "
+          f"live Poisson at {args.live_share:.0%} "
           f"for {args.seconds:.0f} s, a {args.lines}-line batch, server --scheduling-policy {args.policy}")
     print(f"{'run':<12}{'live p50':>10}{'live p99':>10}{'p99/alone':>11}{'batch/spare':>13}{'waiting':>9}"
           f"{'batch wall':>12}{'all 200':>9}")
@@ -167,7 +213,7 @@ def main() -> None:
         share = f"{r['batch_share']:.0%}" if "batch_share" in r else "-"
         wall = f"{r['batch_wall_s']:.1f} s" if "batch_wall_s" in r else "-"
         print(f"{r['mode']:<12}{r['p50_ms']:>8.0f}ms{r['p99_ms']:>8.0f}ms{ratio:>11}{share:>13}"
-              f"{r['mean_waiting']:>9.2f}{wall:>12}{str(r.get('all_200', '-')):>9}")
+              f"{r['mean_waiting']:>9.2f}{wall:>12}{r.get('all_200', '-')!s:>9}")
     print(f"load average at end: {os.getloadavg()}")
 
 

@@ -25,7 +25,6 @@ import aiohttp
 from gateway import metrics, tracing
 from gateway.config.routes import BackgroundServer
 from gateway.domain import Result
-from gateway.scheduling.fairness import FairSlots
 from gateway.scheduling.busy_server import (
     FALLBACK_CONCURRENCY,
     STEP_SECONDS,
@@ -36,6 +35,7 @@ from gateway.scheduling.busy_server import (
     ShareState,
     read_load,
 )
+from gateway.scheduling.fairness import FairSlots
 
 log = logging.getLogger("batchyard.providers")
 
@@ -142,7 +142,7 @@ class BackgroundRoute:
         metrics.set_pacing(self.route, allowed=state.allowed, in_flight=self.slots.used,
                            waiting=load.waiting if load is not None else None, metrics_up=load is not None)
         if before != state.allowed:
-            attrs = {"batchyard.background.metrics_up": load is not None}
+            attrs: dict[str, bool | int] = {"batchyard.background.metrics_up": load is not None}
             if load is not None:
                 attrs.update({"batchyard.background.server_waiting": load.waiting,
                               "batchyard.background.server_running": load.running})

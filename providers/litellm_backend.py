@@ -29,8 +29,8 @@ from gateway.config.routes import Route
 from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.lines.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecognized, unsupported, upstream_fields
 from gateway.lines.media_urls import refused_media
-from gateway.scheduling.fairness import FairSlots
 from gateway.scheduling.busy_server import ConcurrencyShares, LocalShares
+from gateway.scheduling.fairness import FairSlots
 from gateway.tracing import genai
 from providers import litellm_setup
 from providers.background import BackgroundRoute, priority_refused

@@ -2,7 +2,8 @@
 
 No network, no engine started, nothing written: the file is loaded (includes merged, environment_variables
 set, every key checked), then each model_name is printed with its route kind (local, pass-through,
-LiteLLM, native), provider, limits and prices, then the LiteLLM settings batchyard does not apply.
+LiteLLM, native; a `batch_mode: background` route marked so), provider, limits and prices, then the LiteLLM
+settings batchyard does not apply.
 Exit status 0, or 2 with the error.
 
 The printer takes one `RouteRow` per model name (`route_rows`), so a route of another shape (a wildcard,
@@ -32,7 +33,7 @@ class RouteRow:
     """One model name of the config as `config check` prints it."""
 
     model_name: str
-    kind: str  # local, pass-through, LiteLLM, native
+    kind: str  # local, pass-through, LiteLLM, native; "(background)" after a batch_mode: background route's
     provider: str  # the deployments' providers, comma-separated
     rpm: int | None  # per window, all deployments together; None: unbounded
     tpm: int | None
@@ -48,7 +49,8 @@ def add_parser(sub: Any) -> None:
         "check", help="load a config as serve would and print its routes and the settings it does not apply",
         description="Load FILE as `batchyard serve` would (includes merged, environment_variables set, every key "
         "checked; no network, no engine started) and print each model_name with its route kind (local, "
-        "pass-through, LiteLLM, native), provider, limits (rpm, tpm, max_parallel_requests of its deployments "
+        "pass-through, LiteLLM, native; a batch_mode: background route marked so), provider, limits (rpm, tpm, "
+        "max_parallel_requests of its deployments "
         "together) and prices (USD per 1M input / output tokens), then the LiteLLM settings batchyard does not "
         "apply. Exit status 0, or 2 with the error.",
     )
@@ -107,7 +109,8 @@ def route_rows(config: Config) -> list[RouteRow]:
     upstream = [d for r in config.routes.values() if r.kind is RouteKind.UPSTREAM for d in r.model_list()]
     wire = wire_groups(upstream, config.litellm_settings)
     kinds = {RouteKind.LOCAL: "local", RouteKind.NATIVE: "native"}
-    return [route_row(route, kinds.get(route.kind) or ("pass-through" if name in wire else "LiteLLM"))
+    return [route_row(route, (kinds.get(route.kind) or ("pass-through" if name in wire else "LiteLLM"))
+                      + (" (background)" if route.background is not None else ""))
             for name, route in sorted(config.routes.items())]
 
 

@@ -25,8 +25,8 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from gateway.domain import BatchStatus, Result, RouteStats, Shard
-from gateway.scheduling.pacing import RateWindows  # the contract scheduling owns; each store implements it
 from gateway.scheduling.busy_server import ShareAsk, ShareState
+from gateway.scheduling.pacing import RateWindows  # the contract scheduling owns; each store implements it
 from gateway.store.idempotency import IdempotencyEntry
 from gateway.store.objects import BatchFields, BatchRecord, Delivery, FileRecord, Page
 from gateway.store.quota import SpendTo, TeamLimits, TeamUsage

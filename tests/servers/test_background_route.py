@@ -28,7 +28,8 @@ MODEL = "shared-model"
 @pytest.fixture
 def server(request: pytest.FixtureRequest) -> Iterator[Stub]:
     args = getattr(request, "param", ["--scheduling-policy", "priority"])
-    with start_stub("tests.fakes.stubs_vllm", ["--capacity", "8", "--service-ms", "40", "--model", MODEL, *args]) as stub:
+    stub_args = ["--capacity", "8", "--service-ms", "40", "--model", MODEL, *args]
+    with start_stub("tests.fakes.stubs_vllm", stub_args) as stub:
         yield stub
 
 
@@ -85,7 +86,8 @@ def test_a_background_batch_goes_at_low_priority_paced_and_every_line_answers(se
     results, pacing = asyncio.run(main())
     assert [r.status_code for r in results[:-1]] == [200] * 120
     refused = results[-1]
-    assert refused.status_code == 400 and refused.body["error"]["param"] == "priority"  # a control field
+    assert refused.status_code == 400 and refused.body is not None
+    assert refused.body["error"]["param"] == "priority"  # a control field
     stats = server.stats()
     assert stats["served"] == {"10": 120} and stats["metrics_reads"] > 0
     assert 1 <= pacing["batch"]["allowed"] <= 16 and pacing["batch"]["metrics_up"] is True
@@ -111,7 +113,8 @@ def test_a_server_that_refuses_priority_is_said_once_and_the_lines_go_without_it
     assert stats["served"] == {"0": 60} and 1 <= stats["refused_priority"] <= FALLBACK_CONCURRENCY + 16
 
 
-def test_a_metrics_outage_holds_the_route_at_a_low_fixed_concurrency(server: Stub, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_metrics_outage_holds_the_route_at_a_low_fixed_concurrency(server: Stub,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
     server._call("POST", "/_metrics?up=0")
     b = backend(server.url)
 

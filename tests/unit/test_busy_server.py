@@ -47,7 +47,8 @@ def test_aimd_halves_while_requests_wait_and_adds_one_while_there_is_room(
     assert Aimd().step(allowed, load, in_use, ceiling=64, prioritised=prioritised) == expected
 
 
-def _ask(worker: str, want: int, held: int = 0, now: float = 100.0, proposal: tuple[int, int] | None = None) -> ShareAsk:
+def _ask(worker: str, want: int, held: int = 0, now: float = 100.0,
+         proposal: tuple[int, int] | None = None) -> ShareAsk:
     return ShareAsk("r", worker, want, held, now, initial=2, proposal=proposal)
 
 
@@ -65,7 +66,7 @@ def test_workers_share_the_allowed_concurrency_equally_and_never_exceed_it_toget
     assert third.grant == 0  # nothing is free until a and b shrink
     state, first = exchange(state, _ask("a", want=50, held=6))
     assert first.grant == 5  # (12 - 2) / 2
-    grants = {}
+    grants: dict[str, int] = {}
     for worker, want in (("a", 50), ("b", 50), ("c", 2), ("a", 50), ("b", 50), ("c", 2)):
         state, reply = exchange(state, _ask(worker, want=want, held=grants.get(worker, 0)))
         grants[worker] = reply.grant
