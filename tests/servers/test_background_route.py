@@ -197,3 +197,49 @@ def test_live_latency_beside_a_background_batch_stays_near_its_latency_alone(ser
     background = asyncio.run(beside("background"))
     assert today > 2 * alone  # a full-speed batch queues the live requests behind it
     assert background < 1.6 * alone and background < today
+
+
+def test_each_change_of_the_allowed_concurrency_is_a_span_event_and_a_gauge(server: Stub) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from gateway import tracing
+    from gateway.metrics.instruments import pacing_gauges
+
+    spans = InMemorySpanExporter()
+    tracing.configure("run", exporter=spans)
+    try:
+        b = backend(server.url)
+
+        async def main() -> None:
+            await run(b, lines(150))
+            await b.aclose()
+
+        asyncio.run(main())
+        tracing.flush()
+        events = [e for s in spans.get_finished_spans() if s.name == "background.pace" for e in s.events]
+    finally:
+        tracing.shutdown()
+    assert events and all(e.name == "background.concurrency" for e in events)
+    changes = [(e.attributes["batchyard.background.allowed_before"], e.attributes["batchyard.background.allowed"])
+               for e in events if e.attributes is not None]
+    assert all(before != after for before, after in changes) and any(after > before for before, after in changes)
+    gauges = pacing_gauges()
+    assert gauges.allowed.labels("batch")._value.get() == changes[-1][1]
+    assert gauges.metrics_up.labels("batch")._value.get() == 1
+
+
+def test_the_heartbeats_pacing_is_summed_for_health_and_said_on_the_dashboard() -> None:
+    from gateway.api.dashboard.view import background_words
+    from gateway.pipeline.sweeper import background_routes
+
+    workers = [{"background": {"batch": {"allowed": 12, "in_flight": 5, "server_waiting": 0, "metrics_up": True,
+                                         "notice": None}}},
+               {"background": {"batch": {"allowed": 12, "in_flight": 6, "server_waiting": 2, "metrics_up": True,
+                                         "notice": "the server refused priority 10"}}},
+               {"routes": ["other"]}]
+    routes = background_routes(workers)
+    assert routes == {"batch": {"allowed": 12, "in_flight": 11, "server_waiting": 2, "metrics_up": True,
+                                "notice": "the server refused priority 10"}}
+    assert background_words(routes["batch"]) == ("background: 11 in flight of 12 allowed, server waiting 2; "
+                                                 "the server refused priority 10")
+    assert "cannot be read" in background_words({**routes["batch"], "metrics_up": False})
