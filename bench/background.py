@@ -164,7 +164,8 @@ def run_case(stub: Any, mode: str | None, args: argparse.Namespace) -> dict[str,
     server = stub.stats()
     row: dict[str, Any] = {"mode": mode or "alone", "p50_ms": 1000 * _pct(latencies, 0.5),
                            "p99_ms": 1000 * _pct(latencies, 0.99), "live": len(latencies),
-                           "mean_waiting": server["mean_waiting"], "mean_running": server["mean_running"]}
+                           "mean_waiting": server["mean_waiting"], "mean_running": server["mean_running"],
+                           "server_wait_p99_ms": server.get("live_wait_p99_ms")}
     if child is not None:
         done, statuses = out.get(timeout=600)
         child.join(30)
@@ -207,13 +208,14 @@ def main() -> None:
           f"live Poisson at {args.live_share:.0%} "
           f"for {args.seconds:.0f} s, a {args.lines}-line batch, server --scheduling-policy {args.policy}")
     print(f"{'run':<12}{'live p50':>10}{'live p99':>10}{'p99/alone':>11}{'batch/spare':>13}{'waiting':>9}"
-          f"{'batch wall':>12}{'all 200':>9}")
+          f"{'batch wall':>12}{'all 200':>9}{'live wait at server p99':>25}")
     for r in rows:
         ratio = f"{r['p99_ms'] / alone['p99_ms']:.2f}x" if alone else "-"
         share = f"{r['batch_share']:.0%}" if "batch_share" in r else "-"
         wall = f"{r['batch_wall_s']:.1f} s" if "batch_wall_s" in r else "-"
+        at_server = "-" if r["server_wait_p99_ms"] is None else f"{r['server_wait_p99_ms']:.0f} ms"
         print(f"{r['mode']:<12}{r['p50_ms']:>8.0f}ms{r['p99_ms']:>8.0f}ms{ratio:>11}{share:>13}"
-              f"{r['mean_waiting']:>9.2f}{wall:>12}{r.get('all_200', '-')!s:>9}")
+              f"{r['mean_waiting']:>9.2f}{wall:>12}{r.get('all_200', '-')!s:>9}{at_server:>25}")
     print(f"load average at end: {os.getloadavg()}")
 
 

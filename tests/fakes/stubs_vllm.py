@@ -9,7 +9,8 @@
   `model_name` and `engine` as vLLM labels them; `POST /_metrics?up=0` makes it answer 503 (an outage),
   `?up=1` mends it.
 - `GET /_stats`: requests served and refused, by priority; the waiting queue's and the running count's time
-  averages since the last `POST /_reset`, and the most that waited.
+  averages since the last `POST /_reset`, the most that waited, and the p99 of the time live (priority 0)
+  requests waited for a slot, the server's own share of their latency.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Server:
         self.served: dict[int, int] = {}
         self.refused = 0
         self.metrics_reads = 0
+        self.live_waits: list[float] = []  # seconds each priority-0 request waited for a slot
         self.max_waiting = 0
         self._since = self._mark = time.monotonic()
         self._waiting_area = self._running_area = 0.0
@@ -56,6 +58,7 @@ class Server:
     async def run(self, priority: int) -> None:
         """Wait for a slot by (priority, arrival), hold it for the service time."""
         self._account()
+        arrived = time.monotonic()
         if self.running >= self.capacity or self._queue:
             ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             heapq.heappush(self._queue, (priority if self.priority_policy else 0, next(self._order), ready))
@@ -64,6 +67,8 @@ class Server:
             await ready
         else:
             self.running += 1
+        if priority == 0:
+            self.live_waits.append(time.monotonic() - arrived)
         try:
             await asyncio.sleep(self.service)
         finally:
@@ -84,7 +89,8 @@ class Server:
         return {"served": {str(k): v for k, v in self.served.items()}, "refused_priority": self.refused,
                 "mean_waiting": self._waiting_area / span, "mean_running": self._running_area / span,
                 "max_waiting": self.max_waiting, "running": self.running, "waiting": len(self._queue),
-                "metrics_reads": self.metrics_reads, "capacity": self.capacity}
+                "metrics_reads": self.metrics_reads, "capacity": self.capacity,
+                "live_wait_p99_ms": 1000 * _p99(self.live_waits), "live_waited": sum(w > 0 for w in self.live_waits)}
 
     def metrics(self) -> str:
         self.metrics_reads += 1
@@ -97,6 +103,11 @@ class Server:
             "# TYPE vllm:num_requests_waiting gauge\n"
             f"vllm:num_requests_waiting{{{labels}}} {float(len(self._queue))}\n"
         )
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[int(0.99 * (len(ordered) - 1))] if ordered else 0.0
 
 
 def _error(status: int, message: str) -> JSONResponse:
