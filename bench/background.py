@@ -84,7 +84,8 @@ def _batch(url: str, model: str, mode: str, lines: int, concurrency: int, ready:
         entry.update(max_parallel_requests=concurrency, model_info={"batch_mode": "background"})
     config = parse_config({"model_list": [entry]})
     requests = [BatchRequest(line=i + 1, custom_id=f"r{i}", url=Endpoint.CHAT,
-                             body={"model": "batch", "messages": [{"role": "user", "content": f"line {i}"}]})
+                             body={"model": "batch", "max_tokens": 16,
+                                   "messages": [{"role": "user", "content": f"line {i}"}]})
                 for i in range(lines)]
 
     async def run() -> tuple[list[float], list[int]]:
@@ -108,7 +109,7 @@ async def _live(url: str, rate: float, seconds: float, seed: int) -> list[float]
 
     rng = random.Random(seed)
     latencies: list[float] = []
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "live"}]}
+    body = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "live"}]}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         async def one() -> None:

