@@ -74,7 +74,6 @@ class BackgroundRoute:
         self.notice: str | None = None  # what the operator should know (/health, the dashboard)
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
-        self._stepped = asyncio.Event()
 
     def body(self, body: dict[str, Any]) -> dict[str, Any]:
         """A line's body as it goes out: with `priority`, unless the server refused it."""
@@ -93,10 +92,6 @@ class BackgroundRoute:
         if self._task is None:
             # its own context: the loop outlives the shard that started it, and belongs to no batch's trace
             self._task = contextvars.Context().run(asyncio.get_running_loop().create_task, self._run())
-
-    async def ready(self) -> None:
-        """Until the first step has set this worker's part."""
-        await self._stepped.wait()
 
     async def aclose(self) -> None:
         task, self._task = self._task, None
@@ -120,7 +115,6 @@ class BackgroundRoute:
                 await self.step()
             except Exception:  # the store out of reach: keep the part held, try again next step
                 log.exception("background route %s: pacing step failed", self.route)
-            self._stepped.set()
             await asyncio.sleep(max(0.0, self._every - (time.monotonic() - began)))
 
     async def step(self) -> ShareState:
