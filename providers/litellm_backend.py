@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -31,14 +30,17 @@ from gateway.config.wildcards import is_pattern
 from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.lines.body_fields import LITELLM_OWN_FIELDS, unknown_field, unrecognized, unsupported, upstream_fields
 from gateway.lines.budget import budgeted_now
-from gateway.lines.media_urls import api_host, internal_deployment, refused_media, resolves_private
+from gateway.lines.media_urls import refused_media
 from gateway.lru import LRU
 from gateway.message_batches.wire import anthropic_error
+from gateway.scheduling.busy_server import ConcurrencyShares, LocalShares
 from gateway.scheduling.fairness import FairSlots
 from gateway.tracing import genai
 from providers import litellm_setup
+from providers.background import BackgroundRoute, priority_refused
 from providers.messages_bridge import message_through_wire
 from providers.passthrough import DEFAULT_MAX_REPLY_BYTES, PassThrough, wire_provider
+from providers.router_groups import fallback_closure, internal_groups, wire_fallbacks
 from providers.upstream_errors import UPSTREAM_ERROR, provider_error
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price map at import
@@ -72,6 +74,8 @@ class LiteLLMBackend:
         litellm_settings: dict[str, Any] | None = None,
         resolve: Callable[[str], Route | None] | None = None,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+        shares: ConcurrencyShares | None = None,
+        worker: str = "",
     ) -> None:
         self._model_list = [deployment for route in routes for deployment in route.model_list()]
         # A line's model -> its route (`Config.route`: an alias's target, a wildcard's concrete model); the
@@ -97,6 +101,12 @@ class LiteLLMBackend:
             e.model_info.allow_unpriced for e in route.entries))
         self._known: dict[tuple[Endpoint, str], frozenset[str]] = {}  # (endpoint, group) -> the fields it takes
         self._internal: frozenset[str] = frozenset()  # groups that reach an operator's own server (set at start)
+        # batch_mode: background routes (providers.background): their own slots, paced by their server's load
+        shared = shares if shares is not None else LocalShares()
+        self._background = {
+            route.model_name: BackgroundRoute(route.model_name, route.background,
+                                              route.background.max_concurrency or max_concurrency, shared, worker)
+            for route in routes if route.background is not None}
 
     async def start(self) -> None:
         if self._router is not None:
@@ -115,11 +125,13 @@ class LiteLLMBackend:
                      for entry in self._settings.get(key) or self._litellm_settings.get(key) or []]
         self._internal = await internal_groups(self._model_list, fallbacks)
         for group in self._internal:  # a line may be sent to any fallback: it may fetch only what all allow
-            for fallback in _fallback_closure(fallbacks, group):
+            for fallback in fallback_closure(fallbacks, group):
                 self._media_hosts[group] = self._media_hosts.get(group, frozenset()) & self._media_hosts.get(
                     fallback, frozenset())
 
     async def aclose(self) -> None:
+        for paced in self._background.values():
+            await paced.aclose()
         if self._router is None:
             return
         self._router = None
@@ -132,9 +144,18 @@ class LiteLLMBackend:
         await self.start()
         # aclosing: closing this iterator must close the inner one now, not at garbage collection
         spans = RequestSpans(self._provider)
-        async with contextlib.aclosing(run_bounded(requests, self._call, self._limit, spans=spans)) as results:
+        # a shard is one route's: a background route's requests take its own paced slots
+        paced = self._background.get(self._group(requests[0].model)) if requests else None
+        if paced is not None:
+            paced.start()
+        slots = paced.slots if paced is not None else self._limit
+        async with contextlib.aclosing(run_bounded(requests, self._call, slots, spans=spans)) as results:
             async for result in results:
                 yield result
+
+    def pacing(self) -> dict[str, dict[str, Any]]:
+        """route -> its pacing here, for each background route that has run (`BackgroundRoute.state`)."""
+        return {name: paced.state() for name, paced in self._background.items() if paced.metrics_up is not None}
 
     def _group(self, model: str) -> str:
         """The model_name of model_list that serves a line's model (cached per model)."""
@@ -176,10 +197,19 @@ class LiteLLMBackend:
             error = {"message": f"Missing required parameter: '{missing}'.", "type": "invalid_request_error",
                      "param": missing, "code": "missing_required_parameter"}
             return Result(line=req.line, custom_id=req.custom_id, status_code=400, body={"error": error}, model=model)
+        paced = self._background.get(group)
+        if paced is not None:
+            return await self._background_call(req, paced)
         if wire:
             return await self._pass_through(req, model)
         if bridged:
             return await message_through_wire(req, model, body, self._pass_through)
+        return await self._completion(req, model, body)
+
+    async def _completion(self, req: BatchRequest, model: str, body: dict[str, Any]) -> Result:
+        """A checked line through LiteLLM's completion path (the Router's method for its endpoint)."""
+        call = self._method(req.url)
+        assert call is not None  # checked by `_call`
         try:
             headers = tracing.headers()  # the request span's traceparent: ours, a line cannot set extra_headers
             if headers and "extra_headers" not in body:
@@ -201,6 +231,34 @@ class LiteLLMBackend:
         data = _to_body(reply, exclude_none=req.url in _SPARSE)
         cost = self._prices.cost(reply, data, priced_fields(req.url, body), line_model=model)
         return Result(line=req.line, custom_id=req.custom_id, status_code=200, body=data, model=model, cost_usd=cost)
+
+    async def _background_call(self, req: BatchRequest, paced: BackgroundRoute) -> Result:
+        """A background route's line: sent with the route's `priority` (once the server refuses the field, without
+        it: that line is sent again at once, without it)."""
+        for _ in range(2):
+            with_priority = paced.priority
+            line = BatchRequest(line=req.line, custom_id=req.custom_id, url=req.url, body=paced.body(req.body))
+            result = await self._sent(line, req.model)
+            why = priority_refused(result) if with_priority else None
+            if why is None:
+                return result
+            paced.refused(why)
+        return result
+
+    async def _sent(self, req: BatchRequest, model: str) -> Result:
+        """A checked line through the pass-through, or LiteLLM's completion path (`priority` in `extra_body`)."""
+        on_wire = self._wire is not None and self._group(model) in self._wire_groups
+        if on_wire and req.url in WIRE_ENDPOINTS:
+            return await self._pass_through(req, model)
+        body = dict(req.body)
+        body.pop("model")
+        if on_wire and req.url is Endpoint.MESSAGES:  # translated by the bridge, which sends OpenAI's fields only
+            body.pop("priority", None)
+            return await message_through_wire(req, model, body, self._pass_through)
+        priority = body.pop("priority", None)
+        if priority is not None:
+            body["extra_body"] = {**(body.get("extra_body") or {}), "priority": priority}
+        return await self._completion(req, model, body)
 
     async def _refusal(self, req: BatchRequest, group: str, body: dict[str, Any], wire: bool,
                        bridged: bool = False) -> Result | None:
@@ -227,6 +285,8 @@ class LiteLLMBackend:
         if known is None:
             known = upstream_fields(req.url) | self._allowed_params.get(group, frozenset())
             self._known[(req.url, group)] = known
+        if group in self._background and "priority" in body:
+            return unsupported(req, "priority", "batchyard sets it on this route: model_info.background_priority")
         name = unknown_field(body, known)
         if name is not None:
             return unrecognized(req, name)
@@ -334,84 +394,8 @@ def wire_groups(deployments: Sequence[dict[str, Any]], litellm_settings: dict[st
     groups: dict[str, bool] = {}
     for deployment in deployments:
         name = str(deployment.get("model_name"))
-        groups[name] = groups.get(name, True) and wire_provider(deployment.get("litellm_params") or {}) is not None
+        params = dict(deployment.get("litellm_params") or {})
+        if (deployment.get("model_info") or {}).get("batch_mode") == "background":
+            params.pop("max_parallel_requests", None)  # the pacing's ceiling (providers.background) applies it
+        groups[name] = groups.get(name, True) and wire_provider(params) is not None
     return frozenset(name for name, ok in groups.items() if ok)
-
-
-async def internal_groups(deployments: Sequence[dict[str, Any]], fallbacks: Any) -> frozenset[str]:
-    """The model groups whose lines may reach an operator's own server: a deployment of the group, or of a
-    group it falls back to, is internal (`gateway.lines.media_urls.internal_deployment`) or its public-looking
-    host resolves to a private address. Decided once, when the backend starts: one lookup per host."""
-    hosts: dict[str, bool] = {}
-    inside: set[str] = set()
-    for deployment in deployments:
-        params = deployment.get("litellm_params") or {}
-        group = str(deployment.get("model_name"))
-        if internal_deployment(params):
-            inside.add(group)
-            continue
-        host = api_host(params)
-        if host:
-            if host not in hosts:
-                hosts[host] = await resolves_private(host)
-            if hosts[host]:
-                inside.add(group)
-    groups = {str(d.get("model_name")) for d in deployments}
-    return frozenset(g for g in groups if g in inside or any(f in inside for f in _fallback_closure(fallbacks, g)))
-
-
-def _fallback_closure(fallbacks: Any, group: str) -> set[str]:
-    seen: set[str] = set()
-    todo = [group]
-    while todo:
-        for fallback in fallback_groups(fallbacks, todo.pop()):
-            if fallback not in seen:
-                seen.add(fallback)
-                todo.append(fallback)
-    return seen
-
-
-def fallback_groups(fallbacks: Any, group: str) -> list[str]:
-    """The groups a group may fall back to in the Router's fallback lists (`[{group: [others]}]`, `*` for every
-    group), in order: where a line may be sent on, whatever the error (`wire_fallbacks` picks by the error)."""
-    found: list[str] = []
-    for entry in fallbacks or []:
-        if isinstance(entry, dict):
-            for key in (group, "*"):
-                value = entry.get(key)
-                if isinstance(value, list):
-                    found += [str(v) for v in value]
-    return found
-
-
-def wire_fallbacks(router: Any, result: Result, groups: tuple[str, ...]) -> list[str]:
-    """The fallback chain the Router would walk after a pass-through line's last failed attempt, by its rules
-    (`litellm/router_utils/fallback_event_handlers.py`, the Router's fallback walk): a context-window error
-    takes `context_window_fallbacks` where they name the group, else `fallbacks`; a content-policy error takes
-    `content_policy_fallbacks` alone when they are set; a timeout, 429 or 5xx takes `fallbacks`. The errors
-    are told apart as LiteLLM tells them (`ExceptionCheckers`); other 4xx replies are the line's answer."""
-    from litellm.litellm_core_utils.exception_mapping_utils import ExceptionCheckers
-    from litellm.router_utils.fallback_event_handlers import get_fallback_model_group_for_lookup_groups
-
-    status = result.status_code
-    lookup = tuple(dict.fromkeys(groups))
-    settings = router.settings()  # the Router's resolved settings (its attributes of these are deprecated)
-
-    def chain(entries: Any) -> list[str] | None:
-        listed = [e for e in entries or [] if isinstance(e, dict) and e]
-        found, _ = get_fallback_model_group_for_lookup_groups(listed, lookup)
-        return [str(f) for f in found] if found is not None else None
-
-    if status is not None and 400 <= status < 500 and status not in (408, 429):
-        text = json.dumps(result.body) if result.body is not None else ""  # LiteLLM matches `"code": "..."`
-        if ExceptionCheckers.is_error_str_context_window_exceeded(text):
-            window = chain(settings.context_window_fallbacks)
-            return window if window is not None else chain(settings.fallbacks) or []
-        lowered = text.lower()
-        if (ExceptionCheckers.is_azure_content_policy_violation_error(text)
-                or "violating our usage policy" in lowered or "rejected as a result of the safety system" in lowered):
-            if settings.content_policy_fallbacks is not None:
-                return chain(settings.content_policy_fallbacks) or []
-            return chain(settings.fallbacks) or []
-        return []
-    return chain(settings.fallbacks) or []

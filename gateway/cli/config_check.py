@@ -3,7 +3,8 @@
 No network, no engine started, nothing written: the file is loaded (includes merged, environment_variables
 set, every key checked, each local model's path there) and LiteLLM's Router built as `run` and serve's
 workers build it (`check_router`), then each model_name is printed with its route kind (local, pass-through,
-LiteLLM, native), provider, limits and prices, then the LiteLLM settings batchyard does not apply.
+LiteLLM, native; a `batch_mode: background` route marked so), provider, limits and prices, then the LiteLLM
+settings batchyard does not apply.
 Exit status 0, or 2 with the error.
 
 The printer takes one `RouteRow` per model name (`route_rows`), so a route of another shape (a wildcard,
@@ -35,7 +36,7 @@ class RouteRow:
     """One model name of the config as `config check` prints it."""
 
     model_name: str
-    kind: str  # local, pass-through, LiteLLM, native
+    kind: str  # local, pass-through, LiteLLM, native; "(background)" after a batch_mode: background route's
     provider: str  # the deployments' providers, comma-separated
     rpm: int | None  # per window, all deployments together; None: unbounded
     tpm: int | None
@@ -51,7 +52,8 @@ def add_parser(sub: Any) -> None:
         "check", help="load a config as serve would and print its routes and the settings it does not apply",
         description="Load FILE as `batchyard serve` would (includes merged, environment_variables set, every key "
         "checked, a local model's path checked to be a directory, LiteLLM's Router built; no network, no engine "
-        "started) and print each model_name with its route kind (local, pass-through, LiteLLM, native), provider, "
+        "started) and print each model_name with its route kind (local, pass-through, LiteLLM, native; a "
+        "batch_mode: background route marked so), provider, "
         "limits (rpm, tpm, max_parallel_requests of its deployments together) and prices (USD per 1M input / "
         "output tokens, as its lines are charged: a native route's at batch rates), then the LiteLLM settings "
         "batchyard does not apply. Exit status 0, or 2 with the error.",
@@ -139,7 +141,8 @@ def route_rows(config: Config) -> list[RouteRow]:
     upstream = [d for r in config.routes.values() if r.kind is RouteKind.UPSTREAM for d in r.model_list()]
     wire = wire_groups(upstream, config.litellm_settings)
     kinds = {RouteKind.LOCAL: "local", RouteKind.NATIVE: "native"}
-    return [route_row(route, kinds.get(route.kind) or ("pass-through" if name in wire else "LiteLLM"))
+    return [route_row(route, (kinds.get(route.kind) or ("pass-through" if name in wire else "LiteLLM"))
+                      + (" (background)" if route.background is not None else ""))
             for name, route in sorted(config.routes.items())]
 
 

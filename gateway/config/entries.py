@@ -36,6 +36,10 @@ from gateway.config.native_declarations import native_declarations
 
 LOCAL_PREFIX = "vllm/"
 NATIVE_KEY_PREFIX = "native_"  # batchyard's keys of native entries; LiteLLM has none of that name
+BACKGROUND_PRIORITY = 10  # vLLM serves lower first; live traffic sends 0
+BACKGROUND_KEYS = ("background_priority", "metrics_url")  # batchyard's keys of batch_mode: background
+# The providers whose deployments may be `batch_mode: background`: OpenAI's wire to an operator's own server
+BACKGROUND_PROVIDERS = ("hosted_vllm", "openai", "custom_openai", "text-completion-openai")
 
 
 class Strict(BaseModel):
@@ -90,7 +94,9 @@ class LiteLLMParams(BaseModel):
 class ModelInfo(BaseModel):
     """LiteLLM's `model_info` (prices, ids, ...) plus batchyard's own keys.
 
-    - `batch_mode`: `realtime` (one call per line) or `native` (the provider's batch jobs).
+    - `batch_mode`: `realtime` (one call per line), `native` (the provider's batch jobs) or `background` (one
+      call per line to a vLLM server shared with live traffic, at low priority, paced by its load).
+    - `background_priority`, `metrics_url`: only with `batch_mode: background` (`gateway.scheduling.busy_server`).
     - `allowed_params`: body fields a line may carry for this model beyond the endpoint's documented
       request fields: a provider's extras (Anthropic's `top_k`), or on a local route the vLLM request
       fields that change what the operator set (`chat_template`, `vllm_xargs`, ...). Default: none.
@@ -103,9 +109,17 @@ class ModelInfo(BaseModel):
     """
 
     model_config = ConfigDict(extra="allow", strict=True, use_attribute_docstrings=True)
-    batch_mode: Literal["realtime", "native"] = "realtime"
+    batch_mode: Literal["realtime", "native", "background"] = "realtime"
     """`realtime`: one call per line through LiteLLM's Router; `native`: the deployment's shards go as the
-    provider's own batch jobs, at batch prices (upstream entries only)."""
+    provider's own batch jobs, at batch prices (upstream entries only); `background`: one call per line to an
+    OpenAI-wire server (vLLM) that also serves live traffic, sent at `background_priority` and paced by the
+    server's own load (its Prometheus `/metrics`) within `max_parallel_requests`."""
+    background_priority: int = BACKGROUND_PRIORITY
+    """`batch_mode: background` only: the request field `priority` every line goes out with (vLLM serves lower
+    values first; live traffic sends 0). A line's own `priority` is refused."""
+    metrics_url: str | None = None
+    """`batch_mode: background` only: the server's Prometheus endpoint (default: `api_base` without `/v1`, plus
+    `/metrics`)."""
     allowed_params: list[str] = Field(default_factory=list)
     """Body fields a line may carry for this model beyond the endpoint's documented request fields: a
     provider's extras (`top_k` for Anthropic), or on a `vllm/` route the vLLM fields that override the
@@ -147,6 +161,17 @@ class ModelInfo(BaseModel):
         problem = unknown_model_info(self.model_extra or {})
         if problem is not None:
             raise PydanticCustomError("model_info_key", "{problem}", {"problem": problem})
+        return self
+
+    @model_validator(mode="after")
+    def _background_keys(self) -> ModelInfo:
+        given = [k for k in BACKGROUND_KEYS if k in self.model_fields_set]
+        if given and self.batch_mode != "background":
+            raise PydanticCustomError("background_key", "{names}: settings of batch_mode: background only",
+                                      {"names": ", ".join(given)})
+        url = self.metrics_url
+        if url is not None and not (url.startswith("http://") or url.startswith("https://")):
+            raise PydanticCustomError("metrics_url", "metrics_url: write an http(s) URL, not {url}", {"url": repr(url)})
         return self
 
     @field_validator("allowed_params")
@@ -297,6 +322,21 @@ class UpstreamEntry(_Entry):
             params.setdefault("max_parallel_requests", self.max_parallel_requests)
         return out
 
+    @model_validator(mode="after")
+    def _background_server(self) -> UpstreamEntry:
+        """`batch_mode: background` needs an OpenAI-wire server of the operator's whose `/metrics` can be read."""
+        if self.model_info.batch_mode != "background":
+            return self
+        provider = self.litellm_params.model.partition("/")[0]
+        if provider not in BACKGROUND_PROVIDERS:
+            raise PydanticCustomError("background_provider", "batch_mode: background runs on an OpenAI-wire server "
+                                      "of yours ({known}), not {provider}/",
+                                      {"known": ", ".join(f"{p}/" for p in BACKGROUND_PROVIDERS), "provider": provider})
+        if not (self.litellm_params.model_extra or {}).get("api_base") and self.model_info.metrics_url is None:
+            raise PydanticCustomError("background_metrics", "batch_mode: background needs api_base (its /metrics is "
+                                      "read beside it) or model_info.metrics_url", {})
+        return self
+
 
 class NativeEntry(UpstreamEntry):
     """`model_info.batch_mode: native`: shards go to the provider's own batch API, on a provider that has
@@ -371,6 +411,7 @@ def kind_of(entry: Entry) -> RouteKind:
 
 
 __all__ = [
+    "BACKGROUND_KEYS", "BACKGROUND_PRIORITY", "BACKGROUND_PROVIDERS",
     "ENTRY_MODELS", "ENTRY_TAGS", "LOCAL_PREFIX", "NATIVE_KEY_PREFIX", "Entry", "LiteLLMParams", "LocalEntry",
     "ModelEntry", "ModelInfo", "NativeEntry", "NativeModelInfo", "Strict", "UpstreamEntry", "entry_kind", "kind_of",
 ]

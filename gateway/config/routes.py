@@ -19,6 +19,22 @@ if TYPE_CHECKING:
     from gateway.config.entries import Entry, LocalEntry, ModelInfo
 
 
+@dataclass(frozen=True, slots=True)
+class BackgroundServer:
+    """A `batch_mode: background` route's server: where its load is read and how its lines go out."""
+
+    metrics_url: str  # its Prometheus endpoint
+    served_model: str  # the `model_name` label its /metrics carry for this model (the model sent on the wire)
+    priority: int  # the request field `priority` of every line
+    max_concurrency: int | None  # `max_parallel_requests`: the pacing's ceiling (None: the backend's bound)
+
+
+def metrics_url(api_base: str) -> str:
+    """vLLM's `/metrics` beside its OpenAI API: `api_base` without `/v1`, plus `/metrics`."""
+    base = api_base.rstrip("/")
+    return base.removesuffix("/v1") + "/metrics"
+
+
 @dataclass(slots=True)
 class Route:
     model_name: str
@@ -60,6 +76,20 @@ class Route:
         return self.entries[0].model_info
 
     @property
+    def background(self) -> BackgroundServer | None:
+        """The server of a `batch_mode: background` route (one deployment: `schema._routes`); None otherwise."""
+        entry = self.entries[0] if self.entries and self.kind is RouteKind.UPSTREAM else None
+        if entry is None or entry.model_info.batch_mode != "background":
+            return None
+        params = entry.litellm_params
+        info = entry.model_info
+        api_base = str((params.model_extra or {}).get("api_base") or "")
+        limit = getattr(entry, "max_parallel_requests", None) or (params.model_extra or {}).get("max_parallel_requests")
+        return BackgroundServer(metrics_url=info.metrics_url or metrics_url(api_base),
+                                served_model=params.model.partition("/")[2], priority=info.background_priority,
+                                max_concurrency=int(limit) if limit else None)
+
+    @property
     def allowed_params(self) -> frozenset[str]:
         """Body fields a line may carry beyond the endpoint's documented ones (`model_info.allowed_params`)."""
         # What every deployment allows: the Router may send a line to any of them.
@@ -76,4 +106,4 @@ def _common(sets: Iterable[frozenset[str]]) -> frozenset[str]:
     return frozenset.intersection(*listed) if listed else frozenset()
 
 
-__all__ = ["Route", "RouteKind", "native_refusal"]
+__all__ = ["BackgroundServer", "Route", "RouteKind", "metrics_url", "native_refusal"]

@@ -182,6 +182,14 @@ def _routes(entries: list[Entry], path: str) -> dict[str, Route]:
                                   f"{name!r} is not a wildcard route: its model is the config's, priced or not")
         if kind is RouteKind.LOCAL and len(indexes) > 1:
             raise ConfigError(path, f"model_list[{indexes[1]}]", f"local model {name!r} is listed twice")
+        if any(entries[i].model_info.batch_mode == "background" for i in indexes):
+            # one server's /metrics paces the route, and its model_name label filters them: one deployment, named
+            if len(indexes) > 1:
+                raise ConfigError(path, f"model_list[{indexes[1]}]", f"model_name {name!r}: a batch_mode: background "
+                                  "route is one server, so one deployment")
+            if is_pattern(name):
+                raise ConfigError(path, f"model_list[{indexes[0]}].model_name",
+                                  f"{name!r} is a wildcard; a batch_mode: background route cannot be one")
         # The typed entries; LiteLLM gets litellm_params and model_info as written (Route.model_list).
         routes[name] = Route(model_name=name, kind=kind, entries=[entries[i] for i in indexes])
     return routes

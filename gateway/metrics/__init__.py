@@ -24,6 +24,9 @@ an embedded worker process):
 - `batchyard_team_requests_in_flight{team, route}`: the same by team (its share
   of the route is this over the route's total);
 - `batchyard_request_duration_seconds{route}`: upstream/engine latency of each call.
+- `batchyard_background_allowed_concurrency{route}`, `batchyard_background_concurrency{route}`,
+  `batchyard_background_server_waiting{route}`, `batchyard_background_metrics_up{route}`: a `batch_mode:
+  background` route's pacing on its shared server (`providers.background`);
 - `batchyard_unpriced_tier_replies_total{route}`: replies that reported a service tier no price is known
   for, billed at the highest per-token price known for their model (a warning: add the tier's price).
 
@@ -55,6 +58,7 @@ from gateway.metrics.instruments import (
     observe_statuses,
     observe_unpriced_tier,
     prepare_instruments,
+    set_pacing,
     set_paused,
     team_of,
 )
@@ -64,5 +68,5 @@ from gateway.metrics.shared_state import SharedState, TeamState, read_shared_sta
 __all__ = [
     "MULTIPROC_ENV", "RequestMeter", "SharedState", "TeamState", "label_routes_by", "multiprocess_dir",
     "observe_machine_fault", "observe_results", "observe_statuses", "observe_unpriced_tier", "prepare_instruments",
-    "prepare_multiprocess_dir", "process_exited", "read_shared_state", "render", "set_paused", "team_of",
+    "prepare_multiprocess_dir", "process_exited", "read_shared_state", "render", "set_pacing", "set_paused", "team_of",
 ]

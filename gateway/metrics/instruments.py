@@ -178,6 +178,49 @@ def set_paused(reason: str, paused: bool) -> None:
     built().paused.labels(reason).set(1 if paused else 0)
 
 
+@dataclass(frozen=True, slots=True)
+class PacingGauges:
+    """A `batch_mode: background` route's pacing (`providers.background`), by route."""
+
+    allowed: Gauge
+    in_flight: Gauge
+    server_waiting: Gauge
+    metrics_up: Gauge
+
+
+@functools.cache
+def pacing_gauges() -> PacingGauges:
+    """Built on a background route's first step (a config without one shows none of them)."""
+    built()
+    from prometheus_client import Gauge
+
+    gauges = PacingGauges(
+        allowed=Gauge("batchyard_background_allowed_concurrency", "A batch_mode: background route's allowed "
+                      "concurrency on its server (every worker's requests together), by route.", ["route"],
+                      multiprocess_mode="livemax"),
+        in_flight=Gauge("batchyard_background_concurrency", "A batch_mode: background route's requests in flight, "
+                        "by route.", ["route"], multiprocess_mode="livesum"),
+        server_waiting=Gauge("batchyard_background_server_waiting", "The server's vllm:num_requests_waiting for "
+                             "a background route's model, as last read, by route.", ["route"],
+                             multiprocess_mode="livemax"),
+        metrics_up=Gauge("batchyard_background_metrics_up", "1 while a background route's server /metrics can be "
+                         "read, 0 while it runs at its low fixed concurrency instead, by route.", ["route"],
+                         multiprocess_mode="livemin"),
+    )
+    reserve_value_files(os.getpid())
+    return gauges
+
+
+def set_pacing(route: str, *, allowed: int, in_flight: int, waiting: int | None, metrics_up: bool) -> None:
+    """A background route's pacing after a step (`waiting`: None when /metrics was not read)."""
+    gauges = pacing_gauges()
+    gauges.allowed.labels(route).set(allowed)
+    gauges.in_flight.labels(route).set(in_flight)
+    if waiting is not None:
+        gauges.server_waiting.labels(route).set(waiting)
+    gauges.metrics_up.labels(route).set(1 if metrics_up else 0)
+
+
 _OWNERS: OrderedDict[str, str] = OrderedDict()
 _OWNERS_KEPT = 4096
 
@@ -236,6 +279,7 @@ __all__ = [
     "LATENCY_BUCKETS",
     "UNROUTED",
     "Instruments",
+    "PacingGauges",
     "RequestMeter",
     "built",
     "label_routes_by",
@@ -243,8 +287,10 @@ __all__ = [
     "observe_results",
     "observe_statuses",
     "observe_unpriced_tier",
+    "pacing_gauges",
     "prepare_instruments",
     "route_label",
+    "set_pacing",
     "set_paused",
     "team_of",
 ]

@@ -50,6 +50,7 @@ class Sweeper:
         self, store: Store, queue: Queue, coordination: Coordination, intake: BatchService, finalizer: Finalizer,
         *, name: str, routes: Collection[str], spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
         heartbeat: float, sweep_every: float, unavailable: Callable[[], Mapping[str, str]] = dict,
+        pacing: Callable[[], Mapping[str, Any]] = dict,
     ) -> None:
         # The sweep hands a batch back to the stage that owns it: `validating` to the intake, finished
         # shards to the finalizer (both earlier stages, called directly).
@@ -62,6 +63,7 @@ class Sweeper:
         self._noticed: set[str] = set()  # the faults of the machine its loops met (the dashboard says them)
         self._files_swept_at = 0.0
         self._unavailable = unavailable  # route -> why it cannot start here, told in each heartbeat
+        self._pacing = pacing  # background route -> its pacing here (`providers.background`), in each heartbeat
         self._told: set[tuple[str, str]] = set()  # unavailable routes this process has logged, once each
 
     # -- the loops -----------------------------------------------------------------
@@ -69,7 +71,8 @@ class Sweeper:
     async def beat(self) -> None:
         info = {"name": self.name, "host": socket.gethostname(), "pid": os.getpid(), "routes": self.routes,
                 "started_at": self._started_at, "seen_at": now(), "unavailable": dict(self._unavailable()),
-                "paused": noticed()}  # the faults of the machine it waits on (the dashboard says which)
+                "paused": noticed(),  # the faults of the machine it waits on (the dashboard says which)
+                "background": dict(self._pacing())}
         await self.coordination.beat(self.name, info, ttl=self._heartbeat * 3)
 
     def start(self, *, hosting: bool, sweeping: bool) -> None:
@@ -212,7 +215,25 @@ class Sweeper:
                          "seen_at": w["seen_at"], "unavailable": w.get("unavailable", {})} for w in workers],
             "unserved_routes": sorted(r for r in waiting if r not in served),
             "unavailable_routes": unavailable_routes(workers),
+            "background_routes": background_routes(workers),
         }
+
+
+def background_routes(workers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """route -> its pacing over the live workers (from their heartbeats): the allowed concurrency (the route's,
+    shared), requests in flight (summed), the server's waiting count as last read, and what to know."""
+    routes: dict[str, dict[str, Any]] = {}
+    for worker in workers:
+        for route, state in (worker.get("background") or {}).items():
+            seen = routes.setdefault(route, {"allowed": 0, "in_flight": 0, "server_waiting": None,
+                                             "metrics_up": True, "notice": None})
+            seen["allowed"] = max(seen["allowed"], int(state.get("allowed") or 0))
+            seen["in_flight"] += int(state.get("in_flight") or 0)
+            if state.get("server_waiting") is not None:
+                seen["server_waiting"] = max(seen["server_waiting"] or 0, int(state["server_waiting"]))
+            seen["metrics_up"] = seen["metrics_up"] and state.get("metrics_up") is not False
+            seen["notice"] = seen["notice"] or state.get("notice")
+    return routes
 
 
 def unavailable_routes(workers: list[dict[str, Any]]) -> dict[str, str]:
@@ -220,4 +241,4 @@ def unavailable_routes(workers: list[dict[str, Any]]) -> dict[str, str]:
     return {route: reason for w in workers for route, reason in w.get("unavailable", {}).items()}
 
 
-__all__ = ["STALE_VALIDATION_SECONDS", "Sweeper", "unavailable_routes"]
+__all__ = ["STALE_VALIDATION_SECONDS", "Sweeper", "background_routes", "unavailable_routes"]

@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import importlib
 from collections.abc import Collection
+from typing import Any
 
 from gateway.backends.interface import Backend, BackendUnavailable, RouteReporter
 from gateway.config.native_declarations import Declarations, declare_native
 from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import Config
-from gateway.store.protocols import Store
+from gateway.store.protocols import Coordination, Store
 
 
 def _native_catalog() -> Declarations:
@@ -31,9 +32,12 @@ def declare_native_providers() -> None:
 
 
 class BackendPool:
-    def __init__(self, config: Config, store: Store) -> None:
+    def __init__(self, config: Config, store: Store, coordination: Coordination | None = None,
+                 worker: str = "") -> None:
+        """`coordination`: where background routes' workers share their concurrency (None: in this process)."""
         self._config = config
         self._store = store
+        self._coordination, self._worker = coordination, worker
         self._created: dict[str, Backend] = {}
         self._starting: dict[int, asyncio.Task[None]] = {}  # by id(backend): one start per backend, shared
         self._upstream: Backend | None = None
@@ -48,6 +52,7 @@ class BackendPool:
                 routes, self._config.router_settings, self._config.batch.max_concurrency,
                 litellm_settings=self._config.litellm_settings, resolve=self._config.route,
                 max_reply_bytes=self._config.batch.max_passthrough_reply_bytes,
+                shares=self._coordination, worker=self._worker,
             )
         return self._upstream
 
@@ -120,6 +125,11 @@ class BackendPool:
         wanted = [r for r in self._config.routes.values() if routes is None or r.model_name in routes]
         if any(r.kind is not RouteKind.LOCAL for r in wanted):
             await asyncio.to_thread(importlib.import_module, "litellm")
+
+    def pacing(self) -> dict[str, dict[str, Any]]:
+        """route -> its pacing in this process, for each background route that has run (`providers.background`)."""
+        pacing = getattr(self._upstream, "pacing", None)
+        return dict(pacing()) if pacing is not None else {}
 
     @property
     def unavailable(self) -> dict[str, str]:

@@ -86,7 +86,7 @@ class Runtime:
         self.mode, self.name = mode, name
         self._tasks: set[asyncio.Task[Any]] = set()
         self.validation = validation
-        self.backends = BackendPool(config, store)
+        self.backends = BackendPool(config, store, coordination, worker=name)
         metrics.label_routes_by(config.metric_route)  # a wildcard's models count under its pattern
         self.webhooks = WebhookSender(store.webhooks, store.batches, coordination, webhook_targets(config),
                                       spawn=self.spawn,
@@ -109,7 +109,7 @@ class Runtime:
                        if hosted else None)
         self.sweeper = Sweeper(store, queue, coordination, self.service, self.finalizer, name=name,
                                        routes=hosted, spawn=self.spawn, heartbeat=heartbeat, sweep_every=sweep_every,
-                                       unavailable=lambda: self.backends.unavailable)
+                                       unavailable=lambda: self.backends.unavailable, pacing=self.backends.pacing)
         # What the API asks about its callers: it writes neither part itself.
         self.logins = Logins(store.sessions)
         self.idempotent_creates = IdempotentCreates(store.idempotency)

@@ -133,6 +133,17 @@ class FairSlots:
             self._wake()
         return flow
 
+    def resize(self, limit: int) -> None:
+        """A new bound (a paced one: `gateway.scheduling.busy_server`): more room starts waiting requests now;
+        less lets those in flight finish and starts none until they are under it."""
+        self.limit = max(0, limit)
+        self._wake()
+
+    @property
+    def waiting(self) -> int:
+        """Requests of open flows waiting for a slot."""
+        return sum(f.pending for f in self._flows)
+
     def in_use(self, team: str) -> int:
         """The team's requests holding a slot now."""
         return self.by_team.get(("", team), 0)

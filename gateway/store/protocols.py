@@ -8,7 +8,8 @@
 - `Blobs`: file bytes by key (uploads, shard files, outputs).
 - `Queue`: shards waiting for a worker, and the ones workers hold.
 - `Coordination`: leases and worker heartbeats, for the steps two processes
-  must not do at once and for knowing which workers are alive.
+  must not do at once and for knowing which workers are alive; and the concurrency a background route's
+  workers share (`share_concurrency`).
 
 Each has an embedded implementation (`gateway.store.sqlite`: SQLite, with a queue that works across the
 processes of one machine; `gateway.store.blobs.directory`: a local directory) and a shared one
@@ -24,6 +25,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from gateway.domain import BatchStatus, Result, RouteStats, Shard
+from gateway.scheduling.busy_server import ShareAsk, ShareState
 from gateway.scheduling.pacing import RateWindows  # the contract scheduling owns; each store implements it
 from gateway.store.idempotency import IdempotencyEntry
 from gateway.store.quota import SpendTo, TeamLimits, TeamUsage
@@ -300,6 +302,8 @@ class Coordination(Protocol):
     async def gone(self, name: str) -> None:
         """Worker `name` stopped."""
     async def live_workers(self) -> list[dict[str, Any]]: ...
+    async def share_concurrency(self, ask: ShareAsk) -> ShareState:
+        """A background route's turn at its shared concurrency (`gateway.scheduling.busy_server.exchange`)."""
     async def aclose(self) -> None: ...
 
 

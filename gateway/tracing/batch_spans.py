@@ -174,6 +174,20 @@ def status_event(status: Any, **counts: int) -> None:
         span.set_attribute(f"batchyard.batch.{key}", number)
 
 
+def pacing_event(route: str, before: int, after: int, attributes: Mapping[str, Any]) -> None:
+    """A background route's allowed concurrency changed (`providers.background`): the event
+    `background.concurrency` on a span of its own (the pacing runs outside any batch's trace)."""
+    if STATE.tracer is None:
+        return
+    attrs = {genai.ROUTE: route, "batchyard.background.allowed_before": before,
+             "batchyard.background.allowed": after, **attributes}
+    from opentelemetry.context import Context as Root  # an empty context: a root span, in no batch's trace
+
+    span = STATE.tracer.start_span("background.pace", context=Root(), attributes={genai.ROUTE: route})
+    span.add_event("background.concurrency", attrs)
+    span.end()
+
+
 @contextlib.contextmanager
 def shard_span(shard: Shard, batch: BatchRecord, attempt: int | None = None,
                fault: Callable[[Exception], str | None] | None = None) -> Iterator[None]:

@@ -111,7 +111,7 @@ def test_a_route_is_internal_unless_its_host_is_the_providers_own(params: dict[s
 
 
 async def test_a_group_is_internal_when_it_falls_back_to_an_internal_one_or_its_host_resolves_inside() -> None:
-    from providers.litellm_backend import internal_groups
+    from providers.router_groups import internal_groups
 
     def entry(name: str, **params: str) -> dict[str, Any]:
         return {"model_name": name, "litellm_params": {"model": "openai/gpt-4o", **params}}

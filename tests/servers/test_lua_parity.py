@@ -248,3 +248,35 @@ def test_the_fair_pick_in_lua_and_in_python(any_redis: RedisServer | RedisCluste
             await client.aclose()
 
     assert (run_apart(lua_pick()), _python_pick(case)) == (case.expected, case.expected)
+
+
+# -- a background route's shared concurrency -------------------------------------------------------
+
+
+def test_the_shared_concurrency_in_lua_and_in_python(redis_server: RedisServer) -> None:
+    """One sequence of turns (steps, stale steps, equal shares, a part that expires) on both: the same replies."""
+    from gateway.scheduling.busy_server import ShareAsk, exchange
+    from gateway.store.redis.coordination import RedisCoordination
+
+    turns = [("a", 40, 0, 100.0, (0, 12)), ("b", 40, 0, 100.1, None), ("a", 40, 12, 100.2, None),
+             ("b", 40, 0, 100.3, (0, 3)), ("c", 3, 0, 100.4, None), ("a", 40, 6, 100.5, (1, 16)),
+             ("b", 40, 6, 100.6, None), ("c", 3, 0, 100.7, None), ("a", 1, 1, 101.0, None),
+             ("b", 40, 8, 103.0, None), ("c", 3, 3, 110.0, (2, 7)), ("b", 0, 0, 110.1, None)]
+    asks = [ShareAsk("route", w, want, held, now, initial=2, proposal=p) for w, want, held, now, p in turns]
+
+    async def in_lua() -> list[tuple[int, int, float, int, int]]:
+        client, keys = await open_redis(redis_server.url)
+        await client.flushall()
+        coordination = RedisCoordination(client, keys, "test")
+        try:
+            replies = [await coordination.share_concurrency(a) for a in asks]
+            return [(s.allowed, s.version, s.stepped_at, s.reserved, s.grant) for s in replies]
+        finally:
+            await client.aclose()
+
+    state = None
+    in_python = []
+    for ask in asks:
+        state, reply = exchange(state, ask)
+        in_python.append((reply.allowed, reply.version, reply.stepped_at, reply.reserved, reply.grant))
+    assert run_apart(in_lua()) == in_python

@@ -129,6 +129,20 @@ CONFIG_CASES = [
     ("model_list: [{model_name: a, litellm_params: {model: openai/a}, model_info: {batch_mode: weekly}}]",
      "model_list[0].model_info.batch_mode"),
     ("model_list:\n  - model_name: a\n   bad: [", "line"),
+    # batch_mode: background: its keys only with it, an OpenAI-wire server of the operator's, one deployment
+    ("model_list: [{model_name: a, litellm_params: {model: openai/a}, model_info: {background_priority: 3}}]",
+     "model_list[0].model_info"),
+    ("model_list: [{model_name: a, litellm_params: {model: anthropic/a, api_base: 'http://h/v1'}, "
+     "model_info: {batch_mode: background}}]", "model_list[0]"),
+    ("model_list: [{model_name: a, litellm_params: {model: hosted_vllm/a}, model_info: {batch_mode: background}}]",
+     "model_list[0]"),
+    ("model_list: [{model_name: a, litellm_params: {model: vllm/a}, model_info: {batch_mode: background}}]",
+     "model_list[0].model_info.batch_mode"),
+    ("model_list: [{model_name: a, litellm_params: {model: hosted_vllm/a, api_base: 'http://h/v1'}, "
+     "model_info: {batch_mode: background, metrics_url: 'h/metrics'}}]", "model_list[0].model_info"),
+    ("model_list: [{model_name: a, litellm_params: {model: hosted_vllm/a, api_base: 'http://h/v1'}, "
+     "model_info: {batch_mode: background}}, {model_name: a, litellm_params: {model: hosted_vllm/a, "
+     "api_base: 'http://g/v1'}, model_info: {batch_mode: background}}]", "model_list[1]"),
 ]
 
 
@@ -185,3 +199,23 @@ def test_router_settings_known_are_the_routers_own() -> None:
     from gateway.config.schema import ROUTER_SETTINGS
 
     assert set(inspect.signature(Router.__init__).parameters) - {"self", "model_list"} == ROUTER_SETTINGS
+
+
+def test_a_background_route_reads_its_server_beside_its_api_base(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    text = ("model_list:\n  - model_name: shared\n    max_parallel_requests: 48\n"
+            "    litellm_params: {model: hosted_vllm/org/m, api_base: 'http://vllm:8000/v1/'}\n"
+            "    model_info: {batch_mode: background}\n"
+            "  - model_name: own-metrics\n"
+            "    litellm_params: {model: openai/m, api_base: 'http://gpu:9000/v1'}\n"
+            "    model_info: {batch_mode: background, background_priority: 3, metrics_url: 'http://gpu:9100/metrics'}\n")
+    path = tmp_path / "bg.yaml"
+    path.write_text(text)
+    config = parse_config(__import__("yaml").safe_load(text))
+    shared, own = config.routes["shared"].background, config.routes["own-metrics"].background
+    assert shared is not None and own is not None
+    assert (shared.metrics_url, shared.served_model, shared.priority, shared.max_concurrency) == (
+        "http://vllm:8000/metrics", "org/m", 10, 48)
+    assert (own.metrics_url, own.priority, own.max_concurrency) == ("http://gpu:9100/metrics", 3, None)
+    assert main(["config", "check", str(path)]) == 0
+    assert "pass-through (background)" in capsys.readouterr().out

@@ -41,7 +41,7 @@ from gateway.config.prices import route_prices
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
 from gateway.domain import MESSAGE_BATCH_KIND
-from gateway.pipeline.sweeper import unavailable_routes
+from gateway.pipeline.sweeper import background_routes, unavailable_routes
 from gateway.store.faults import noticed, waiting_words
 from gateway.store.protocols import Store
 from gateway.store.records import BatchRecord, Page
@@ -241,7 +241,8 @@ async def _batches(
     now = time.time()
     waiting = waiting_words(_paused(workers))
     unpriced = _unpriced(runtime.config, {name for s in stats for name in s} | {n for p in planned for n in p or ()})
-    return page, [batch_view(r, s, p, now, unavailable, waiting, unpriced=unpriced,
+    background = background_routes(workers)
+    return page, [batch_view(r, s, p, now, unavailable, waiting, background, unpriced=unpriced,
                              input_filename=f.filename if f is not None else None)
                   for r, s, p, f in zip(wanted, stats, planned, inputs, strict=True)]
 

@@ -37,6 +37,7 @@ class RouteProgress:
     @property
     def cost_label(self) -> str:
         return "unpriced" if self.unpriced and not self.stats.cost_usd else fmt_usd(self.stats.cost_usd)
+    background: str | None = None  # a background route's pacing on its shared server (`background_words`)
 
     @property
     def progress(self) -> str:
@@ -115,7 +116,8 @@ class BatchView:
 
 def batch_view(
     rec: BatchRecord, routes: dict[str, RouteStats], planned: dict[str, int] | None = None, now: float | None = None,
-    unavailable: Mapping[str, str] | None = None, waiting: str | None = None, *,
+    unavailable: Mapping[str, str] | None = None, waiting: str | None = None,
+    background: Mapping[str, Mapping[str, Any]] | None = None, *,
     input_filename: str | None = None, unpriced: Collection[str] = (),
 ) -> BatchView:
     """`planned`: requests per route (from the batch's shards), so a running batch lists every route
@@ -130,8 +132,11 @@ def batch_view(
     routes = {name: _with_route_cost(stats, rec.routes.get(name)) for name, stats in routes.items()}
     names = sorted(set(routes) | set(planned), key=lambda n: (n == "", n))  # the validation bucket last
     unavailable = unavailable or {}
+    paced = background or {}
     rows = [RouteProgress(n, routes.get(n) or RouteStats(), planned.get(n), unavailable.get(n) or _kept(rec, n),
-                     n in unpriced) for n in names]
+                          n in unpriced,
+                          background_words(paced[n]) if n in paced and not rec.status.finished else None)
+            for n in names]
     return BatchView(
         id=rec.id,
         status=rec.status.value,
@@ -163,6 +168,16 @@ def _kept(rec: BatchRecord, route: str) -> str | None:
     facts = rec.routes.get(route)
     why = facts.get("unavailable") if isinstance(facts, dict) else None
     return why if isinstance(why, str) else None
+
+
+def background_words(state: Mapping[str, Any]) -> str:
+    """A background route's pacing in a few words: in flight of allowed, the server's queue, what to know."""
+    words = f"background: {state.get('in_flight', 0)} in flight of {state.get('allowed', 0)} allowed"
+    if state.get("metrics_up") is False:
+        words += " (the server's /metrics cannot be read: low fixed concurrency)"
+    elif state.get("server_waiting") is not None:
+        words += f", server waiting {state['server_waiting']}"
+    return words + (f"; {state['notice']}" if state.get("notice") else "")
 
 
 def _with_route_cost(stats: RouteStats, summary: Any) -> RouteStats:

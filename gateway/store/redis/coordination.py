@@ -3,6 +3,8 @@
 - Leases: a key holding the holder's name, with a TTL renewed while held, so
   two processes never validate or finalize one batch at once, and one that
   dies mid-way leaves a lease that expires.
+- Shared concurrency: `concurrency:{route}`, a background route's allowed concurrency and each worker's
+  part (`gateway.store.redis.concurrency`).
 - Heartbeats: `worker:{name}` with a TTL, and the `workers` zset of names. The
   Redis queue takes a shard over only from a consumer whose heartbeat is gone.
   The two are in different slots: a beat writes the heartbeat, then the name (a crash between: the next
@@ -19,7 +21,9 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 
+from gateway.scheduling.busy_server import ShareAsk, ShareState
 from gateway.store.leases import hold
+from gateway.store.redis import concurrency
 from gateway.store.redis.connection import get_many
 from gateway.store.redis.keys import Keys
 
@@ -34,6 +38,7 @@ class RedisCoordination:
         self._r, self._k, self.holder, self.ttl = client, keys, holder, ttl
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
+        self._exchange = client.register_script(concurrency.EXCHANGE)
 
     # -- leases ------------------------------------------------------------------
 
@@ -72,6 +77,13 @@ class RedisCoordination:
         if dead:
             await self._r.zrem(self._k.workers, *dead)
         return [json.loads(raw) for raw in raws if raw is not None]
+
+    # -- shared concurrency --------------------------------------------------------
+
+    async def share_concurrency(self, ask: ShareAsk) -> ShareState:
+        """A background route's turn (`gateway.scheduling.busy_server`), one Lua step: `store.redis.concurrency`."""
+        raw = await self._exchange(keys=[self._k.concurrency(ask.route)], args=concurrency.arguments(ask))
+        return concurrency.reply(raw)
 
     async def aclose(self) -> None:
         return None

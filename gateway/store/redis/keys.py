@@ -104,6 +104,7 @@ coordination (`RedisCoordination`, for `gateway.pipeline.sweeper`)
     worker:{name}             string  heartbeat JSON (routes, pid, host), with a TTL
     workers                   zset    worker names, score = last heartbeat
     lease:{what}              string  holder name, with a TTL (validate/finalize a batch, the sweep, the migration)
+    concurrency:{route}       string  a background route's shared concurrency (JSON), with a TTL
 """
 
 from __future__ import annotations
@@ -286,6 +287,9 @@ class Keys:
 
     def lease(self, what: str) -> str:
         return f"{self.prefix}lease:{what}"
+
+    def concurrency(self, route: str) -> str:
+        return f"{self.prefix}concurrency:{route}"
 
 
 __all__ = ["DEFAULT_PREFIX", "GROUP", "STREAM_FIELD", "Keys"]

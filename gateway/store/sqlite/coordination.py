@@ -6,6 +6,8 @@ helpers) share leases and heartbeats through the same file as the `SQLiteStore`,
 - `leases`: a row per lease with its holder and expiry, renewed while held (`gateway.store.leases`), so two
   processes never validate or finalize one batch at once, and one that dies mid-way leaves a lease that
   expires.
+- `concurrency_shares`: a `batch_mode: background` route's allowed concurrency and each worker's part of it
+  (`gateway.scheduling.busy_server`), one JSON row per route, read and written in one transaction.
 - `workers`: a row per live worker with its heartbeat's expiry. The embedded queue
   (`gateway.store.sqlite.queue`) takes a shard over only from a worker whose heartbeat is gone.
 """
@@ -18,12 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gateway.scheduling.busy_server import ShareAsk, ShareState, exchange
 from gateway.store.leases import hold
-from gateway.store.sqlite.db import Database, off_loop
+from gateway.store.sqlite.db import Database, immediate, off_loop
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (what TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS workers (name TEXT PRIMARY KEY, info TEXT NOT NULL, expires_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS concurrency_shares (route TEXT PRIMARY KEY, state TEXT NOT NULL);
 """
 
 LEASE_SECONDS = 30.0
@@ -87,6 +91,17 @@ class SQLiteCoordination:
     def live_workers(self) -> list[dict[str, Any]]:
         rows = self._db.execute("SELECT info FROM workers WHERE expires_at > ? ORDER BY name", (time.time(),))
         return [json.loads(r[0]) for r in rows.fetchall()]
+
+    # -- shared concurrency --------------------------------------------------------
+
+    @off_loop
+    def share_concurrency(self, ask: ShareAsk) -> ShareState:
+        with immediate(self._db):  # the read and the write under one lock, across processes
+            row = self._db.execute("SELECT state FROM concurrency_shares WHERE route = ?", (ask.route,)).fetchone()
+            state, reply = exchange(json.loads(row[0]) if row else None, ask)
+            self._db.execute("INSERT OR REPLACE INTO concurrency_shares (route, state) VALUES (?, ?)",
+                             (ask.route, json.dumps(state)))
+        return reply
 
     async def aclose(self) -> None:
         await self.sql.aclose()
