@@ -37,14 +37,18 @@ _KEPT_SECONDS = 86_400  # a finished or expired Upload's record, kept past its e
 _PREFIX = "upload:"
 
 
+def upload_folder(upload_id: str) -> str:
+    """Every blob of one Upload: its parts, and once completed its File's manifest."""
+    return f"uploads/{upload_id}"
+
+
 def part_key(upload_id: str, part_id: str) -> str:
-    """A part's bytes in the blob store; the folder `uploads/{upload_id}` holds every part of one Upload."""
-    return f"uploads/{upload_id}/{part_id}"
+    return f"{upload_folder(upload_id)}/{part_id}"
 
 
 def manifest_key(upload_id: str) -> str:
     """The completed File's bytes: the manifest of its parts, read as their concatenation."""
-    return f"uploads/{upload_id}/file{composed.SUFFIX}"
+    return f"{upload_folder(upload_id)}/file{composed.SUFFIX}"
 
 
 @dataclass(slots=True)
@@ -144,15 +148,16 @@ class Uploads:
                         raise InvalidRequest(f"The parts of Upload {upload_id} would exceed its {rec.bytes} "
                                              "bytes.", param="data", code="upload_too_large")
                     await writer.write(chunk)
-            await self.service.store.storage.settle(team, part.id, part.bytes)
-            # stored before its record: a record always has its bytes (a crash here leaves bytes the sweep takes)
-            await self.state.put(f"{_PREFIX}{upload_id}:part:{part.id}", dataclasses.asdict(part))
+            # Bytes before their record: a record always has its bytes. A crash in between leaves bytes the sweep
+            # removes with the Upload's folder, and a quota entry left pending, which the ledger drops once stale.
+            await self.state.put(self._part_state(part), dataclasses.asdict(part))
         except BaseException:
             await self.service.store.storage.release(team, part.id)
             raise
-        if (await self.get(upload_id, owner)).current_status(now()) != "pending":  # cancelled meanwhile
-            await self._drop_parts(rec)
-            self._check_pending(await self.get(upload_id, owner))
+        now_rec = await self.get(upload_id, owner)
+        if now_rec.current_status(now()) != "pending":  # cancelled, completed or expired while it streamed
+            await self._drop(part, team)
+            self._check_pending(now_rec)
         return part
 
     async def complete(self, upload_id: str, owner: str, part_ids: list[str], md5: str | None) -> UploadRecord:
@@ -194,12 +199,13 @@ class Uploads:
         await self.service.store.files.put(file)
         rec.status = "completed"
         await self._save(rec)
-        leftover = [p for p in have.values() if p.id not in set(part_ids)]
-        for part in leftover:  # parts not named are not the File's
-            await self.blobs.delete(part_key(upload_id, part.id))
+        named = set(part_ids)
         for part in have.values():
-            await self.service.store.storage.release(team, part.id)
-            await self.state.delete(f"{_PREFIX}{upload_id}:part:{part.id}")
+            if part.id in named:  # the File's now: counted under it
+                await self.service.store.storage.release(team, part.id)
+                await self.state.delete(self._part_state(part))
+            else:  # parts not named are not the File's
+                await self._drop(part, team)
         return rec
 
     async def cancel(self, upload_id: str, owner: str) -> UploadRecord:
@@ -235,11 +241,20 @@ class Uploads:
         return expired
 
     async def _drop_parts(self, rec: UploadRecord) -> None:
+        """Every part of an Upload that made no File (cancelled, expired), and bytes a crash left unrecorded."""
         team = storage_team(rec.owner)
         for part in (await self.parts(rec.id)).values():
-            await self.blobs.delete(part_key(rec.id, part.id))
-            await self.service.store.storage.release(team, part.id)
-            await self.state.delete(f"{_PREFIX}{rec.id}:part:{part.id}")
+            await self._drop(part, team)
+        await self.blobs.delete_prefix(upload_folder(rec.id))
+
+    async def _drop(self, part: PartRecord, team: str) -> None:
+        await self.blobs.delete(part_key(part.upload_id, part.id))
+        await self.service.store.storage.release(team, part.id)
+        await self.state.delete(self._part_state(part))
+
+    @staticmethod
+    def _part_state(part: PartRecord) -> str:
+        return f"{_PREFIX}{part.upload_id}:part:{part.id}"
 
     def _check_pending(self, rec: UploadRecord) -> None:
         status = rec.current_status(now())
@@ -249,4 +264,4 @@ class Uploads:
 
 
 __all__ = ["MAX_PARTS", "MAX_PART_BYTES", "UPLOAD_PURPOSES", "PartRecord", "UploadRecord", "Uploads",
-           "manifest_key", "part_key"]
+           "manifest_key", "part_key", "upload_folder"]
