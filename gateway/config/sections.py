@@ -64,6 +64,9 @@ class Team(Strict):
     """Bytes of the team's uploaded files (stored, or being uploaded) until deleted or expired; an upload
     that would pass it is refused with 429 `storage_quota_exceeded` (`gateway.store.storage`). Null:
     `batch_settings.max_file_storage_bytes`."""
+    max_lines: PositiveInt | None = None
+    """Lines per input file of the team's batches (more is `too_many_tasks`), e.g. raised for files sent
+    through the Uploads API. Null: `batch_settings.max_lines`."""
     rpm_limit: PositiveInt | None = None
     """Requests started per window (`rate_window_seconds`: a minute) on each route the team uses, each route
     counted apart (LiteLLM proxy's name), on top of the deployments' own `rpm` (LiteLLM's Router keeps

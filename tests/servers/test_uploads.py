@@ -47,9 +47,11 @@ def upstream() -> Iterator[Upstream]:
 
 @pytest.fixture(scope="module")
 def gw(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    teams: list[dict[str, Any]] = [{"team_id": "alpha", "api_keys": [ALPHA]}, {"team_id": "beta", "api_keys": [BETA]},
-             {"team_id": "gamma", "api_keys": [GAMMA], "max_file_storage_bytes": GAMMA_STORAGE}]
-    config = gateway_config(upstream, models=("gpt-mini",), teams=teams, max_lines=BIG, max_upload_bytes=10**8,
+    teams: list[dict[str, Any]] = [
+        {"team_id": "alpha", "api_keys": [ALPHA], "max_lines": BIG},  # raised for alpha alone
+        {"team_id": "beta", "api_keys": [BETA]},
+        {"team_id": "gamma", "api_keys": [GAMMA], "max_file_storage_bytes": GAMMA_STORAGE}]
+    config = gateway_config(upstream, models=("gpt-mini",), teams=teams, max_upload_bytes=10**8,
                             shard_size=5_000, max_concurrency=64)
     with start_gateway(config, tmp_path_factory.mktemp("uploads") / "data") as gateway:
         yield gateway
@@ -280,6 +282,7 @@ def test_a_kill_during_complete_leaves_a_whole_file_or_none(upstream: Upstream, 
 
 
 def test_a_batch_of_more_than_50000_lines_from_an_upload(gw: Gateway) -> None:
+    """alpha's `max_lines` is raised past OpenAI's 50,000: one batch runs the whole file, in input order."""
     data = jsonl({"custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions",
                   "body": {"model": "gpt-mini", "messages": [{"role": "user", "content": "k"}], "max_tokens": 1}}
                  for i in range(BIG))
@@ -295,6 +298,16 @@ def test_a_batch_of_more_than_50000_lines_from_an_upload(gw: Gateway) -> None:
     assert done.request_counts is not None and done.request_counts.completed == BIG
     out = read_jsonl(client, done.output_file_id)
     assert [o["custom_id"] for o in out] == [f"b{i}" for i in range(BIG)]  # one output, in input order
+    # another team keeps OpenAI's 50,000
+    other = gw.client(BETA)
+    upload = other.uploads.upload_file_chunked(file=data, filename="big.jsonl", bytes=len(data),
+                                               mime_type="application/jsonl", purpose="batch",
+                                               part_size=2 * 1024 * 1024)
+    assert upload.file is not None
+    refused = wait_batch(other, other.batches.create(input_file_id=upload.file.id, endpoint="/v1/chat/completions",
+                                                     completion_window="24h").id)
+    assert refused.status == "failed" and refused.errors and refused.errors.data
+    assert refused.errors.data[0].code == "too_many_tasks" and refused.errors.data[0].line == BIG
 
 
 # --------------------------------------------------------------------------- the S3 store
