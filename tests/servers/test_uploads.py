@@ -8,6 +8,9 @@ import concurrent.futures
 import contextlib
 import hashlib
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,6 +121,38 @@ def test_sdk_chunked_upload_from_a_path_with_azure(gw: Gateway, tmp_path: Path) 
                                  completion_window="24h")
     done = wait_batch(azure, batch.id)  # type: ignore[arg-type]
     assert done.status == "completed" and done.request_counts and done.request_counts.completed == 30
+
+
+_OPENAI2_UPLOAD = """
+import json, sys
+import openai
+client = openai.OpenAI(base_url=sys.argv[1], api_key=sys.argv[2], max_retries=0)
+data = b"".join(json.dumps({"custom_id": f"v2-{i}", "method": "POST", "url": "/v1/chat/completions",
+                            "body": {"model": "gpt-mini", "messages": [{"role": "user", "content": "hi"}]}}).encode()
+                + b"\\n" for i in range(20))
+up = client.uploads.upload_file_chunked(file=data, filename="v2.jsonl", bytes=len(data),
+                                        mime_type="application/jsonl", purpose="batch", part_size=500)
+same = client.files.content(up.file.id).read() == data
+print(json.dumps({"version": openai.__version__, "status": up.status, "same": same}))
+"""
+
+
+def test_sdk_2x_chunked_upload(gw: Gateway, tmp_path: Path) -> None:
+    """Teams still on the 2.x SDK (scripts/test.sh installs it into BATCHYARD_OPENAI2) upload in parts too."""
+    folder = os.environ.get("BATCHYARD_OPENAI2", "")
+    if not folder or not Path(folder, "openai").is_dir():
+        if os.environ.get("CI"):
+            pytest.fail("BATCHYARD_OPENAI2 (openai 2.x, installed by scripts/test.sh) is missing")
+        pytest.skip("openai 2.x is installed by scripts/test.sh (BATCHYARD_OPENAI2)")
+    script = tmp_path / "upload2.py"
+    script.write_text(_OPENAI2_UPLOAD)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([folder, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, str(script), gw.url + "/v1", ALPHA], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"version": result["version"], "status": "completed", "same": True}
+    assert result["version"].startswith("2.")
 
 
 # --------------------------------------------------------------------------- the spec's errors
