@@ -34,7 +34,8 @@ from tests.support.server_helpers import (
     start_gateway,
     wait_batch,
 )
-from tests.support.services import MotoS3
+from tests.support.services import MotoS3, RedisServer
+from tests.support.team_helpers import start_shared
 from tests.support.waiting import eventually
 
 ALPHA, BETA, GAMMA = "sk-up-alpha", "sk-up-beta", "sk-up-gamma"
@@ -346,6 +347,34 @@ def test_a_batch_of_more_than_50000_lines_from_an_upload(gw: Gateway) -> None:
 
 
 # --------------------------------------------------------------------------- the S3 store
+
+
+def test_shared_mode_on_s3_uploads_runs_and_cancels(upstream: Upstream, redis_server: RedisServer, s3: MotoS3,
+                                                     tmp_path: Path) -> None:
+    """Redis keeps the Upload records, S3 the parts: the SDK's chunked upload, a batch of it, a cancel."""
+    config = gateway_config(upstream, models=("gpt-mini",))
+    with start_shared(config, tmp_path / "data", redis_server.url, storage=s3.storage("uploads-e2e"),
+                      env=s3.env()) as gw:
+        client = gw.client(None)
+        data = _lines(25, "s3")
+        upload = client.uploads.upload_file_chunked(file=data, filename="s3.jsonl", bytes=len(data),
+                                                    mime_type="application/jsonl", purpose="batch", part_size=900)
+        assert upload.file is not None and client.files.content(upload.file.id).read() == data
+        batch = client.batches.create(input_file_id=upload.file.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+        done = wait_batch(client, batch.id)
+        assert done.status == "completed" and [o["custom_id"] for o in read_jsonl(client, done.output_file_id)] \
+            == [f"s3-{i}" for i in range(25)]
+        other = client.uploads.create(bytes=10, filename="x.jsonl", mime_type="application/jsonl", purpose="batch")
+        part = client.uploads.parts.create(other.id, data=b"0123456789")
+        assert part.upload_id == other.id
+        assert client.uploads.cancel(other.id).status == "cancelled"
+        with pytest.raises(openai.ConflictError):
+            client.uploads.complete(other.id, part_ids=[part.id])
+        client.files.delete(upload.file.id)  # the File's deletion takes its parts from S3
+        with pytest.raises(openai.NotFoundError):
+            client.files.retrieve(upload.file.id)
+
 
 
 async def test_s3_reads_a_completed_upload_as_its_parts(s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> None:
