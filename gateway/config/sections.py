@@ -64,6 +64,9 @@ class Team(Strict):
     """Bytes of the team's uploaded files (stored, or being uploaded) until deleted or expired; an upload
     that would pass it is refused with 429 `storage_quota_exceeded` (`gateway.store.storage`). Null:
     `batch_settings.max_file_storage_bytes`."""
+    max_lines: PositiveInt | None = None
+    """Lines per input file of the team's batches (more is `too_many_tasks`), e.g. raised for files sent
+    through the Uploads API. Null: `batch_settings.max_lines`."""
     rpm_limit: PositiveInt | None = None
     """Requests started per window (`rate_window_seconds`: a minute) on each route the team uses, each route
     counted apart (LiteLLM proxy's name), on top of the deployments' own `rpm` (LiteLLM's Router keeps
@@ -186,6 +189,13 @@ class BatchSettings(Strict):
     fails validation naming this setting."""
     max_file_bytes: PositiveInt = 200 * 1024 * 1024
     """Bytes per uploaded file (413 `file_too_large`)."""
+    max_upload_bytes: PositiveInt = 8 * 1024**3
+    """Bytes of one file made by OpenAI's Uploads API (`POST /v1/uploads`, parts of up to 64 MB), OpenAI's
+    8 GB by default; `max_file_bytes` still bounds a file sent whole to `POST /v1/files`. A file this big
+    usually holds more than `max_lines` requests: raise that too."""
+    upload_expiry_seconds: PositiveInt = 3600
+    """How long an Upload takes parts before it expires (OpenAI's hour); the sweep then removes its parts
+    and frees their storage. Tests shorten it."""
     max_line_bytes: PositiveInt = 8 * 1024 * 1024
     """Bytes per line; a longer line is cut off as it is read (never held whole) and is `invalid_request`."""
     max_errors_listed: PositiveInt = 1_000

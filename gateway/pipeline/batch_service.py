@@ -80,6 +80,7 @@ class BatchService:
                                               t.model_max_enqueued_requests) for t in config.batch.teams}
         self._storage_limits = {t.team_id: t.max_file_storage_bytes for t in config.batch.teams
                                 if t.max_file_storage_bytes is not None}
+        self._max_lines = {t.team_id: t.max_lines for t in config.batch.teams if t.max_lines is not None}
 
     # -- files -----------------------------------------------------------------
 
@@ -357,7 +358,7 @@ class BatchService:
                 batch_id, source.blob_key,
                 endpoint=normalise_endpoint(batch.endpoint) if batch.endpoint != "*" else None,
                 strict=batch.options.strict, allowed_models=batch.options.allowed_models,
-                trace_context=tracing.headers() or None,
+                trace_context=tracing.headers() or None, max_lines=self._max_lines.get(batch.owner),
             ))
         except BrokenProcessPool:
             raise  # the validation process died (killed, out of memory): the sweep validates the batch again

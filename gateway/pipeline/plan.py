@@ -59,12 +59,14 @@ class PlanJob:
     allowed_models: list[str] | None
     # the validating stage's span (`gateway.tracing`), so that the validation process plans in the batch's trace
     trace_context: dict[str, str] | None = None
+    # the lines the file may have: its team's `max_lines`, else `batch_settings.max_lines`
+    max_lines: int | None = None
 
 
 async def plan_batch(config: Config, blobs: Blobs, job: PlanJob) -> PlanOutcome:
     """Validate the job's input file into shard blobs, streamed; the outcome says what was written."""
     planner = Planner(config, blobs, job.batch_id, endpoint=job.endpoint, strict=job.strict,
-                      allowed_models=job.allowed_models)
+                      allowed_models=job.allowed_models, max_lines=job.max_lines)
     # A line is cut off while it is read, once it passes the limit: it never sits whole in memory.
     cap = config.batch.limits.max_line_bytes + LINE_SLACK
     return await planner.plan(split_lines(blobs.read(job.input_key), cap))
@@ -102,11 +104,13 @@ async def chunks(lines: AsyncIterator[bytes | Overlong]) -> AsyncIterator[list[b
 class Planner:
     def __init__(
         self, config: Config, blobs: Blobs, batch_id: str, *, endpoint: Endpoint | None, strict: bool,
-        allowed_models: list[str] | None, run_batch_rules: bool | None = None,
+        allowed_models: list[str] | None, run_batch_rules: bool | None = None, max_lines: int | None = None,
     ) -> None:
         """`run_batch_rules`: repeated custom_ids are answered line by line, as vLLM's run_batch does
-        (default: what the config says, i.e. true only for the config `batchyard run --model` implies)."""
+        (default: what the config says, i.e. true only for the config `batchyard run --model` implies).
+        `max_lines`: the file's limit (default: `batch_settings.max_lines`)."""
         self._config, self._blobs, self._batch_id, self._strict = config, blobs, batch_id, strict
+        self._max_lines = max_lines or config.batch.limits.max_lines
         if run_batch_rules is None:
             run_batch_rules = config.run_batch_rules
         self._checker = LineChecker(
@@ -154,7 +158,7 @@ class Planner:
         return self.outcome
 
     async def _read(self, lines: AsyncIterator[bytes | Overlong]) -> None:
-        limits = self._config.batch.limits
+        max_lines = self._max_lines
         number = 0
         async for chunk in chunks(lines):
             # The CPU work (JSON, checks, the shard line's bytes) in a thread, so that a process planning in
@@ -164,9 +168,9 @@ class Planner:
             number += len(chunk)
             for line, checked, data in checked_chunk:
                 self.outcome.total += 1
-                if self.outcome.total > limits.max_lines:
+                if self.outcome.total > max_lines:
                     self._fail(LineError(LineCode.TOO_MANY_TASKS,
-                                         f"the file has more than {limits.max_lines} requests", line))
+                                         f"the file has more than {max_lines} requests", line))
                     return self._finish_read()
                 if (error := line_failure(checked, self._strict)) is not None:
                     self._fail(error)

@@ -34,6 +34,7 @@ from gateway.log_safe import escaped
 from gateway.pipeline.batch_service import BatchService
 from gateway.pipeline.finalizer import Finalizer
 from gateway.pipeline.lifecycle import for_queue
+from gateway.pipeline.uploads import Uploads
 from gateway.store.faults import forget, machine_fault, notice, noticed, once_a_minute
 from gateway.store.protocols import Coordination, Queue, Store
 from gateway.store.quota import GRACE_SECONDS
@@ -128,6 +129,8 @@ class Sweeper:
                     log.info("removed the index entries of %d create(s) that stopped half way", left)
                 if gone := await self.intake.delete_expired_files():
                     log.info("deleted %d expired file(s)", gone)
+                if expired := await Uploads(self.intake).sweep():
+                    log.info("expired %d upload(s) and removed their parts", expired)
         finally:
             await self.coordination.release("sweep")
 

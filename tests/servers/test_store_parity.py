@@ -213,6 +213,10 @@ async def _backend_state(store: Store) -> list[Any]:
     await state.delete("native:x")
     await state.delete("none")
     out.append([await state.get("native:x"), await state.get("native:y")])
+    for key in ("upload:u1", "upload:u1:part:p1", "upload:u2", "uploads", "up_%:x", "up*[x]"):
+        await state.put(key, {"k": key})
+    # a prefix's glob and LIKE characters are plain characters
+    out.append([sorted(await state.scan(p)) for p in ("upload:", "upload:u1:part:", "up_%", "up*[", "none")])
     return out
 
 

@@ -15,7 +15,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import BinaryIO
 
-from gateway.store.blobs import commit_or_abort
+from gateway.store.blobs import commit_or_abort, composed
 from gateway.store.protocols import BlobWriter
 
 
@@ -65,18 +65,28 @@ class LocalBlobs:
     def writing(self, key: str) -> AbstractAsyncContextManager[BlobWriter]:
         return commit_or_abort(self.writer(key))
 
-    async def read(self, key: str, chunk_size: int = 1 << 16) -> AsyncIterator[bytes]:
+    def read(self, key: str, chunk_size: int = 1 << 16) -> AsyncIterator[bytes]:
+        if composed.is_composed(key):
+            return composed.read(self._read_one, key, chunk_size)
+        return self._read_one(key, chunk_size)
+
+    async def _read_one(self, key: str, chunk_size: int) -> AsyncIterator[bytes]:
         with open(self._path(key), "rb") as f:
             while chunk := f.read(chunk_size):
                 yield chunk
 
     async def size(self, key: str) -> int | None:
         try:
+            if composed.is_composed(key):
+                return sum(size for _, size in await composed.parts_of(self._read_one, key))
             return self._path(key).stat().st_size
         except FileNotFoundError:
             return None
 
     async def delete(self, key: str) -> None:
+        if composed.is_composed(key) and self._path(key).exists():
+            for part, _ in await composed.parts_of(self._read_one, key):
+                self._path(part).unlink(missing_ok=True)
         self._path(key).unlink(missing_ok=True)
 
     async def delete_prefix(self, prefix: str) -> None:

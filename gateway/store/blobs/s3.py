@@ -25,7 +25,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import ClientError
 
-from gateway.store.blobs import commit_or_abort
+from gateway.store.blobs import commit_or_abort, composed
 from gateway.store.protocols import BlobWriter
 
 MIN_PART_SIZE = 5 * 1024 * 1024
@@ -149,7 +149,12 @@ class S3Blobs:
     def writing(self, key: str) -> AbstractAsyncContextManager[BlobWriter]:
         return commit_or_abort(self.writer(key))
 
-    async def read(self, key: str, chunk_size: int = 1 << 16) -> AsyncIterator[bytes]:
+    def read(self, key: str, chunk_size: int = 1 << 16) -> AsyncIterator[bytes]:
+        if composed.is_composed(key):
+            return composed.read(self._read_one, key, chunk_size)
+        return self._read_one(key, chunk_size)
+
+    async def _read_one(self, key: str, chunk_size: int) -> AsyncIterator[bytes]:
         client = await self.client()
         try:
             reply = await client.get_object(Bucket=self.bucket, Key=self._key(key))
@@ -162,6 +167,11 @@ class S3Blobs:
                 yield chunk
 
     async def size(self, key: str) -> int | None:
+        if composed.is_composed(key):
+            try:
+                return sum(size for _, size in await composed.parts_of(self._read_one, key))
+            except FileNotFoundError:
+                return None
         client = await self.client()
         try:
             reply = await client.head_object(Bucket=self.bucket, Key=self._key(key))
@@ -172,6 +182,13 @@ class S3Blobs:
         return int(reply["ContentLength"])
 
     async def delete(self, key: str) -> None:
+        if composed.is_composed(key):
+            try:
+                parts = await composed.parts_of(self._read_one, key)
+            except FileNotFoundError:
+                parts = []
+            for part, _ in parts:
+                await self.delete(part)
         client = await self.client()
         await client.delete_object(Bucket=self.bucket, Key=self._key(key))
 

@@ -24,5 +24,19 @@ class RedisBackendState:
     async def delete(self, key: str) -> None:
         await self._r.delete(self._k.meta(key))
 
+    async def scan(self, prefix: str) -> dict[str, dict[str, Any]]:
+        start = len(self._k.meta(""))
+        found: dict[str, dict[str, Any]] = {}
+        async for raw_key in self._r.scan_iter(match=_glob_escaped(self._k.meta(prefix)) + "*", count=500):
+            name = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
+            raw = await self._r.get(name)
+            if raw is not None:  # deleted between the scan and the read
+                found[name[start:]] = json.loads(raw)
+        return found
+
+
+def _glob_escaped(text: str) -> str:
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+
 
 __all__ = ["RedisBackendState"]

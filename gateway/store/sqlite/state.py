@@ -27,5 +27,11 @@ class SQLiteBackendState:
     def delete(self, key: str) -> None:
         self._db.execute("DELETE FROM meta WHERE key = ?", (key,))
 
+    @off_loop
+    def scan(self, prefix: str) -> dict[str, dict[str, Any]]:
+        # substr, not LIKE: a prefix's `_` and `%` are plain characters
+        rows = self._db.execute("SELECT key, data FROM meta WHERE substr(key, 1, ?) = ?", (len(prefix), prefix))
+        return {key: json.loads(data) for key, data in rows.fetchall()}
+
 
 __all__ = ["SCHEMA", "SQLiteBackendState"]

@@ -1,0 +1,44 @@
+"""A blob made of other blobs: an Upload's parts read as one file, nothing copied.
+
+`POST /v1/uploads/{id}/complete` writes a small manifest (the parts' keys and sizes, in order) at a key that
+ends in `SUFFIX`; every `Blobs` reads, sizes and deletes such a key as the concatenation of its parts, so a
+completed Upload's bytes are written once (as its parts arrived) and streamed in order by every reader
+(validation, the content route, the planners) without a second copy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+
+SUFFIX = ".parts"
+_MAX_MANIFEST = 64 * 1024 * 1024  # 8 GB of 64 MB parts is 128 entries; any manifest of ours is far smaller
+
+ReadOne = Callable[[str, int], AsyncIterator[bytes]]
+
+
+def is_composed(key: str) -> bool:
+    return key.endswith(SUFFIX)
+
+
+def manifest(parts: Sequence[tuple[str, int]]) -> bytes:
+    """The manifest of `parts` (key, bytes), in the order they are read."""
+    return json.dumps({"parts": [{"key": key, "bytes": size} for key, size in parts]}).encode()
+
+
+async def parts_of(read_one: ReadOne, key: str) -> list[tuple[str, int]]:
+    raw = bytearray()
+    async for chunk in read_one(key, 1 << 16):
+        raw += chunk
+        if len(raw) > _MAX_MANIFEST:
+            raise ValueError(f"blob manifest {key!r} is too large")
+    return [(p["key"], int(p["bytes"])) for p in json.loads(raw)["parts"]]
+
+
+async def read(read_one: ReadOne, key: str, chunk_size: int) -> AsyncIterator[bytes]:
+    for part, _ in await parts_of(read_one, key):
+        async for chunk in read_one(part, chunk_size):
+            yield chunk
+
+
+__all__ = ["SUFFIX", "is_composed", "manifest", "parts_of", "read"]

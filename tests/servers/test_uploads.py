@@ -1,0 +1,405 @@
+"""OpenAI's Uploads API end to end: a real `batchyard serve`, the `openai` SDK's `upload_file_chunked` on every
+path family, each error the spec names, expiry, a storage quota crossed mid-upload, and a batch of more than
+50,000 lines made from an Upload. The S3 store's reading of a completed Upload runs against moto."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai import AzureOpenAI
+
+from gateway.store.blobs import composed
+from gateway.store.blobs.s3 import S3Blobs
+from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.support.server_helpers import (
+    API_VERSION,
+    Gateway,
+    chat_line,
+    gateway_config,
+    jsonl,
+    read_jsonl,
+    start_gateway,
+    wait_batch,
+)
+from tests.support.services import MotoS3, RedisServer
+from tests.support.team_helpers import start_shared
+from tests.support.waiting import eventually
+
+ALPHA, BETA, GAMMA = "sk-up-alpha", "sk-up-beta", "sk-up-gamma"
+GAMMA_STORAGE = 4_000
+BIG = 50_001  # lines of the batch past OpenAI's 50,000
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Upstream]:
+    with start_upstream() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gw(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    teams: list[dict[str, Any]] = [
+        {"team_id": "alpha", "api_keys": [ALPHA], "max_lines": BIG},  # raised for alpha alone
+        {"team_id": "beta", "api_keys": [BETA]},
+        {"team_id": "gamma", "api_keys": [GAMMA], "max_file_storage_bytes": GAMMA_STORAGE}]
+    config = gateway_config(upstream, models=("gpt-mini",), teams=teams, max_upload_bytes=10**8,
+                            shard_size=5_000, max_concurrency=64)
+    with start_gateway(config, tmp_path_factory.mktemp("uploads") / "data") as gateway:
+        yield gateway
+
+
+def _lines(n: int, tag: str) -> bytes:
+    return jsonl(chat_line(f"{tag}-{i}", "gpt-mini", f"{tag} {i}") for i in range(n))
+
+
+def _post(gw: Gateway, path: str, key: str = ALPHA, **kwargs: Any) -> httpx.Response:
+    return gw.http("POST", path, key, **kwargs)
+
+
+def _create(gw: Gateway, size: int, key: str = ALPHA, **extra: Any) -> dict[str, Any]:
+    body = {"filename": "in.jsonl", "purpose": "batch", "bytes": size, "mime_type": "application/jsonl", **extra}
+    reply = _post(gw, "/v1/uploads", key, json=body)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def _part(gw: Gateway, upload_id: str, data: bytes, key: str = ALPHA) -> httpx.Response:
+    return _post(gw, f"/v1/uploads/{upload_id}/parts", key, files={"data": ("blob", data)})
+
+
+def _error(reply: httpx.Response, status: int, code: str | None, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape; `code` None: any code (the type and message are still checked)."""
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert error["message"] and error["type"], error
+    if code is not None:
+        assert error["code"] == code, error
+    if param is not None:
+        assert error["param"] == param, error
+    return error
+
+
+# --------------------------------------------------------------------------- the SDK, every path family
+
+
+@pytest.mark.parametrize("prefix", ["/v1", "", "/openai/v1", "/azure/v1"])
+def test_sdk_chunked_upload_on_every_path_family(gw: Gateway, prefix: str) -> None:
+    data = _lines(40, f"fam{prefix.replace('/', '-')}")
+    client = gw.client(ALPHA, prefix=prefix)
+    upload = client.uploads.upload_file_chunked(file=data, filename="in.jsonl", bytes=len(data),
+                                                mime_type="application/jsonl", purpose="batch",
+                                                part_size=len(data) // 3 + 1, md5=hashlib.md5(data).hexdigest())
+    assert upload.status == "completed" and upload.object == "upload" and upload.bytes == len(data)
+    assert upload.file is not None and upload.file.bytes == len(data) and upload.file.filename == "in.jsonl"
+    assert upload.expires_at == upload.created_at + 3600
+    assert client.files.content(upload.file.id).read() == data  # the parts, in order, as one file
+    assert client.files.retrieve(upload.file.id).purpose == "batch"
+
+
+def test_sdk_chunked_upload_from_a_path_with_azure(gw: Gateway, tmp_path: Path) -> None:
+    data = _lines(30, "azure")
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(data)
+    azure = AzureOpenAI(azure_endpoint=gw.url, api_key=ALPHA, api_version=API_VERSION, max_retries=0)
+    upload = azure.uploads.upload_file_chunked(file=path, mime_type="application/jsonl", purpose="batch",
+                                               part_size=1000)
+    assert upload.status == "completed" and upload.file is not None and upload.filename == "in.jsonl"
+    assert azure.files.content(upload.file.id).read() == data
+    batch = azure.batches.create(input_file_id=upload.file.id, endpoint="/v1/chat/completions",
+                                 completion_window="24h")
+    done = wait_batch(azure, batch.id)  # type: ignore[arg-type]
+    assert done.status == "completed" and done.request_counts and done.request_counts.completed == 30
+
+
+_OPENAI2_UPLOAD = """
+import json, sys
+import openai
+client = openai.OpenAI(base_url=sys.argv[1], api_key=sys.argv[2], max_retries=0)
+data = b"".join(json.dumps({"custom_id": f"v2-{i}", "method": "POST", "url": "/v1/chat/completions",
+                            "body": {"model": "gpt-mini", "messages": [{"role": "user", "content": "hi"}]}}).encode()
+                + b"\\n" for i in range(20))
+up = client.uploads.upload_file_chunked(file=data, filename="v2.jsonl", bytes=len(data),
+                                        mime_type="application/jsonl", purpose="batch", part_size=500)
+same = client.files.content(up.file.id).read() == data
+print(json.dumps({"version": openai.__version__, "status": up.status, "same": same}))
+"""
+
+
+def test_sdk_2x_chunked_upload(gw: Gateway, tmp_path: Path) -> None:
+    """Teams still on the 2.x SDK (scripts/test.sh installs it into BATCHYARD_OPENAI2) upload in parts too."""
+    folder = os.environ.get("BATCHYARD_OPENAI2", "")
+    if not folder or not Path(folder, "openai").is_dir():
+        if os.environ.get("CI"):
+            pytest.fail("BATCHYARD_OPENAI2 (openai 2.x, installed by scripts/test.sh) is missing")
+        pytest.skip("openai 2.x is installed by scripts/test.sh (BATCHYARD_OPENAI2)")
+    script = tmp_path / "upload2.py"
+    script.write_text(_OPENAI2_UPLOAD)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([folder, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, str(script), gw.url + "/v1", ALPHA], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"version": result["version"], "status": "completed", "same": True}
+    assert result["version"].startswith("2.")
+
+
+# --------------------------------------------------------------------------- the spec's errors
+
+
+def test_create_refusals(gw: Gateway) -> None:
+    good = {"filename": "a.jsonl", "purpose": "batch", "bytes": 10, "mime_type": "application/jsonl"}
+    _error(_post(gw, "/v1/uploads", json={**good, "colour": "red"}), 400, "unknown_parameter", "colour")
+    _error(_post(gw, "/v1/uploads", json={k: v for k, v in good.items() if k != "filename"}), 400,
+           "missing_required_parameter", "filename")
+    _error(_post(gw, "/v1/uploads", json={**good, "bytes": "10"}), 400, None, "bytes")
+    _error(_post(gw, "/v1/uploads", json={**good, "purpose": "nonsense"}), 400, "invalid_value", "purpose")
+    _error(_post(gw, "/v1/uploads", json={**good, "bytes": 10**8 + 1}), 400, "upload_too_large", "bytes")
+    _error(_post(gw, "/v1/uploads", json={**good, "expires_after": {"anchor": "created_at", "seconds": 5}}), 400,
+           None)
+    _error(_post(gw, "/v1/uploads", content=b"[1]", headers={"content-type": "application/json"}), 400,
+           "invalid_json")
+    _error(_post(gw, "/v1/uploads", "sk-nobody", json=good), 401, None)
+
+
+def test_expires_after_gives_the_file_its_expiry(gw: Gateway) -> None:
+    up = _create(gw, 4, expires_after={"anchor": "created_at", "seconds": 7200})
+    part = _part(gw, up["id"], b"abcd").json()
+    done = _post(gw, f"/v1/uploads/{up['id']}/complete", json={"part_ids": [part["id"]]}).json()
+    assert done["file"]["expires_at"] == done["file"]["created_at"] + 7200
+
+
+def test_another_teams_upload_is_not_found(gw: Gateway) -> None:
+    up = _create(gw, 4)
+    part = _part(gw, up["id"], b"abcd")
+    assert part.status_code == 200 and part.json()["object"] == "upload.part"
+    assert part.json()["upload_id"] == up["id"]
+    for path, kwargs in ((f"/v1/uploads/{up['id']}/parts", {"files": {"data": ("b", b"x")}}),
+                         (f"/v1/uploads/{up['id']}/complete", {"json": {"part_ids": [part.json()["id"]]}}),
+                         (f"/v1/uploads/{up['id']}/cancel", {})):
+        _error(_post(gw, path, BETA, **kwargs), 404, "not_found")
+    _error(_post(gw, "/v1/uploads/upload_missing/cancel"), 404, "not_found")
+    _error(_post(gw, "/v1/uploads/file-abc/cancel"), 400, "invalid_id", "upload_id")
+    # still alpha's, untouched
+    done = _post(gw, f"/v1/uploads/{up['id']}/complete", json={"part_ids": [part.json()["id"]]})
+    assert done.status_code == 200 and done.json()["status"] == "completed"
+    _error(gw.http("GET", f"/v1/files/{done.json()['file']['id']}", BETA), 404, "not_found")
+
+
+def test_complete_refusals(gw: Gateway) -> None:
+    up, other = _create(gw, 8), _create(gw, 4)
+    p1, p2 = (_part(gw, up["id"], b"abcd").json()["id"], _part(gw, up["id"], b"efgh").json()["id"])
+    foreign = _part(gw, other["id"], b"wxyz").json()["id"]
+    complete = f"/v1/uploads/{up['id']}/complete"
+    _error(_post(gw, complete, json={"part_ids": [p1]}), 400, "bytes_mismatch", "part_ids")
+    _error(_post(gw, complete, json={"part_ids": [p1, foreign]}), 400, "invalid_part", "part_ids[1]")
+    _error(_post(gw, complete, json={"part_ids": [p1, p1]}), 400, "duplicate_part", "part_ids")
+    _error(_post(gw, complete, json={"part_ids": [p1, p2], "md5": "0" * 32}), 400, "md5_mismatch", "md5")
+    _error(_post(gw, complete, json={"part_ids": [p1, p2], "extra": 1}), 400, "unknown_parameter", "extra")
+    _error(_post(gw, complete, json={}), 400, None, "part_ids")
+    # the parts in the order named: the second part first
+    done = _post(gw, complete, json={"part_ids": [p2, p1], "md5": hashlib.md5(b"efghabcd").hexdigest()})
+    assert done.status_code == 200, done.text
+    assert gw.client(ALPHA).files.content(done.json()["file"]["id"]).read() == b"efghabcd"
+    _error(_post(gw, complete, json={"part_ids": [p2, p1]}), 409, "upload_already_completed")
+    _error(_part(gw, up["id"], b"more"), 409, "upload_completed")
+
+
+def test_part_refusals(gw: Gateway) -> None:
+    up = _create(gw, 4)
+    _error(_part(gw, up["id"], b"12345"), 400, "upload_too_large", "data")  # past the Upload's own `bytes`
+    reply = _post(gw, f"/v1/uploads/{up['id']}/parts", files={"file": ("b", b"12")})
+    _error(reply, 400, "unknown_parameter", "file")
+    _error(_post(gw, f"/v1/uploads/{up['id']}/parts", data={}, files={}), 400, "invalid_content_type")
+    # a part over 64 MB, streamed (no Content-Length): refused as the 64 MB are passed
+    def streamed() -> Iterator[bytes]:
+        yield b'--x\r\nContent-Disposition: form-data; name="data"; filename="b"\r\n\r\n'
+        for _ in range(65):
+            yield b"y" * (1 << 20)
+        yield b"\r\n--x--\r\n"
+
+    headers = {"content-type": "multipart/form-data; boundary=x"}
+    big = _create(gw, 70 * (1 << 20))
+    _error(_post(gw, f"/v1/uploads/{big['id']}/parts", content=streamed(), headers=headers), 413, "part_too_large")
+    folder = gw.data_dir / "blobs" / "uploads" / big["id"]
+    assert not folder.exists() or not list(folder.iterdir())  # nothing of it kept
+
+
+def test_cancel_removes_the_parts(gw: Gateway) -> None:
+    up = _create(gw, 8)
+    _part(gw, up["id"], b"abcd")
+    folder = gw.data_dir / "blobs" / "uploads" / up["id"]
+    assert len(list(folder.iterdir())) == 1
+    cancelled = _post(gw, f"/v1/uploads/{up['id']}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert not folder.exists()  # the Upload's folder, parts and all
+    _error(_part(gw, up["id"], b"efgh"), 409, "upload_cancelled")
+    _error(_post(gw, f"/v1/uploads/{up['id']}/complete", json={"part_ids": []}), 409, "upload_cancelled")
+
+
+def test_storage_quota_crossed_mid_upload(gw: Gateway) -> None:
+    """gamma may store 4,000 bytes: parts count as they arrive, and cancelling frees them."""
+    up = _create(gw, 6_000, GAMMA)
+    for _ in range(3):
+        assert _part(gw, up["id"], b"x" * 1_200, GAMMA).status_code == 200
+    _error(_part(gw, up["id"], b"x" * 1_200, GAMMA), 429, "storage_quota_exceeded")
+    client = gw.client(GAMMA)
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.files.create(file=("f.jsonl", b"y" * 1_000), purpose="batch")
+    assert refused.value.code == "storage_quota_exceeded"
+    assert _post(gw, f"/v1/uploads/{up['id']}/cancel", GAMMA).status_code == 200
+    assert client.files.create(file=("f.jsonl", b"y" * 3_000), purpose="batch").bytes == 3_000
+
+
+# --------------------------------------------------------------------------- expiry
+
+
+def test_an_abandoned_upload_expires_and_its_parts_go(upstream: Upstream, tmp_path: Path) -> None:
+    config = gateway_config(upstream, models=("gpt-mini",), upload_expiry_seconds=2,
+                            max_file_storage_bytes=1_000)
+    with start_gateway(config, tmp_path / "data", workers=0) as gw:
+        up = _create(gw, 1_000, None)  # type: ignore[arg-type]
+        assert up["expires_at"] == up["created_at"] + 2 and up["status"] == "pending"
+        part = _part(gw, up["id"], b"z" * 900, None)  # type: ignore[arg-type]
+        folder = gw.data_dir / "blobs" / "uploads" / up["id"]
+        assert len(list(folder.iterdir())) == 1
+        eventually(lambda: not folder.exists() or not list(folder.iterdir()), timeout=30, what="the parts' removal")
+        reply = gw.http("POST", f"/v1/uploads/{up['id']}/complete", json={"part_ids": [part.json()["id"]]})
+        _error(reply, 409, "upload_expired")
+        # the expired parts no longer count: the whole quota is free again
+        assert gw.client(None).files.create(file=("f.jsonl", b"y" * 1_000), purpose="batch").bytes == 1_000
+
+
+# --------------------------------------------------------------------------- a kill during complete
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.1])
+def test_a_kill_during_complete_leaves_a_whole_file_or_none(upstream: Upstream, tmp_path: Path, delay: float) -> None:
+    """The server is killed (SIGKILL) while `complete` streams the parts' md5: on restart the Upload is either
+    completed or completes when asked again, and its File is every part, never half of them."""
+    config = gateway_config(upstream, models=("gpt-mini",))
+    parts = [bytes([97 + i]) * (6 << 20) for i in range(4)]
+    data = b"".join(parts)
+    with start_gateway(config, tmp_path / "data", workers=0) as gw:
+        up = _create(gw, len(data), None)  # type: ignore[arg-type]
+        ids = [_part(gw, up["id"], part, None).json()["id"] for part in parts]  # type: ignore[arg-type]
+        body = {"part_ids": ids, "md5": hashlib.md5(data).hexdigest()}
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            sent = pool.submit(gw.http, "POST", f"/v1/uploads/{up['id']}/complete", json=body)
+            time.sleep(delay)
+            gw.kill()
+            with contextlib.suppress(httpx.HTTPError):
+                sent.result()
+    with start_gateway(config, tmp_path / "data", workers=0) as gw:
+        again = gw.http("POST", f"/v1/uploads/{up['id']}/complete", json=body)
+        if again.status_code == 409:  # the first call got through
+            assert again.json()["error"]["code"] == "upload_already_completed"
+        else:
+            assert again.status_code == 200 and again.json()["status"] == "completed", again.text
+        files = gw.client(None).files.list().data
+        assert len(files) == 1 and files[0].bytes == len(data)  # one File, made once
+        content = gw.http("GET", f"/v1/files/{files[0].id}/content")
+        assert content.status_code == 200 and content.content == data
+
+
+# --------------------------------------------------------------------------- a batch past 50,000 lines
+
+
+def test_a_batch_of_more_than_50000_lines_from_an_upload(gw: Gateway) -> None:
+    """alpha's `max_lines` is raised past OpenAI's 50,000: one batch runs the whole file, in input order."""
+    data = jsonl({"custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions",
+                  "body": {"model": "gpt-mini", "messages": [{"role": "user", "content": "k"}], "max_tokens": 1}}
+                 for i in range(BIG))
+    client = gw.client(ALPHA)
+    upload = client.uploads.upload_file_chunked(file=data, filename="big.jsonl", bytes=len(data),
+                                                mime_type="application/jsonl", purpose="batch",
+                                                part_size=2 * 1024 * 1024)
+    assert upload.file is not None
+    batch = client.batches.create(input_file_id=upload.file.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    done = wait_batch(client, batch.id, timeout=900)
+    assert done.status == "completed", done
+    assert done.request_counts is not None and done.request_counts.completed == BIG
+    out = read_jsonl(client, done.output_file_id)
+    assert [o["custom_id"] for o in out] == [f"b{i}" for i in range(BIG)]  # one output, in input order
+    # another team keeps OpenAI's 50,000
+    other = gw.client(BETA)
+    upload = other.uploads.upload_file_chunked(file=data, filename="big.jsonl", bytes=len(data),
+                                               mime_type="application/jsonl", purpose="batch",
+                                               part_size=2 * 1024 * 1024)
+    assert upload.file is not None
+    refused = wait_batch(other, other.batches.create(input_file_id=upload.file.id, endpoint="/v1/chat/completions",
+                                                     completion_window="24h").id)
+    assert refused.status == "failed" and refused.errors and refused.errors.data
+    assert refused.errors.data[0].code == "too_many_tasks" and refused.errors.data[0].line == BIG
+
+
+# --------------------------------------------------------------------------- the S3 store
+
+
+def test_shared_mode_on_s3_uploads_runs_and_cancels(upstream: Upstream, redis_server: RedisServer, s3: MotoS3,
+                                                     tmp_path: Path) -> None:
+    """Redis keeps the Upload records, S3 the parts: the SDK's chunked upload, a batch of it, a cancel."""
+    config = gateway_config(upstream, models=("gpt-mini",))
+    with start_shared(config, tmp_path / "data", redis_server.url, storage=s3.storage("uploads-e2e"),
+                      env=s3.env()) as gw:
+        client = gw.client(None)
+        data = _lines(25, "s3")
+        upload = client.uploads.upload_file_chunked(file=data, filename="s3.jsonl", bytes=len(data),
+                                                    mime_type="application/jsonl", purpose="batch", part_size=900)
+        assert upload.file is not None and client.files.content(upload.file.id).read() == data
+        batch = client.batches.create(input_file_id=upload.file.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+        done = wait_batch(client, batch.id)
+        assert done.status == "completed" and [o["custom_id"] for o in read_jsonl(client, done.output_file_id)] \
+            == [f"s3-{i}" for i in range(25)]
+        other = client.uploads.create(bytes=10, filename="x.jsonl", mime_type="application/jsonl", purpose="batch")
+        part = client.uploads.parts.create(other.id, data=b"0123456789")
+        assert part.upload_id == other.id
+        assert client.uploads.cancel(other.id).status == "cancelled"
+        with pytest.raises(openai.ConflictError):
+            client.uploads.complete(other.id, part_ids=[part.id])
+        client.files.delete(upload.file.id)  # the File's deletion takes its parts from S3
+        with pytest.raises(openai.NotFoundError):
+            client.files.retrieve(upload.file.id)
+
+
+
+async def test_s3_reads_a_completed_upload_as_its_parts(s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    blobs = S3Blobs.from_url(s3.storage("uploads"), endpoint_url=s3.url)
+    try:
+        parts = [(f"uploads/u1/p{i}", bytes([65 + i]) * (i + 1) * 1000) for i in range(3)]
+        for key, data in parts:
+            async with blobs.writing(key) as writer:
+                await writer.write(data)
+        manifest = "uploads/u1/file" + composed.SUFFIX
+        async with blobs.writing(manifest) as writer:
+            await writer.write(composed.manifest([(key, len(data)) for key, data in reversed(parts)]))
+        got = b"".join([chunk async for chunk in blobs.read(manifest, 700)])
+        assert got == b"".join(data for _, data in reversed(parts))
+        assert await blobs.size(manifest) == 6000
+        await blobs.delete(manifest)  # the file's deletion takes its parts
+        for key, _ in parts:
+            assert await blobs.size(key) is None
+        assert await blobs.size(manifest) is None
+    finally:
+        await blobs.aclose()
+
+
+def test_the_manifest_lists_keys_in_order() -> None:
+    assert json.loads(composed.manifest([("a", 1), ("b", 2)])) == {"parts": [{"key": "a", "bytes": 1},
+                                                                            {"key": "b", "bytes": 2}]}
