@@ -19,7 +19,7 @@ from gateway.errors import GatewayError, shown
 from gateway.json_codec import loads_checked
 from gateway.pipeline.batch_params import ExpiresAfter, Required
 from gateway.pipeline.uploads import MAX_PART_BYTES, MAX_PARTS, UploadRecord, Uploads
-from gateway.store.objects import now
+from gateway.store.records import now
 
 router = APIRouter()
 

@@ -24,7 +24,7 @@ from gateway.domain import new_id
 from gateway.errors import Conflict, InvalidRequest, TooLarge, invalid_value, not_found
 from gateway.pipeline.batch_params import ExpiresAfter
 from gateway.store.blobs import composed
-from gateway.store.objects import FileRecord, now, storage_team
+from gateway.store.records import FileRecord, now, storage_team
 from gateway.store.storage import StorageMeter
 
 if TYPE_CHECKING:

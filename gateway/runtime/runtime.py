@@ -47,8 +47,8 @@ from gateway.runtime.pool import BackendPool
 from gateway.runtime.validation_processes import ValidationProcesses
 from gateway.store.blobs.place import S3_ENDPOINT_ENV, BlobPlace
 from gateway.store.faults import machine_fault, once_a_minute
-from gateway.store.objects import BatchRecord, FileRecord
 from gateway.store.protocols import Blobs, Coordination, Queue, Store
+from gateway.store.records import BatchRecord, FileRecord
 from gateway.webhooks.sender import WebhookSender
 from gateway.webhooks.targets import retry_schedule, webhook_targets
 
