@@ -38,6 +38,15 @@ WebhookEvent = Literal["batch.completed", "batch.failed", "batch.cancelled", "ba
 WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = ("batch.completed", "batch.failed", "batch.cancelled", "batch.expired")
 
 
+class OutputCheckSettings(Strict):
+    """`batch_settings.output_check` (and a team's own `output_check`): replies checked against the schema their
+    request asked for (`gateway.lines.output_check`), and the re-runs of those that do not match."""
+
+    reruns: Annotated[int, Field(ge=0, le=10)] = 2
+    """How many more times a line whose reply does not match its schema is run on its route (each attempt
+    paid and counted); still invalid after them, the line fails with `output_invalid`. 0: check only."""
+
+
 class Team(Strict):
     """`batch_settings.teams[]`: who may call, which models they may use, where their webhooks go."""
 
@@ -83,6 +92,8 @@ class Team(Strict):
     budget_duration: Annotated[str, Field(pattern=r"^[1-9][0-9]*(s|m|h|d)$")] | None = None
     """The budget period: a number and `s`, `m`, `h` or `d` (`30d`, `1h`, `10m`, `30s`); null: the budget
     never resets."""
+    output_check: OutputCheckSettings | None = None
+    """The team's re-runs of replies that do not match their schema; null: `batch_settings.output_check`."""
 
     def rate_limits(self, route: str) -> tuple[int | None, int | None]:
         """(rpm, tpm) of the team on `route` (a model_name): the per-model value, else the team's."""
@@ -213,6 +224,8 @@ class BatchSettings(Strict):
     """How webhook deliveries are retried."""
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     """OpenTelemetry traces: request sampling and content capture (switched on by the `OTEL_*` variables)."""
+    output_check: OutputCheckSettings = Field(default_factory=OutputCheckSettings)
+    """Replies checked against their request's schema, and how often one that does not match is re-run."""
     strict_config: bool = False
     """Refuse to load a config holding LiteLLM settings batchyard does not apply (as `--strict-config` does);
     false: load it and name them once at start (stderr for `run`, the log and `/health` for `serve`)."""
@@ -268,5 +281,5 @@ def check_router_settings(section: dict[str, Any], path: str) -> dict[str, Any]:
 
 __all__ = [
     "ROUTER_SETTINGS", "TEAM_ID_PATTERN", "WEBHOOK_EVENTS", "BatchSettings", "GeneralSettings", "Limits",
-    "MetricsSettings", "Team", "TracingSettings", "WebhookSettings", "check_router_settings",
+    "MetricsSettings", "OutputCheckSettings", "Team", "TracingSettings", "WebhookSettings", "check_router_settings",
 ]

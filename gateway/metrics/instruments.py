@@ -47,6 +47,8 @@ class Instruments:
     latency: Histogram
     paused: Gauge
     machine_faults: Counter
+    output_reruns: Counter
+    output_invalid: Counter
 
 
 @functools.cache
@@ -80,6 +82,11 @@ def built() -> Instruments:
         machine_faults=Counter("batchyard_machine_faults", "Faults of the machine met by a shard or an upload, by "
                                "kind (the reasons of batchyard_paused): the shard was handed back without "
                                "spending an attempt.", ["kind"]),
+        output_reruns=Counter("batchyard_output_reruns", "Re-runs of requests whose reply did not match their "
+                              "request's schema (attempts past the first), by team and route.", ["team", "route"]),
+        output_invalid=Counter("batchyard_output_invalid", "Requests whose reply still did not match their "
+                               "request's schema after their re-runs (failed: output_invalid), by team and route.",
+                               ["team", "route"]),
     )
     # Every reason shown from the start (0), and their value files written now, while the disk has room.
     for kind in FAULT_KINDS:
@@ -90,9 +97,9 @@ def built() -> Instruments:
 
 
 def _status(result: Result) -> str:
-    if result.status_code is not None:
+    if result.status_code is not None and result.error is None:
         return str(result.status_code)
-    return str((result.error or {}).get("code") or "error")
+    return str((result.error or {}).get("code") or "error")  # a 2xx reply failed by us: `output_invalid`
 
 
 def observe_results(team: str, route: str, results: Iterable[Result]) -> None:
@@ -102,9 +109,11 @@ def observe_results(team: str, route: str, results: Iterable[Result]) -> None:
     requests: dict[str, int] = {}
     tokens_in = tokens_out = 0
     cost = 0.0
-    refused = 0
+    refused = reruns = invalid = 0
     for result in results:
+        reruns += result.reruns
         status = _status(result)
+        invalid += status == "output_invalid"
         requests[status] = requests.get(status, 0) + 1
         if result.ok:
             usage = result.usage
@@ -118,6 +127,10 @@ def observe_results(team: str, route: str, results: Iterable[Result]) -> None:
         # Which route, how many; never the reply itself (it is the team's data).
         log.warning("route %s (team %s): %d replies reported a usage that is not sane non-negative integers (at "
                     "most %d tokens); counted as zero tokens", route, team, refused, MAX_USAGE_TOKENS)
+    if reruns:
+        m.output_reruns.labels(team, route).inc(reruns)
+    if invalid:
+        m.output_invalid.labels(team, route).inc(invalid)
     if tokens_in:
         m.tokens.labels(team, route, "input").inc(tokens_in)
     if tokens_out:

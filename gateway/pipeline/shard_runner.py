@@ -36,6 +36,7 @@ from gateway.json_codec import loads
 from gateway.lines.budget import Budgets, spending_for
 from gateway.lines.stops import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
 from gateway.pipeline.merge import seal_shard
+from gateway.pipeline.output_reruns import OutputReruns
 from gateway.scheduling.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
 from gateway.scheduling.pacing import Pacer, pacing_with
 from gateway.store.faults import Pause, machine_fault
@@ -226,7 +227,7 @@ class ShardRunner:
             if todo:
                 share = Share(batch.owner, batch.id, batch.expires_at, self.weights.get(batch.owner, DEFAULT_WEIGHT))
                 try:
-                    reason = await self._execute(shard, share, todo)
+                    reason = await self._execute(shard, share, todo, self._reruns(batch))
                 except BackendUnavailable as exc:  # no attempt spent: the route's lines say why, once
                     reason = (ROUTE_UNAVAILABLE, f"The model {shard.route!r} is unavailable: {exc}")
         if reason is None or reason is OVER_BUDGET or reason[0] == ROUTE_UNAVAILABLE:
@@ -234,29 +235,49 @@ class ShardRunner:
             await seal_shard(self.store, self.blobs, shard, missing=reason, requests=requests)
         await self._finish_shard(shard)
 
+    def _reruns(self, batch: BatchRecord) -> int:
+        """How many more times a line whose reply does not match its schema runs: the batch's own
+        (`run --output-reruns`), else its team's, else `batch_settings.output_check`."""
+        if batch.options.output_reruns is not None:
+            return batch.options.output_reruns
+        team = self._teams.get(batch.owner)
+        return (team.output_check if team is not None and team.output_check is not None
+                else self.config.batch.output_check).reruns
+
     def _pacer(self, team: str, route: str) -> Pacer | None:
         """The team's rate limits on the route, counted in the store (None: the team has none there)."""
         settings = self._teams.get(team)
         rpm, tpm = settings.rate_limits(route) if settings is not None else (None, None)
         return None if rpm is None and tpm is None else Pacer(self.store.rates, team, route, rpm, tpm)
 
-    async def _execute(self, shard: Shard, share: Share, todo: list[BatchRequest]) -> StopReason | None:
+    async def _execute(self, shard: Shard, share: Share, todo: list[BatchRequest], reruns: int) -> StopReason | None:
         owner = share.team
         backend = await self.backends.get(shard.route)
         buffer: list[Result] = []
         flushed_at = time.monotonic()
         pacer = self._pacer(owner, shard.route)
+        # A native route's lines are checked but not re-run: its jobs are found again by shard, and a second job
+        # for the same shard would be found as the first (docs/output-check.md).
+        checks = OutputReruns(todo, 0 if isinstance(backend, ShardAwareBackend) else reruns)
+        settling = asyncio.Lock()  # one check at a time: a round of re-runs starts once every reply is checked
 
         async def flush() -> None:
             nonlocal buffer, flushed_at
-            if buffer:
-                done, buffer = buffer, []
+            async with settling:
+                if buffer:
+                    done, buffer = buffer, []
+                    if checks:  # off the event loop, in this process: the results are here
+                        done = await asyncio.to_thread(checks.settle, done)
+                    await record(done)
+                if pacer is not None:
+                    await pacer.flush()  # the tokens results reported, into the team's rate window
+                flushed_at = time.monotonic()
+
+        async def record(done: list[Result]) -> None:
+            if done:
                 # The spend moves with the journal, in one step of the store (see SpendTo).
                 await self.store.ledger.record_results(shard, done, self.budgets.spend_to(owner))
                 metrics.observe_results(owner, shard.route, done)
-            if pacer is not None:
-                await pacer.flush()  # the tokens results reported, into the team's rate window
-            flushed_at = time.monotonic()
 
         if isinstance(backend, ShardAwareBackend):
             results = backend.execute_shard(shard, todo)
@@ -267,11 +288,24 @@ class ShardRunner:
         prices = route_prices(route.model_info.litellm_keys) if route is not None else None
 
         async def consume() -> None:
-            async for result in results:
-                price(prices, result)
-                buffer.append(result)
-                if len(buffer) >= _FLUSH_EVERY or time.monotonic() - flushed_at > _FLUSH_SECONDS:
-                    await flush()
+            source = results
+            while True:
+                async for result in source:
+                    price(prices, result)  # before the check: an attempt re-run is paid all the same
+                    buffer.append(result)
+                    if len(buffer) >= _FLUSH_EVERY or time.monotonic() - flushed_at > _FLUSH_SECONDS:
+                        await flush()
+                if not checks:
+                    return
+                await flush()  # every reply so far checked: the lines to re-run are known
+                again = checks.take()
+                if not again:
+                    return
+                if await over():  # a spent budget starts nothing more: the lines keep their last reply
+                    async with settling:
+                        await record(checks.give_up(again))
+                    return
+                source = backend.execute(again)  # the same route, through its slots and the team's rates
 
         async def over() -> bool:
             return await self.budgets.over(owner)
