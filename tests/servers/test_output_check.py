@@ -19,7 +19,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
+from openai.types import Batch
 
 from gateway.config.schema import parse_config
 from gateway.domain import BatchStatus
@@ -27,7 +29,17 @@ from gateway.json_codec import loads
 from gateway.runtime.runtime import Runtime
 from gateway.store.objects import BatchOptions, BatchRecord
 from tests.fakes.upstream.server import Upstream
-from tests.support.server_helpers import chat_line, embedded_runtime, gateway_config, jsonl
+from tests.servers.test_metrics import scrape, value
+from tests.support.server_helpers import (
+    chat_line,
+    embedded_runtime,
+    gateway_config,
+    jsonl,
+    read_jsonl,
+    start_gateway,
+    submit,
+    wait_batch,
+)
 
 MODEL = "gpt-4o-mini"  # priced by LiteLLM's cost map: every attempt's cost shows
 SCHEMA = {
@@ -161,3 +173,37 @@ async def test_a_schema_too_large_or_that_cannot_compile_fails_validation(upstre
             [error] = batch.errors
             assert error["line"] == 2 and error["param"] == "body.response_format.json_schema.schema"
             assert error["message"].startswith(message)
+
+
+def test_through_serve_with_the_openai_sdk_then_its_retry(upstream: Upstream, tmp_path: Path) -> None:
+    """`serve` end to end: the openai SDK's batch, its output and error files, `routes`, the Prometheus counters,
+    and the API's retry taking the `output_invalid` line like any failed one."""
+    tag = uuid.uuid4().hex[:8]
+    master = "sk-master-output-check"
+    config = gateway_config(upstream, master_key=master, models=(MODEL,),
+                            teams=[{"team_id": "alpha", "api_keys": ["sk-alpha"], "output_check": {"reruns": 1}}])
+    lines = [chat_line(f"c-{i}", MODEL, f"{tag} {d}", response_format=FORMAT)
+             for i, d in enumerate(["fine", "#schema:missingx1", "#schema:wrongtypex2"])]
+    with start_gateway(config, tmp_path / "data") as gw:
+        client = gw.client("sk-alpha")
+        batch = wait_batch(client, submit(client, lines).id)
+        assert batch.status == "completed"
+        assert batch.request_counts is not None
+        assert (batch.request_counts.completed, batch.request_counts.failed) == (2, 1)
+        output, errors = read_jsonl(client, batch.output_file_id), read_jsonl(client, batch.error_file_id)
+        assert [r["custom_id"] for r in output] == ["c-0", "c-1"] and [r["custom_id"] for r in errors] == ["c-2"]
+        [invalid] = errors
+        assert invalid["response"]["status_code"] == 200 and invalid["error"]["code"] == "output_invalid"
+        assert "after 2 attempts: /name: " in invalid["error"]["message"]
+        routes = client.get(f"/batches/{batch.id}", cast_to=httpx.Response).json()["routes"]
+        assert routes[MODEL]["reruns"] == 2 and routes[MODEL]["output_invalid"] == 1
+
+        samples = scrape(gw.url, master)
+        assert value(samples, "batchyard_output_reruns_total", team="alpha", route=MODEL) == 2
+        assert value(samples, "batchyard_output_invalid_total", team="alpha", route=MODEL) == 1
+
+        # the third attempt of `#schema:wrongtypex2` is valid: the retry's batch answers it
+        again = wait_batch(client, client.post(f"/batches/{batch.id}/retry", cast_to=Batch).id)
+        assert again.request_counts is not None and again.request_counts.total == 1
+        [row] = read_jsonl(client, again.output_file_id)
+        assert row["custom_id"] == "c-2" and row["error"] is None
