@@ -176,8 +176,8 @@ async def test_a_schema_too_large_or_that_cannot_compile_fails_validation(upstre
 
 
 def test_through_serve_with_the_openai_sdk_then_its_retry(upstream: Upstream, tmp_path: Path) -> None:
-    """`serve` end to end: the openai SDK's batch, its output and error files, `routes`, the Prometheus counters,
-    and the API's retry taking the `output_invalid` line like any failed one."""
+    """`serve` end to end: the openai SDK's batch, its output and error files, `routes`, the dashboard's card, the
+    Prometheus counters, and the API's retry taking the `output_invalid` line like any failed one."""
     tag = uuid.uuid4().hex[:8]
     master = "sk-master-output-check"
     config = gateway_config(upstream, master_key=master, models=(MODEL,),
@@ -197,6 +197,12 @@ def test_through_serve_with_the_openai_sdk_then_its_retry(upstream: Upstream, tm
         assert "after 2 attempts: /name: " in invalid["error"]["message"]
         routes = client.get(f"/batches/{batch.id}", cast_to=httpx.Response).json()["routes"]
         assert routes[MODEL]["reruns"] == 2 and routes[MODEL]["output_invalid"] == 1
+
+        with httpx.Client(base_url=gw.url) as browser:  # the dashboard's card of the batch
+            login = browser.post("/ui/login", data={"api_key": "sk-alpha"}, headers={"Origin": gw.url})
+            assert login.status_code == 303, login.text
+            cards = browser.get("/ui/api/batches").json()["cards"]
+            assert "2 re-runs for the schema, 1 output_invalid" in cards[batch.id]
 
         samples = scrape(gw.url, master)
         assert value(samples, "batchyard_output_reruns_total", team="alpha", route=MODEL) == 2

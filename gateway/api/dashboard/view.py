@@ -26,6 +26,10 @@ class RouteRow:
     stats: RouteStats
     planned: int | None = None  # the route's requests in this batch, while it runs (from its shards)
     unavailable: str | None = None  # why a worker cannot run this route (its engine cannot start), if so
+    # re-runs of replies that did not match their schema, and lines still invalid after them (known once the
+    # batch is finalized: the merge counts them)
+    reruns: int = 0
+    output_invalid: int = 0
 
     @property
     def progress(self) -> str:
@@ -77,6 +81,14 @@ class BatchView:
         return int(100 * self.done / self.total) if self.total else (100 if self.finished else 0)
 
 
+def _checked(summary: Any) -> tuple[int, int]:
+    """(reruns, output_invalid) of a finished batch's route summary (0, 0 while it runs)."""
+    if not isinstance(summary, dict):
+        return 0, 0
+    reruns, invalid = summary.get("reruns"), summary.get("output_invalid")
+    return (reruns if isinstance(reruns, int) else 0), (invalid if isinstance(invalid, int) else 0)
+
+
 def batch_view(
     rec: BatchRecord, routes: dict[str, RouteStats], planned: dict[str, int] | None = None, now: float | None = None,
     unavailable: Mapping[str, str] | None = None, waiting: str | None = None,
@@ -92,7 +104,8 @@ def batch_view(
     routes = {name: _with_route_cost(stats, rec.routes.get(name)) for name, stats in routes.items()}
     names = sorted(set(routes) | set(planned), key=lambda n: (n == "", n))  # the validation bucket last
     unavailable = unavailable or {}
-    rows = [RouteRow(n, routes.get(n) or RouteStats(), planned.get(n), unavailable.get(n)) for n in names]
+    rows = [RouteRow(n, routes.get(n) or RouteStats(), planned.get(n), unavailable.get(n),
+                     *_checked(rec.routes.get(n))) for n in names]
     return BatchView(
         id=rec.id,
         status=rec.status.value,
