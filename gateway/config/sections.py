@@ -42,6 +42,8 @@ class OutputCheckSettings(Strict):
     """`batch_settings.output_check` (and a team's own `output_check`): replies checked against the schema their
     request asked for (`gateway.lines.output_check`), and the re-runs of those that do not match."""
 
+    enabled: bool = True
+    """Check the replies of lines that name a schema; false: no reply is checked, none re-run."""
     reruns: Annotated[int, Field(ge=0, le=10)] = 2
     """How many more times a line whose reply does not match its schema is run on its route (each attempt
     paid and counted); still invalid after them, the line fails with `output_invalid`. 0: check only."""

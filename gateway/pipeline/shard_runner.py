@@ -235,14 +235,15 @@ class ShardRunner:
             await seal_shard(self.store, self.blobs, shard, missing=reason, requests=requests)
         await self._finish_shard(shard)
 
-    def _reruns(self, batch: BatchRecord) -> int:
+    def _reruns(self, batch: BatchRecord) -> int | None:
         """How many more times a line whose reply does not match its schema runs: the batch's own
-        (`run --output-reruns`), else its team's, else `batch_settings.output_check`."""
-        if batch.options.output_reruns is not None:
+        (`run --output-reruns`), else its team's, else `batch_settings.output_check`; None: no check."""
+        if batch.options.output_reruns is not None:  # asked for on the command line: checked whatever the config
             return batch.options.output_reruns
         team = self._teams.get(batch.owner)
-        return (team.output_check if team is not None and team.output_check is not None
-                else self.config.batch.output_check).reruns
+        settings = (team.output_check if team is not None and team.output_check is not None
+                    else self.config.batch.output_check)
+        return settings.reruns if settings.enabled else None
 
     def _pacer(self, team: str, route: str) -> Pacer | None:
         """The team's rate limits on the route, counted in the store (None: the team has none there)."""
@@ -250,7 +251,8 @@ class ShardRunner:
         rpm, tpm = settings.rate_limits(route) if settings is not None else (None, None)
         return None if rpm is None and tpm is None else Pacer(self.store.rates, team, route, rpm, tpm)
 
-    async def _execute(self, shard: Shard, share: Share, todo: list[BatchRequest], reruns: int) -> StopReason | None:
+    async def _execute(self, shard: Shard, share: Share, todo: list[BatchRequest],
+                       reruns: int | None) -> StopReason | None:
         owner = share.team
         backend = await self.backends.get(shard.route)
         buffer: list[Result] = []
@@ -258,7 +260,8 @@ class ShardRunner:
         pacer = self._pacer(owner, shard.route)
         # A native route's lines are checked but not re-run: its jobs are found again by shard, and a second job
         # for the same shard would be found as the first (docs/output-check.md).
-        checks = OutputReruns(todo, 0 if isinstance(backend, ShardAwareBackend) else reruns)
+        checks = OutputReruns(todo if reruns is not None else (),
+                              0 if isinstance(backend, ShardAwareBackend) or reruns is None else reruns)
         settling = asyncio.Lock()  # one check at a time: a round of re-runs starts once every reply is checked
 
         async def flush() -> None:
