@@ -213,3 +213,24 @@ def test_through_serve_with_the_openai_sdk_then_its_retry(upstream: Upstream, tm
         assert again.request_counts is not None and again.request_counts.total == 1
         [row] = read_jsonl(client, again.output_file_id)
         assert row["custom_id"] == "c-2" and row["error"] is None
+
+
+async def test_a_native_route_checks_its_lines_without_rerunning_them(upstream: Upstream, tmp_path: Path) -> None:
+    """A native route's lines are checked, not re-run (docs/output-check.md): the one wrong on its first attempt
+    fails `output_invalid` after that attempt, and the provider saw one batch job."""
+    tag = uuid.uuid4().hex[:8]
+    entry = {"model_name": MODEL, "litellm_params": {"model": f"openai/{MODEL}", "api_base": upstream.v1_url,
+                                                     "api_key": upstream.api_key},
+             "model_info": {"batch_mode": "native", "native_poll_max_seconds": 0.2}}
+    config = parse_config({"model_list": [entry], "batch_settings": {"teams": [{"team_id": "alpha"}]}})
+    lines = [chat_line(f"c-{i}", MODEL, f"{tag} {d}", response_format=FORMAT)
+             for i, d in enumerate(["fine", "#schema:wrongtypex1"])]
+    before = upstream.stats()["batches_created"]
+    async with embedded_runtime(config, tmp_path) as runtime:
+        batch, rows = await _run(runtime, lines)
+    assert rows[0]["error"] is None and _content(rows[0]) == {"name": "text", "age": 7, "items": [{"n": 7}]}
+    assert rows[1]["response"]["status_code"] == 200
+    assert rows[1]["error"]["message"].startswith("The output does not match the request's schema after 1 attempt: "
+                                                  '/name: [] is not of type "string"')
+    assert upstream.stats()["batches_created"] - before == 1
+    assert batch.routes[MODEL]["reruns"] == 0 and batch.routes[MODEL]["output_invalid"] == 1
