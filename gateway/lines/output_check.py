@@ -11,14 +11,13 @@ A line is checked when its request names the shape of its output:
 
 A reply is valid when every choice parses as JSON and validates, is not cut off by the token limit
 (`finish_reason: length`, `status: incomplete`, `stop_reason: max_tokens`) and is no refusal. The validator is
-`jsonschema-rs` (Rust), each distinct schema compiled once per process (`compiled`, by its canonical bytes),
+`jsonschema-rs` (Rust), each distinct schema compiled once per process (`compiled`, by its JSON bytes),
 never fetching a remote `$ref`: a schema is the team's data, not a URL for us to follow.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +44,9 @@ class Wanted:
 
 
 def _canonical(schema: Any) -> bytes:
-    return orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    # as the line wrote it (keys unsorted: sorting costs more than the rare second compile of one schema
+    # written in another order); the bytes are the cache's key and what the size limit counts
+    return orjson.dumps(schema)
 
 
 def _format(value: Any, param: str, endpoint: Endpoint, nested: bool) -> tuple[bool, bytes | None, str] | None:
@@ -96,8 +97,8 @@ def wanted(endpoint: Endpoint, body: dict[str, Any]) -> Wanted | None:
 
 # -- compiling ------------------------------------------------------------------------------------------------
 
-_lock = threading.Lock()  # the checks run in threads (off the event loop)
-_validators: OrderedDict[bytes, Any] = OrderedDict()
+_lock = threading.Lock()  # the checks run in threads (off the event loop): one writer at a time
+_validators: dict[bytes, Any] = {}  # in insertion order: the first key is the oldest
 
 
 def _no_remote(uri: str) -> Any:
@@ -105,20 +106,18 @@ def _no_remote(uri: str) -> Any:
 
 
 def compiled(schema: bytes) -> Any:
-    """The validator of a schema (canonical bytes), compiled once and kept (least recently used out first).
-    Raises `ValueError` (jsonschema-rs's `ValidationError` is one) for a schema it cannot compile."""
-    with _lock:
-        found = _validators.get(schema)
-        if found is not None:
-            _validators.move_to_end(schema)
-            return found
+    """The validator of a schema (its JSON bytes), compiled once and kept (the oldest out first, past
+    `_CACHED`). Raises `ValueError` (jsonschema-rs's `ValidationError` is one) for a schema it cannot compile."""
+    found = _validators.get(schema)  # a read needs no lock (one dict operation): this runs for every reply
+    if found is not None:
+        return found
     import jsonschema_rs  # a Rust extension: imported by the processes that check, when they first do
 
     validator = jsonschema_rs.validator_for(orjson.loads(schema), retriever=_no_remote)
     with _lock:
         _validators[schema] = validator
         while len(_validators) > _CACHED:
-            _validators.popitem(last=False)
+            del _validators[next(iter(_validators))]
     return validator
 
 
