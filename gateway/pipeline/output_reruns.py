@@ -23,10 +23,12 @@ class OutputReruns:
         self.reruns = reruns
         self._wanted: dict[int, Wanted] = {}
         self._requests: dict[int, BatchRequest] = {}
+        same: dict[tuple[object, ...], Wanted] = {}  # one `Wanted` (and schema bytes) per distinct schema, not per line
         for req in requests:
             want = wanted(req.url, req.body)
             if want is not None:
-                self._wanted[req.line] = want
+                key = (want.endpoint, want.content, want.schema, want.param, *want.tools.items())
+                self._wanted[req.line] = same.setdefault(key, want)
                 self._requests[req.line] = req
         self._tries: dict[int, int] = {}  # line -> attempts past the first so far
         self._paid: dict[int, float] = {}  # line -> the cost of its attempts before this one
