@@ -262,7 +262,10 @@ class ShardRunner:
         # for the same shard would be found as the first (docs/output-check.md).
         checks = OutputReruns(todo if reruns is not None else (),
                               0 if isinstance(backend, ShardAwareBackend) or reruns is None else reruns)
-        settling = asyncio.Lock()  # one check at a time: a round of re-runs starts once every reply is checked
+        # One check at a time: a round of re-runs starts once every reply is checked. A shard without a schema
+        # line keeps its flushes unserialized.
+        settling: contextlib.AbstractAsyncContextManager[Any] = (asyncio.Lock() if checks
+                                                                  else contextlib.nullcontext())
 
         async def flush() -> None:
             nonlocal buffer, flushed_at
