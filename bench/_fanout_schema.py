@@ -10,8 +10,9 @@ with the next mode:
 
 Both send the same bytes and get the same replies: only the check differs. A ratio is taken within each round,
 against the mean of that round's two off runs, and the median over rounds is the figure; `off again` against
-`off` is the noise floor. Aim (issue 49): >= 0.95x. Also printed: the validator's time per line, measured in
-this process (`OutputReruns.settle` over the replies the upstream gives, in the runner's chunks of 64).
+`off` is the noise floor. Aim (issue 49): >= 0.95x. Also printed: each mode's CPU seconds per 1,000 lines (the
+whole process), and the validator's time per line, measured in this process (`OutputReruns.settle` over the
+replies the upstream gives, in the runner's chunks of 64).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def validator_time(n: int) -> float:
 
 def schema_mode(upstream: Upstream, n: int, repeat: int, concurrency: int, measure: Measure) -> None:
     rounds: list[dict[str, float]] = []
+    cpu: dict[str, list[float]] = {mode: [] for mode in MODES}  # CPU seconds of each run (user + sys)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         data = tmp / "in.jsonl"
@@ -97,11 +99,12 @@ def schema_mode(upstream: Upstream, n: int, repeat: int, concurrency: int, measu
             runs: dict[str, float] = {}
             for mode in order:
                 out = tmp / "out.jsonl"
-                runs[mode], _, _ = measure([sys.executable, "-m", "gateway.cli", "run", "-i", str(data), "-o",
+                runs[mode], _, used = measure([sys.executable, "-m", "gateway.cli", "run", "-i", str(data), "-o",
                                             str(out), "--config", str(configs[mode]), "-q", "--workers", "0"])
                 with out.open() as f:  # every reply valid: nothing failed, nothing re-run
                     failed = sum(1 for line in f if json.loads(line)["error"] is not None)
                 assert failed == 0, f"{mode}: {failed} lines failed"
+                cpu[mode].append(used)
             rounds.append(runs)
             base = (runs["off"] + runs["off again"]) / 2
             print(f"  round {i + 1}: " + " | ".join(f"{mode} {n / runs[mode]:5.0f} req/s ({base / runs[mode]:4.2f}x)"
@@ -110,12 +113,16 @@ def schema_mode(upstream: Upstream, n: int, repeat: int, concurrency: int, measu
           f"--workers 0`, concurrency {concurrency}, {repeat} rounds ({os.cpu_count()} cores)")
     for mode in MODES:
         walls = [runs[mode] for runs in rounds]
-        line = f"    {mode:>9}  {n / statistics.median(walls):6.0f} req/s (median)"
+        line = (f"    {mode:>9}  {n / statistics.median(walls):6.0f} req/s (median)  "
+                f"{1000 * statistics.median(cpu[mode]) / n:5.2f} CPU s/1k")
         if MODES[mode]:
             ratios = [(runs["off"] + runs["off again"]) / 2 / runs[mode] for runs in rounds]
             line += (f"   {statistics.median(ratios):4.2f}x off (rounds {min(ratios):.2f}-{max(ratios):.2f}; "
                      f"aim >= {AIM})")
         print(line)
+    off_cpu = statistics.median(cpu["off"] + cpu["off again"])
+    print(f"    CPU: the check on takes {statistics.median(cpu['on']) / off_cpu:4.2f}x the CPU of the check off "
+          "(whole process, start-up included; steadier than wall time on a busy machine)")
     floor = [runs["off"] / runs["off again"] for runs in rounds]
     print(f"    noise floor: `off again` against `off` in the same round {statistics.median(floor):4.2f}x "
           f"(rounds {min(floor):.2f}-{max(floor):.2f}; a quiet machine gives 1.00)")
