@@ -4,6 +4,7 @@
     .venv/bin/python bench/upstream_fanout.py --anthropic [--requests 20000] [--repeat 3]
     .venv/bin/python bench/upstream_fanout.py --wildcard-half [--requests 20000] [--repeat 3]
     .venv/bin/python bench/upstream_fanout.py --tracing [--requests 20000] [--repeat 3]
+    .venv/bin/python bench/upstream_fanout.py --schema [--requests 20000] [--repeat 3]
 
 Both peers run as whole processes (imports included) against one loopback
 upstream (tests/fakes/upstream/server.py), alternating, and the medians are compared. Also
@@ -17,7 +18,9 @@ Batch (`bench/_fanout_anthropic.py`). `--wildcard-half` times config load (200 e
 routes) and compares a file of exact model_names with one whose half goes through a wildcard route
 (`bench/_fanout_wildcard.py`). `--tracing` compares the same run with traces off, on with every request
 sampled (exported over OTLP/HTTP to a loopback receiver) and on at a 1% request sample, with the spans per
-second exported (`bench/_fanout_tracing.py`). The added CPU per request
+second exported (`bench/_fanout_tracing.py`). `--schema` compares lines with a 20-field json_schema, every reply
+valid, with the output check on and off, and prints the validator's time per line (`bench/_fanout_schema.py`).
+The added CPU per request
 is the marginal figure (the big file's CPU less the small file's, per line
 between them), the one gateways publish. Then the same file with worker
 processes (the product's default rule, or --workers). The load average is
@@ -43,6 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench._fanout_anthropic import anthropic_mode  # noqa: E402
+from bench._fanout_schema import schema_mode  # noqa: E402
 from bench._fanout_tracing import tracing_mode  # noqa: E402
 from bench._fanout_wildcard import wildcard_mode  # noqa: E402
 from tests.fakes.upstream.server import start_upstream  # noqa: E402
@@ -128,9 +132,17 @@ def main() -> None:
     parser.add_argument("--tracing", action="store_true",
                         help="the same run with traces off, on with every request sampled (to a loopback OTLP "
                              "receiver), and on at a 1%% request sample (default: off)")
+    parser.add_argument("--schema", action="store_true",
+                        help="lines with a 20-field json_schema, every reply valid: the output check on against off, "
+                             "and the validator's time per line (default: off)")
     args = parser.parse_args()
     n, small_n = args.requests, args.small
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    if args.schema:
+        with start_upstream() as upstream:
+            schema_mode(upstream, n, args.repeat, args.concurrency, _measure)
+        print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        return
     if args.tracing:
         with start_upstream() as upstream:
             tracing_mode(upstream, n, args.repeat, args.concurrency, _measure)

@@ -218,6 +218,9 @@ class Result:
     # Where the result stands in its batch's result log (1, 2, …, in the order results were journaled; 0: never
     # journaled, a line answered at validation): the cursor of `GET /v1/batches/{id}/results` counts by it.
     seq: int = 0
+    # Attempts past the first: re-runs of a reply that did not match its request's schema
+    # (`gateway.pipeline.output_reruns`); `cost_usd` is that of every attempt.
+    reruns: int = 0
     # Token counts of a successful reply, read from its body once, when the result is built (every
     # way of building one, `from_json` included, goes through `__post_init__`): the journal, the
     # counters, route stats, metrics and pricing all read it.
@@ -226,11 +229,14 @@ class Result:
     usage_refused: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.usage, self.usage_refused = Usage.read(self.body) if self.ok else (Usage(), False)
+        answered = self.status_code is not None and 200 <= self.status_code < 300
+        self.usage, self.usage_refused = Usage.read(self.body) if answered and self.error is None else (Usage(), False)
 
     @property
     def ok(self) -> bool:
-        return self.status_code is not None and 200 <= self.status_code < 300
+        """A 2xx reply with no error of ours: a reply that does not match its schema (`output_invalid`) keeps
+        its 2xx response and fails."""
+        return self.status_code is not None and 200 <= self.status_code < 300 and self.error is None
 
     @classmethod
     def failure(cls, req_line: int, custom_id: str, code: str, message: str, model: str = "") -> Result:
@@ -256,7 +262,7 @@ class Result:
         error: Any = self.error
         if self.status_code is not None:
             body = self.body
-            if run_batch_errors and not self.ok:
+            if run_batch_errors and not self.ok and self.error is None:
                 body, error = None, self.body
             response = {"status_code": self.status_code, "request_id": self.request_id, "body": body}
         return {"id": self.id, "custom_id": self.custom_id, "response": response, "error": error}
@@ -270,6 +276,8 @@ class Result:
             data["cost_usd"] = self.cost_usd
         if self.seq:
             data["seq"] = self.seq
+        if self.reruns:
+            data["reruns"] = self.reruns
         return data
 
     @classmethod
@@ -286,6 +294,7 @@ class Result:
             model=data.get("model", ""),
             cost_usd=data.get("cost_usd"),
             seq=data.get("seq", 0),
+            reruns=data.get("reruns", 0),
         )
 
 

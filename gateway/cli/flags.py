@@ -49,6 +49,14 @@ def count(text: str) -> int:
     return value
 
 
+def reruns(text: str) -> int:
+    """`--output-reruns`: 0 to 10, as `batch_settings.output_check.reruns`."""
+    value = count(text)
+    if value > 10:
+        raise argparse.ArgumentTypeError(f"{text}: must be at most 10")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:

@@ -14,7 +14,7 @@ from typing import Any
 from gateway import tracing
 from gateway.cli import console
 from gateway.cli.config_check import check_router
-from gateway.cli.flags import ENGINE_OPTIONS, count, port, positive_int, positive_seconds, refused_flag
+from gateway.cli.flags import ENGINE_OPTIONS, count, port, positive_int, positive_seconds, refused_flag, reruns
 from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
 from gateway.config.litellm.notices import notice_text
@@ -80,6 +80,10 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
                    help="with --data-dir: run the lines of the finished run in it that have no 2xx reply again "
                    "(failed, expired, cancelled), then rewrite the output (and error) file with every line once, in "
                    "input order, the new results in place (same input and --error-file as the run)")
+    p.add_argument("--output-reruns", type=reruns, default=None, metavar="N",
+                   help="run a line whose reply does not match the schema its request asked for (response_format, "
+                   "strict tools, text.format) up to N more times, 0 to 10; 0: check only (default: "
+                   "batch_settings.output_check.reruns, 2)")
     p.add_argument("--workers", type=count, default=None,
                    help="extra worker processes for the upstream routes, started when the file has at least 2000 "
                    "upstream requests (default: one per free core: the usable cores less one for this process, "
@@ -378,6 +382,7 @@ def _run_file(args: argparse.Namespace, extra: list[str], heap: StartupHeap | No
         progress=not (args.no_progress or args.quiet), summary=not args.quiet,
         run_batch_errors=bool(args.model),  # the drop-in writes errors as run_batch does
         config_path=args.config, workers=args.workers, verbose=args.verbose, dry_run=args.dry_run,
+        output_reruns=args.output_reruns,
         on_started=heap.freeze if heap is not None else None,
     )
     try:

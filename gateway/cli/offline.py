@@ -61,6 +61,7 @@ class RunOptions:
     # Called once when start-up is over (engines ready, input stored), before any request runs: the command
     # freezes the start-up heap there (`gateway.cli.heap`).
     on_started: Callable[[], None] | None = None
+    output_reruns: int | None = None  # `--output-reruns`; None: the config's `output_check`
     dry_run: bool = False  # print the cost estimate and the errors; send nothing, start no engine, write nothing
 
 
@@ -212,7 +213,7 @@ async def _submit(runtime: Runtime, opts: RunOptions, chunks: AsyncIterator[byte
         "", input_file_id=source.id, endpoint=None, completion_window=None,
         metadata={"input_sha256": digest.hexdigest(), "run_options": key},
         options=BatchOptions(strict=False, split_errors=opts.error_file is not None,
-                             run_batch_errors=opts.run_batch_errors),
+                             run_batch_errors=opts.run_batch_errors, output_reruns=opts.output_reruns),
     )
 
 

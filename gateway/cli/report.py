@@ -76,6 +76,10 @@ def _routes(routes: dict[str, dict[str, Any]], out: Any) -> None:
             cost = f"{r['cost_usd']:.6f}" if r.get("cost_usd") else "-"
             print("  " + name.ljust(width) + str(r["requests"]).rjust(10) + str(r["input_tokens"]).rjust(12)
                   + str(r["output_tokens"]).rjust(12) + cost.rjust(12), file=out)
+    for name, r in sorted(priced.items()):
+        if r.get("reruns") or r.get("output_invalid"):  # replies checked against their schema (docs/output-check.md)
+            print(f"  {name}: {r.get('reruns', 0)} re-runs of replies that did not match their schema, "
+                  f"{r.get('output_invalid', 0)} still invalid (output_invalid)", file=out)
     for name, route in sorted(routes.items()):
         if isinstance(route, dict) and route.get("upstream_batch_ids"):
             native_cost = route.get("cost_usd")

@@ -38,6 +38,17 @@ WebhookEvent = Literal["batch.completed", "batch.failed", "batch.cancelled", "ba
 WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = ("batch.completed", "batch.failed", "batch.cancelled", "batch.expired")
 
 
+class OutputCheckSettings(Strict):
+    """`batch_settings.output_check` (and a team's own `output_check`): replies checked against the schema their
+    request asked for (`gateway.lines.output_check`), and the re-runs of those that do not match."""
+
+    enabled: bool = True
+    """Check the replies of lines that name a schema; false: no reply is checked, none re-run."""
+    reruns: Annotated[int, Field(ge=0, le=10)] = 2
+    """How many more times a line whose reply does not match its schema is run on its route (each attempt
+    paid and counted); still invalid after them, the line fails with `output_invalid`. 0: check only."""
+
+
 class Team(Strict):
     """`batch_settings.teams[]`: who may call, which models they may use, where their webhooks go."""
 
@@ -88,6 +99,8 @@ class Team(Strict):
     never resets."""
     budget_reservation: Literal["none", "estimate"] | None = None
     """The team's own `batch_settings.budget_reservation` (null: that one)."""
+    output_check: OutputCheckSettings | None = None
+    """The team's re-runs of replies that do not match their schema; null: `batch_settings.output_check`."""
 
     def rate_limits(self, route: str) -> tuple[int | None, int | None]:
         """(rpm, tpm) of the team on `route` (a model_name): the per-model value, else the team's."""
@@ -242,6 +255,8 @@ class BatchSettings(Strict):
     """Continue a caller's W3C `traceparent` (its trace id and sampled flag become the batch's). False: a
     caller is another team's program, so its `traceparent` is a link on the batch's own root span. Either way
     a caller's `tracestate` and `baggage` are never sent on to an upstream (`gateway.tracing.caller_trace`)."""
+    output_check: OutputCheckSettings = Field(default_factory=OutputCheckSettings)
+    """Replies checked against their request's schema, and how often one that does not match is re-run."""
     strict_config: bool = False
     """Refuse to load a config holding LiteLLM settings batchyard does not apply (as `--strict-config` does);
     false: load it and name them once at start (stderr for `run`, the log and `/health` for `serve`)."""
@@ -297,5 +312,5 @@ def check_router_settings(section: dict[str, Any], path: str) -> dict[str, Any]:
 
 __all__ = [
     "ROUTER_SETTINGS", "TEAM_ID_PATTERN", "WEBHOOK_EVENTS", "BatchSettings", "GeneralSettings", "Limits",
-    "MetricsSettings", "Team", "TracingSettings", "WebhookSettings", "check_router_settings",
+    "MetricsSettings", "OutputCheckSettings", "Team", "TracingSettings", "WebhookSettings", "check_router_settings",
 ]

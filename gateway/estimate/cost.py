@@ -25,6 +25,7 @@ from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import Config
 from gateway.domain import BatchRequest, Endpoint
 from gateway.errors import LineCode, LineError
+from gateway.lines.output_check import wanted
 from gateway.lines.tokens import TokenCounter, counter_for, output_bound, price_map, price_names
 from gateway.pipeline.plan import chunks
 from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, line_failure
@@ -52,6 +53,7 @@ class ModelEstimate:
     input_tokens: int = 0
     output_tokens_max: int = 0
     unbounded: int = 0  # lines whose output has no known bound
+    with_schema: int = 0  # lines whose reply is checked against a schema: each may be re-run, and paid again
 
     @property
     def output_bound(self) -> int | None:
@@ -71,7 +73,8 @@ class ModelEstimate:
             "output_cost_per_token": [self.low.output, self.high.output]}
         return {"model": self.model, "route": self.kind, "lines": self.lines, "input_tokens": self.input_tokens,
                 "tokenizer": self.tokenizer, "output_tokens_max": self.output_bound,
-                "lines_without_output_bound": self.unbounded, "prices": prices, "cost_low": _usd(low),
+                "lines_without_output_bound": self.unbounded, "lines_with_schema": self.with_schema,
+                "prices": prices, "cost_low": _usd(low),
                 "cost_high": _usd(high)}
 
 
@@ -91,7 +94,8 @@ class Estimate:
                 "output_tokens_max": None if None in bounds else sum(b or 0 for b in bounds),
                 "cost_low": _usd(sum(c[0] or 0.0 for c in costs)),
                 "cost_high": None if any(c[1] is None for c in costs) else _usd(sum(c[1] or 0.0 for c in costs)),
-                "unpriced_models": [m.model for m in rows if m.low is None]}
+                "unpriced_models": [m.model for m in rows if m.low is None],
+                "lines_with_schema": sum(m.with_schema for m in rows)}
 
     def to_json(self) -> dict[str, Any]:
         return {"object": "file.cost_estimate", "currency": "USD", "lines": self.lines,
@@ -118,6 +122,9 @@ class Estimate:
                .rstrip() for r in rows]
         if total["unpriced_models"]:
             out.append(f"unpriced (not in the totals): {', '.join(total['unpriced_models'])}")
+        if total["lines_with_schema"]:
+            out.append(f"{total['lines_with_schema']} line(s) name a schema for their output: a reply that does not "
+                       "match is re-run (batch_settings.output_check.reruns), and each re-run adds to the cost")
         if self.answered:
             out.append(f"{self.answered} line(s) would be answered in place with an error (never sent)")
         if self.error_count:
@@ -214,6 +221,7 @@ class _Estimator:
                 route.model_name, route.kind.value, "exact" if counter.exact else "estimate", low, high)
         tokens = counter.count(req.url, req.body)
         row.lines += 1
+        row.with_schema += wanted(req.url, req.body) is not None
         row.input_tokens += tokens
         bound = output_bound(req.url, req.body, tokens, counter.limit)
         if bound is None:

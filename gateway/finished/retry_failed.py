@@ -57,7 +57,8 @@ async def retry_batch(service: BatchService, batch_id: str, owner: str,
             completion_window=None if batch.completion_window == "none" else batch.completion_window,
             metadata=metadata, output_expires_after=batch.output_expires_after, allowed_models=allowed_models,
             options=BatchOptions(strict=batch.options.strict, split_errors=batch.options.split_errors,
-                                 run_batch_errors=batch.options.run_batch_errors),
+                                 run_batch_errors=batch.options.run_batch_errors,
+                                 output_reruns=batch.options.output_reruns),
         )
     except BaseException:
         await service.delete_file(upload.id, owner)  # refused (a quota, the window): no orphan file is left

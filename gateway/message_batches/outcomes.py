@@ -3,7 +3,8 @@
 `message_result` is the one mapping from the pipeline's output line (OpenAI's batch output shape, whatever
 route ran it) to the anthropic SDK's `MessageBatchIndividualResponse`:
 
-- a 2xx reply: `succeeded`, its body (an Anthropic `message`) as the message;
+- a 2xx reply: `succeeded`, its body (an Anthropic `message`) as the message; with our `output_invalid` (a
+  reply that did not match its schema after its re-runs): `errored`, `api_error` with our message;
 - no reply, stopped by the batch: `batch_expired` is `expired`, `batch_cancelled` is `canceled`;
 - a request the checks refused (our `LineCode`s: an unknown model, a missing field, a stream): `errored`
   with `invalid_request_error`, as Anthropic answers a request it cannot honour;
@@ -38,7 +39,11 @@ def message_result(line: Mapping[str, Any]) -> dict[str, Any]:
         status = response.get("status_code") or 0
         body = response.get("body")
         if 200 <= status < 300:
-            return {"custom_id": custom_id, "result": {"type": "succeeded", "message": body}}
+            if error is None:
+                return {"custom_id": custom_id, "result": {"type": "succeeded", "message": body}}
+            # a 2xx with our error: a reply that did not match its schema (`output_invalid`)
+            message = str(error.get("message") or "The reply does not match the request's schema.")
+            return {"custom_id": custom_id, "result": {"type": "errored", "error": error_body("api_error", message)}}
         return {"custom_id": custom_id, "result": {"type": "errored", "error": _reply_error(status, body, error)}}
     code = str((error or {}).get("code") or "")
     if code == EXPIRED_CODE:

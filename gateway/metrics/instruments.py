@@ -66,6 +66,8 @@ class Instruments:
     paused: Gauge
     machine_faults: Counter
     unpriced_tiers: Counter
+    output_reruns: Counter
+    output_invalid: Counter
 
 
 @functools.cache
@@ -102,6 +104,11 @@ def built() -> Instruments:
         unpriced_tiers=Counter("batchyard_unpriced_tier_replies", "Replies that reported a service tier no "
                                "price is known for, billed at the highest per-token price known for their model, "
                                "by route.", ["route"]),
+        output_reruns=Counter("batchyard_output_reruns", "Re-runs of requests whose reply did not match their "
+                              "request's schema (attempts past the first), by team and route.", ["team", "route"]),
+        output_invalid=Counter("batchyard_output_invalid", "Requests whose reply still did not match their "
+                               "request's schema after their re-runs (failed: output_invalid), by team and route.",
+                               ["team", "route"]),
     )
     # Every reason shown from the start (0), and their value files written now, while the disk has room.
     for kind in FAULT_KINDS:
@@ -112,9 +119,9 @@ def built() -> Instruments:
 
 
 def _status(result: Result) -> str:
-    if result.status_code is not None:
+    if result.status_code is not None and result.error is None:
         return str(result.status_code)
-    return str((result.error or {}).get("code") or "error")
+    return str((result.error or {}).get("code") or "error")  # a 2xx reply failed by us: `output_invalid`
 
 
 def observe_results(team: str, route: str, results: Iterable[Result]) -> None:
@@ -124,9 +131,11 @@ def observe_results(team: str, route: str, results: Iterable[Result]) -> None:
     requests: dict[str, int] = {}
     tokens_in = tokens_out = 0
     cost = 0.0
-    refused = 0
+    refused = reruns = invalid = 0
     for result in results:
+        reruns += result.reruns
         status = _status(result)
+        invalid += status == "output_invalid"
         requests[status] = requests.get(status, 0) + 1
         if result.ok:
             usage = result.usage
@@ -140,6 +149,10 @@ def observe_results(team: str, route: str, results: Iterable[Result]) -> None:
         # Which route, how many; never the reply itself (it is the team's data).
         log.warning("route %s (team %s): %d replies reported a usage that is not sane non-negative integers (at "
                     "most %d tokens); counted as zero tokens", escaped(route), escaped(team), refused, MAX_USAGE_TOKENS)
+    if reruns:
+        m.output_reruns.labels(team, route).inc(reruns)
+    if invalid:
+        m.output_invalid.labels(team, route).inc(invalid)
     if tokens_in:
         m.tokens.labels(team, route, "input").inc(tokens_in)
     if tokens_out:

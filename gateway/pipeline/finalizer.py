@@ -72,7 +72,8 @@ class Finalizer:
         routes = dict(batch.routes)
         for name, stats in (await self.store.ledger.route_stats(batch_id)).items():
             if name:
-                routes[name] = {**routes.get(name, {}), **stats.to_json()}
+                routes[name] = {**routes.get(name, {}), **stats.to_json(), "reruns": summary.reruns[name],
+                                "output_invalid": summary.output_invalid[name]}
         reporters = self._reporters(shards)
         for name, reporter in reporters.items():
             routes[name] = {**routes.get(name, {}), **await reporter.route_summary(batch_id, name)}

@@ -18,6 +18,7 @@ from typing import Any
 from gateway import metrics
 from gateway.domain import BatchRequest, Result, Shard, Usage
 from gateway.json_codec import dumps, loads
+from gateway.lines.output_check import OUTPUT_INVALID
 from gateway.store.blobs.keys import shard_requests_key, shard_results_key
 from gateway.store.order_index import entry_line
 from gateway.store.protocols import Blobs, Store
@@ -67,10 +68,18 @@ class Summary:
     usage: Usage = field(default_factory=Usage)
     succeeded: int = 0
     failed: int = 0
+    # By route: attempts past the first (re-runs of replies that did not match their schema), and the lines
+    # still invalid after them (`output_invalid`): the batch's `routes[...]` facts, counted once, here.
+    reruns: Counter[str] = field(default_factory=Counter)
+    output_invalid: Counter[str] = field(default_factory=Counter)
 
-    def add(self, result: Result) -> None:
-        status = str(result.status_code) if result.status_code is not None else (result.error or {}).get("code", "?")
+    def add(self, result: Result, route: str = "") -> None:
+        # an error of ours on a 2xx reply (`output_invalid`) is named by its code, as a line that never ran
+        status = (result.error or {}).get("code", "?") if result.error or result.status_code is None \
+            else str(result.status_code)
         self.by_model.setdefault(result.model or "?", Counter())[status] += 1
+        self.reruns[route] += result.reruns
+        self.output_invalid[route] += status == OUTPUT_INVALID
         if result.ok:
             self.succeeded += 1
             self.usage.add(result.usage)
@@ -116,7 +125,7 @@ async def merge_shards(
         index = await stack.enter_async_context(blobs.writing(index_key)) if index_key else None
         while heap:
             _, i, result = heapq.heappop(heap)
-            summary.add(result)
+            summary.add(result, shards[i].route)
             data = dumps(result.output_line(run_batch_errors)) + b"\n"
             if err is not None and not result.ok:
                 await err.write(data)

@@ -37,6 +37,7 @@ from gateway.json_codec import loads
 from gateway.lines.budget import Budgets, TeamSpending, create_hold, spending_for
 from gateway.lines.stops import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
 from gateway.pipeline.merge import seal_shard
+from gateway.pipeline.output_reruns import OutputReruns
 from gateway.scheduling.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
 from gateway.scheduling.pacing import Pacer, pacing_with
 from gateway.store.blobs.keys import shard_requests_key, shard_results_key
@@ -230,7 +231,7 @@ class ShardRunner:
                 try:
                     hold = (create_hold(batch.id, batch.created_at) if self.budgets.reserves_at_create(batch.owner)
                             else None)
-                    reason = await self._execute(shard, share, todo, hold)
+                    reason = await self._execute(shard, share, todo, hold, self._reruns(batch))
                 except BackendUnavailable as exc:  # no attempt spent: the route's lines say why, once
                     reason = (ROUTE_UNAVAILABLE, f"The model {shard.route!r} is unavailable: {exc}")
                     await self._note_unavailable(shard.batch_id, shard.route, str(exc))
@@ -251,6 +252,16 @@ class ShardRunner:
             routes = {**batch.routes, route: {**facts, "unavailable": why}}
             await self.store.batches.update(batch_id, {"routes": routes})
 
+    def _reruns(self, batch: BatchRecord) -> int | None:
+        """How many more times a line whose reply does not match its schema runs: the batch's own
+        (`run --output-reruns`), else its team's, else `batch_settings.output_check`; None: no check."""
+        if batch.options.output_reruns is not None:  # asked for on the command line: checked whatever the config
+            return batch.options.output_reruns
+        team = self._teams.get(batch.owner)
+        settings = (team.output_check if team is not None and team.output_check is not None
+                    else self.config.batch.output_check)
+        return settings.reruns if settings.enabled else None
+
     def _pacer(self, team: str, route: str) -> Pacer | None:
         """The team's rate limits on the route, counted in the store (None: the team has none there)."""
         settings = self._teams.get(team)
@@ -258,15 +269,20 @@ class ShardRunner:
         return None if rpm is None and tpm is None else Pacer(self.store.rates, team, route, rpm, tpm)
 
     async def _execute(self, shard: Shard, share: Share, todo: list[BatchRequest],
-                       hold: str | None = None) -> StopReason | None:
+                       hold: str | None, reruns: int | None) -> StopReason | None:
         owner = share.team
         backend = await self.backends.get(shard.route)
         buffer: list[Result] = []
         flushed_at = time.monotonic()
         pacer = self._pacer(owner, shard.route)
         spending = TeamSpending(self.budgets, owner, hold)
-
-        flushing = asyncio.Lock()  # one write at a time: a hold goes only once every result before it is written
+        # A native route's lines are checked but not re-run: its jobs are found again by shard, and a second job
+        # for the same shard would be found as the first (docs/output-check.md).
+        checks = OutputReruns(todo if reruns is not None else (),
+                              0 if isinstance(backend, ShardAwareBackend) or reruns is None else reruns)
+        # One write at a time: a hold goes only once every result before it is written, and a round of re-runs
+        # starts once every reply is checked.
+        flushing = asyncio.Lock()
 
         async def flush() -> None:
             nonlocal buffer, flushed_at
@@ -274,14 +290,22 @@ class ShardRunner:
                 cost = 0.0
                 if buffer:
                     done, buffer = buffer, []
-                    # The spend moves with the journal, in one step of the store (see SpendTo).
-                    await self.store.ledger.record_results(shard, done, self.budgets.spend_to(owner))
-                    metrics.observe_results(owner, shard.route, done)
-                    cost = sum(billable(r.cost_usd) for r in done)
+                    if checks:  # off the event loop, in this process: the results are here
+                        done = await asyncio.to_thread(checks.settle, done)
+                    cost = await record(done)
                 await spending.recorded(cost)  # in the spend now: out of the holds
                 if pacer is not None:
                     await pacer.flush()  # the tokens results reported, into the team's rate window
                 flushed_at = time.monotonic()
+
+        async def record(done: list[Result]) -> float:
+            """Journal `done`; what it cost."""
+            if not done:
+                return 0.0
+            # The spend moves with the journal, in one step of the store (see SpendTo).
+            await self.store.ledger.record_results(shard, done, self.budgets.spend_to(owner))
+            metrics.observe_results(owner, shard.route, done)
+            return sum(billable(r.cost_usd) for r in done)
 
         if isinstance(backend, ShardAwareBackend):
             results = backend.execute_shard(shard, todo)
@@ -295,12 +319,25 @@ class ShardRunner:
                   if route is not None and route.kind is not RouteKind.NATIVE else None)
 
         async def consume() -> None:
-            async for result in results:
-                price(prices, result)
-                spending.buffered(billable(result.cost_usd))  # spent from now on, for the budget's checks
-                buffer.append(result)
-                if len(buffer) >= _FLUSH_EVERY or time.monotonic() - flushed_at > _FLUSH_SECONDS:
-                    await flush()
+            source = results
+            while True:
+                async for result in source:
+                    price(prices, result)  # before the check: an attempt re-run is paid all the same
+                    spending.buffered(billable(result.cost_usd))  # spent from now on, for the budget's checks
+                    buffer.append(result)
+                    if len(buffer) >= _FLUSH_EVERY or time.monotonic() - flushed_at > _FLUSH_SECONDS:
+                        await flush()
+                if not checks:
+                    return
+                await flush()  # every reply so far checked: the lines to re-run are known
+                again = checks.take()
+                if not again:
+                    return
+                if await spending.over():  # a spent budget starts nothing more: the lines keep their last reply
+                    async with flushing:
+                        await spending.recorded(await record(checks.give_up(again)))
+                    return
+                source = backend.execute(again)  # the same route, through its slots and the team's rates
 
         # The task copies the context: the backend's slots see whose requests these are, under which rates, and
         # whose budget they spend (a native route reserves of it before each provider job).

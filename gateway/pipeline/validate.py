@@ -22,6 +22,7 @@ from gateway.domain import BatchRequest, Endpoint
 from gateway.errors import LineCode, LineError, shown
 from gateway.json_codec import loads_checked
 from gateway.lines.body_fields import MAX_LINE_DEPTH, check_body
+from gateway.lines.output_check import refusal
 from gateway.store.splitter import Overlong
 
 _BOM = b"\xef\xbb\xbf"
@@ -152,6 +153,9 @@ class LineChecker:
         if wrong is not None:
             # fails a strict batch (the API's); answered in place elsewhere, as run_batch answers it
             return LineProblem(wrong, custom_id, model)
+        refused = refusal(normal.endpoint, body)  # a schema too large to check, or one that cannot compile
+        if refused is not None:
+            return problem(LineCode.INVALID_REQUEST, refused[1], refused[0])
         if body.get("stream") is True:
             return problem(LineCode.STREAMING_UNSUPPORTED, "Streaming is not supported by the Batch API.",
                            "body.stream")

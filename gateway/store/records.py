@@ -73,6 +73,9 @@ class BatchOptions:
     # Error replies written as vLLM's run_batch writes them (`response.body`
     # null, the error body in `error`): `batchyard run --model`, the drop-in.
     run_batch_errors: bool = False
+    # Re-runs of a reply that does not match its schema (`batchyard run --output-reruns`); None: the team's
+    # `output_check`, else `batch_settings.output_check`.
+    output_reruns: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -69,6 +69,9 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
      {"type": "errored", "error": {"type": "error", "error": {"type": "overloaded_error", "message": "down"}}}),
     ("a lost request", _stopped("internal_error", "lost"),
      {"type": "errored", "error": {"type": "error", "error": {"type": "api_error", "message": "lost"}}}),
+    ("a reply that did not match its schema", {**_reply(200, MESSAGE), "error": {"code": "output_invalid",
+                                                                                 "message": "/a: wrong"}},
+     {"type": "errored", "error": {"type": "error", "error": {"type": "api_error", "message": "/a: wrong"}}}),
 ]
 
 

@@ -33,11 +33,15 @@ class RouteProgress:
     planned: int | None = None  # the route's requests in this batch, while it runs (from its shards)
     unavailable: str | None = None  # why a worker cannot run this route (its engine cannot start), if so
     unpriced: bool = False  # the config gives this route no price: its cost is unknown, not $0.00
+    background: str | None = None  # a background route's pacing on its shared server (`background_words`)
+    # re-runs of replies that did not match their schema, and lines still invalid after them (known once the
+    # batch is finalized: the merge counts them)
+    reruns: int = 0
+    output_invalid: int = 0
 
     @property
     def cost_label(self) -> str:
         return "unpriced" if self.unpriced and not self.stats.cost_usd else fmt_usd(self.stats.cost_usd)
-    background: str | None = None  # a background route's pacing on its shared server (`background_words`)
 
     @property
     def progress(self) -> str:
@@ -114,6 +118,14 @@ class BatchView:
         return int(100 * self.done / self.total) if self.total else (100 if self.finished else 0)
 
 
+def _checked(summary: Any) -> tuple[int, int]:
+    """(reruns, output_invalid) of a finished batch's route summary (0, 0 while it runs)."""
+    if not isinstance(summary, dict):
+        return 0, 0
+    reruns, invalid = summary.get("reruns"), summary.get("output_invalid")
+    return (reruns if isinstance(reruns, int) else 0), (invalid if isinstance(invalid, int) else 0)
+
+
 def batch_view(
     rec: BatchRecord, routes: dict[str, RouteStats], planned: dict[str, int] | None = None, now: float | None = None,
     unavailable: Mapping[str, str] | None = None, waiting: str | None = None,
@@ -135,7 +147,8 @@ def batch_view(
     paced = background or {}
     rows = [RouteProgress(n, routes.get(n) or RouteStats(), planned.get(n), unavailable.get(n) or _kept(rec, n),
                           n in unpriced,
-                          background_words(paced[n]) if n in paced and not rec.status.finished else None)
+                          background_words(paced[n]) if n in paced and not rec.status.finished else None,
+                          *_checked(rec.routes.get(n)))
             for n in names]
     return BatchView(
         id=rec.id,

@@ -38,6 +38,7 @@ from tests.fakes.upstream.state import (
     _json,
     _raw,
 )
+from tests.fakes.upstream.structured import Structured
 
 OPS = {
     "chat/completions": "chat",
@@ -91,6 +92,7 @@ class UpstreamServer(FilesAndBatches):
         self.options = options
         self.counters = Counters()
         self.attempts: Counter[str] = Counter()  # calls per text that carries a #fail directive
+        self.structured = Structured()  # replies to requests that name a schema (their #schema directives)
         self.files: dict[str, StoredFile] = {}
         self.batches: dict[str, BatchJob] = {}
         self.tasks: set[asyncio.Task[None]] = set()
@@ -119,6 +121,10 @@ class UpstreamServer(FilesAndBatches):
             reply = _BUILDERS[kind](body, model, text)
         except ApiError as exc:
             return exc.status, exc.body(), None
+        if kind == "chat" and ("response_format" in body or "tools" in body):
+            self.structured.chat(body, text, reply)
+        elif kind == "responses" and "text" in body:
+            self.structured.responses(body, text, reply)
         if "#extra" in text:  # fields a provider may add that OpenAI's types (and LiteLLM's) don't know
             reply["x_provider"] = {"region": "loopback", "cached": False}
             reply["prompt_logprobs"] = None
@@ -212,6 +218,7 @@ class UpstreamServer(FilesAndBatches):
         self.tasks.clear()
         self.counters = Counters()
         self.attempts.clear()
+        self.structured = Structured()
         self.files.clear()
         self.batches.clear()
         return _json({"status": "reset"})

@@ -39,6 +39,10 @@ Directives in the request text (last user message, prompt, input, query):
 - `#tier:NAME` a success reply reports `"service_tier": NAME` (the tier it says it ran at)
 - `#usage:NAME` a success reply's `usage` is a bad one (`tests.fakes.upstream.app.BAD_USAGE`: negative, huge,
   float, string, bool, nested, list)
+- `#schema:KIND` a request that names a schema (chat `response_format` json_schema/json_object, strict `tools`,
+  responses `text.format`) is answered with JSON made from it (`tests.fakes.upstream.structured`), wrong as KIND
+  says: `badjson`, `wrongtype`, `missing`, `extra`, `length` (cut off), `badtool`; `#schema:KINDxN` only on the
+  first N calls with this exact text
 
 Files and Batches API under `/v1`, `/openai` (`?api-version=`) and `/openai/v1`.
 A batch goes validating → in_progress → finalizing → completed within
