@@ -1,9 +1,8 @@
 """The intake: the batch/file service that both front doors (the API, the CLI) ask.
 
-Create, read, cancel and delete files and batches; admit a new batch against its
-team's quotas and budget; validate and plan it into shards, record them and put
-them on the queue. Refusals are domain errors (`gateway.errors`); the server maps
-them to HTTP. The intake owns a batch while it is `validating`: it fails it,
+Create, read, cancel and delete files and batches; admit a new batch against its team's quotas and
+budget; validate and plan it into shards, record them and put them on the queue. Refusals are domain
+errors (`gateway.errors`); the server maps them to HTTP. The intake owns a batch while it is `validating`: it fails it,
 cancels it before any shard exists, or expires it (the sweeper asks).
 Running the shards is the `ShardRunner`'s job, finishing the batch the `Finalizer`'s.
 
