@@ -123,7 +123,7 @@ def environment(fault: Fault, upstream: Upstream, tmp: Path) -> Iterator[tuple[D
             moto = MotoS3().start()
             stack.callback(moto.close)
             extra = stack.enter_context(proxy_type("127.0.0.1", moto.port))
-            kwargs.update(storage=moto.storage("bench"), env={**moto.env(), "BATCHYARD_S3_ENDPOINT_URL": extra.url})
+            kwargs.update(blobs=moto.location("bench"), env={**moto.env(), "BATCHYARD_S3_ENDPOINT_URL": extra.url})
         elif fault.name == "Redis unreachable":
             kwargs["redis_proxy"] = _fault_proxy()
         d = stack.enter_context(deploy(fault.mode, config, data, **kwargs))

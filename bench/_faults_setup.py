@@ -51,7 +51,7 @@ class Deployment:
     redis: RedisServer | None = None
     worker: WorkerProcess | None = None
     config_path: Path | None = None
-    storage: str = ""
+    blobs: str = ""
     claim_idle: float = 2.0
     redis_proxy: Any = None  # a FaultProxy between every process and Redis, when asked for
 
@@ -89,13 +89,13 @@ class Deployment:
         if self.worker is not None:
             self.worker.close()
         url = self.redis.url if self.redis_proxy is None else f"redis://127.0.0.1:{self.redis_proxy.port}/0"
-        self.worker = start_worker(self.config_path, url, self.storage, claim_idle=self.claim_idle)
+        self.worker = start_worker(self.config_path, url, self.blobs, claim_idle=self.claim_idle)
         self.worker.wait_ready(120)
 
 
 @contextlib.contextmanager
 def deploy(mode: str, config: dict[str, Any], data_dir: Path, *, claim_idle: float = 2.0,
-           storage: str | None = None, env: dict[str, str] | None = None,
+           blobs: str | None = None, env: dict[str, str] | None = None,
            redis_proxy: Any = None, workers: int | None = 1) -> Iterator[Deployment]:
     """The gateway in `mode` ("embedded" or "shared"), ready: its worker has started. `redis_proxy`: the
     FaultProxy class, to put one between every process and Redis (shared mode). `workers`: embedded `serve
@@ -111,8 +111,8 @@ def deploy(mode: str, config: dict[str, Any], data_dir: Path, *, claim_idle: flo
     url = redis.url if proxy is None else f"redis://127.0.0.1:{proxy.port}/0"
     worker: WorkerProcess | None = None
     try:
-        store = storage or str(data_dir / "blobs")
-        with start_shared(config, data_dir, url, with_worker=False, storage=store, env=env) as gw:
+        store = blobs or str(data_dir / "blobs")
+        with start_shared(config, data_dir, url, with_worker=False, blobs=store, env=env) as gw:
             config_path = data_dir.parent / "shared.config.yaml"
             worker = start_worker(config_path, url, store, env=env, claim_idle=claim_idle).wait_ready(120)
             deployment = Deployment(mode, gw, redis, worker, config_path, store, claim_idle, proxy)

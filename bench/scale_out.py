@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> list[Row]:
             for kind, server in servers:
                 server.flush()
                 place = f"bench{count}-{kind.replace(' ', '')}"
-                storage = s3.storage(place) if s3 else str(tmp / place)
+                storage = s3.location(place) if s3 else str(tmp / place)
                 workers = [start_worker(config_path, server.url, storage, env=env, claim_idle=30.0)
                            for _ in range(count)]
                 try:

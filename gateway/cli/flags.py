@@ -88,11 +88,11 @@ def refused_flag(args: argparse.Namespace, extra: Sequence[str] = ()) -> str | N
         return refused_run_flag(args, extra)
     if args.command == "serve":
         if args.redis_url:
-            mode = "shared mode (serve --redis-url: records and the queue in Redis, files in --storage)"
+            mode = "shared mode (serve --redis-url: records and the queue in Redis, files in --blobs)"
             given = {"--data-dir": args.data_dir, "--workers": args.workers}
         else:
             mode = "embedded mode (serve without --redis-url: everything in --data-dir)"
-            given = {"--storage": args.storage, "--claim-idle": args.claim_idle, "--with-worker": args.with_worker,
+            given = {"--blobs": args.blobs, "--claim-idle": args.claim_idle, "--with-worker": args.with_worker,
                      **_redis_flags(args)}
     elif args.command == "worker":
         if args.upstream_only and args.models:
@@ -103,7 +103,7 @@ def refused_flag(args: argparse.Namespace, extra: Sequence[str] = ()) -> str | N
             return None  # no mode chosen: the worker command says it needs one
         else:
             mode = "embedded mode (worker --data-dir)"
-            given = {"--storage": args.storage, "--claim-idle": args.claim_idle, **_redis_flags(args)}
+            given = {"--blobs": args.blobs, "--claim-idle": args.claim_idle, **_redis_flags(args)}
     else:
         return None
     wrong = [flag for flag, value in given.items() if value not in (None, False)]

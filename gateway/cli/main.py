@@ -119,7 +119,7 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 4000
-DEFAULT_DATA_DIR, DEFAULT_STORAGE = ".batchyard/data", ".batchyard/blobs"
+DEFAULT_DATA_DIR, DEFAULT_BLOBS = ".batchyard/data", ".batchyard/blobs"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,7 +149,7 @@ def _serve_parser(sub: Any) -> None:
         "serve", help="serve the OpenAI Files + Batches API",
         description="Serve the OpenAI Files + Batches API (also Azure and LiteLLM routes). Embedded mode (the "
         "default): records, queue and files in --data-dir on this machine, shards run by --workers processes. "
-        "Shared mode (--redis-url): records and the queue in Redis, files in --storage; run as many replicas "
+        "Shared mode (--redis-url): records and the queue in Redis, files in --blobs; run as many replicas "
         "and `batchyard worker`s as you like. A flag of the other mode is refused.",
     )
     serve.add_argument("--config", required=True, help="LiteLLM-style YAML config (see config/ and the README)")
@@ -178,7 +178,7 @@ def _serve_parser(sub: Any) -> None:
 def _worker_parser(sub: Any) -> None:
     worker = sub.add_parser("worker", help="run shards for the models hosted here (shared or embedded mode)",
                             description="A worker: runs the shards of its routes. Shared mode (--redis-url): from "
-                            "Redis Streams, results in Redis, files in the shared storage. Embedded mode "
+                            "Redis Streams, results in Redis, files in the shared blob store. Embedded mode "
                             "(--data-dir): over the data directory of a `batchyard serve` on this machine, which "
                             "starts its own workers (--workers) so you rarely start one by hand.")
     worker.add_argument("--config", required=True, help="LiteLLM-style YAML config (the API replicas' one)")
@@ -215,8 +215,12 @@ def _shared_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-evicting-redis", action="store_true",
                    help="shared mode: run on a Redis whose maxmemory-policy is not noeviction, which may drop "
                    "batches under memory pressure (default: off: such a Redis is refused at start)")
-    p.add_argument("--storage", help="shared mode: files in s3://bucket/prefix (endpoint: $BATCHYARD_S3_ENDPOINT_URL "
-                   f"or $AWS_ENDPOINT_URL_S3) or a directory every process reaches (default: {DEFAULT_STORAGE})")
+    # "storage" is the teams' byte ledger (quota), so the flag is named for what it sets: where the Blobs live.
+    # --storage, its earlier name, is still taken, so existing deployments keep working.
+    p.add_argument("--blobs", "--storage", dest="blobs", metavar="LOCATION",
+                   help="shared mode: where file bytes live: s3://bucket/prefix (endpoint: $BATCHYARD_S3_ENDPOINT_URL "
+                   "or $AWS_ENDPOINT_URL_S3) or a directory every process reaches (default: "
+                   f"{DEFAULT_BLOBS}; --storage is its earlier name)")
     p.add_argument("--claim-idle", type=positive_seconds, default=None,
                    help="shared mode: seconds a dead worker's shard waits before another worker takes it over "
                    "(default: 30)")
@@ -318,7 +322,7 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "worker":
             from gateway.cli.worker import run_worker_command
 
-            args.storage = args.storage or DEFAULT_STORAGE
+            args.blobs = args.blobs or DEFAULT_BLOBS
             return run_worker_command(args)
         if args.command == "serve":
             return _serve_command(args)
@@ -349,7 +353,7 @@ def _serve_command(args: argparse.Namespace) -> int:
         from gateway.cli.serve import serve_shared
 
         serve_shared(args.config, args.host, args.port, redis_url=args.redis_url,
-                     storage=args.storage or DEFAULT_STORAGE, with_worker=args.with_worker,
+                     blobs=args.blobs or DEFAULT_BLOBS, with_worker=args.with_worker,
                      claim_idle=args.claim_idle, log_level=log_level, redis_ca_file=args.redis_ca_file,
                      allow_evicting_redis=args.allow_evicting_redis, forwarded_allow_ips=args.forwarded_allow_ips)
     else:

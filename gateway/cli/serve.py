@@ -138,17 +138,17 @@ def serve(
 
 
 def serve_shared(
-    config_path: str | Path, host: str, port: int, *, redis_url: str, storage: str | Path,
+    config_path: str | Path, host: str, port: int, *, redis_url: str, blobs: str | Path,
     with_worker: bool = False, claim_idle: float | None = None, log_level: str = "info",
     redis_ca_file: str | None = None, allow_evicting_redis: bool = False, forwarded_allow_ips: str | None = None,
 ) -> None:
-    """`batchyard serve --redis-url U --storage s3://…`: one API replica over the shared store."""
+    """`batchyard serve --redis-url U --blobs s3://…`: one API replica over the shared store."""
 
     async def factory(config: Config) -> Runtime:
         from gateway.runtime.runtime import open_shared
         from gateway.runtime.validation_processes import VALIDATION_PROCESSES
 
-        return await open_shared(config, redis_url, storage, routes=None if with_worker else (),
+        return await open_shared(config, redis_url, blobs, routes=None if with_worker else (),
                                  claim_idle=claim_idle, validation_processes=VALIDATION_PROCESSES,
                                  redis_ca_file=redis_ca_file, allow_evicting_redis=allow_evicting_redis)
 

@@ -1,7 +1,7 @@
 """`batchyard worker`: a process that runs shards, on this machine or on as many as you like.
 
     batchyard worker --config team.yaml --redis-url redis://redis:6379/0 \\
-        --storage s3://bucket/batchyard [--models llama-3-8b]        # shared mode
+        --blobs s3://bucket/batchyard [--models llama-3-8b]        # shared mode
     batchyard worker --config team.yaml --data-dir .batchyard/data   # embedded mode (what serve starts)
 
 A worker hosts every upstream route of the config, and the local models named
@@ -82,7 +82,7 @@ async def _open(args: argparse.Namespace, config: Config) -> Runtime:
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
     routes = hosted_routes(config, models, upstream_only=args.upstream_only)
     if args.redis_url:
-        return await open_shared(config, args.redis_url, args.storage, routes=routes, claim_idle=args.claim_idle,
+        return await open_shared(config, args.redis_url, args.blobs, routes=routes, claim_idle=args.claim_idle,
                                  redis_ca_file=args.redis_ca_file, allow_evicting_redis=args.allow_evicting_redis)
     # The owner (serve, run) sweeps and recovers; its workers only run shards.
     return await open_embedded(config, Path(args.data_dir), routes=routes, owner=False)

@@ -253,7 +253,7 @@ async def open_shared(
     s3_endpoint_url: str | None = None, validation_processes: int = 0, redis_ca_file: str | None = None,
     allow_evicting_redis: bool = False,
 ) -> Runtime:
-    """The shared mode: the store on Redis at `redis_url`, the blobs at `blob_location` (the CLI's `--storage`:
+    """The shared mode: the store on Redis at `redis_url`, the blobs at `blob_location` (the CLI's `--blobs`:
     `s3://bucket/prefix` or a directory every process can reach). `routes`: the routes this process runs
     shards for (`()`: none, an API replica; `None`: every route of the config). `validation_processes`: as
     `open_embedded`'s. `redis_ca_file`: the CA of a `rediss://` Redis (default: the system's). A Redis that may

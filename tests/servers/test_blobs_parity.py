@@ -61,7 +61,7 @@ async def _blobs(blobs: Blobs) -> list[Any]:
 
 
 async def test_s3_blobs_answer_as_local_blobs_do(s3: MotoS3, tmp_path: Path) -> None:
-    local, shared = LocalBlobs(tmp_path / "blobs"), S3Blobs.from_url(s3.storage("parity"), endpoint_url=s3.url)
+    local, shared = LocalBlobs(tmp_path / "blobs"), S3Blobs.from_url(s3.location("parity"), endpoint_url=s3.url)
     try:
         expected = await _blobs(local)
         got = await _blobs(shared)
@@ -80,7 +80,7 @@ async def _read_all(blobs: S3Blobs, key: str) -> bytes:
 
 
 async def test_s3_blobs_put_multipart_abort_and_prefix_delete(s3: MotoS3) -> None:
-    blobs = S3Blobs.from_url(s3.storage("unit"), endpoint_url=s3.url, part_size=5 * 1024 * 1024)
+    blobs = S3Blobs.from_url(s3.location("unit"), endpoint_url=s3.url, part_size=5 * 1024 * 1024)
     try:
         w = blobs.writer("files/small")
         await w.write(b"hello\n")

@@ -1,6 +1,6 @@
 """The command line says what each flag does, and refuses a flag the chosen mode would not use.
 
-`serve --redis-url U --workers 4` would start no worker; embedded `serve --storage s3://…` would
+`serve --redis-url U --workers 4` would start no worker; embedded `serve --blobs s3://…` would
 keep files in --data-dir. Accepted and then ignored would be a lie: each is a usage error (exit
 status 2) naming the flag and the mode.
 """
@@ -29,11 +29,11 @@ REPO = Path(__file__).resolve().parents[2]
 REFUSED = [
     (["serve", "--redis-url", "redis://127.0.0.1:1/0", "--workers", "4"], "--workers", "shared mode"),
     (["serve", "--redis-url", "redis://127.0.0.1:1/0", "--data-dir", "d"], "--data-dir", "shared mode"),
-    (["serve", "--storage", "s3://bucket/p"], "--storage", "embedded mode"),
+    (["serve", "--blobs", "s3://bucket/p"], "--blobs", "embedded mode"),
     (["serve", "--claim-idle", "5"], "--claim-idle", "embedded mode"),
     (["serve", "--with-worker"], "--with-worker", "embedded mode"),
     (["worker", "--upstream-only", "--models", "llama", "--data-dir", "d"], "--models", "--upstream-only"),
-    (["worker", "--data-dir", "d", "--storage", "s3://bucket/p"], "--storage", "embedded mode"),
+    (["worker", "--data-dir", "d", "--blobs", "s3://bucket/p"], "--blobs", "embedded mode"),
     (["worker", "--redis-url", "redis://127.0.0.1:1/0", "--data-dir", "d"], "--data-dir", "shared mode"),
 ]
 
@@ -102,10 +102,10 @@ def test_engine_flags_beside_a_config_are_refused_by_the_installed_command(tmp_p
 
 
 def test_refused_by_the_installed_command_before_the_config_is_read() -> None:
-    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", "no-such.yaml", "--storage",
+    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", "no-such.yaml", "--blobs",
                            "s3://bucket/p"], cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert "--storage does not apply in embedded mode" in proc.stderr and "Traceback" not in proc.stderr
+    assert "--blobs does not apply in embedded mode" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

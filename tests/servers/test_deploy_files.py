@@ -32,6 +32,15 @@ def parses(args: list[str]) -> Any:
     return parsed
 
 
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_the_blob_location_flag_keeps_its_earlier_name(command: str):
+    """`--blobs` says where file bytes live; `--storage`, its name before "storage" meant only the teams' byte
+    ledger, still sets it, so a deployment written for it keeps working."""
+    for flag in ("--blobs", "--storage"):
+        parsed = parses([command, "--config", "c.yaml", "--redis-url", "redis://r:6379/0", flag, "s3://b/p"])
+        assert parsed.blobs == "s3://b/p"
+
+
 @pytest.mark.parametrize("path", ["docker/compose.yaml", "docker/e2e/compose.yaml"])
 def test_compose_commands_are_batchyard_commands(path: str):
     services = compose(path)["services"]
@@ -39,7 +48,7 @@ def test_compose_commands_are_batchyard_commands(path: str):
         if "command" in services.get(name, {}):
             parsed = parses(services[name]["command"])
             assert parsed.command == ("serve" if name == "gateway" else "worker")
-            assert parsed.redis_url == "redis://redis:6379/0" and parsed.storage == "s3://batchyard/data"
+            assert parsed.redis_url == "redis://redis:6379/0" and parsed.blobs == "s3://batchyard/data"
             assert parsed.config == "/config/team.yaml"
 
 
@@ -73,7 +82,7 @@ def test_every_flag_the_chart_passes_is_a_flag_of_serve_or_worker(capsys: pytest
             build_parser().parse_args([command, "--help"])
         serve_and_worker |= set(re.findall(r"(--[a-z][a-z-]*)", capsys.readouterr().out))
     flags = template_flags()
-    assert {"--config", "--storage", "--models", "--upstream-only", "--metrics-port", "--redis-ca-file",
+    assert {"--config", "--blobs", "--models", "--upstream-only", "--metrics-port", "--redis-ca-file",
             "--allow-evicting-redis"} <= flags
     assert flags <= serve_and_worker, f"not batchyard flags: {flags - serve_and_worker}"
     # the Redis URL (a password from a Secret) is the environment variable serve and worker read, not an arg

@@ -89,7 +89,7 @@ def cluster(s3: MotoS3, upstream: Upstream, tmp_path_factory: pytest.TempPathFac
     raw = shared_config(upstream.v1_url, (MODEL,), shard_size=10, max_concurrency=8, max_shards_in_flight=2)
     config_path = write_config(tmp_path_factory.mktemp("cluster") / "config.yaml", raw)
     server = RedisServer(appendonly=True).start()
-    storage = s3.storage("cluster")
+    storage = s3.location("cluster")
     workers = [start_worker(config_path, server.url, storage, env=s3.env(), claim_idle=2.0) for _ in range(2)]
     replicas = [_serve(config_path, server.url, storage, s3.env()),
                 _serve(config_path, server.url, storage, s3.env(), "--with-worker")]
@@ -315,7 +315,7 @@ def _serve(config_path: Path, redis_url: str, storage: str, env: dict[str, str],
     port = free_port()
     fd, log = tempfile.mkstemp(prefix="serve-", suffix=".log")
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path), "--port", str(port),
-           "--redis-url", redis_url, "--storage", storage, "--claim-idle", "2", *extra]
+           "--redis-url", redis_url, "--blobs", storage, "--claim-idle", "2", *extra]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=process_env(env), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd)
     os.close(fd)
     return proc, f"http://127.0.0.1:{port}", Path(log)

@@ -1,6 +1,6 @@
 """S3 throttling (503 SlowDown) or unreachable mid-batch pauses the batch; it resumes by itself when S3 is back.
 
-`batchyard serve --redis-url … --storage s3://…` reaches moto's S3 through a fault-injecting proxy
+`batchyard serve --redis-url … --blobs s3://…` reaches moto's S3 through a fault-injecting proxy
 (`tests/fakes/fault_proxy.py`). Once the batch is running the proxy answers every request 503 `SlowDown` (S3's
 XML error shape), or refuses connections, until the runner has paused. The rule: the shards that meet the fault
 are handed back without spending an attempt, `batchyard_paused{reason=…}` is 1 and
@@ -44,7 +44,7 @@ def test_an_s3_outage_pauses_the_batch_and_it_resumes_when_s3_is_back(
     config = gateway_config(upstream, models=("gpt-mini",), shard_size=10, max_shards_in_flight=1)
     ids = [f"line-{i}" for i in range(150)]
     env = {**s3.env(), "BATCHYARD_S3_ENDPOINT_URL": proxy.url}
-    with start_shared(config, tmp_path / "data", redis_server.url, storage=s3.storage(f"faults-{mode}"),
+    with start_shared(config, tmp_path / "data", redis_server.url, blobs=s3.location(f"faults-{mode}"),
                       env=env) as gw:
         client = gw.client(None)
         batch = submit(client, [chat_line(i, "gpt-mini", f"{i} #sleep:150") for i in ids])

@@ -91,7 +91,7 @@ def test_an_evicting_redis_is_refused_in_one_line(command: str, evicting: RedisS
                                                    tmp_path: Path) -> None:
     extra = ["--port", str(free_port())] if command == "serve" else []
     done = _batchyard(command, "--config", str(config_path), "--redis-url", evicting.url,
-                      "--storage", str(tmp_path / "blobs"), *extra)
+                      "--blobs", str(tmp_path / "blobs"), *extra)
     said = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
@@ -120,7 +120,7 @@ def test_persistence_off_is_a_warning_on_health_and_the_url_may_come_from_the_en
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path), "--port", str(port),
-             "--storage", str(tmp_path / "blobs")],  # no --redis-url: BATCHYARD_REDIS_URL names it
+             "--blobs", str(tmp_path / "blobs")],  # no --redis-url: BATCHYARD_REDIS_URL names it
             cwd=REPO_ROOT, env=process_env({"BATCHYARD_REDIS_URL": plain.url}), stdin=subprocess.DEVNULL,
             stdout=out, stderr=out)
     try:

@@ -185,7 +185,7 @@ def _serve(config_path: Path, redis_url: str, storage: Path, env: dict[str, str]
     port = free_port()
     fd, log = tempfile.mkstemp(prefix="serve-", suffix=".log")
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path), "--port", str(port),
-           "--redis-url", redis_url, "--storage", str(storage), "--claim-idle", "2"]
+           "--redis-url", redis_url, "--blobs", str(storage), "--claim-idle", "2"]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=process_env(env), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd)
     os.close(fd)
     url = f"http://127.0.0.1:{port}"
@@ -202,7 +202,7 @@ def _serve(config_path: Path, redis_url: str, storage: Path, env: dict[str, str]
 
 def _worker(config_path: Path, redis_url: str, storage: Path, env: dict[str, str], *extra: str) -> WorkerProcess:
     cmd = [sys.executable, "-m", "gateway.cli", "worker", "--config", str(config_path), "--redis-url", redis_url,
-           "--storage", str(storage), "--claim-idle", "2", *extra]
+           "--blobs", str(storage), "--claim-idle", "2", *extra]
     fd, log = tempfile.mkstemp(prefix="worker-", suffix=".log")
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=process_env(env), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd)
     os.close(fd)

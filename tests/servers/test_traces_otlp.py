@@ -159,7 +159,7 @@ def test_shared_mode_joins_the_same_trace(upstream: Upstream, receiver: OTLPRece
     port = free_port()
     fd, log = tempfile.mkstemp(prefix="serve-", suffix=".log")
     api = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port",
-                            str(port), "--redis-url", redis.url, "--storage", storage], cwd=REPO_ROOT,
+                            str(port), "--redis-url", redis.url, "--blobs", storage], cwd=REPO_ROOT,
                            env=process_env(), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd)
     os.close(fd)
     try:

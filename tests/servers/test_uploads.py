@@ -353,7 +353,7 @@ def test_shared_mode_on_s3_uploads_runs_and_cancels(upstream: Upstream, redis_se
                                                      tmp_path: Path) -> None:
     """Redis keeps the Upload records, S3 the parts: the SDK's chunked upload, a batch of it, a cancel."""
     config = gateway_config(upstream, models=("gpt-mini",))
-    with start_shared(config, tmp_path / "data", redis_server.url, storage=s3.storage("uploads-e2e"),
+    with start_shared(config, tmp_path / "data", redis_server.url, blobs=s3.location("uploads-e2e"),
                       env=s3.env()) as gw:
         client = gw.client(None)
         data = _lines(25, "s3")
@@ -380,7 +380,7 @@ def test_shared_mode_on_s3_uploads_runs_and_cancels(upstream: Upstream, redis_se
 async def test_s3_reads_a_completed_upload_as_its_parts(s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in s3.env().items():
         monkeypatch.setenv(name, value)
-    blobs = S3Blobs.from_url(s3.storage("uploads"), endpoint_url=s3.url)
+    blobs = S3Blobs.from_url(s3.location("uploads"), endpoint_url=s3.url)
     try:
         parts = [(f"uploads/u1/p{i}", bytes([65 + i]) * (i + 1) * 1000) for i in range(3)]
         for key, data in parts:

@@ -41,8 +41,8 @@ def _big_file(lines: int = LINES) -> bytes:
 
 
 def _start_shared_s3(config: dict[str, Any], data_dir: Path, redis_url: str, s3: MotoS3) -> Gateway:
-    """`batchyard serve --redis-url … --storage s3://…` (an API replica with its worker) over moto's S3."""
-    return start_shared(config, data_dir, redis_url, storage=s3.storage(data_dir.parent.name), env=s3.env())
+    """`batchyard serve --redis-url … --blobs s3://…` (an API replica with its worker) over moto's S3."""
+    return start_shared(config, data_dir, redis_url, blobs=s3.location(data_dir.parent.name), env=s3.env())
 
 
 def _assert_failed_at_the_last_line(batch: Batch, lines: int = LINES) -> None:

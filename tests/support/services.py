@@ -231,7 +231,7 @@ class MotoS3:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def storage(self, prefix: str) -> str:
+    def location(self, prefix: str) -> str:
         return f"s3://{self.bucket}/{prefix}"
 
     def env(self) -> dict[str, str]:
@@ -299,11 +299,11 @@ class WorkerProcess:
 
 
 def start_worker(
-    config_path: Path, redis_url: str, storage: str, *, env: dict[str, str] | None = None,
+    config_path: Path, redis_url: str, blobs: str, *, env: dict[str, str] | None = None,
     models: str | None = None, claim_idle: float = 2.0, cpu: int | None = None,
 ) -> WorkerProcess:
     cmd = [sys.executable, "-m", "gateway.cli", "worker", "--config", str(config_path), "--redis-url", redis_url,
-           "--storage", storage, "--claim-idle", str(claim_idle)]
+           "--blobs", blobs, "--claim-idle", str(claim_idle)]
     if models:
         cmd += ["--models", models]
     fd, name = tempfile.mkstemp(prefix="worker-", suffix=".log")

@@ -30,11 +30,11 @@ MODES = ["embedded", pytest.param("shared", marks=[pytest.mark.redis, pytest.mar
 
 
 def start_shared(config: dict[str, Any], data_dir: Path, redis_url: str, *, with_worker: bool = True,
-                 storage: str | None = None, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Gateway:
+                 blobs: str | None = None, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Gateway:
     """`batchyard serve` over `redis_url`; `with_worker=False`: an API replica only (workers run apart);
     `args`: more flags of `serve`.
 
-    `storage`: where the blobs go (default: `data_dir/blobs`; e.g. an `s3://` URL, with `env` naming its endpoint).
+    `blobs`: where the blobs go (default: `data_dir/blobs`; e.g. an `s3://` URL, with `env` naming its endpoint).
     """
     data_dir.mkdir(parents=True, exist_ok=True)
     config_path = data_dir.parent / "shared.config.yaml"
@@ -42,7 +42,7 @@ def start_shared(config: dict[str, Any], data_dir: Path, redis_url: str, *, with
     port = free_port()
     fd, log = tempfile.mkstemp(prefix="serve-", suffix=".log")
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path), "--port", str(port),
-           "--redis-url", redis_url, "--storage", storage or str(data_dir / "blobs"),
+           "--redis-url", redis_url, "--blobs", blobs or str(data_dir / "blobs"),
            *(["--with-worker"] if with_worker else []), *args]
     process = subprocess.Popen(cmd, cwd=REPO_ROOT, env=process_env(env or {}), stdin=subprocess.DEVNULL, stdout=fd,
                                stderr=fd)

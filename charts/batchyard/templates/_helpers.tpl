@@ -136,7 +136,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if .Values.redis.allowEvicting }}
 - --allow-evicting-redis
 {{- end }}
-- --storage
+- --blobs
 - {{ printf "s3://%s/%s" .Values.s3.bucket (trimAll "/" .Values.s3.prefix) | trimSuffix "/" }}
 - --claim-idle
 - {{ .Values.claimIdle | quote }}

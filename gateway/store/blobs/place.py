@@ -17,7 +17,7 @@ S3_ENDPOINT_ENV = "BATCHYARD_S3_ENDPOINT_URL"
 
 @dataclass(frozen=True, slots=True)
 class BlobPlace:
-    """`location` (the CLI's `--storage`): `s3://bucket/prefix` (S3, MinIO, moto) or a directory every process
+    """`location` (the CLI's `--blobs`): `s3://bucket/prefix` (S3, MinIO, moto) or a directory every process
     can reach.
     `endpoint_url`: a non-AWS S3 endpoint (default: `BATCHYARD_S3_ENDPOINT_URL`, then botocore's own)."""
 
