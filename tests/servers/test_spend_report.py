@@ -1,6 +1,7 @@
 """A team reads its spend (`GET /v1/spend`, `batchyard spend`) from a real `batchyard serve`: per day and route,
 the cost and tokens the ledger counted; JSON and CSV; its own key reads its own, the master key any team's, and
-another team's is not found."""
+another team's is not found. A team's webhook hears `team.budget_threshold` once per fraction of its budget
+(`budget_alerts`) and period, in both modes."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from tests.fakes.upstream.server import Upstream
+from tests.fakes.webhook_receiver import Receiver
 from tests.support.server_helpers import REPO_ROOT, gateway_config, submit
 from tests.support.services import process_env
-from tests.support.team_helpers import MODEL, finished, lines, serve, until
+from tests.support.team_helpers import MODEL, MODES, finished, lines, serve, until
 
 PRICE = 0.001  # USD per token in and out: a line is 3 + 4 tokens, 0.007 USD
 TEAMS = [{"team_id": "alpha", "api_keys": ["sk-alpha"], "max_budget": 10.0},
@@ -93,3 +96,44 @@ def test_each_key_reads_the_spend_it_may(upstream: Upstream, tmp_path: Path) -> 
                                  timeout=60)
         assert refused.returncode == 1 and "404" in refused.stderr
         assert os.environ.get("OPENAI_API_KEY") != "sk-alpha"  # the key went to the child only
+
+
+SECRET = "whsec_" + "c3BlbmQtYWxlcnRzLXNlY3JldC1vZi0zMi1ieXRlcyE="
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_budget_alerts_reach_the_webhook_once_each(
+    mode: str, upstream: Upstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPEND_ALERT_SECRET", SECRET)
+    receiver = Receiver(SECRET).start()
+    try:
+        config = _config(upstream)
+        config["batch_settings"]["teams"] = [
+            {"team_id": "alpha", "api_keys": ["sk-alpha"], "max_budget": 0.05, "webhook_url": receiver.url,
+             "webhook_secret": "os.environ/SPEND_ALERT_SECRET"},
+            {"team_id": "beta", "api_keys": ["sk-beta"], "max_budget": 0.05, "budget_alerts": [0.5],
+             "webhook_url": receiver.url, "webhook_secret": "os.environ/SPEND_ALERT_SECRET",
+             "webhook_events": ["batch.completed"]}]  # beta wants no budget alerts
+        with serve(mode, config, tmp_path / "data") as gw:
+            alpha = gw.client("sk-alpha")
+            first = submit(alpha, lines(6, "most", sleep_ms=0))  # 0.042 USD: past 80%, short of 100%
+            assert until(gw, "sk-alpha", first.id, finished).status == "completed"
+            got = receiver.wait_for(lambda es: any(e.type == "team.budget_threshold" for e in es))
+            assert [e.data.threshold for e in got if e.type == "team.budget_threshold"] == [0.8]
+            second = submit(alpha, lines(4, "rest", sleep_ms=0))  # crosses the budget: it stops there
+            assert until(gw, "sk-alpha", second.id, finished).status == "completed"
+            with pytest.raises(openai.RateLimitError):
+                submit(alpha, lines(1, "over"))
+            beta = submit(gw.client("sk-beta"), lines(6, "beta", sleep_ms=0))  # past its 50%: not wanted
+            assert until(gw, "sk-beta", beta.id, finished).status == "completed"
+            receiver.wait_for(lambda es: sum(e.type == "team.budget_threshold" for e in es) >= 2)
+            receiver.wait_for(lambda es: len(es) > 10, timeout=4)  # more passes of the sender: nothing more
+            alerts = [e for e in receiver.events if e.type == "team.budget_threshold"]
+            assert [(e.data.team, e.data.threshold) for e in alerts] == [("alpha", 0.8), ("alpha", 1.0)]
+            assert alerts[1].data.max_budget == 0.05 and alerts[1].data.spend_usd >= 0.05
+            assert alerts[0].data.period_start == alerts[1].data.period_start
+            assert len({h["webhook-id"] for h in receiver.headers}) == len(receiver.headers)  # none twice
+            assert not receiver.refused
+    finally:
+        receiver.stop()
