@@ -49,7 +49,7 @@ from gateway.store.blobs.place import S3_ENDPOINT_ENV, BlobPlace
 from gateway.store.faults import machine_fault, once_a_minute
 from gateway.store.protocols import Blobs, Coordination, Queue, Store
 from gateway.store.records import BatchRecord, FileRecord
-from gateway.webhooks.budget_alerts import budget_alerts
+from gateway.webhooks.crossings import budget_alerts
 from gateway.webhooks.sender import WebhookSender
 from gateway.webhooks.targets import retry_schedule, webhook_targets
 
