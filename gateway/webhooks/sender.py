@@ -116,7 +116,10 @@ class WebhookSender:
         started = 0
         try:
             if self._before_pass is not None:
-                await self._before_pass()
+                try:
+                    await self._before_pass()
+                except Exception as exc:  # the alerts are recorded next pass; the due deliveries go now
+                    log.warning("webhook events not recorded this pass: %s", escaped(exc))
             now = time.time()
             for delivery in await self.deliveries.due(now, _BATCH):
                 if delivery.id in self._in_flight:
