@@ -4,8 +4,8 @@ The source is the team's batch records (`BatchStore.page`, newest first, so the 
 created before the window and never scans the keyspace), each route's cost and tokens as the ledger counted them
 (`BatchRecord.routes`; a running batch's live `route_stats`). A batch counts on the UTC day it was created. The
 reserved amount is the team's holds now (`QuotaLedger.reserved`): holds are per batch, so a hold counts under
-the batch's route when it has one, else under route "". At most `MAX_BATCHES` batches are read; more, and the
-reply says `has_more`.
+the batch's route when it has one (its `model` before any result), else under route "". At most `MAX_BATCHES`
+batches are read; more, and the reply says `has_more`.
 
 A team's key reads its own; the master key reads any team's (`team`), or every configured team's without it.
 """
@@ -135,7 +135,8 @@ async def team_rows(runtime: Runtime, team: str, since: int, until: int,
             r.cost_usd += float(facts.get("cost_usd") or 0.0)
         held = sum(usd for holder, usd in holds.items() if holder.startswith(rec.id + "/"))
         if held:
-            row(day, next(iter(routes)) if len(routes) == 1 else "").reserved_usd += held
+            only = next(iter(routes)) if len(routes) == 1 else rec.model if not routes else None
+            row(day, only or "").reserved_usd += held
     return sorted(rows.values(), key=lambda r: (r.day or "", r.route or "")), more
 
 

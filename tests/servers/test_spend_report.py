@@ -26,7 +26,8 @@ from tests.support.team_helpers import MODEL, MODES, finished, lines, serve, unt
 
 PRICE = 0.001  # USD per token in and out: a line is 3 + 4 tokens, 0.007 USD
 TEAMS = [{"team_id": "alpha", "api_keys": ["sk-alpha"], "max_budget": 10.0},
-         {"team_id": "beta", "api_keys": ["sk-beta"]}]
+         {"team_id": "beta", "api_keys": ["sk-beta"]},
+         {"team_id": "gamma", "api_keys": ["sk-gamma"], "max_budget": 100.0, "budget_reservation": "estimate"}]
 
 
 def _config(upstream: Upstream) -> dict[str, Any]:
@@ -67,7 +68,7 @@ def test_each_key_reads_the_spend_it_may(upstream: Upstream, tmp_path: Path) -> 
         beta = _spend(gw.url, "sk-admin", team="beta").json()["data"]
         assert [(r["team"], r["requests"]) for r in beta] == [("beta", 2)]
         every = _spend(gw.url, "sk-admin", group_by="day").json()["data"]
-        assert sorted((r["team"], r["requests"]) for r in every) == [("alpha", 5), ("beta", 2)]
+        assert sorted((r["team"], r["requests"]) for r in every) == [("alpha", 5), ("beta", 2)]  # gamma: none yet
 
         bad = _spend(gw.url, "sk-alpha", group_by="week")
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "group_by"
@@ -79,6 +80,15 @@ def test_each_key_reads_the_spend_it_may(upstream: Upstream, tmp_path: Path) -> 
         assert [(r["team"], r["route"], r["requests"], r["input_tokens"]) for r in rows] == [
             ("alpha", MODEL, "5", "15")]
         assert float(rows[0]["cost_usd"]) == pytest.approx(5 * 7 * PRICE)
+
+        # a running batch's hold is in the report while it runs, and gone once it ends
+        slow = [{**line, "body": {**line["body"], "max_tokens": 10}} for line in lines(2, "slow", sleep_ms=4000)]
+        held = submit(gw.client("sk-gamma"), slow)
+        running = _spend(gw.url, "sk-gamma").json()
+        assert running["total_reserved_usd"] > 0 and sum(r["reserved_usd"] for r in running["data"]) == pytest.approx(
+            running["total_reserved_usd"])
+        assert until(gw, "sk-gamma", held.id, finished).status == "completed"
+        assert _spend(gw.url, "sk-gamma").json()["total_reserved_usd"] == 0
 
         # the CLI prints the same table, and the same CSV
         env = process_env({"OPENAI_API_KEY": "sk-alpha"})
