@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from gateway import tracing
-from gateway.api import batches, dashboard, estimate, files, scrape, uploads
+from gateway.api import batches, dashboard, estimate, files, scrape, spend, uploads
 from gateway.api.auth import Authenticator, current_principal, log_auth_mode
 from gateway.api.deps import Caller, check_api_version, runtime_of
 from gateway.api.http_errors import ApiError, error_response, install_error_handlers
@@ -105,6 +105,7 @@ def _api_router() -> APIRouter:
     router.include_router(uploads.router)
     router.include_router(estimate.router)
     router.include_router(batches.router)
+    router.include_router(spend.router)
     router.include_router(_models)
     return router
 

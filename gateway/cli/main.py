@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.cli.submit import add_parser as _submit_parser  # its own module: the client side
 
     _submit_parser(sub)
+    from gateway.cli.spend import add_parser as _spend_parser
+
+    _spend_parser(sub)
     from gateway.cli.config_check import add_parser as _config_parser
 
     _config_parser(sub)
@@ -334,6 +337,10 @@ def _main(argv: list[str] | None) -> int:
             from gateway.cli.submit import submit_command
 
             return submit_command(args)
+        if args.command == "spend":
+            from gateway.cli.spend import spend_command
+
+            return spend_command(args)
     except ConfigError as exc:
         console.say(f"config error: {exc}")
         return EXIT_USAGE

@@ -34,8 +34,11 @@ DEFAULT_WINDOWS = {"24h": 86_400}  # OpenAI's only completion window
 # nothing a shell, a URL or a metric label would need to quote.
 TEAM_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
-WebhookEvent = Literal["batch.completed", "batch.failed", "batch.cancelled", "batch.expired"]
-WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = ("batch.completed", "batch.failed", "batch.cancelled", "batch.expired")
+WebhookEvent = Literal["batch.completed", "batch.failed", "batch.cancelled", "batch.expired", "team.budget_threshold"]
+WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = ("batch.completed", "batch.failed", "batch.cancelled", "batch.expired",
+                                            "team.budget_threshold")
+# A fraction of `max_budget` whose crossing is announced (`team.budget_threshold`): above 0, at most 10x.
+BudgetAlert = Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)]
 
 
 class OutputCheckSettings(Strict):
@@ -99,6 +102,8 @@ class Team(Strict):
     never resets."""
     budget_reservation: Literal["none", "estimate"] | None = None
     """The team's own `batch_settings.budget_reservation` (null: that one)."""
+    budget_alerts: list[BudgetAlert] | None = Field(default=None, max_length=10)
+    """The team's own `batch_settings.budget_alerts` (null: those; `[]`: none)."""
     output_check: OutputCheckSettings | None = None
     """The team's re-runs of replies that do not match their schema; null: `batch_settings.output_check`."""
 
@@ -191,6 +196,10 @@ class BatchSettings(Strict):
     and what its running batches hold; an estimate that does not fit is refused with 429
     `insufficient_quota`. The reservation shrinks as results are recorded and is released when the batch
     ends. `none`: creates are refused only once the budget is spent."""
+    budget_alerts: list[BudgetAlert] = Field(default_factory=lambda: [0.8, 1.0], max_length=10)
+    """Fractions of a team's `max_budget`: when its spend this period plus what its running batches hold
+    reaches one, the team's webhook gets a `team.budget_threshold` event, once per fraction and budget period
+    (teams with a `max_budget` and a webhook whose `webhook_events` has it). `[]`: no alerts."""
     max_lines: PositiveInt = 50_000
     """Lines per input file; more is `too_many_tasks`."""
     max_wildcard_models: PositiveInt = 200

@@ -49,6 +49,7 @@ from gateway.store.blobs.place import S3_ENDPOINT_ENV, BlobPlace
 from gateway.store.faults import machine_fault, once_a_minute
 from gateway.store.protocols import Blobs, Coordination, Queue, Store
 from gateway.store.records import BatchRecord, FileRecord
+from gateway.webhooks.crossings import budget_alerts
 from gateway.webhooks.sender import WebhookSender
 from gateway.webhooks.targets import retry_schedule, webhook_targets
 
@@ -88,14 +89,15 @@ class Runtime:
         self.validation = validation
         self.backends = BackendPool(config, store, coordination, worker=name)
         metrics.label_routes_by(config.metric_route)  # a wildcard's models count under its pattern
-        self.webhooks = WebhookSender(store.webhooks, store.batches, coordination, webhook_targets(config),
-                                      spawn=self.spawn,
-                                      policy=retry_schedule(config))
+        self.quotas = store.quota
+        self.budgets = Budgets(config, self.quotas)
+        targets = webhook_targets(config)
+        self.webhooks = WebhookSender(store.webhooks, store.batches, coordination, targets, spawn=self.spawn,
+                                      policy=retry_schedule(config),
+                                      before_pass=budget_alerts(config, self.budgets, store.webhooks, targets))
         announce = self.webhooks.announce
         self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter, announce=announce,
                                    file_expiry_seconds=config.batch.file_expiry_seconds)
-        self.quotas = store.quota
-        self.budgets = Budgets(config, self.quotas)
         # The stages before the finalizer are handed its `finish_shard`; the sweeper, after it, holds it.
         self.service = BatchService(config, store, blobs, queue, coordination, spawn=self.spawn,
                                     finish_shard=self.finalizer.finish_shard, announce=announce,

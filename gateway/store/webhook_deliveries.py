@@ -21,7 +21,7 @@ class WebhookDelivery:
     event_id: str  # `evt_…`: the event's own id, in the payload
     owner: str  # the team whose endpoint it goes to
     batch_id: str
-    type: str  # batch.completed | batch.failed | batch.cancelled | batch.expired
+    type: str  # batch.completed | batch.failed | batch.cancelled | batch.expired | team.budget_threshold
     created_at: int  # the event's time (payload `created_at`)
     state: str = PENDING  # PENDING until DELIVERED, FAILED (gave up) or SUPERSEDED (the batch ended otherwise)
     attempts: int = 0
@@ -29,6 +29,8 @@ class WebhookDelivery:
     last_status: int | None = None  # the receiver's last HTTP status; None: no reply (down, timeout)
     last_error: str | None = None
     finished_at: int | None = None
+    # The event's `data` when it is not a batch's `{"id": batch_id}` (a team's event: `batch_id` is "")
+    data: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

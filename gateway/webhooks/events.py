@@ -13,6 +13,7 @@ import base64
 import hashlib
 import hmac
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.domain import BatchStatus
 from gateway.json_codec import dumps
@@ -24,6 +25,8 @@ EVENT_TYPES: dict[BatchStatus, str] = {
     BatchStatus.EXPIRED: "batch.expired",
 }
 ALL_EVENTS: tuple[str, ...] = tuple(EVENT_TYPES.values())
+# A team's event, about no batch: its spend (reserved included) reached a fraction of its budget
+BUDGET_THRESHOLD = "team.budget_threshold"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +48,11 @@ def event_ids(batch_id: str, event_type: str) -> tuple[str, str]:
     return f"wh_{digest[:32]}", f"evt_{digest[32:64]}"
 
 
-def payload(event_id: str, event_type: str, created_at: int, batch_id: str) -> bytes:
+def payload(event_id: str, event_type: str, created_at: int, batch_id: str,
+            data: dict[str, Any] | None = None) -> bytes:
+    """`data`: the event's own (a team's event); else the batch's `{"id": batch_id}`."""
     return dumps({"object": "event", "id": event_id, "type": event_type, "created_at": created_at,
-                  "data": {"id": batch_id}})
+                  "data": data if data is not None else {"id": batch_id}})
 
 
 def _key(secret: str) -> bytes:
@@ -65,4 +70,4 @@ def signed_headers(secret: str, webhook_id: str, timestamp: int, body: bytes) ->
     }
 
 
-__all__ = ["ALL_EVENTS", "EVENT_TYPES", "WebhookTarget", "event_ids", "payload", "signed_headers"]
+__all__ = ["ALL_EVENTS", "BUDGET_THRESHOLD", "EVENT_TYPES", "WebhookTarget", "event_ids", "payload", "signed_headers"]

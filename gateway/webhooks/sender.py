@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,7 +30,7 @@ from gateway.domain import BatchStatus
 from gateway.log_safe import escaped
 from gateway.store.protocols import WebhookDeliveries
 from gateway.store.webhook_deliveries import DELIVERED, FAILED, PENDING, SUPERSEDED, WebhookDelivery
-from gateway.webhooks.events import EVENT_TYPES, WebhookTarget, event_ids, payload, signed_headers
+from gateway.webhooks.events import BUDGET_THRESHOLD, EVENT_TYPES, WebhookTarget, event_ids, payload, signed_headers
 
 log = logging.getLogger("batchyard.webhooks")
 
@@ -73,12 +73,13 @@ class WebhookSender:
     def __init__(
         self, deliveries: WebhookDeliveries, batches: _Batches, lease: _Lease,
         targets: Callable[[str], WebhookTarget | None], *, spawn: Spawn, policy: RetrySchedule | None = None,
-        every: float = 1.0,
+        every: float = 1.0, before_pass: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self.deliveries, self._batches, self._lease, self._targets = deliveries, batches, lease, targets
         self._spawn = spawn
         self.policy = policy or RetrySchedule()
         self._every = every
+        self._before_pass = before_pass
         self._in_flight: set[str] = set()
         self._client: httpx.AsyncClient | None = None
 
@@ -108,11 +109,17 @@ class WebhookSender:
             await asyncio.sleep(self._every)
 
     async def pass_once(self) -> int:
-        """Start every due delivery not in flight; returns how many started."""
+        """Record the events `before_pass` owes (budget alerts), then start every due delivery not in flight;
+        returns how many started."""
         if not await self._lease.acquire(LEASE, max(self._every * 3, 5.0)):
             return 0
         started = 0
         try:
+            if self._before_pass is not None:
+                try:
+                    await self._before_pass()
+                except Exception as exc:  # the alerts are recorded next pass; the due deliveries go now
+                    log.warning("webhook events not recorded this pass: %s", escaped(exc))
             now = time.time()
             for delivery in await self.deliveries.due(now, _BATCH):
                 if delivery.id in self._in_flight:
@@ -137,8 +144,14 @@ class WebhookSender:
 
     async def _try(self, d: WebhookDelivery) -> None:
         now = time.time()
-        batch = await self._batches.get(d.batch_id)
         target = self._targets(d.owner)
+        if d.type == BUDGET_THRESHOLD:  # a team's event: no batch to wait for
+            if target is None or d.type not in target.events:
+                await self._finish(d, SUPERSEDED, error="the team no longer wants it")
+            else:
+                await self._send(d, target)
+            return
+        batch = await self._batches.get(d.batch_id)
         if batch is None or target is None or d.type not in target.events or (
                 batch.status.finished and EVENT_TYPES.get(batch.status) != d.type):
             why = ("the batch is gone" if batch is None else "the team no longer wants it" if target is None
@@ -155,7 +168,7 @@ class WebhookSender:
         await self._send(d, target)
 
     async def _send(self, d: WebhookDelivery, target: WebhookTarget) -> None:
-        body = payload(d.event_id, d.type, d.created_at, d.batch_id)
+        body = payload(d.event_id, d.type, d.created_at, d.batch_id, d.data)
         headers = signed_headers(target.secret, d.id, int(time.time()), body)  # signed per attempt: fresh timestamp
         d.attempts += 1
         status: int | None = None
