@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -42,6 +43,10 @@ BATCHYARD_MODEL_INFO: dict[str, str] = {
     "native_inline_max_bytes": "the Gemini API: the inline bound of a job",
 }
 EXTRA_BODY = "extra_body"
+# A tier's per-token price, `input_cost_per_token_{tier}` (LiteLLM's names: `_priority`, `_flex`, `_batches`;
+# a tier field's value such as Anthropic's `inference_geo: us`): the price rules read any tier a reply or a
+# line's allowed field names (gateway.config.prices, priced_fields), so the tier's name is open.
+_TIER_PRICE = re.compile(r"(input|output)_cost_per_token_[a-z][a-z0-9_]{0,31}")
 
 
 def _closest(name: str, known: Iterable[str]) -> str:
@@ -62,7 +67,7 @@ def unknown_model_info(keys: Iterable[str]) -> str | None:
     """The problem of the first `model_info` key neither LiteLLM nor batchyard knows; None when there is none."""
     known = MODEL_INFO | BATCHYARD_MODEL_INFO.keys()
     for key in keys:
-        if key not in known:
+        if key not in known and _TIER_PRICE.fullmatch(key) is None:
             return f"{key}: not a model_info field of LiteLLM or batchyard{_closest(key, known)}"
     return None
 
