@@ -120,7 +120,7 @@ def test_every_flag_says_what_it_does_and_its_default() -> None:
     commands = {"batchyard": parser, **{f"batchyard {n}": p for n, p in _subparsers(parser).items()}}
     commands |= {f"batchyard config {n}": p for n, p in _subparsers(commands["batchyard config"]).items()}
     assert set(commands) == {"batchyard", "batchyard run", "batchyard serve", "batchyard worker",
-                             "batchyard submit", "batchyard config", "batchyard config check"}
+                             "batchyard submit", "batchyard spend", "batchyard config", "batchyard config check"}
     missing = []
     for name, command in commands.items():
         for action in command._actions:

@@ -37,7 +37,8 @@ def test_every_value_default_is_the_one_the_help_names() -> None:
         default = action.default
         if default in (None, argparse.SUPPRESS) or isinstance(default, bool):
             continue  # no value to name (a rule, or a switch that is off)
-        said = re.search(r"default:? ([^;),]+)", action.help or "")
+        # the value ends at ";", ")" or ", " (a comma with no space after it is the value's: `day,route`)
+        said = re.search(r"default:? ((?:[^;),]|,(?! ))+)", action.help or "")
         assert said is not None, f"{command} {action.option_strings[0]}: the help names no default ({default!r})"
         named = said.group(1).strip().rstrip(".")
         assert named in (str(default), f"{default:g}" if isinstance(default, float) else str(default)), (
