@@ -9,6 +9,7 @@ BATCHYARD_DOCS_SCREENSHOT=1, in docs/dashboard.png for the README).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, sync_playwright
 
 from gateway.api.dashboard.view import fmt_usd
 from tests.fakes.upstream.server import Upstream
@@ -37,7 +38,7 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
-KEY_A, KEY_B = "sk-team-a-dashboard", "sk-team-b-dashboard"
+KEY_A, KEY_B, KEY_ADMIN = "sk-team-a-dashboard", "sk-team-b-dashboard", "sk-admin-dashboard"
 LINES = 12
 NATIVE_PRICES = {"input_cost_per_token_batches": 2.5e-4, "output_cost_per_token_batches": 1e-3}
 STEP_MS = 700  # line i answers after i * STEP_MS: the batch runs for several seconds, finishing line by line
@@ -59,7 +60,7 @@ def gateway(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Ite
         {"team_id": "team-a", "api_keys": [KEY_A], "models": ["gpt-mini", "gpt-azure", "gpt-cheap"]},
         {"team_id": "team-b", "api_keys": [KEY_B]},
     ]
-    config = gateway_config(upstream, teams=teams, master_key="sk-admin-dashboard")
+    config = gateway_config(upstream, teams=teams, master_key=KEY_ADMIN)
     # A native route with batch prices, so the cost column has something to show.
     config["model_list"].append({
         "model_name": "gpt-cheap",
@@ -206,6 +207,19 @@ def test_team_watches_its_batch_and_other_team_sees_nothing(browser: Browser, ga
     ids = [el.get_attribute("data-id") for el in page.locator(".batch").all()]
     assert ids[:2] == [bad.id, batch.id]  # newest first
     assert page.evaluate("window.__notReloaded") is True  # a batch that was born finished came by polling too
+
+    # The spend chart (drawn when the page loads): the batch's day holds its cost, as GET /v1/spend reports it.
+    page.reload()
+    day = dt.datetime.fromtimestamp(done.created_at, dt.UTC).date().isoformat()
+    reported = httpx.get(f"{gateway.url}/v1/spend", params={"group_by": "day"},
+                         headers={"Authorization": f"Bearer {KEY_A}"}, timeout=10).json()
+    assert [row["day"] for row in reported["data"]] == [day]
+    spent = reported["data"][0]["cost_usd"]
+    assert spent == pytest.approx(sum(costs), abs=1e-5) and spent > 0
+    assert page.locator("#spend .spend").count() == 1  # a team sees its own chart only
+    chart = page.locator('#spend .spend[data-team="team-a"]')
+    _assert_chart(chart, day, spent)
+    assert chart.locator(".spend-reserved").inner_text() == "reserved $0.00"  # the batch ended: nothing held
     _screenshot(page)
 
     assert problems == []
@@ -216,11 +230,30 @@ def test_team_watches_its_batch_and_other_team_sees_nothing(browser: Browser, ga
     assert page_b.locator(".batch").count() == 0
     assert page_b.locator("#empty").is_visible()
     assert batch.id not in page_b.content()
+    # B's chart is B's: thirty empty days; A's chart is not on it, and asking for it is a 404.
+    assert [el.get_attribute("data-team") for el in page_b.locator("#spend .spend").all()] == ["team-b"]
+    empty = page_b.locator('#spend .spend[data-team="team-b"]')
+    assert {el.get_attribute("data-cost") for el in empty.locator(".spend-day").all()} == {"0.0"}
+    assert empty.locator(".spend-total").inner_text() == "total $0.00"
+    assert empty.locator(".spend-max").inner_text() == "no spend"
+    assert fmt_usd(spent) not in page_b.inner_text("#spend")
+    peek = page_b.context.request.get(f"{gateway.url}/ui?team=team-a")
+    assert peek.status == 404 and peek.json()["error"]["code"] == "not_found"
     stolen = page_b.context.request.get(f"{gateway.url}/ui/files/{done.output_file_id}/content")
     assert stolen.status == 404 and stolen.json()["error"]["code"] == "not_found"
     polled = page_b.context.request.get(f"{gateway.url}/ui/api/batches?limit=20&done={batch.id}")
     assert polled.status == 200 and polled.json() == {"ids": [], "has_more": False, "cards": {}}
     page_b.context.close()
+
+    # The master key sees every team's chart, or the one it picks from the teams table.
+    admin = _login(browser, gateway, KEY_ADMIN)
+    assert [el.get_attribute("data-team") for el in admin.locator("#spend .spend").all()] == ["team-a", "team-b"]
+    _assert_chart(admin.locator('#spend .spend[data-team="team-a"]'), day, spent)
+    admin.click('#teams tr[data-team="team-b"] a')
+    admin.wait_for_url(re.compile(r".*/ui\?team=team-b$"))
+    assert [el.get_attribute("data-team") for el in admin.locator("#spend .spend").all()] == ["team-b"]
+    assert admin.context.request.get(f"{gateway.url}/ui?team=no-such-team").status == 404
+    admin.context.close()
 
     # Log out: the session ends, and the page sends back to the form.
     page.click("text=Log out")
@@ -229,6 +262,22 @@ def test_team_watches_its_batch_and_other_team_sees_nothing(browser: Browser, ga
     page.goto(gateway.url + "/ui")
     assert page.url.endswith("/ui/login")
     page.context.close()
+
+
+def _assert_chart(chart: Locator, day: str, spent: float) -> None:
+    """A chart whose only spending day is `day`, at `spent`: thirty columns, that one the full height, each
+    column's hover title its date and amount, the total and the highest day labelled."""
+    columns = chart.locator(".spend-day").all()
+    assert len(columns) == 30 and columns[-1].get_attribute("data-day") == dt.datetime.now(dt.UTC).date().isoformat()
+    costs = {el.get_attribute("data-day"): float(el.get_attribute("data-cost") or "nan") for el in columns}
+    assert costs[day] == pytest.approx(spent, abs=1e-9) and sum(costs.values()) == costs[day]
+    column = chart.locator(f'.spend-day[data-day="{day}"]')
+    assert column.locator("title").text_content() == f"{day}: {fmt_usd(costs[day])}"
+    assert float(column.locator(".spend-bar").get_attribute("height") or 0) == 100  # the highest day: full height
+    assert all(float(el.locator(".spend-bar").get_attribute("height") or 1) == 0
+               for el in columns if el.get_attribute("data-day") != day)
+    assert chart.locator(".spend-total").inner_text() == f"total {fmt_usd(costs[day])}"
+    assert chart.locator(".spend-max").inner_text() == f"highest {fmt_usd(costs[day])} on {day}"
 
 
 def _artifact(name: str) -> Path:

@@ -31,6 +31,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from gateway.api import batches, files
 from gateway.api.auth import Authenticator, Principal
+from gateway.api.dashboard.daily_spend import SpendChart, spend_chart
 from gateway.api.dashboard.view import FILTERS, BatchView, batch_view
 from gateway.api.dashboard.webhooks import install_json, recent_deliveries
 from gateway.api.deps import bad_request, runtime_of
@@ -41,6 +42,7 @@ from gateway.config.prices import route_prices
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
 from gateway.domain import MESSAGE_BATCH_KIND
+from gateway.errors import not_found
 from gateway.pipeline.sweeper import background_routes, unavailable_routes
 from gateway.store.faults import noticed, waiting_words
 from gateway.store.protocols import Store
@@ -184,26 +186,44 @@ async def _form(request: Request) -> dict[str, str]:
 
 @router.get("", response_model=None)
 @router.get("/", response_model=None)
-async def batches_page(request: Request, limit: str = str(PAGE_SIZE), after: str | None = None) -> Response:
+async def batches_page(request: Request, limit: str = str(PAGE_SIZE), after: str | None = None,
+                       team: str | None = None) -> Response:
     viewer = await _viewer(request)
     if viewer is None:
         return _to_login()
     size = _limit(limit)
+    charts = await _charts(request, viewer, team)
     page, views = await _batches(request, viewer, size, after)
     query = {"limit": size, **({"after": after} if after else {})}
+    chosen = {"team": team} if team is not None else {}  # the chart's team stays chosen while paging
+    older = {**chosen, "limit": size, "after": page.data[-1].id} if page.has_more and page.data else None
     teams = [t for t in await team_states(runtime_of(request)) if viewer.admin or t.team == viewer.owner]
     return _page(
         request,
         "batches.html",
         viewer=viewer,
         teams=teams,
+        charts=charts,
+        selected=team,
         batches=views,
         has_more=page.has_more,
-        older=f"?{urlencode({'limit': size, 'after': page.data[-1].id})}" if page.has_more and page.data else None,
-        newest="?" + urlencode({"limit": size}) if after else None,
+        older="?" + urlencode(older) if older else None,
+        newest="?" + urlencode({**chosen, "limit": size}) if after else None,
         poll_url=f"{PREFIX}/api/batches?{urlencode(query)}",
         deliveries=await recent_deliveries(request, viewer),
     )
+
+
+async def _charts(request: Request, viewer: Principal, team: str | None) -> list[SpendChart]:
+    """The spend charts the viewer may see: a team's key its own team's; the master key (or an open gateway)
+    each configured team's, or only `team` (with none configured, its own: an open gateway's batches).
+    Another team's name, or an unknown one, is a 404, as `GET /v1/spend?team=` answers it."""
+    runtime = runtime_of(request)
+    configured = [t.team_id for t in runtime.config.batch.teams]
+    if team is not None and team != viewer.owner and not (viewer.admin and team in configured):
+        raise not_found("team", team[:64], param="team")
+    names = [team] if team is not None else configured if viewer.admin and configured else [viewer.owner]
+    return [await spend_chart(runtime, name) for name in names]
 
 
 @router.get("/api/batches")
