@@ -32,11 +32,24 @@ field's NAME in `allowed_params`; then its cost is counted (`Charge`):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.domain import Endpoint
+
+PER_TOKEN_KEYS = ("input_cost_per_token", "output_cost_per_token")
+TIER_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")  # what may follow a per-token key as a tier's suffix
+
+
+def is_tier_price_key(key: str) -> bool:
+    """Whether `key` is a tier's per-token price (`input_cost_per_token_{tier}`: LiteLLM's `_priority`,
+    `_flex`, `_batches`, or a tier field's value such as Anthropic's `inference_geo: us`), a name the price
+    rules read for any tier, so a `model_info` holding one holds no unknown key."""
+    return any(key.startswith(f"{k}_") and TIER_NAME.fullmatch(key[len(k) + 1:]) is not None
+               for k in PER_TOKEN_KEYS)
+
 
 _TOOLS = (Endpoint.CHAT, Endpoint.RESPONSES, Endpoint.MESSAGES)
 _OPENAI_TIER = (Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES, Endpoint.EMBEDDINGS, Endpoint.IMAGES)
@@ -192,5 +205,5 @@ def _price(value: Any) -> float | None:
     return float(value) if ok else None
 
 
-__all__ = ["FIELDS", "NAMES", "TIER_FIELDS", "TOOL_TYPES", "Charge", "TierField", "extra_cost", "missing_price",
-           "priced_fields", "tier_of"]
+__all__ = ["FIELDS", "NAMES", "PER_TOKEN_KEYS", "TIER_FIELDS", "TIER_NAME", "TOOL_TYPES", "Charge", "TierField",
+           "extra_cost", "is_tier_price_key", "missing_price", "priced_fields", "tier_of"]

@@ -27,21 +27,19 @@ from __future__ import annotations
 import functools
 import json
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gateway.config.priced_fields import Charge, extra_cost, tier_of
+from gateway.config.priced_fields import PER_TOKEN_KEYS, TIER_NAME, Charge, extra_cost, tier_of
 from gateway.config.wildcards import pattern_model  # the one rule that fills a pattern's `*`s
 from gateway.domain import Usage
 from gateway.lru import LRU
 
 _PRICE_FILE = "model_prices_and_context_window_backup.json"  # the map LiteLLM ships in its wheel
 
-_KEYS = ("input_cost_per_token", "output_cost_per_token")
-_TIER = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_KEYS = PER_TOKEN_KEYS
 CONCRETE_KEPT = 4096  # a wildcard's concrete models whose price-map entry is kept
 
 
@@ -256,7 +254,7 @@ class DeploymentPrices:
 
 def _is_tier(tier: str) -> bool:
     """A tier a reply may report (`priority`, `flex`, `scale`, ...); never a price key's other suffixes."""
-    return (_TIER.fullmatch(tier) is not None and tier != "batches"
+    return (TIER_NAME.fullmatch(tier) is not None and tier != "batches"
             and not tier.startswith(("above_", "cache", "audio", "image")))
 
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 from collections.abc import Iterable
 from typing import Any
 
 from gateway.config.litellm.deployment_names import LITELLM_PARAMS, MODEL_INFO, PROVIDERS
+from gateway.config.priced_fields import is_tier_price_key
 from gateway.errors import ConfigError
 
 # batchyard's own model_info keys -> what each is for (LiteLLM has none of these names).
@@ -43,10 +43,7 @@ BATCHYARD_MODEL_INFO: dict[str, str] = {
     "native_inline_max_bytes": "the Gemini API: the inline bound of a job",
 }
 EXTRA_BODY = "extra_body"
-# A tier's per-token price, `input_cost_per_token_{tier}` (LiteLLM's names: `_priority`, `_flex`, `_batches`;
-# a tier field's value such as Anthropic's `inference_geo: us`): the price rules read any tier a reply or a
-# line's allowed field names (gateway.config.prices, priced_fields), so the tier's name is open.
-_TIER_PRICE = re.compile(r"(input|output)_cost_per_token_[a-z][a-z0-9_]{0,31}")
+
 
 
 def _closest(name: str, known: Iterable[str]) -> str:
@@ -67,7 +64,7 @@ def unknown_model_info(keys: Iterable[str]) -> str | None:
     """The problem of the first `model_info` key neither LiteLLM nor batchyard knows; None when there is none."""
     known = MODEL_INFO | BATCHYARD_MODEL_INFO.keys()
     for key in keys:
-        if key not in known and _TIER_PRICE.fullmatch(key) is None:
+        if key not in known and not is_tier_price_key(key):
             return f"{key}: not a model_info field of LiteLLM or batchyard{_closest(key, known)}"
     return None
 
