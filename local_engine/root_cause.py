@@ -7,9 +7,11 @@ worker's log file under `serve`). The operator reads the route's reason in the A
 but its `vllm_config`: its logging config (`logging_config.pylogging_config_file`) is pointed, for the
 start, at vLLM's own default `dictConfig` plus one handler (`CauseFile`) that writes the exception logged
 with `EngineCore failed to start.` (logger `vllm.v1.engine.core`), as one line, to a file the parent
-reads when the start fails. An operator's own logging config (a file, the JSON formatter, logging off) is
-left alone: the message then stays vLLM's. In process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) the exception
-itself is the cause.
+reads when the start fails. With vLLM's logging off (`VLLM_CONFIGURE_LOGGING=0`, which `batchyard run` sets so
+that vLLM's records reach our root logger) the child gets a config holding only that handler, its loggers
+left as logging off leaves them (records propagate to the root logger). An operator's own logging config (a
+file, the JSON formatter) is left alone: the message then stays vLLM's. In process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`) the exception itself is the cause.
 """
 
 from __future__ import annotations
@@ -80,25 +82,42 @@ def _logging_with_cause(logging_config: Any, cause_path: Path) -> dict[str, Any]
     for formatter in config["formatters"].values():
         formatter["log_level"] = level
     config["loggers"]["vllm"]["level"] = level
-    config["handlers"]["batchyard_cause"] = {"()": f"{__name__}.CauseFile", "path": str(cause_path)}
+    config["handlers"]["batchyard_cause"] = _handler(cause_path)
     config["loggers"]["vllm"]["handlers"].append("batchyard_cause")
     return config
+
+
+def _handler(cause_path: Path) -> dict[str, str]:
+    return {"()": f"{__name__}.CauseFile", "path": str(cause_path)}
+
+
+def _only_cause(cause_path: Path) -> dict[str, Any]:
+    """Logging off, plus the `CauseFile` handler on the engine core's logger: nothing else is configured, and
+    its records still propagate to the root logger as they do with vLLM's logging off."""
+    return {"version": 1, "disable_existing_loggers": False,
+            "handlers": {"batchyard_cause": _handler(cause_path)},
+            "loggers": {ENGINE_CORE_LOGGER: {"handlers": ["batchyard_cause"], "propagate": True}}}
 
 
 @contextlib.contextmanager
 def captured(vllm_config: Any) -> Iterator[Cause]:
     """While the engine starts: the exception its engine-core process fails on, readable from the `Cause`."""
     logging_config = getattr(vllm_config, "logging_config", None)
-    if logging_config is None or not logging_config.configure_logging or logging_config.pylogging_config_file \
-            or logging_config.formatter != "text":
+    if logging_config is None or logging_config.pylogging_config_file \
+            or (logging_config.configure_logging and logging_config.formatter != "text"):
         yield Cause(None)
         return
+    logging_on = logging_config.configure_logging
     cause_path = _temp("batchyard-engine-cause-")
-    config_path = _temp("batchyard-engine-logging-", json.dumps(_logging_with_cause(logging_config, cause_path)))
+    config = _logging_with_cause(logging_config, cause_path) if logging_on else _only_cause(cause_path)
+    config_path = _temp("batchyard-engine-logging-", json.dumps(config))
+    # vLLM reads a config file only with its logging on; the file above keeps "off" as it was
+    logging_config.configure_logging = True
     logging_config.pylogging_config_file = str(config_path)
     try:
         yield Cause(cause_path)
     finally:
+        logging_config.configure_logging = logging_on
         logging_config.pylogging_config_file = None
         for path in (cause_path, config_path):
             with contextlib.suppress(OSError):

@@ -75,7 +75,11 @@ async def test_a_tiny_model_starts_with_no_setting_and_its_cache_follows_the_rul
 
 
 @ASYNC
-async def test_an_engine_that_cannot_start_says_vllms_reason(tiny_models: TinyModels, defaults: None) -> None:
+@pytest.mark.parametrize("vllm_logging", ["1", "0"])  # "0": as `batchyard run` sets it, records to our root logger
+async def test_an_engine_that_cannot_start_says_vllms_reason(tiny_models: TinyModels, defaults: None,
+                                                              vllm_logging: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_CONFIGURE_LOGGING", vllm_logging)
     too_much = 64 * psutil.virtual_memory().total  # the operator's own size, more than the machine has
     backend = LocalEngineBackend({"model": tiny_models.llama, **ARGS, "kv_cache_memory_bytes": too_much})
     try:

@@ -18,6 +18,7 @@ from gateway.config.litellm.notices import REASONS
 from gateway.config.schema import load_config, parse_config
 from gateway.errors import ConfigError
 from tests.fakes.upstream.server import Upstream
+from tests.support import environ
 from tests.support.cli_in_process import batchyard
 from tests.support.server_helpers import start_gateway
 
@@ -52,8 +53,7 @@ def own_environment() -> Iterator[None]:
     """environment_variables sets the process environment (as LiteLLM's proxy does): put it back after."""
     saved = dict(os.environ)
     yield
-    os.environ.clear()
-    os.environ.update(saved)
+    environ.restore(saved)
 
 
 def _config(**sections: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import pytest
 from gateway.config.schema import load_config
 from gateway.errors import ConfigError
 from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.support import environ
 from tests.support.cli_in_process import batchyard
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,8 +69,7 @@ def own_environment() -> Iterator[None]:
     """environment_variables sets the process environment, as LiteLLM's proxy does: put it back after."""
     saved = dict(os.environ)
     yield
-    os.environ.clear()
-    os.environ.update(saved)
+    environ.restore(saved)
 
 
 def _env(upstream: Upstream) -> dict[str, str]:

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from gateway.cli.main import main
+from tests.support import environ
 
 # The loggers `gateway.cli.main.quiet_libraries` quiets (handlers cleared, not propagated).
 QUIETED = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx")
@@ -67,8 +68,7 @@ def batchyard(capsys: pytest.CaptureFixture[str], *args: str, env: Mapping[str, 
             code = exc.code if isinstance(exc.code, int) else 1
         out = capsys.readouterr()
     finally:
-        os.environ.clear()
-        os.environ.update(saved_env)
+        environ.restore(saved_env)
         os.chdir(saved_cwd)
         _restore(litellm, saved_litellm)
         litellm.model_cost.clear()
