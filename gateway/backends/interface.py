@@ -44,9 +44,12 @@ class Backend(Protocol):
 @runtime_checkable
 class ShardAwareBackend(Backend, Protocol):
     """A backend whose work outlives a process (upstream batch jobs): it is told
-    which shard it runs, so it can find the jobs it created before a restart."""
+    which shard it runs, so it can find the jobs it created before a restart. `rerun`: 0 for the shard's first
+    pass, n for its n-th round of re-runs (replies that did not match their schema), whose jobs are the
+    round's own."""
 
-    def execute_shard(self, shard: Shard, requests: Sequence[BatchRequest]) -> AsyncIterator[Result]: ...
+    def execute_shard(self, shard: Shard, requests: Sequence[BatchRequest],
+                      rerun: int = 0) -> AsyncIterator[Result]: ...
 
 
 @runtime_checkable

@@ -23,10 +23,10 @@ from gateway.lines.budget import budgeted_now, reserve_now
 from gateway.lines.tokens import counter_for, output_bound
 
 
-def holder(shard: Shard, first_line: int) -> str:
+def holder(shard: Shard, first_line: int, rerun: int = 0) -> str:
     """The hold of one provider job: a shard's part, named by its first line (which a cut keeps, and a
-    restart's plan too)."""
-    return f"{shard.batch_id}/{shard.index}/{first_line}/"
+    restart's plan too) and, for a follow-up job of re-runs, its round (never a prefix of another part's)."""
+    return f"{shard.batch_id}/{shard.index}/{first_line}{f'r{rerun}' if rerun else ''}/"
 
 
 def batch_holds(batch_id: str) -> str:

@@ -276,10 +276,7 @@ class ShardRunner:
         flushed_at = time.monotonic()
         pacer = self._pacer(owner, shard.route)
         spending = TeamSpending(self.budgets, owner, hold)
-        # A native route's lines are checked but not re-run: its jobs are found again by shard, and a second job
-        # for the same shard would be found as the first (docs/output-check.md).
-        checks = OutputReruns(todo if reruns is not None else (),
-                              0 if isinstance(backend, ShardAwareBackend) or reruns is None else reruns)
+        checks = OutputReruns(todo if reruns is not None else (), reruns or 0)
         # One write at a time: a hold goes only once every result before it is written, and a round of re-runs
         # starts once every reply is checked.
         flushing = asyncio.Lock()
@@ -320,6 +317,7 @@ class ShardRunner:
 
         async def consume() -> None:
             source = results
+            rounds = 0
             while True:
                 async for result in source:
                     price(prices, result)  # before the check: an attempt re-run is paid all the same
@@ -337,7 +335,11 @@ class ShardRunner:
                     async with flushing:
                         await spending.recorded(await record(checks.give_up(again)))
                     return
-                source = backend.execute(again)  # the same route, through its slots and the team's rates
+                rounds += 1
+                # The same route, through its slots and the team's rates; a native route's as the round's own
+                # follow-up job (or in real time when the batch's window leaves no time for one).
+                source = (backend.execute_shard(shard, again, rounds) if isinstance(backend, ShardAwareBackend)
+                          else backend.execute(again))
 
         # The task copies the context: the backend's slots see whose requests these are, under which rates, and
         # whose budget they spend (a native route reserves of it before each provider job).

@@ -119,6 +119,9 @@ class Part:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float | None = None
+    rerun: int = 0  # 0: a job of the shard's first pass; n: of its n-th round of re-runs (docs/output-check.md)
+    created_at: float | None = None  # wall-clock seconds: when the job was made, and when it was read as ended
+    ended_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -14,7 +14,10 @@ creating new ones. Before a job is created its lines' estimated cost is reserved
 the hold goes once the job's results are recorded. Jobs are polled with backoff and read back as OpenAI-shaped
 result lines; every request gets exactly one `Result`. When the shard runner
 cancels a shard because our batch was cancelled or expired, the upstream jobs are
-cancelled too; a process shutdown leaves them running, to be picked up on restart.
+cancelled too; a process shutdown leaves them running, to be picked up on restart. A shard's replies that do
+not match their schema are re-run as the shard's round `rerun` (`execute_shard`): its jobs are parts of that round,
+made and recorded as the first pass's are, or its lines run in real time when the batch's window leaves no time
+for a job (`providers.native.second_jobs`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import asyncio
 import functools
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -42,6 +46,7 @@ from gateway.store.protocols import Store
 from gateway.tracing import genai
 from providers.native.catalog import jobs_class, native_catalog
 from providers.native.contract import JobState, UpstreamJobs, call_kwargs
+from providers.native.second_jobs import Realtime, job_fits
 from providers.native.openai_format import (
     TERMINAL,
     Part,
@@ -88,6 +93,7 @@ class NativeBatchBackend:
         self._poll_max = info.native_poll_max_seconds
         self._poll_first = min(info.native_poll_initial_seconds, self._poll_max)
         self._timeout = router_settings.get("timeout")
+        self._realtime = Realtime(route, router_settings)  # re-runs with no time left for a follow-up job
         self._litellm: Any = None
         # a deployment pointed at an operator's own server fetches media from inside (gateway.lines.media_urls)
         self._internal = any(internal_deployment(e.litellm_params.model_dump()) for e in route.entries)
@@ -110,7 +116,7 @@ class NativeBatchBackend:
             self._litellm = litellm
 
     async def aclose(self) -> None:
-        return None
+        await self._realtime.aclose()
 
     async def _refusal(self, req: BatchRequest, provider: str) -> Result | None:
         """A line whose body holds more than the endpoint's documented fields and the route's extras gets its
@@ -161,7 +167,10 @@ class NativeBatchBackend:
             yield result
         await self._store.backend_state.delete(shard_meta_key(shard))
 
-    async def execute_shard(self, shard: Shard, requests: Sequence[BatchRequest]) -> AsyncIterator[Result]:
+    async def execute_shard(self, shard: Shard, requests: Sequence[BatchRequest],
+                            rerun: int = 0) -> AsyncIterator[Result]:
+        """`rerun`: 0 for the shard's first pass; n for its n-th round of re-runs (replies that did not match
+        their schema), whose jobs are recorded beside the first pass's as parts of that round."""
         await self.start()
         by_line = {r.line: r for r in requests}
         key = shard_meta_key(shard)
@@ -179,8 +188,14 @@ class NativeBatchBackend:
                 yield Result.http_error(req.line, req.custom_id, 400, f"{req.url.value} is not supported in "
                                         f"{provider} batches{where}", type_="invalid_request_error",
                                         code="unsupported_endpoint", model=req.model)
-        parts = [Part.from_json(p) for p in state.get("parts", [])]
+        recorded = [Part.from_json(p) for p in state.get("parts", [])]
+        others = [p for p in recorded if p.rerun != rerun]  # another round's jobs: kept, never polled here
+        parts = [p for p in recorded if p.rerun == rerun]
         parts = [p for p in parts if p.batch_id or (p.file_id and await self._find(jobs, p))]
+        if rerun and not parts and not await job_fits(self._store, shard, others, rerun):
+            async for result in self._realtime.execute(requests):  # no time left for a job: real time
+                yield result
+            return
         covered = {line for p in parts for line in p.lines}
         fresh = []
         for req in requests:
@@ -194,6 +209,8 @@ class NativeBatchBackend:
         max_lines = int(self._max_lines or jobs.max_lines)
         max_bytes = int(self._max_bytes or jobs.max_bytes)
         new_parts, too_big = plan_parts(fresh, jobs, max_lines, max_bytes)
+        for part in new_parts:
+            part.rerun = rerun
         for req in too_big:
             yield Result.failure(req.line, req.custom_id, "request_too_large",
                                  f"the request is larger than the upstream job limit of {max_bytes} bytes",
@@ -209,7 +226,7 @@ class NativeBatchBackend:
 
         async def save() -> None:
             await self._store.backend_state.put(
-                key, {"deployment": state["deployment"], "parts": [p.to_json() for p in parts]})
+                key, {"deployment": state["deployment"], "parts": [p.to_json() for p in [*others, *parts]]})
 
         pending: list[Part] = []  # created, not yet finished
         try:
@@ -220,7 +237,7 @@ class NativeBatchBackend:
                     # A job is money committed: its lines' estimate is reserved first, and those past the budget
                     # are not sent.
                     part.lines = [line for line in part.lines if line in by_line]
-                    hold = holder(shard, part.lines[0])
+                    hold = holder(shard, part.lines[0], rerun)
                     fit = await reserve_job(hold, self.route, prices, [by_line[line] for line in part.lines])
                     for line in part.lines[fit:]:
                         yield Result.failure(line, by_line[line].custom_id, *OVER_BUDGET, model=by_line[line].model)
@@ -256,8 +273,9 @@ class NativeBatchBackend:
         Returns None on success, else the reason (the part's requests get error results)."""
         part.lines = [line for line in part.lines if line in by_line]  # never resend a recorded request
         data = b"".join(jobs.line(by_line[line]) for line in part.lines)
-        name = f"batchyard-{shard.batch_id}-{shard.index}-{index}.jsonl"
-        metadata = {"batchyard_shard": shard.key, "batchyard_part": str(index)}
+        tag = f"r{part.rerun}-{index}" if part.rerun else str(index)  # a follow-up job's name is its own
+        name = f"batchyard-{shard.batch_id}-{shard.index}-{tag}.jsonl"
+        metadata = {"batchyard_shard": shard.key, "batchyard_part": tag}
         try:
             with tracing.client_span("batch_job.create", {**_job_attributes(jobs, shard), genai.SHARD_LINES:
                                                           len(part.lines)}):
@@ -268,6 +286,7 @@ class NativeBatchBackend:
             log.warning("native shard %s: creating an upstream batch failed: %s", shard.key,
                         escaped(describe_error(exc)))
             return f"creating the upstream batch failed: {describe_error(exc)}"
+        part.created_at = time.time()  # how long a job takes tells whether a follow-up one has time
         await save()
         log.info("native shard %s: upstream batch %s (%d requests, %s)", shard.key, escaped(part.batch_id),
                  len(part.lines), jobs.provider)
@@ -311,7 +330,7 @@ class NativeBatchBackend:
                 pending.remove(part)
                 async for result in self._read_back(jobs, part, job, by_line, prices):
                     yield result
-                settled_now(holder(shard, part.lines[0]))  # its results replace its hold once recorded
+                settled_now(holder(shard, part.lines[0], part.rerun))  # its results replace its hold once recorded
                 await save()
                 await accumulate_route(self._store, shard)
             if pending:
@@ -324,6 +343,7 @@ class NativeBatchBackend:
     ) -> AsyncIterator[Result]:
         """Results of a finished upstream job: its result lines, then errors for what is missing."""
         part.status = job.status
+        part.ended_at = time.time()
         status, why = job.status, job.why
         mine = set(part.lines)
         seen: set[int] = set()

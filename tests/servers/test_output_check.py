@@ -21,15 +21,19 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from openai.types import Batch
 
 from gateway.config.schema import parse_config
-from gateway.domain import BatchStatus
+from gateway.domain import BatchRequest, BatchStatus, Endpoint, Shard
 from gateway.json_codec import loads
 from gateway.runtime.runtime import Runtime
-from gateway.store.records import BatchOptions, BatchRecord
+from gateway.store.records import BatchOptions, BatchRecord, now
+from gateway.store.sqlite.store import SQLiteStore
+from providers.native.runner import NativeBatchBackend
 from tests.fakes.upstream.server import Upstream
 from tests.servers.test_metrics import scrape, value
+from tests.support.native_config import native_route
 from tests.support.server_helpers import (
     chat_line,
     embedded_runtime,
@@ -215,22 +219,85 @@ def test_through_serve_with_the_openai_sdk_then_its_retry(upstream: Upstream, tm
         assert row["custom_id"] == "c-2" and row["error"] is None
 
 
-async def test_a_native_route_checks_its_lines_without_rerunning_them(upstream: Upstream, tmp_path: Path) -> None:
-    """A native route's lines are checked, not re-run (docs/output-check.md): the one wrong on its first attempt
-    fails `output_invalid` after that attempt, and the provider saw one batch job."""
+BATCH_PRICE = {"input_cost_per_token_batches": 1e-6, "output_cost_per_token_batches": 4e-6}
+REALTIME_PRICE = {"input_cost_per_token": 1e-5, "output_cost_per_token": 3e-5}
+
+
+def _native_params(upstream: Upstream) -> dict[str, Any]:
+    return {"model": f"openai/{MODEL}", "api_base": upstream.v1_url, "api_key": upstream.api_key}
+
+
+def _billed(upstream: Upstream) -> tuple[int, int]:
+    """The tokens the loopback provider billed its batch jobs' answered lines so far."""
+    tokens = upstream.stats()["billed"].get(MODEL) or {"input": 0, "output": 0}
+    return int(tokens["input"]), int(tokens["output"])
+
+
+async def test_a_native_route_reruns_its_bad_lines_in_one_follow_up_job_at_batch_price(upstream: Upstream,
+                                                                                       tmp_path: Path) -> None:
+    """A native route's bad lines go into one follow-up provider job a round (docs/output-check.md): the line wrong
+    on its first attempt holds its second, valid reply; the one wrong always fails `output_invalid` after its two
+    attempts; the provider saw two jobs, and every attempt is paid at the batch price, in the team's spend as in
+    the route's cost."""
     tag = uuid.uuid4().hex[:8]
-    entry = {"model_name": MODEL, "litellm_params": {"model": f"openai/{MODEL}", "api_base": upstream.v1_url,
-                                                     "api_key": upstream.api_key},
-             "model_info": {"batch_mode": "native", "native_poll_max_seconds": 0.2}}
-    config = parse_config({"model_list": [entry], "batch_settings": {"teams": [{"team_id": "alpha"}]}})
+    entry = {"model_name": MODEL, "litellm_params": _native_params(upstream),
+             "model_info": {"batch_mode": "native", "native_poll_max_seconds": 0.2, **BATCH_PRICE, **REALTIME_PRICE}}
+    config = parse_config({"model_list": [entry], "batch_settings": {
+        "teams": [{"team_id": "alpha", "output_check": {"reruns": 1}}]}})
     lines = [chat_line(f"c-{i}", MODEL, f"{tag} {d}", response_format=FORMAT)
-             for i, d in enumerate(["fine", "#schema:wrongtypex1"])]
-    before = upstream.stats()["batches_created"]
+             for i, d in enumerate(["fine", "#schema:wrongtypex1", "#schema:missing"])]
+    jobs, billed = upstream.stats()["batches_created"], _billed(upstream)
     async with embedded_runtime(config, tmp_path) as runtime:
         batch, rows = await _run(runtime, lines)
-    assert rows[0]["error"] is None and _content(rows[0]) == {"name": "text", "age": 7, "items": [{"n": 7}]}
-    assert rows[1]["response"]["status_code"] == 200
-    assert rows[1]["error"]["message"].startswith("The output does not match the request's schema after 1 attempt: "
-                                                  '/name: [] is not of type "string"')
-    assert upstream.stats()["batches_created"] - before == 1
-    assert batch.routes[MODEL]["reruns"] == 0 and batch.routes[MODEL]["output_invalid"] == 1
+        spent = await runtime.store.quota.spend("alpha", 0)
+    assert upstream.stats()["batches_created"] - jobs == 2  # the first pass's job and one follow-up job
+    assert [r["custom_id"] for r in rows] == ["c-0", "c-1", "c-2"]
+    for row in rows[:2]:
+        assert row["error"] is None and _content(row) == {"name": "text", "age": 7, "items": [{"n": 7}]}
+    assert rows[2]["response"]["status_code"] == 200
+    assert rows[2]["error"]["message"].startswith("The output does not match the request's schema after 2 "
+                                                  'attempts: /: "name" is a required property')
+    assert (batch.counts.completed, batch.counts.failed) == (2, 1)
+    route = batch.routes[MODEL]
+    assert route["reruns"] == 2 and route["output_invalid"] == 1 and len(route["upstream_batch_ids"]) == 2
+
+    tokens_in, tokens_out = (now - then for now, then in zip(_billed(upstream), billed, strict=True))
+    assert route["input_tokens"] == tokens_in > 0 and route["output_tokens"] == tokens_out > 0  # five attempts
+    bill = tokens_in * BATCH_PRICE["input_cost_per_token_batches"] + tokens_out * BATCH_PRICE[
+        "output_cost_per_token_batches"]
+    assert spent == pytest.approx(bill, rel=1e-9) and route["cost_usd"] == pytest.approx(bill, rel=1e-9)
+
+
+async def test_a_native_rerun_with_no_time_left_for_a_job_runs_in_real_time(upstream: Upstream,
+                                                                           tmp_path: Path) -> None:
+    """A round of re-runs whose batch expires before a provider job may end (an hour left, no earlier job's time
+    known: a provider's window is 24 hours) runs in real time on the route's deployment, at the real-time price,
+    and makes no job."""
+    tag = uuid.uuid4().hex[:8]
+    store = SQLiteStore(tmp_path / "store.sqlite3")
+    try:
+        created = now()
+        await store.batches.put(BatchRecord(id="batch_rt", owner="alpha", endpoint="/v1/chat/completions",
+                                            input_file_id="file-x", completion_window="1h",
+                                            status=BatchStatus.IN_PROGRESS, created_at=created,
+                                            expires_at=created + 3600))
+        shard = Shard(batch_id="batch_rt", index=0, route=MODEL, size=1)
+        await store.ledger.put_shards("batch_rt", [shard])
+        backend = NativeBatchBackend(native_route(_native_params(upstream), MODEL, **BATCH_PRICE, **REALTIME_PRICE),
+                                     {}, store)
+        line = chat_line("c-0", MODEL, f"{tag} fine #count", response_format=FORMAT)
+        request = BatchRequest(line=1, custom_id="c-0", url=Endpoint.CHAT, body=line["body"])
+        jobs = upstream.stats()["batches_created"]
+        try:
+            [result] = [r async for r in backend.execute_shard(shard, [request], rerun=1)]
+        finally:
+            await backend.aclose()
+    finally:
+        await store.aclose()
+    assert upstream.stats()["batches_created"] == jobs
+    assert upstream.stats()["by_custom"][f"{tag} fine #count"] == 1  # one real-time call
+    assert result.ok and result.body is not None
+    assert orjson.loads(result.body["choices"][0]["message"]["content"])["age"] == 7
+    usage = result.usage
+    assert result.cost_usd == pytest.approx(usage.input_tokens * REALTIME_PRICE["input_cost_per_token"]
+                                            + usage.output_tokens * REALTIME_PRICE["output_cost_per_token"])
