@@ -195,6 +195,11 @@ class Usage:
         }
 
 
+# The error code of a line whose reply still does not match its schema after its re-runs
+# (`gateway.pipeline.output_reruns`).
+OUTPUT_INVALID = "output_invalid"
+
+
 @dataclass(slots=True)
 class Result:
     """What came of one request.
@@ -237,6 +242,11 @@ class Result:
         """A 2xx reply with no error of ours: a reply that does not match its schema (`output_invalid`) keeps
         its 2xx response and fails."""
         return self.status_code is not None and 200 <= self.status_code < 300 and self.error is None
+
+    @property
+    def output_invalid(self) -> bool:
+        """Its reply still did not match its schema after its re-runs (failed with `OUTPUT_INVALID`)."""
+        return self.error is not None and self.error.get("code") == OUTPUT_INVALID
 
     @classmethod
     def failure(cls, req_line: int, custom_id: str, code: str, message: str, model: str = "") -> Result:
@@ -300,13 +310,16 @@ class Result:
 
 @dataclass(slots=True)
 class RouteStats:
-    """One route's share of a batch, counted as results are recorded (live progress, cost)."""
+    """One route's share of a batch, counted as results are recorded (live progress, cost). `reruns`: attempts
+    past the first of replies that did not match their schema; `output_invalid`: lines still invalid after them."""
 
     completed: int = 0
     failed: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
+    reruns: int = 0
+    output_invalid: int = 0
 
     @property
     def requests(self) -> int:
@@ -320,12 +333,15 @@ class RouteStats:
             self.output_tokens += usage.output_tokens
         else:
             self.failed += 1
+            self.output_invalid += result.output_invalid
+        self.reruns += result.reruns
         self.cost_usd += billable(result.cost_usd)
 
     def to_json(self) -> dict[str, Any]:
         return {"requests": self.requests, "completed": self.completed, "failed": self.failed,
                 "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "total_tokens": self.input_tokens + self.output_tokens, "cost_usd": round(self.cost_usd, 10)}
+                "total_tokens": self.input_tokens + self.output_tokens, "cost_usd": round(self.cost_usd, 10),
+                "reruns": self.reruns, "output_invalid": self.output_invalid}
 
 
 @dataclass(slots=True)

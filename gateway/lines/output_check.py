@@ -23,11 +23,10 @@ from typing import Any
 
 import orjson
 
-from gateway.domain import Endpoint
+from gateway.domain import OUTPUT_INVALID, Endpoint
 
 MAX_SCHEMA_BYTES = 64 * 1024  # a line's schema past this is refused at validation
 _CACHED = 512  # distinct compiled schemas kept per process (a batch seldom has more than a few)
-OUTPUT_INVALID = "output_invalid"  # the error code of a line still invalid after its re-runs
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,6 @@ from gateway.store.protocols import Store
 from gateway.tracing import genai
 from providers.native.catalog import jobs_class, native_catalog
 from providers.native.contract import JobState, UpstreamJobs, call_kwargs
-from providers.native.second_jobs import Realtime, job_fits
 from providers.native.openai_format import (
     TERMINAL,
     Part,
@@ -61,6 +60,7 @@ from providers.native.openai_format import (
     result_from_line,
     shard_meta_key,
 )
+from providers.native.second_jobs import Realtime, job_fits
 from providers.passthrough import PROVIDERS as WIRE_PROVIDERS
 from providers.upstream_errors import describe_error, retryable
 

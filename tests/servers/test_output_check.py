@@ -14,6 +14,7 @@ attempt only with `xN`, always without; tests/fakes/upstream/structured.py).
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,7 +26,7 @@ import pytest
 from openai.types import Batch
 
 from gateway.config.schema import parse_config
-from gateway.domain import BatchRequest, BatchStatus, Endpoint, Shard
+from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result, Shard
 from gateway.json_codec import loads
 from gateway.runtime.runtime import Runtime
 from gateway.store.records import BatchOptions, BatchRecord, now
@@ -104,6 +105,7 @@ async def test_a_line_wrong_once_holds_its_second_reply_and_one_wrong_always_fai
     lines.append(chat_line("c-9", MODEL, f"{tag} object #schema:extrax1", response_format={"type": "json_object"}))
     async with embedded_runtime(_config(upstream), tmp_path) as runtime:
         batch, rows = await _run(runtime, lines)
+        live = (await runtime.store.ledger.route_stats(batch.id))[MODEL]  # what a running batch's object shows
 
     assert batch.status is BatchStatus.COMPLETED
     assert [r["custom_id"] for r in rows] == [f"c-{i}" for i in range(10)]
@@ -128,6 +130,7 @@ async def test_a_line_wrong_once_holds_its_second_reply_and_one_wrong_always_fai
     assert (batch.counts.completed, batch.counts.failed) == (9, 1)
     route = batch.routes[MODEL]
     assert route["reruns"] == 6 + 2 and route["output_invalid"] == 1
+    assert (live.reruns, live.output_invalid) == (8, 1)  # counted as the results were recorded, not at finalize
     assert batch.summary is not None and batch.summary["by_model"][MODEL] == {"200": 9, "output_invalid": 1}
 
 
@@ -301,3 +304,32 @@ async def test_a_native_rerun_with_no_time_left_for_a_job_runs_in_real_time(upst
     usage = result.usage
     assert result.cost_usd == pytest.approx(usage.input_tokens * REALTIME_PRICE["input_cost_per_token"]
                                             + usage.output_tokens * REALTIME_PRICE["output_cost_per_token"])
+
+
+async def test_a_data_dir_from_before_the_check_gains_the_live_counts(tmp_path: Path) -> None:
+    """A SQLite store whose `route_stats` table predates `reruns` and `output_invalid` gets both columns at open,
+    its rows kept, and counts them from then on."""
+    path = tmp_path / "store.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE route_stats (batch_id TEXT NOT NULL, route TEXT NOT NULL, completed INTEGER NOT "
+                   "NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0, input_tokens INTEGER NOT NULL DEFAULT 0, "
+                   "output_tokens INTEGER NOT NULL DEFAULT 0, cost_usd REAL NOT NULL DEFAULT 0, "
+                   "PRIMARY KEY (batch_id, route))")
+        db.execute("INSERT INTO route_stats (batch_id, route, completed) VALUES ('batch_old', 'm', 4)")
+    db.close()
+    store = SQLiteStore(path)
+    try:
+        created = now()
+        await store.batches.put(BatchRecord(id="batch_old", owner="alpha", endpoint="/v1/chat/completions",
+                                            input_file_id="file-x", completion_window="24h",
+                                            status=BatchStatus.IN_PROGRESS, created_at=created,
+                                            expires_at=created + 86_400))
+        shard = Shard(batch_id="batch_old", index=0, route="m", size=1)
+        await store.ledger.put_shards("batch_old", [shard])
+        invalid = Result(line=1, custom_id="c-1", status_code=200, body={}, reruns=2,
+                         error={"code": "output_invalid", "message": "/: no"})
+        await store.ledger.record_results(shard, [invalid])
+        stats = (await store.ledger.route_stats("batch_old"))["m"]
+    finally:
+        await store.aclose()
+    assert (stats.completed, stats.failed, stats.reruns, stats.output_invalid) == (4, 1, 2, 1)

@@ -161,8 +161,10 @@ async def _ledger(store: Store) -> list[Any]:
     await ledger.record_results(shards[0], [_result(1, 200, 3), _result(2, 500)])
     await ledger.record_results(shards[0], [_result(1, 200, 3), _result(2, 200, 4)])  # both already recorded
     priced = _result(4, 200, 1)
-    priced.cost_usd = 0.125
-    await ledger.record_results(shards[1], [_result(3, None), priced])
+    priced.cost_usd, priced.reruns = 0.125, 2  # valid at its third attempt
+    invalid = _result(6, 200, 1)  # still not matching its schema after one re-run: counted failed, live
+    invalid.reruns, invalid.error = 1, {"code": "output_invalid", "message": "/: no"}
+    await ledger.record_results(shards[1], [_result(3, None), priced, invalid])
     await ledger.record_results(Shard("missing", 0, "m", 1), [_result(1, 200, 5)])
     out.append(sorted(r.to_json()["line"] for r in await ledger.journal(shards[0])))
     out.append([r.to_json() for r in sorted(await ledger.journal(shards[1]), key=lambda r: r.line)])
@@ -183,7 +185,8 @@ async def _ledger(store: Store) -> list[Any]:
     await ledger.record_answered(shards[2], 1)  # the lines answered at validation: counted failed…
     await ledger.record_answered(shards[2], 1)  # …once
     stats = await ledger.route_stats("batch_1")
-    assert (stats[""].failed, stats["m"].completed, stats["m"].failed) == (1, 2, 2)
+    assert (stats[""].failed, stats["m"].completed, stats["m"].failed) == (1, 2, 3)
+    assert (stats["m"].reruns, stats["m"].output_invalid) == (3, 1)
     out.append({route: s.to_json() for route, s in sorted(stats.items())})
     out.append([await ledger.begin_attempt(shards[0]), await ledger.begin_attempt(shards[0]),
                 await ledger.begin_attempt(shards[1])])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway import tracing
@@ -34,8 +34,8 @@ class RouteProgress:
     unavailable: str | None = None  # why a worker cannot run this route (its engine cannot start), if so
     unpriced: bool = False  # the config gives this route no price: its cost is unknown, not $0.00
     background: str | None = None  # a background route's pacing on its shared server (`background_words`)
-    # re-runs of replies that did not match their schema, and lines still invalid after them (known once the
-    # batch is finalized: the merge counts them)
+    # re-runs of replies that did not match their schema, and lines still invalid after them (the store's live
+    # counts while the batch runs, the merge's once it is finalized)
     reruns: int = 0
     output_invalid: int = 0
 
@@ -118,10 +118,10 @@ class BatchView:
         return int(100 * self.done / self.total) if self.total else (100 if self.finished else 0)
 
 
-def _checked(summary: Any) -> tuple[int, int]:
-    """(reruns, output_invalid) of a finished batch's route summary (0, 0 while it runs)."""
-    if not isinstance(summary, dict):
-        return 0, 0
+def _checked(summary: Any, live: RouteStats | None) -> tuple[int, int]:
+    """(reruns, output_invalid) of a route: its finished batch's summary, else the live counts."""
+    if not isinstance(summary, dict) or "reruns" not in summary:
+        return (live.reruns, live.output_invalid) if live is not None else (0, 0)
     reruns, invalid = summary.get("reruns"), summary.get("output_invalid")
     return (reruns if isinstance(reruns, int) else 0), (invalid if isinstance(invalid, int) else 0)
 
@@ -148,7 +148,7 @@ def batch_view(
     rows = [RouteProgress(n, routes.get(n) or RouteStats(), planned.get(n), unavailable.get(n) or _kept(rec, n),
                           n in unpriced,
                           background_words(paced[n]) if n in paced and not rec.status.finished else None,
-                          *_checked(rec.routes.get(n)))
+                          *_checked(rec.routes.get(n), routes.get(n)))
             for n in names]
     return BatchView(
         id=rec.id,
@@ -199,7 +199,7 @@ def _with_route_cost(stats: RouteStats, summary: Any) -> RouteStats:
     cost = summary.get("cost_usd") if isinstance(summary, dict) else None
     if stats.cost_usd or not isinstance(cost, int | float):
         return stats
-    return RouteStats(stats.completed, stats.failed, stats.input_tokens, stats.output_tokens, float(cost))
+    return replace(stats, cost_usd=float(cost))
 
 
 def _rate(rec: BatchRecord, done: int, now: float) -> float | None:

@@ -41,14 +41,15 @@ return redis.call('HLEN', KEYS[1]) - redis.call('SCARD', KEYS[2])
 """
 
 # KEYS: journal, batch, sealed set, route stats, the batch's result log, its spend owed (one batch's slot).
-# ARGV: shard index, route, the owed field (`{team}:{period}`; '': no spend), then 8 values per result: line,
+# ARGV: shard index, route, the owed field (`{team}:{period}`; '': no spend), then 10 values per result: line,
 # json, ok (0/1), input, output, cached, reasoning tokens, cost (USD; only a positive one counts: the spend
-# never falls within its period). Returns the lines counted, and the owed field's new total when it moved.
+# never falls within its period), re-runs, output_invalid (0/1). Returns the lines counted, and the owed
+# field's new total when it moved.
 _RECORD_RESULTS = """
 if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return {0, false} end
 local c = {0, 0, 0, 0, 0, 0}
-local cost = 0
-for i = 4, #ARGV, 8 do
+local cost, reruns, invalid = 0, 0, 0
+for i = 4, #ARGV, 10 do
   if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then
     -- The next seq (the log is only appended to until it is dropped), spliced into the JSON object's front.
     local seq = redis.call('XLEN', KEYS[5]) + 1
@@ -63,6 +64,8 @@ for i = 4, #ARGV, 8 do
     end
     local usd = tonumber(ARGV[i + 7]) or 0
     if usd > 0 and usd < math.huge then cost = cost + usd end
+    reruns = reruns + tonumber(ARGV[i + 8])
+    invalid = invalid + tonumber(ARGV[i + 9])
   end
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
@@ -76,6 +79,8 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
     redis.call('HINCRBY', KEYS[4], r .. 'input_tokens', c[3])
     redis.call('HINCRBY', KEYS[4], r .. 'output_tokens', c[4])
     if cost ~= 0 then redis.call('HINCRBYFLOAT', KEYS[4], r .. 'cost_usd', cost) end
+    if reruns ~= 0 then redis.call('HINCRBY', KEYS[4], r .. 'reruns', reruns) end
+    if invalid ~= 0 then redis.call('HINCRBY', KEYS[4], r .. 'output_invalid', invalid) end
   end
 end
 if ARGV[3] ~= '' and cost ~= 0 then
@@ -158,8 +163,8 @@ class RedisLedger:
             u = r.usage
             row = r.to_json()
             row.pop("seq", None)  # the script numbers it
-            args += [r.line, dumps(row).decode(), 1 if r.ok else 0,
-                     u.input_tokens, u.output_tokens, u.cached_tokens, u.reasoning_tokens, billable(r.cost_usd)]
+            args += [r.line, dumps(row).decode(), 1 if r.ok else 0, u.input_tokens, u.output_tokens,
+                     u.cached_tokens, u.reasoning_tokens, billable(r.cost_usd), r.reruns, 1 if r.output_invalid else 0]
         b = shard.batch_id
         keys = [self._k.journal(b, shard.index), self._k.batch(b), self._k.sealed(b), self._k.route_stats(b),
                 self._k.results_log(b), self._k.spend_owed(b)]

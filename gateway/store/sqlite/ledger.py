@@ -35,14 +35,21 @@ CREATE TABLE IF NOT EXISTS results_log (
 CREATE TABLE IF NOT EXISTS route_stats (
     batch_id TEXT NOT NULL, route TEXT NOT NULL, completed INTEGER NOT NULL DEFAULT 0,
     failed INTEGER NOT NULL DEFAULT 0, input_tokens INTEGER NOT NULL DEFAULT 0,
-    output_tokens INTEGER NOT NULL DEFAULT 0, cost_usd REAL NOT NULL DEFAULT 0, PRIMARY KEY (batch_id, route)
+    output_tokens INTEGER NOT NULL DEFAULT 0, cost_usd REAL NOT NULL DEFAULT 0, reruns INTEGER NOT NULL DEFAULT 0,
+    output_invalid INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (batch_id, route)
 );
 """
+# Columns a route_stats table made before the output check lacks (a data dir from an older release).
+_ADDED = ("reruns", "output_invalid")
 
 
 class SQLiteLedger:
     def __init__(self, sql: Database) -> None:
         self.sql, self._db = sql, sql.conn
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(route_stats)").fetchall()}
+        for name in _ADDED:
+            if name not in have:
+                self._db.execute(f"ALTER TABLE route_stats ADD COLUMN {name} INTEGER NOT NULL DEFAULT 0")
 
     # -- shards --------------------------------------------------------------
 
@@ -136,12 +143,14 @@ class SQLiteLedger:
             if route.requests:
                 self._db.execute(
                     "INSERT INTO route_stats (batch_id, route, completed, failed, input_tokens, output_tokens, "
-                    "cost_usd) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (batch_id, route) DO UPDATE SET "
+                    "cost_usd, reruns, output_invalid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (batch_id, route) DO UPDATE SET "
                     "completed = completed + excluded.completed, failed = failed + excluded.failed, "
                     "input_tokens = input_tokens + excluded.input_tokens, "
-                    "output_tokens = output_tokens + excluded.output_tokens, cost_usd = cost_usd + excluded.cost_usd",
+                    "output_tokens = output_tokens + excluded.output_tokens, cost_usd = cost_usd + excluded.cost_usd, "
+                    "reruns = reruns + excluded.reruns, output_invalid = output_invalid + excluded.output_invalid",
                     (shard.batch_id, shard.route, route.completed, route.failed, route.input_tokens,
-                     route.output_tokens, route.cost_usd),
+                     route.output_tokens, route.cost_usd, route.reruns, route.output_invalid),
                 )
             # The cost of the lines journaled now, with them. `RouteStats.add` summed only `billable` costs; the
             # MAX is the last word: a spend never falls within its period, whatever a result says it cost.
@@ -217,7 +226,8 @@ class SQLiteLedger:
     @off_loop
     def route_stats(self, batch_id: str) -> dict[str, RouteStats]:
         rows = self._db.execute(
-            "SELECT route, completed, failed, input_tokens, output_tokens, cost_usd FROM route_stats "
+            "SELECT route, completed, failed, input_tokens, output_tokens, cost_usd, reruns, output_invalid "
+            "FROM route_stats "
             "WHERE batch_id = ?", (batch_id,)
         ).fetchall()
         return {r[0]: RouteStats(*r[1:]) for r in rows}
