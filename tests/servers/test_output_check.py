@@ -9,7 +9,10 @@ attempt only with `xN`, always without; tests/fakes/upstream/structured.py).
 - a line wrong every time keeps its last reply (200 and its body) and fails with `output_invalid`, the message
   naming the first failing place as a JSON pointer; it counts as failed, and each attempt is paid;
 - `output_reruns: 0` checks without re-running; a line without a schema is never checked or re-run;
-- a schema over 64 KB, or one that cannot compile, fails a batch at validation, naming its line.
+- a schema over 64 KB, or one that cannot compile, fails a batch at validation, naming its line;
+- the counts are the store's live route counts too (and a data dir from before them gains them);
+- a native route re-runs its bad lines in one follow-up provider job a round, at batch price, found again after
+  a restart; with no time left in the batch's window for a job, in real time at the real-time price.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from gateway.json_codec import loads
 from gateway.runtime.runtime import Runtime
 from gateway.store.records import BatchOptions, BatchRecord, now
 from gateway.store.sqlite.store import SQLiteStore
-from providers.native.runner import NativeBatchBackend
+from providers.native.runner import NativeBatchBackend, native_route_summary
 from tests.fakes.upstream.server import Upstream
 from tests.servers.test_metrics import scrape, value
 from tests.support.native_config import native_route
@@ -304,6 +307,39 @@ async def test_a_native_rerun_with_no_time_left_for_a_job_runs_in_real_time(upst
     usage = result.usage
     assert result.cost_usd == pytest.approx(usage.input_tokens * REALTIME_PRICE["input_cost_per_token"]
                                             + usage.output_tokens * REALTIME_PRICE["output_cost_per_token"])
+
+
+async def test_a_follow_up_job_is_found_again_after_a_restart(upstream: Upstream, tmp_path: Path) -> None:
+    """A round's follow-up job is recorded beside the first pass's, as a part of its round: a shard run again (a
+    restart) reads each round's job back and makes none, and the route's summary holds both jobs."""
+    tag = uuid.uuid4().hex[:8]
+    store = SQLiteStore(tmp_path / "store.sqlite3")
+    backend = NativeBatchBackend(native_route(_native_params(upstream), MODEL, **BATCH_PRICE), {}, store)
+    try:
+        await store.batches.put(BatchRecord(id="batch_nx", owner="alpha", endpoint="/v1/chat/completions",
+                                            input_file_id="file-x", completion_window="none",
+                                            status=BatchStatus.IN_PROGRESS, created_at=now(), expires_at=None))
+        shard = Shard(batch_id="batch_nx", index=0, route=MODEL, size=1)
+        await store.ledger.put_shards("batch_nx", [shard])
+        line = chat_line("c-0", MODEL, f"{tag} #schema:wrongtypex1", response_format=FORMAT)
+        request = BatchRequest(line=1, custom_id="c-0", url=Endpoint.CHAT, body=line["body"])
+        jobs = upstream.stats()["batches_created"]
+
+        async def answers(rerun: int) -> Any:
+            [result] = [r async for r in backend.execute_shard(shard, [request], rerun)]
+            assert result.ok and result.body is not None
+            return orjson.loads(result.body["choices"][0]["message"]["content"])["name"]
+
+        assert await answers(0) == []  # the first attempt, wrong
+        assert await answers(1) == "text"  # round 1's follow-up job, valid
+        assert upstream.stats()["batches_created"] - jobs == 2
+        assert (await answers(0), await answers(1)) == ([], "text")  # run again: each round's job read back
+        assert upstream.stats()["batches_created"] - jobs == 2
+        summary = await native_route_summary(store, "batch_nx", MODEL)
+    finally:
+        await backend.aclose()
+        await store.aclose()
+    assert len(summary["upstream_batch_ids"]) == 2 and summary["cost_usd"] > 0
 
 
 async def test_a_data_dir_from_before_the_check_gains_the_live_counts(tmp_path: Path) -> None:
