@@ -20,6 +20,7 @@ from __future__ import annotations
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,9 @@ import orjson
 import pytest
 from openai.types import Batch
 
+from gateway.api.dashboard.view import batch_view
 from gateway.config.schema import parse_config
-from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result, Shard
+from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result, RouteStats, Shard
 from gateway.json_codec import loads
 from gateway.runtime.runtime import Runtime
 from gateway.store.records import BatchOptions, BatchRecord, now
@@ -369,3 +371,19 @@ async def test_a_data_dir_from_before_the_check_gains_the_live_counts(tmp_path: 
     finally:
         await store.aclose()
     assert (stats.completed, stats.failed, stats.reruns, stats.output_invalid) == (4, 1, 2, 1)
+
+
+def test_the_dashboard_shows_a_running_batchs_live_counts_and_a_finished_ones_summary() -> None:
+    """The dashboard's route row takes `reruns` and `output_invalid` from the live counts while the batch runs,
+    and from the batch's finalized `routes` once it is done."""
+    created = now()
+    running = BatchRecord(id="batch_dv", owner="alpha", endpoint="/v1/chat/completions", input_file_id="file-x",
+                          completion_window="24h", status=BatchStatus.IN_PROGRESS, created_at=created,
+                          expires_at=created + 86_400)
+    live = {MODEL: RouteStats(completed=3, failed=1, reruns=4, output_invalid=1)}
+    [row] = batch_view(running, live).routes
+    assert (row.reruns, row.output_invalid) == (4, 1)
+    done = replace(running, status=BatchStatus.COMPLETED,
+                   routes={MODEL: {"completed": 3, "failed": 1, "reruns": 5, "output_invalid": 2}})
+    [row] = batch_view(done, live).routes
+    assert (row.reruns, row.output_invalid) == (5, 2)
