@@ -11,6 +11,7 @@ are ignored, as in Redis: a shard run twice never counts a line twice.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 
 from gateway.domain import Result, RouteStats, Shard, Usage, billable
@@ -49,7 +50,11 @@ class SQLiteLedger:
         have = {row[1] for row in self._db.execute("PRAGMA table_info(route_stats)").fetchall()}
         for name in _ADDED:
             if name not in have:
-                self._db.execute(f"ALTER TABLE route_stats ADD COLUMN {name} INTEGER NOT NULL DEFAULT 0")
+                try:
+                    self._db.execute(f"ALTER TABLE route_stats ADD COLUMN {name} INTEGER NOT NULL DEFAULT 0")
+                except sqlite3.OperationalError as exc:  # another process opening the same data dir added it
+                    if "duplicate column" not in str(exc):
+                        raise
 
     # -- shards --------------------------------------------------------------
 
