@@ -50,7 +50,8 @@ def test_every_endpoint_has_one_row() -> None:
     assert set(ENDPOINTS) == set(Endpoint) == {row[0] for row in KINDS}
 
 
-NATIVE = {"openai", "azure", "anthropic", "mistral", "gemini", "bedrock", "vertex_ai"}  # a new one joins by itself
+# a new one joins by itself
+NATIVE = {"openai", "azure", "anthropic", "mistral", "gemini", "bedrock", "vertex_ai", "groq"}
 
 
 def test_the_config_checks_native_entries_against_the_catalog_the_root_hands_in() -> None:
@@ -66,7 +67,7 @@ def test_every_native_provider_has_its_jobs_class(provider: str) -> None:
     assert native_refusal(f"{provider}/some-model") is None
 
 
-@pytest.mark.parametrize("provider", ["cohere", "hosted_vllm", "groq"])
+@pytest.mark.parametrize("provider", ["cohere", "hosted_vllm", "perplexity"])
 def test_other_providers_run_no_native_jobs(provider: str) -> None:
     assert jobs_class(provider) is None and native_refusal(f"{provider}/m") is not None
 
