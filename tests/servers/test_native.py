@@ -349,3 +349,25 @@ def test_cli_mixed_file_native_and_realtime(upstream: Upstream, tmp_path: Path) 
     assert after["batch_lines"] - before["batch_lines"] == 8  # gpt-cheap's lines went as an upstream batch
     assert after["requests"] - before["requests"] == 4  # gpt-fast's lines went one call each
     assert after["by_model"].get("gpt-4o", 0) - before["by_model"].get("gpt-4o", 0) == 4
+
+
+@pytest.mark.parametrize("provider", ["openai", "azure"])
+async def test_moderations_and_images_run_as_native_jobs(provider: str, upstream: Upstream,
+                                                         store: SQLiteStore) -> None:
+    """OpenAI's batch takes `/v1/moderations`, `/v1/images/generations` and `/v1/images/edits` (its JSON form):
+    each goes as a job of its own endpoint, and its answers come back in OpenAI's shape."""
+    backend = NativeBatchBackend(native_route(upstream, provider), {}, store)
+    requests = [
+        BatchRequest(line=1, custom_id="mod", url=Endpoint.MODERATIONS, body={"model": ROUTE, "input": "attack"}),
+        BatchRequest(line=2, custom_id="img", url=Endpoint.IMAGES, body={"model": ROUTE, "prompt": "a red cat"}),
+        BatchRequest(line=3, custom_id="edit", url=Endpoint.IMAGE_EDITS, body={
+            "model": ROUTE, "prompt": "a hat", "images": [{"file_id": "file-cat"}]}),
+    ]
+    shard = await new_shard(store, len(requests))
+    before = upstream.stats()["batches_created"]
+    results = await run_shard(backend, shard, requests)
+    assert upstream.stats()["batches_created"] - before == 3  # one job per endpoint
+    assert [r.status_code for r in results] == [200, 200, 200]
+    bodies = [r.body or {} for r in results]
+    assert bodies[0]["results"][0]["flagged"] is True
+    assert bodies[1]["data"][0]["revised_prompt"] == "a red cat" and bodies[2]["data"][0]["revised_prompt"] == "a hat"

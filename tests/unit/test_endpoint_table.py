@@ -24,6 +24,7 @@ KINDS = [
     (Endpoint.RERANK, "rerank", True, False, False),
     (Endpoint.MODERATIONS, "moderations", True, True, True),
     (Endpoint.IMAGES, "images/generations", True, True, True),
+    (Endpoint.IMAGE_EDITS, "images/edits", True, True, True),
     (Endpoint.TRANSCRIPTIONS, "audio/transcriptions", False, False, False),
     (Endpoint.TRANSLATIONS, "audio/translations", False, False, False),
     (Endpoint.MESSAGES, "messages", True, False, False),
@@ -39,7 +40,7 @@ def test_what_each_route_kind_serves(endpoint: Endpoint, tail: str, upstream: bo
     for form in (f"/v1/{tail}", f"/{tail}", tail, f"/openai/v1/{tail}", f"/openai/deployments/d/{tail}?api-version=x"):
         normal = normalise_url(form)
         assert normal is not None and normal.endpoint is endpoint, form
-    if upstream:  # the Router method's required arguments: one set
+    if upstream:  # the Router method's (or the wire's) required arguments: one set
         assert len(rule.required) == 1
         assert upstream_fields(endpoint) >= set(rule.required[0])
     else:

@@ -87,6 +87,7 @@ BATCH_ENDPOINTS = {
     "/responses": "responses",
     "/moderations": "moderations",
     "/images/generations": "images",
+    "/images/edits": "image_edits",
 }
 FILE_PURPOSES = {"batch", "batch_output", "fine-tune", "assistants", "vision", "user_data", "evals"}
 
