@@ -40,7 +40,7 @@ class OpenAIJobs(UpstreamJobs):
     """`openai/` and `azure/` deployments: OpenAI's Batch API (Azure's is the same, under its own URLs), and any
     host of that API as an `openai/` deployment with its `api_base`."""
 
-    providers = ("openai", "azure")
+    providers: ClassVar[tuple[str, ...]] = ("openai", "azure")
     endpoints = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES,
                            Endpoint.MODERATIONS, Endpoint.IMAGES, Endpoint.IMAGE_EDITS})
     max_lines = 50_000  # OpenAI: 50,000 requests and 200 MB per input file

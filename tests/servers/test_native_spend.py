@@ -138,6 +138,14 @@ def test_config_check_shows_the_prices_a_native_route_charges() -> None:
         native("mapped", "anthropic/claude-haiku-4-5"),
         {"model_name": "live", "litellm_params": {"model": "openai/gpt-4o", "api_key": "k"},
          "model_info": {"input_cost_per_token": 2.5e-6, "output_cost_per_token": 1e-5}},
+        # a host LiteLLM's map does not know, priced by batch prices only: shown as such, not `-`
+        {"model_name": "host-live", "litellm_params": {"model": "openai/host-model", "api_key": "k",
+                                                       "api_base": "https://batch.example.com/v1"},
+         "model_info": {"input_cost_per_token_batches": 5e-8, "output_cost_per_token_batches": 2e-7}},
+        native("groq-priced", "groq/llama-3.1-8b-instant", input_cost_per_token_batches=2.5e-8,
+               output_cost_per_token_batches=4e-8),
+        native("groq-halved-never", "groq/llama-3.1-8b-instant", input_cost_per_token=5e-8,
+               output_cost_per_token=8e-8),
     ]})
     rows = {row.model_name: row.prices for row in route_rows(config)}
     import litellm
@@ -146,7 +154,8 @@ def test_config_check_shows_the_prices_a_native_route_charges() -> None:
     assert rows == {"both": "1.25 / 5", "batch-only": "0.075 / 0.3", "realtime-only": "1 / 4",
                     "mapped": f"{haiku['input_cost_per_token_batches'] * 1e6:g} / "
                               f"{haiku['output_cost_per_token_batches'] * 1e6:g}",
-                    "live": "2.5 / 10"}, rows
+                    "live": "2.5 / 10", "host-live": "- (batches 0.05 / 0.2)", "groq-priced": "0.025 / 0.04",
+                    "groq-halved-never": "-"}, rows
 
 
 # -- a native job reserves before it is created ---------------------------------------------------------------
