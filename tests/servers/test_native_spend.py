@@ -23,13 +23,14 @@ import yaml
 from gateway.config.schema import load_config
 from gateway.domain import BatchStatus
 from gateway.runtime.runtime import open_embedded
-from tests.support.native_config import NATIVE_MODELS, StandIns
+from tests.support.native_config import GROQ_PRICES, NATIVE_MODELS, StandIns
 
 TEAM = "payer"
 # route -> (USD per input token, per output token) its config gives at batch rates; None: LiteLLM's map
 CONFIGURED = {"gpt-bulk": {"input_cost_per_token_batches": 1.25e-6, "output_cost_per_token_batches": 5e-6},
               "azure-bulk": {"input_cost_per_token": 2.5e-6, "output_cost_per_token": 1e-5,
-                             "input_cost_per_token_batches": 1.25e-6, "output_cost_per_token_batches": 5e-6}}
+                             "input_cost_per_token_batches": 1.25e-6, "output_cost_per_token_batches": 5e-6},
+              "groq-bulk": GROQ_PRICES}
 STUB = {"claude-bulk": "anthropic", "mistral-bulk": "mistral", "gemini-bulk": "gemini", "vertex-bulk": "vertex",
         "bedrock-bulk": "bedrock"}
 MAP_KEYS = {"claude-bulk": ["claude-haiku-4-5"], "mistral-bulk": ["mistral/mistral-small-latest"],
@@ -71,7 +72,8 @@ def billed(servers: StandIns, route: str) -> tuple[int, int]:
     if route in STUB:
         stats = servers.stubs[STUB[route]].stats()
         return int(stats.get("billed_input_tokens", 0)), int(stats.get("billed_output_tokens", 0))
-    tokens = servers.upstream.stats()["billed"].get(NATIVE_MODELS[route]) or {"input": 0, "output": 0}
+    server = servers.stubs["groq"] if route == "groq-bulk" else servers.upstream  # both the upstream's counters
+    tokens = server.stats()["billed"].get(NATIVE_MODELS[route]) or {"input": 0, "output": 0}
     return int(tokens["input"]), int(tokens["output"])
 
 
