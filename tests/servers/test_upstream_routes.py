@@ -267,7 +267,7 @@ def test_image_edits_in_their_json_form_run_on_a_wire_route(upstream: Upstream, 
     refused = {cid: out[cid]["response"]["body"]["error"] for cid in ("by-url", "no-images", "multipart-field")}
     assert all(out[cid]["response"]["status_code"] == 400 for cid in refused)
     assert refused["by-url"]["param"] == "images[0].image_url" and "img.example.com" in refused["by-url"]["message"]
-    assert refused["no-images"]["param"] == "images" or "images" in refused["no-images"]["message"]
+    assert "images" in refused["no-images"]["message"]  # the required field, named
     assert "image" in refused["multipart-field"]["message"]
     after = upstream.stats()["by_path"]
     deployment = "/openai/deployments/painter/images/edits"
