@@ -1,9 +1,9 @@
-"""Benchmark: native batches over all seven providers' stand-ins against the OpenAI route alone (issue 38).
+"""Benchmark: native batches over every native provider's stand-in against the OpenAI route alone (issue 38).
 
     .venv/bin/python bench/native_providers.py [--lines 50000] [--repeat 3] [--profile mix.prof]
 
-One `batchyard run --config` of N chat lines spread evenly over the seven native routes (OpenAI and Azure OpenAI
-on the loopback upstream; Anthropic, Mistral, the Gemini API, Amazon Bedrock over moto's S3 and Vertex AI over
+One `batchyard run --config` of N chat lines spread evenly over the native routes (OpenAI and Azure OpenAI
+on the loopback upstream; Anthropic, Mistral, the Gemini API, Groq, Amazon Bedrock over moto's S3 and Vertex AI over
 gcp-storage-emulator: their stand-ins in tests/fakes, started by `tests.support.native_config.StandIns`), and one
 of the same N lines all on the OpenAI native route. Reported: wall from start to the output written (create to
 completed), and the gateway process's CPU (user + system, from `getrusage` of the finished `run`) per 1,000
@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.support.native_config import NATIVE_MODELS, StandIns  # noqa: E402
 
-MIX = list(NATIVE_MODELS)  # gpt-bulk, azure-bulk, claude-bulk, mistral-bulk, gemini-bulk, vertex-bulk, bedrock-bulk
+MIX = list(NATIVE_MODELS)  # a route per native provider (tests.support.native_config)
 NATIVE = "native_poll_initial_seconds: 0.2, native_poll_max_seconds: 0.5"
 
 
@@ -87,7 +87,7 @@ def main() -> None:
             _run(config, mix, out, env, args.profile)
     print(f"\n{args.lines} chat lines per run, medians of {args.repeat} (alternating)")
     per_k = {}
-    for name, label in (("mix", "seven native providers"), ("openai", "OpenAI native alone  ")):
+    for name, label in (("mix", f"{len(MIX)} native providers  "), ("openai", "OpenAI native alone  ")):
         wall = statistics.median(r[0] for r in rounds[name])
         per_k[name] = statistics.median(1000 * r[1] / args.lines for r in rounds[name])
         print(f"  {label}  wall {wall:7.2f} s   gateway CPU {per_k[name]:6.3f} s per 1,000 lines   "

@@ -47,6 +47,7 @@ class Endpoint(str, enum.Enum):
     RERANK = "/v1/rerank"
     MODERATIONS = "/v1/moderations"
     IMAGES = "/v1/images/generations"
+    IMAGE_EDITS = "/v1/images/edits"  # the JSON form (`images` by URL or file id), the one a batch line can carry
     TRANSCRIPTIONS = "/v1/audio/transcriptions"
     TRANSLATIONS = "/v1/audio/translations"
     MESSAGES = "/v1/messages"  # Anthropic's Messages: the lines of a Message Batch (gateway.message_batches)

@@ -179,12 +179,10 @@ class LiteLLMBackend:
         body = dict(req.body)
         model = body.pop("model")
         group = self._group(model)
-        call = self._method(req.url)
-        if call is None:
-            return Result.http_error(req.line, req.custom_id, 400, f"{req.url.value} is not supported for upstream "
-                                     "models", type_="invalid_request_error", code="unsupported_endpoint", model=model)
         on_wire = self._wire is not None and group in self._wire_groups
         wire = on_wire and req.url in WIRE_ENDPOINTS
+        if self._method(req.url) is None and not wire:
+            return _no_method(req, model)
         # a Messages line on an OpenAI-wire route: translated, then sent as bytes (providers.messages_bridge)
         bridged = on_wire and req.url is Endpoint.MESSAGES
         refused = await self._refusal(req, group, body, wire, bridged)
@@ -209,7 +207,8 @@ class LiteLLMBackend:
     async def _completion(self, req: BatchRequest, model: str, body: dict[str, Any]) -> Result:
         """A checked line through LiteLLM's completion path (the Router's method for its endpoint)."""
         call = self._method(req.url)
-        assert call is not None  # checked by `_call`
+        if call is None:  # image edits off the wire (a background route whose server is not OpenAI-wire)
+            return _no_method(req, model)
         try:
             headers = tracing.headers()  # the request span's traceparent: ours, a line cannot set extra_headers
             if headers and "extra_headers" not in body:
@@ -353,6 +352,14 @@ class LiteLLMBackend:
     def _method(self, endpoint: Endpoint) -> Callable[..., Awaitable[Any]] | None:
         name = ENDPOINTS[endpoint].router_method
         return getattr(self._router, name) if name is not None else None
+
+
+def _no_method(req: BatchRequest, model: str) -> Result:
+    """The 400 of a line whose endpoint LiteLLM has no call for on this route (image edits: the wire's only)."""
+    where = (" (in its JSON form it runs on OpenAI-wire routes only: an openai/, azure/, hosted_vllm/ or "
+             "custom_openai/ deployment without LiteLLM-only settings)") if req.url in WIRE_ENDPOINTS else ""
+    return Result.http_error(req.line, req.custom_id, 400, f"{req.url.value} is not supported for upstream models"
+                             f"{where}", type_="invalid_request_error", code="unsupported_endpoint", model=model)
 
 
 def _unpriced_tier(group: str, tier: str) -> None:

@@ -81,6 +81,8 @@ def _total(values: Sequence[int | None]) -> int | None:
 def _prices(route: Route) -> str:
     """The prices each deployment's lines are charged: a native deployment's at batch rates (the rule of
     `gateway.config.prices.batch_prices`, as the native runner prices its results)."""
+    from gateway.config.native_declarations import batch_discount
+    from gateway.config.prices import BATCH_PRICE_KEYS as _BATCH_KEYS
     from gateway.config.prices import Prices, batch_prices, deployment_prices, route_prices
     from gateway.lines.tokens import price_map, price_names
 
@@ -90,12 +92,17 @@ def _prices(route: Route) -> str:
         charged = [route_prices(d.get("model_info") or {}) for d in route.model_list()]
     elif route.kind is RouteKind.NATIVE:
         cost = price_map()
-        charged = [batch_prices(entry.model_info.litellm_keys, cost, names)
+        charged = [batch_prices(entry.model_info.litellm_keys, cost, names, batch_discount(entry.litellm_params.model))
                    for entry, names in zip(route.entries, price_names(route), strict=True)]
     else:
         charged = [deployment_prices(d) for d in route.model_list()]
-    for prices in charged:
+    for prices, entry in zip(charged, route.entries, strict=True):
         text = f"{prices.input * 1e6:g} / {prices.output * 1e6:g}" if prices is not None else "-"
+        keys = entry.model_info.litellm_keys
+        if prices is None and route.kind is not RouteKind.LOCAL and any(k in keys for k in _BATCH_KEYS):
+            # priced by batch prices only: a line sent in real time has no price, its batch price is shown
+            text = (f"- (batches {float(keys.get(_BATCH_KEYS[0]) or 0) * 1e6:g} / "
+                    f"{float(keys.get(_BATCH_KEYS[1]) or 0) * 1e6:g})")
         if text not in found:
             found.append(text)
     return ", ".join(found)

@@ -28,7 +28,7 @@ class EndpointRule:
     `sdk_params`: the `openai` SDK's request TypedDict (`module:Name`): OpenAI's documented fields.
     `header_params`: names in that TypedDict the SDK sends as headers, not in the body (never a line's field).
     `fields`: the documented fields where no OpenAI schema exists (rerank: Cohere's v2 request).
-    `router_method`: the LiteLLM Router's method on a real-time upstream route (None: no upstream serves it).
+    `router_method`: the LiteLLM Router's method on a real-time upstream route (None: only the wire, if `wire`).
     `wire`: an OpenAI-wire provider takes the line's bytes as they are (the upstream backend's pass-through).
     `never_local`: what it is, when no vLLM model serves it (the local line's 400 says where to send it).
     """
@@ -83,6 +83,15 @@ ENDPOINTS: dict[Endpoint, EndpointRule] = {
         "images/generations", (("prompt",),), {"prompt": ((str,), "a string")},
         sdk_params="openai.types.image_generate_params:ImageGenerateParamsBase",
         router_method="aimage_generation", wire=True, never_local="image generation"),
+    # Image edits in OpenAI's JSON form (`EditImageBodyJsonParam` of openai/openai-openapi; the SDK's type is
+    # the multipart form): `images` and `mask` reference images by `image_url` (a URL, under the media-URL rule,
+    # or a data: URL) or `file_id`. Only the OpenAI wire takes it as it is: LiteLLM's `aimage_edit` wants files.
+    Endpoint.IMAGE_EDITS: EndpointRule(
+        "images/edits", (("images", "prompt"),), {"images": ((list,), "an array"), "prompt": ((str,), "a string")},
+        fields=frozenset({"model", "images", "prompt", "mask", "background", "input_fidelity", "moderation", "n",
+                          "output_compression", "output_format", "partial_images", "quality", "size", "stream",
+                          "user"}),
+        wire=True, never_local="image editing"),
     # audio takes a URL (vLLM's run_batch) or the file
     Endpoint.TRANSCRIPTIONS: EndpointRule("audio/transcriptions", (("file_url",), ("file",))),
     Endpoint.TRANSLATIONS: EndpointRule("audio/translations", (("file_url",), ("file",))),
@@ -96,6 +105,7 @@ ENDPOINTS: dict[Endpoint, EndpointRule] = {
         router_method="aanthropic_messages"),
 }
 
-UPSTREAM_ENDPOINTS = frozenset(e for e, rule in ENDPOINTS.items() if rule.router_method is not None)
+# served upstream: through the Router's method, or (image edits) on OpenAI-wire routes only
+UPSTREAM_ENDPOINTS = frozenset(e for e, rule in ENDPOINTS.items() if rule.router_method is not None or rule.wire)
 WIRE_ENDPOINTS = frozenset(e for e, rule in ENDPOINTS.items() if rule.wire)
 

@@ -32,7 +32,7 @@ from pydantic_core import PydanticCustomError
 from gateway.config.engine_fields import unknown_engine_args, unknown_parser
 from gateway.config.kinds import RouteKind, inferred_provider, native_refusal
 from gateway.config.litellm.deployment_keys import provider_refusal, unknown_model_info, unknown_params
-from gateway.config.native_declarations import native_declarations
+from gateway.config.native_declarations import entry_refusal
 
 LOCAL_PREFIX = "vllm/"
 NATIVE_KEY_PREFIX = "native_"  # batchyard's keys of native entries; LiteLLM has none of that name
@@ -234,6 +234,8 @@ class NativeModelInfo(ModelInfo):
     `vertex_ai/`)."""
     native_gcs_prefix: str = "batchyard"
     """Vertex AI: the object prefix in `native_gcs_bucket` (`<prefix>/input/`, `<prefix>/output/`)."""
+    native_completion_window: Annotated[str, Field(pattern=r"^[1-9][0-9]{0,3}[hd]$")] | None = None
+    """OpenAI-format hosts and Groq: the `completion_window` each job asks for (`24h`, `7d`; default `24h`)."""
     native_inline_max_bytes: Annotated[int, Field(ge=0, le=20_000_000)] | None = None
     """The Gemini API: a job whose inline requests would pass this many bytes goes as a JSONL file uploaded through
     the Files API instead (default and at most 20,000,000, Google's bound on an inline batch; 0: always a file)."""
@@ -356,24 +358,9 @@ class NativeEntry(UpstreamEntry):
         if not isinstance(params, LiteLLMParams):
             return info  # its own error says what is wrong with litellm_params
         provider, _, model = params.model.partition("/")
-        declared = native_declarations()
-        mine = declared[provider]
-        others = frozenset().union(*(d.settings for d in declared.values())) - mine.settings
-        given = sorted(k for k in others if k in info.model_fields_set)
-        if given:
-            owners = sorted(p for p, d in declared.items() if d.settings & set(given))
-            raise PydanticCustomError("native_key", "{names}: not a setting of a {provider}/ deployment (keys of "
-                                      "the {owners} batch jobs)",
-                                      {"names": ", ".join(given), "provider": provider,
-                                       "owners": ", ".join(f"{p}/" for p in owners)})
-        missing = [k for k in mine.required_settings if not getattr(info, k)]
-        if missing:
-            raise PydanticCustomError("native_storage", "batch_mode: native on {provider}/ needs {key} ({purpose})",
-                                      {"provider": provider, "key": missing[0], "purpose": mine.settings_purpose})
-        refusal = mine.model_refusal(model)
-        if refusal is not None:
-            raise PydanticCustomError("native_provider", "batch_mode: native on {provider}/ {refusal}",
-                                      {"provider": provider, "refusal": refusal})
+        refused = entry_refusal(provider, model, info)
+        if refused is not None:
+            raise refused
         return info
 
 

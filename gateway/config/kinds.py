@@ -19,8 +19,9 @@ def native_refusal(model: str) -> str | None:
     declared = native_declarations()
     if provider in declared:
         return None
-    return (f"native batches run on {', '.join(sorted(declared))} deployments, not {provider}/ "
-            "(use batch_mode: realtime)")
+    return (f"native batches run on {', '.join(sorted(declared))} deployments, not {provider}/ (a host that "
+            "serves OpenAI's Batch API runs them as an openai/ deployment with that host's api_base; else use "
+            "batch_mode: realtime)")
 
 
 class RouteKind(str, enum.Enum):

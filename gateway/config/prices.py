@@ -66,22 +66,25 @@ def route_prices(model_info: Mapping[str, Any]) -> Prices | None:
     return Prices(float(inp or 0), float(out or 0))
 
 
-def batch_prices(model_info: Mapping[str, Any], model_cost: Mapping[str, Any], candidates: Sequence[str]) -> (
-    Prices | None
-):
+BATCH_PRICE_KEYS = ("input_cost_per_token_batches", "output_cost_per_token_batches")
+
+
+def batch_prices(model_info: Mapping[str, Any], model_cost: Mapping[str, Any], candidates: Sequence[str],
+                 discount: float | None = 0.5) -> Prices | None:
     """(input, output) USD per token at batch rates: model_info first, then LiteLLM's price map.
 
-    `*_cost_per_token_batches` are used as they are; plain `*_cost_per_token` are halved (the 50% batch
-    discount of OpenAI, Azure, Anthropic and Mistral alike). None when no price is known.
+    `*_cost_per_token_batches` are used as they are; plain `*_cost_per_token` are times `discount` (the 50% batch
+    discount of OpenAI, Azure, Anthropic and Mistral alike; None: a provider whose batch discount is not one
+    rule, whose real-time prices say nothing). None when no price is known.
     """
     sources = [model_info, *(model_cost.get(name) or {} for name in candidates if name)]
     for info in sources:
         if "input_cost_per_token_batches" in info or "output_cost_per_token_batches" in info:
             return Prices(float(info.get("input_cost_per_token_batches") or 0),
                           float(info.get("output_cost_per_token_batches") or 0))
-        if "input_cost_per_token" in info or "output_cost_per_token" in info:
-            return Prices(float(info.get("input_cost_per_token") or 0) / 2,
-                          float(info.get("output_cost_per_token") or 0) / 2)
+        if discount is not None and ("input_cost_per_token" in info or "output_cost_per_token" in info):
+            return Prices(float(info.get("input_cost_per_token") or 0) * discount,
+                          float(info.get("output_cost_per_token") or 0) * discount)
     return None
 
 

@@ -28,6 +28,8 @@ from gateway.config.litellm.litellm_file import INCLUDE, apply_environment, merg
 from gateway.config.litellm.litellm_settings import check_litellm_settings
 from gateway.config.litellm.notices import Notice, split_litellm_settings, strict_refusal
 from gateway.config.local_paths import anchor_local_paths
+from gateway.config.native_declarations import batch_discount
+from gateway.config.prices import BATCH_PRICE_KEYS
 from gateway.config.problems import config_error
 from gateway.config.route_checks import check_aliases, check_fallbacks
 from gateway.config.routes import Route, RouteKind
@@ -228,6 +230,31 @@ def _check_teams(teams: list[Team], config: Config, path: str) -> None:
                                       f"{model!r} is not a model_name in model_list")
 
 
+def _check_native_prices(teams: list[Team], config: Config, path: str) -> None:
+    """A native route whose provider has no batch discount rule (Groq) is priced by batch prices only: from
+    LiteLLM's map, else `model_info`. With neither, a team with a budget that may use it is refused here: its
+    lines would spend nothing the budget sees."""
+    budgeted = [t for t in teams if t.max_budget is not None]
+    for name, route in config.routes.items() if budgeted else ():
+        users = [t.team_id for t in budgeted if t.models is None or name in t.models]
+        if route.kind is not RouteKind.NATIVE or not users:
+            continue
+        for entry in route.entries:
+            keys = entry.model_info.litellm_keys
+            if batch_discount(entry.litellm_params.model) is not None or any(k in keys for k in BATCH_PRICE_KEYS):
+                continue
+            import litellm  # its bundled price map (LITELLM_LOCAL_MODEL_COST_MAP): nothing fetched
+
+            model = entry.litellm_params.model
+            names = [n for n in (keys.get("base_model"), model, model.partition("/")[2]) if isinstance(n, str) and n]
+            if any(k in (litellm.model_cost.get(n) or {}) for n in names for k in BATCH_PRICE_KEYS):
+                continue
+            raise ConfigError(path, f"model_list.{name}.model_info",
+                              f"{model} has no batch price (none in LiteLLM's price map): set "
+                              f"input_cost_per_token_batches and output_cost_per_token_batches, or team "
+                              f"{users[0]!r}'s max_budget cannot count what its lines cost")
+
+
 def parse_config(raw: Any, path: str = "<config>", *, strict: bool = False) -> Config:
     """Build a `Config` from parsed YAML (its `include`s already merged: `load_config`); raises `ConfigError`.
 
@@ -267,6 +294,7 @@ def parse_config(raw: Any, path: str = "<config>", *, strict: bool = False) -> C
     check_fallbacks(router_settings, config.route, path)
     check_fallbacks(config.litellm_settings, config.route, path, "litellm_settings")
     _check_teams(file.batch_settings.teams, config, path)
+    _check_native_prices(file.batch_settings.teams, config, path)
     declared = {team.team_id for team in file.batch_settings.teams}
     for team_id in file.batch_settings.tracing.capture_content_teams:  # a team no key can be: never applies
         if team_id not in declared:

@@ -56,7 +56,10 @@ class UpstreamJobs:
     - `settings`: its own `native_*` keys of `model_info` (refused on every other provider), `required_settings`
       (of those, the ones a deployment must set, `settings_purpose` saying what they are) and `model_refusal`
       (the models of the provider its jobs cannot run);
-    - `credentials`: the `litellm_params` its calls take (keys, bases, regions): nothing else reaches them.
+    - `credentials`: the `litellm_params` its calls take (keys, bases, regions): nothing else reaches them;
+    - `completion_windows`: the hours (least, most) a `native_completion_window` may ask of the provider (None:
+      whatever the host takes, its own refusal saying otherwise); `batch_discount`: a batch's share of the
+      real-time price where no batch price is known (None: only batch prices count, else the line is unpriced).
 
     The optional abilities have defaults, as httpx's transports default `close`: `min_lines` (a part with
     fewer lines runs in real time through `realtime`), `release` (drop what was kept for the jobs' creation).
@@ -70,6 +73,8 @@ class UpstreamJobs:
     required_settings: ClassVar[tuple[str, ...]] = ()
     settings_purpose: ClassVar[str] = ""
     credentials: ClassVar[tuple[str, ...]] = ("api_base", "api_key", "api_version", "organization")
+    completion_windows: ClassVar[tuple[int, int] | None] = None
+    batch_discount: ClassVar[float | None] = 0.5  # OpenAI, Azure, Anthropic, Mistral, Google, Bedrock: half
     min_lines: int = 0  # a part below it runs in real time (`realtime`); 0: every part is a job
 
     provider: str  # the deployment's provider (one of `providers`)

@@ -1,20 +1,26 @@
-"""OpenAI's and Azure's batch jobs (`UpstreamJobs`): LiteLLM's file and batch functions, end to end.
+"""OpenAI's and Azure's batch jobs (`UpstreamJobs`): LiteLLM's file and batch functions, end to end; and any
+host serving OpenAI's Batch API as an `openai/` deployment with its own `api_base` (Parasail, Doubleword,
+DeepInfra, Nebius, another batchyard).
 
-A part is uploaded (`acreate_file`), then run (`acreate_batch`); the file id is recorded before the batch is
-created, so a crash in between is found again by the file (`alist_batches`). Output and error files are
-already in OpenAI's result shape.
+A part is uploaded (`acreate_file`), then run (`acreate_batch`, its `completion_window` the deployment's
+`native_completion_window`, else `24h`); the file id is recorded before the batch is created, so a crash in
+between is found again by the file: the host's batch list, paged as each page says (`has_more` and `last_id`
+lead to the next one), never by assuming a cursor the host did not offer. Output and error files are already
+in OpenAI's result shape.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+import os
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, ClassVar
 
+from gateway.config.entries import NativeModelInfo
 from gateway.domain import BatchRequest, Endpoint, Result
 from gateway.log_safe import escaped
-from providers.native.contract import QUIET_POLL, JobState, Save, UpstreamJobs
+from providers.native.contract import QUIET_POLL, JobState, Save, UpstreamJobs, http_json
 from providers.native.openai_format import (
     Part,
     call_with_retries,
@@ -27,15 +33,26 @@ from providers.upstream_errors import batch_error_message
 
 log = logging.getLogger("batchyard.native")
 
+LIST_PAGES = 20  # batches listed to find one made before a crash: the newest 20 pages (2,000 on OpenAI)
 
 
 class OpenAIJobs(UpstreamJobs):
-    """`openai/` and `azure/` deployments: OpenAI's Batch API (Azure's is the same, under its own URLs)."""
+    """`openai/` and `azure/` deployments: OpenAI's Batch API (Azure's is the same, under its own URLs), and any
+    host of that API as an `openai/` deployment with its `api_base`."""
 
-    providers = ("openai", "azure")
-    endpoints = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES})
+    providers: ClassVar[tuple[str, ...]] = ("openai", "azure")
+    endpoints = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES,
+                           Endpoint.MODERATIONS, Endpoint.IMAGES, Endpoint.IMAGE_EDITS})
     max_lines = 50_000  # OpenAI: 50,000 requests and 200 MB per input file
     max_bytes = 190_000_000
+    settings = frozenset({"native_completion_window"})
+    default_base: ClassVar[str] = "https://api.openai.com/v1"
+    key_variable: ClassVar[str] = "OPENAI_API_KEY"
+
+    def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any],
+                 info: NativeModelInfo) -> None:
+        super().__init__(litellm, provider, model, kwargs, info)
+        self._window = info.native_completion_window or "24h"
 
     def url(self, endpoint: Endpoint) -> str:
         return upstream_url(endpoint, self.provider)
@@ -54,19 +71,52 @@ class OpenAIJobs(UpstreamJobs):
             await save()
         file_id = part.file_id
         batch = await call_with_retries(lambda: litellm.acreate_batch(
-            completion_window="24h", endpoint=part.endpoint, input_file_id=file_id, metadata=metadata, **kwargs))
+            completion_window=self._window, endpoint=part.endpoint, input_file_id=file_id, metadata=metadata, **kwargs))
         part.batch_id = str(batch.id)
 
     async def find(self, part: Part) -> bool:
-        try:
-            page = await self._litellm.alist_batches(limit=100, **self._kwargs)
-        except Exception:
-            return False
-        for batch in getattr(page, "data", None) or []:
-            if getattr(batch, "input_file_id", None) == part.file_id:
-                part.batch_id = str(batch.id)
-                return True
+        """The batch made from the part's file, in the host's list (newest first), page by page as it pages."""
+        cursor: str | None = None
+        for _ in range(LIST_PAGES):
+            try:
+                page = await self._list_page(cursor)
+            except Exception:
+                return False
+            for batch in page.get("data") or []:
+                if isinstance(batch, Mapping) and batch.get("input_file_id") == part.file_id and batch.get("id"):
+                    part.batch_id = str(batch["id"])
+                    return True
+            cursor = self.next_cursor(page)
+            if cursor is None:
+                return False
         return False
+
+    async def _list_page(self, cursor: str | None) -> Mapping[str, Any]:
+        if self.provider == "azure":  # Azure's URLs and `api-version`: LiteLLM's; it pages as OpenAI does
+            extra = {"after": cursor} if cursor else {}
+            page = await self._litellm.alist_batches(limit=100, **extra, **self._kwargs)
+            dump = page.model_dump() if hasattr(page, "model_dump") else dict(page)
+            return dump if isinstance(dump, dict) else {}
+        kwargs = self._kwargs
+        base = str(kwargs.get("api_base") or os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
+                   or self.default_base) if self.provider == "openai" else str(kwargs["api_base"])
+        key = kwargs.get("api_key") or os.environ.get(self.key_variable) or ""
+        headers = {"Authorization": f"Bearer {key}"}
+        if kwargs.get("organization"):
+            headers["OpenAI-Organization"] = str(kwargs["organization"])
+        page = await http_json("GET", f"{base.rstrip('/')}/batches", headers, kwargs.get("timeout"),
+                               params=self.list_params(cursor))
+        return page if isinstance(page, dict) else {}
+
+    def list_params(self, cursor: str | None) -> dict[str, str]:
+        """The query of one page of the host's batch list: the first asks nothing a host may not take (Groq's
+        list documents no parameter); a next one, only when a page offered it, `after` its `last_id`."""
+        return {"after": cursor} if cursor else {}
+
+    def next_cursor(self, page: Mapping[str, Any]) -> str | None:
+        """Where the host's next page starts, as the page says (None: the list ends here)."""
+        last = page.get("last_id")
+        return str(last) if page.get("has_more") is True and isinstance(last, str) and last else None
 
     async def retrieve(self, batch_id: str) -> JobState:
         batch = await detached(self._litellm.aretrieve_batch(

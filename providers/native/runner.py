@@ -143,8 +143,8 @@ class NativeBatchBackend:
         provider, _, model = entry.litellm_params.model.partition("/")
         info = entry.model_info.litellm_keys
         candidates = [info.get("base_model") or "", entry.litellm_params.model, model]
-        prices = batch_prices(info, self._litellm.model_cost, candidates)
         cls = jobs_class(provider)
+        prices = batch_prices(info, self._litellm.model_cost, candidates, cls.batch_discount if cls else 0.5)
         native_info = entry.model_info
         if cls is None or not isinstance(native_info, NativeModelInfo):
             return None, provider, prices

@@ -257,6 +257,8 @@ AUDIO = [
     {"custom_id": "t2", "method": "POST", "url": "/audio/translations", "body": {**_AUDIO_BODY, "language": "it"}},
     {"custom_id": "m1", "method": "POST", "url": "/v1/moderations", "body": {"model": CHAT, "input": "hi"}},
     {"custom_id": "i1", "method": "POST", "url": "/v1/images/generations", "body": {"model": CHAT, "prompt": "a"}},
+    {"custom_id": "e1", "method": "POST", "url": "/v1/images/edits",
+     "body": {"model": CHAT, "prompt": "a", "images": [{"file_id": "file-a"}]}},
 ]
 
 
@@ -269,12 +271,13 @@ def test_audio_on_a_model_without_audio(chat_run: tuple[subprocess.CompletedProc
     validate(lines)
     got = lines[len(COMPLETIONS):]
     assert [x["custom_id"] for x in got] == [x["custom_id"] for x in AUDIO]
-    assert [x["response"]["status_code"] for x in got] == [400] * 4
+    assert [x["response"]["status_code"] for x in got] == [400] * 5
     messages = [x["error"]["error"]["message"] for x in got]
     assert messages[0] == "Model does not support endpoint: /v1/audio/transcriptions"
     assert messages[1] == "Model does not support endpoint: /v1/audio/translations"
     assert "/v1/moderations is not served by the local vLLM engine" in messages[2]
     assert "/v1/images/generations is not served by the local vLLM engine" in messages[3]
+    assert "/v1/images/edits is not served by the local vLLM engine (image editing)" in messages[4]
 
 
 def test_transcription_and_translation(tmp_path: Path) -> None:

@@ -349,3 +349,59 @@ def test_cli_mixed_file_native_and_realtime(upstream: Upstream, tmp_path: Path) 
     assert after["batch_lines"] - before["batch_lines"] == 8  # gpt-cheap's lines went as an upstream batch
     assert after["requests"] - before["requests"] == 4  # gpt-fast's lines went one call each
     assert after["by_model"].get("gpt-4o", 0) - before["by_model"].get("gpt-4o", 0) == 4
+
+
+@pytest.mark.parametrize("provider", ["openai", "azure"])
+async def test_moderations_and_images_run_as_native_jobs(provider: str, upstream: Upstream,
+                                                         store: SQLiteStore) -> None:
+    """OpenAI's batch takes `/v1/moderations`, `/v1/images/generations` and `/v1/images/edits` (its JSON form):
+    each goes as a job of its own endpoint, and its answers come back in OpenAI's shape."""
+    backend = NativeBatchBackend(native_route(upstream, provider), {}, store)
+    requests = [
+        BatchRequest(line=1, custom_id="mod", url=Endpoint.MODERATIONS, body={"model": ROUTE, "input": "attack"}),
+        BatchRequest(line=2, custom_id="img", url=Endpoint.IMAGES, body={"model": ROUTE, "prompt": "a red cat"}),
+        BatchRequest(line=3, custom_id="edit", url=Endpoint.IMAGE_EDITS, body={
+            "model": ROUTE, "prompt": "a hat", "images": [{"file_id": "file-cat"}]}),
+    ]
+    shard = await new_shard(store, len(requests))
+    before = upstream.stats()["batches_created"]
+    results = await run_shard(backend, shard, requests)
+    assert upstream.stats()["batches_created"] - before == 3  # one job per endpoint
+    assert [r.status_code for r in results] == [200, 200, 200]
+    bodies = [r.body or {} for r in results]
+    assert bodies[0]["results"][0]["flagged"] is True
+    assert bodies[1]["data"][0]["revised_prompt"] == "a red cat" and bodies[2]["data"][0]["revised_prompt"] == "a hat"
+
+
+async def test_a_job_made_before_a_crash_is_found_past_the_hosts_first_page(upstream: Upstream,
+                                                                            store: SQLiteStore) -> None:
+    """The upload was recorded, the job created, the process died before recording it, and 25 newer jobs
+    followed: the restart pages through the host's list as its pages say (`has_more`, `last_id`: OpenAI's 20 a
+    page by default) and polls that job; it never creates a second one."""
+    import litellm
+
+    backend = NativeBatchBackend(native_route(upstream), {}, store)
+    await backend.start()
+    requests = [chat(1), chat(2)]
+    shard = await new_shard(store, 2)
+    jobs, _, _ = backend._deployment(0)
+    assert jobs is not None
+    kwargs = {"custom_llm_provider": "openai", "api_base": upstream.v1_url, "api_key": "sk-openai"}
+
+    async def made(data: bytes) -> tuple[str, str]:
+        upload = await litellm.acreate_file(file=("in.jsonl", data), purpose="batch", **kwargs)
+        batch = await litellm.acreate_batch(completion_window="24h", endpoint="/v1/chat/completions",
+                                            input_file_id=upload.id, **kwargs)
+        return str(upload.id), str(batch.id)
+
+    file_id, batch_id = await made(b"".join(jobs.line(r) for r in requests))
+    other = jobs.line(chat(9))
+    for _ in range(25):
+        await made(other)
+    await store.backend_state.put(shard_meta_key(shard), {"deployment": 0, "parts": [
+        {"endpoint": "/v1/chat/completions", "lines": [1, 2], "file_id": file_id}]})
+    created = upstream.stats()["batches_created"]
+    results = await run_shard(backend, shard, requests)
+    assert upstream.stats()["batches_created"] == created
+    assert all(r.ok for r in results)
+    assert await upstream_ids(store, shard) == [batch_id]

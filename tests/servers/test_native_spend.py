@@ -23,13 +23,14 @@ import yaml
 from gateway.config.schema import load_config
 from gateway.domain import BatchStatus
 from gateway.runtime.runtime import open_embedded
-from tests.support.native_config import NATIVE_MODELS, StandIns
+from tests.support.native_config import GROQ_PRICES, NATIVE_MODELS, StandIns
 
 TEAM = "payer"
 # route -> (USD per input token, per output token) its config gives at batch rates; None: LiteLLM's map
 CONFIGURED = {"gpt-bulk": {"input_cost_per_token_batches": 1.25e-6, "output_cost_per_token_batches": 5e-6},
               "azure-bulk": {"input_cost_per_token": 2.5e-6, "output_cost_per_token": 1e-5,
-                             "input_cost_per_token_batches": 1.25e-6, "output_cost_per_token_batches": 5e-6}}
+                             "input_cost_per_token_batches": 1.25e-6, "output_cost_per_token_batches": 5e-6},
+              "groq-bulk": GROQ_PRICES}
 STUB = {"claude-bulk": "anthropic", "mistral-bulk": "mistral", "gemini-bulk": "gemini", "vertex-bulk": "vertex",
         "bedrock-bulk": "bedrock"}
 MAP_KEYS = {"claude-bulk": ["claude-haiku-4-5"], "mistral-bulk": ["mistral/mistral-small-latest"],
@@ -71,7 +72,8 @@ def billed(servers: StandIns, route: str) -> tuple[int, int]:
     if route in STUB:
         stats = servers.stubs[STUB[route]].stats()
         return int(stats.get("billed_input_tokens", 0)), int(stats.get("billed_output_tokens", 0))
-    tokens = servers.upstream.stats()["billed"].get(NATIVE_MODELS[route]) or {"input": 0, "output": 0}
+    server = servers.stubs["groq"] if route == "groq-bulk" else servers.upstream  # both the upstream's counters
+    tokens = server.stats()["billed"].get(NATIVE_MODELS[route]) or {"input": 0, "output": 0}
     return int(tokens["input"]), int(tokens["output"])
 
 
@@ -138,6 +140,14 @@ def test_config_check_shows_the_prices_a_native_route_charges() -> None:
         native("mapped", "anthropic/claude-haiku-4-5"),
         {"model_name": "live", "litellm_params": {"model": "openai/gpt-4o", "api_key": "k"},
          "model_info": {"input_cost_per_token": 2.5e-6, "output_cost_per_token": 1e-5}},
+        # a host LiteLLM's map does not know, priced by batch prices only: shown as such, not `-`
+        {"model_name": "host-live", "litellm_params": {"model": "openai/host-model", "api_key": "k",
+                                                       "api_base": "https://batch.example.com/v1"},
+         "model_info": {"input_cost_per_token_batches": 5e-8, "output_cost_per_token_batches": 2e-7}},
+        native("groq-priced", "groq/llama-3.1-8b-instant", input_cost_per_token_batches=2.5e-8,
+               output_cost_per_token_batches=4e-8),
+        native("groq-halved-never", "groq/llama-3.1-8b-instant", input_cost_per_token=5e-8,
+               output_cost_per_token=8e-8),
     ]})
     rows = {row.model_name: row.prices for row in route_rows(config)}
     import litellm
@@ -146,7 +156,8 @@ def test_config_check_shows_the_prices_a_native_route_charges() -> None:
     assert rows == {"both": "1.25 / 5", "batch-only": "0.075 / 0.3", "realtime-only": "1 / 4",
                     "mapped": f"{haiku['input_cost_per_token_batches'] * 1e6:g} / "
                               f"{haiku['output_cost_per_token_batches'] * 1e6:g}",
-                    "live": "2.5 / 10"}, rows
+                    "live": "2.5 / 10", "host-live": "- (batches 0.05 / 0.2)", "groq-priced": "0.025 / 0.04",
+                    "groq-halved-never": "-"}, rows
 
 
 # -- a native job reserves before it is created ---------------------------------------------------------------

@@ -243,3 +243,33 @@ def test_litellm_s_own_failure_is_said_as_litellm_said_it(tmp_path: Path, capsys
     assert error["exception"] == "APIConnectionError"
     assert error["message"] == ("vertex_ai: Unable to load the vertex credentials file. LiteLLM's log names the path "
                                 "and the reason.")
+
+
+def test_image_edits_in_their_json_form_run_on_a_wire_route(upstream: Upstream, tmp_path: Path) -> None:
+    """`/v1/images/edits` (OpenAI's JSON form): images by file id or data: URL reach the provider as written; a URL
+    the gateway's own network would fetch is held to the media-URL rule (the loopback upstream is internal); the
+    multipart form's `image` is no field of the JSON form."""
+    cfg = write_config(tmp_path / "c.yaml", upstream)
+    edit = "/v1/images/edits"
+    lines = [
+        req("by-id", edit, model="painter", prompt="make it red", images=[{"file_id": "file-cat"}]),
+        req("by-data", "images/edits", model="gpt-4o-mini", prompt="a hat", n=2,
+            images=[{"image_url": "data:image/png;base64,iVBORw0KGgo="}], mask={"file_id": "file-mask"}),
+        req("by-url", edit, model="painter", prompt="blue", images=[{"image_url": "https://img.example.com/c.png"}]),
+        req("no-images", edit, model="painter", prompt="blue"),
+        req("multipart-field", edit, model="painter", prompt="blue", images=[{"file_id": "f"}], image="cat.png"),
+    ]
+    before = upstream.stats()["by_path"]
+    _, out = run(tmp_path, cfg, lines)
+    assert out["by-id"]["response"]["status_code"] == 200
+    assert out["by-id"]["response"]["body"]["data"][0]["revised_prompt"] == "make it red"
+    assert len(out["by-data"]["response"]["body"]["data"]) == 2
+    refused = {cid: out[cid]["response"]["body"]["error"] for cid in ("by-url", "no-images", "multipart-field")}
+    assert all(out[cid]["response"]["status_code"] == 400 for cid in refused)
+    assert refused["by-url"]["param"] == "images[0].image_url" and "img.example.com" in refused["by-url"]["message"]
+    assert "images" in refused["no-images"]["message"]  # the required field, named
+    assert "image" in refused["multipart-field"]["message"]
+    after = upstream.stats()["by_path"]
+    deployment = "/openai/deployments/painter/images/edits"
+    assert after.get(deployment, 0) - before.get(deployment, 0) == 1  # only the line that passed every check
+    assert after.get("/v1/images/edits", 0) - before.get("/v1/images/edits", 0) == 1

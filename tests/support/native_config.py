@@ -2,8 +2,8 @@
 bench/native_providers.py write.
 
 - `native_route(params, **info)`: one native deployment as a parsed `Route` (backend-level tests);
-- `StandIns`: all seven native stand-ins running at once (OpenAI and Azure on the loopback upstream, Anthropic,
-  Mistral, the Gemini API, Bedrock over moto's S3, Vertex AI over gcp-storage-emulator), the YAML config of one
+- `StandIns`: every native stand-in running at once (OpenAI and Azure on the loopback upstream, Anthropic,
+  Mistral, the Gemini API, Groq, Bedrock over moto's S3, Vertex AI over gcp-storage-emulator), the YAML config of one
   native route on each (`config`) and the environment a `batchyard` process needs to reach them (`env`).
 """
 
@@ -30,7 +30,10 @@ AZURE_API_VERSION = "2024-10-21"
 # route name -> the deployment's model upstream (each route of `StandIns.config`)
 NATIVE_MODELS = {"gpt-bulk": "gpt-4o-mini", "azure-bulk": "my-gpt4o-deployment", "claude-bulk": "claude-haiku-4-5",
                  "mistral-bulk": "mistral-small-latest", "gemini-bulk": "gemini-2.5-flash-lite",
-                 "vertex-bulk": "gemini-2.5-flash", "bedrock-bulk": "anthropic.claude-3-5-haiku-20241022-v1:0"}
+                 "vertex-bulk": "gemini-2.5-flash", "bedrock-bulk": "anthropic.claude-3-5-haiku-20241022-v1:0",
+                 "groq-bulk": "llama-3.1-8b-instant"}
+# Groq's batch prices: LiteLLM's map has none, and a Groq route is priced by batch prices only
+GROQ_PRICES = {"input_cost_per_token_batches": 2.5e-8, "output_cost_per_token_batches": 4e-8}
 
 
 def native_route(params: dict[str, Any], name: str = ROUTE, **info: Any) -> Route:
@@ -54,7 +57,7 @@ class StandIns:
             keys = Path(self._stack.enter_context(tempfile.TemporaryDirectory()))
             self.private_key, public = service_account_key(keys)
             delay = ["--batch-delay", str(batch_delay)]
-            for name in ("anthropic", "mistral", "gemini"):
+            for name in ("anthropic", "mistral", "gemini", "groq"):
                 self.stubs[name] = self._stack.enter_context(start_stub(f"tests.fakes.stubs_{name}", delay))
             self.stubs["bedrock"] = self._stack.enter_context(start_stub(
                 "tests.fakes.stubs_bedrock", [*delay, "--s3-endpoint", self.s3.url]))
@@ -70,6 +73,7 @@ class StandIns:
         `model_info`; `extra`: more `model_list` items, written as they are."""
         m = NATIVE_MODELS
         up = self.upstream
+        groq_prices = ", ".join(f"{k}: {v}" for k, v in GROQ_PRICES.items())
         vertex_key = service_account_json(self.private_key, f"{self.stubs['vertex'].url}/token", VERTEX_PROJECT)
         return f"""
 model_list:
@@ -96,6 +100,9 @@ model_list:
     litellm_params: {{model: vertex_ai/{m['vertex-bulk']}, api_base: "{self.stubs['vertex'].url}",
                       vertex_project: {VERTEX_PROJECT}, vertex_credentials: {json.dumps(vertex_key)}}}
     model_info: {{batch_mode: native, {native}, native_gcs_bucket: {self.gcs.bucket}}}
+  - model_name: groq-bulk
+    litellm_params: {{model: groq/{m['groq-bulk']}, api_base: "{self.stubs['groq'].url}/openai/v1", api_key: gsk-g}}
+    model_info: {{batch_mode: native, {native}, {groq_prices}}}
 {extra}"""
 
     def env(self) -> dict[str, str]:

@@ -24,6 +24,7 @@ KINDS = [
     (Endpoint.RERANK, "rerank", True, False, False),
     (Endpoint.MODERATIONS, "moderations", True, True, True),
     (Endpoint.IMAGES, "images/generations", True, True, True),
+    (Endpoint.IMAGE_EDITS, "images/edits", True, True, True),
     (Endpoint.TRANSCRIPTIONS, "audio/transcriptions", False, False, False),
     (Endpoint.TRANSLATIONS, "audio/translations", False, False, False),
     (Endpoint.MESSAGES, "messages", True, False, False),
@@ -39,7 +40,7 @@ def test_what_each_route_kind_serves(endpoint: Endpoint, tail: str, upstream: bo
     for form in (f"/v1/{tail}", f"/{tail}", tail, f"/openai/v1/{tail}", f"/openai/deployments/d/{tail}?api-version=x"):
         normal = normalise_url(form)
         assert normal is not None and normal.endpoint is endpoint, form
-    if upstream:  # the Router method's required arguments: one set
+    if upstream:  # the Router method's (or the wire's) required arguments: one set
         assert len(rule.required) == 1
         assert upstream_fields(endpoint) >= set(rule.required[0])
     else:
@@ -50,7 +51,8 @@ def test_every_endpoint_has_one_row() -> None:
     assert set(ENDPOINTS) == set(Endpoint) == {row[0] for row in KINDS}
 
 
-NATIVE = {"openai", "azure", "anthropic", "mistral", "gemini", "bedrock", "vertex_ai"}  # a new one joins by itself
+# a new one joins by itself
+NATIVE = {"openai", "azure", "anthropic", "mistral", "gemini", "bedrock", "vertex_ai", "groq"}
 
 
 def test_the_config_checks_native_entries_against_the_catalog_the_root_hands_in() -> None:
@@ -66,7 +68,7 @@ def test_every_native_provider_has_its_jobs_class(provider: str) -> None:
     assert native_refusal(f"{provider}/some-model") is None
 
 
-@pytest.mark.parametrize("provider", ["cohere", "hosted_vllm", "groq"])
+@pytest.mark.parametrize("provider", ["cohere", "hosted_vllm", "perplexity"])
 def test_other_providers_run_no_native_jobs(provider: str) -> None:
     assert jobs_class(provider) is None and native_refusal(f"{provider}/m") is not None
 

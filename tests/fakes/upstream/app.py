@@ -49,6 +49,7 @@ OPS = {
     "score": "score",
     "moderations": "moderations",
     "images/generations": "images",
+    "images/edits": "image_edits",
 }
 # path -> kind for every real-time endpoint but Azure's deployment form (matched by _DEPLOYMENT_RE)
 REALTIME_PATHS = {f"{prefix}/{op}": kind for prefix in ("/v1", "/openai/v1", "") for op, kind in OPS.items()}

@@ -29,6 +29,7 @@ from tests.fakes.upstream.replies import (
     request_text,
 )
 from tests.fakes.upstream.state import (
+    BATCH_ENDPOINTS,
     FILE_PURPOSES,
     JSON,
     BatchJob,
@@ -56,7 +57,18 @@ HANG_SECONDS = 3600.0
 
 # batch endpoint (without a /v1 prefix) -> kind
 class FilesAndBatches:
-    """Files and Batches endpoints; the server class provides `execute` and `authorized`."""
+    """Files and Batches endpoints; the server class provides `execute` and `authorized`.
+
+    What a host of OpenAI's format may do its own way (the Groq stand-in, `tests.fakes.stubs_groq`, sets them):
+    `prefixes` (where the API is served), `batch_endpoints` (what a batch takes), `check_window` (the
+    completion windows it takes) and `list_batches` (its paging)."""
+
+    prefixes: tuple[str, ...] = ("/v1", "/openai", "/openai/v1")
+    batch_endpoints: dict[str, str] = BATCH_ENDPOINTS
+
+    def check_window(self, value: object) -> None:
+        if value != "24h":
+            raise _invalid("completion_window", "Invalid value for 'completion_window': only '24h' is supported.")
 
     options: Options
     counters: Counters
@@ -159,9 +171,8 @@ class FilesAndBatches:
         if not isinstance(body, dict):
             raise ApiError(400, "We could not parse the JSON body of your request.")
         strict = request.url.path.startswith("/v1/")  # OpenAI proper: only the /v1/… endpoint forms
-        endpoint, kind = _batch_endpoint(body.get("endpoint"), strict)
-        if body.get("completion_window") != "24h":
-            raise _invalid("completion_window", "Invalid value for 'completion_window': only '24h' is supported.")
+        endpoint, kind = _batch_endpoint(body.get("endpoint"), strict, self.batch_endpoints)
+        self.check_window(body.get("completion_window"))
         metadata = body.get("metadata")
         if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16):
             raise _invalid("metadata", "'metadata' must be an object with at most 16 pairs.")
@@ -304,7 +315,7 @@ class FilesAndBatches:
 
     def file_routes(self) -> list[Route]:
         routes: list[Route] = []
-        for prefix in ("/v1", "/openai", "/openai/v1"):
+        for prefix in self.prefixes:
             routes += [
                 Route(f"{prefix}/files", self.guarded(self.upload_file), methods=["POST"]),
                 Route(f"{prefix}/files", self.guarded(self.list_files), methods=["GET"]),

@@ -166,7 +166,14 @@ def request_text(kind: str, body: JSON) -> str:
         return "\n".join(_text_list(body.get("text_1", body.get("queries")), "text_1"))
     if kind == "moderations":
         return "\n".join(_text_list(body.get("input"), "input"))
-    if kind == "images":
+    if kind == "image_edits":  # the JSON form: `images` as [{"image_url"} | {"file_id"}], one of them each
+        images = body.get("images")
+        if not isinstance(images, list) or not images:
+            raise _missing("images")
+        for i, ref in enumerate(images):
+            if not isinstance(ref, dict) or len(ref.keys() & {"image_url", "file_id"}) != 1:
+                raise _invalid(f"images[{i}]", "Each image must give exactly one of 'image_url' or 'file_id'.")
+    if kind in ("images", "image_edits"):
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             raise _missing("prompt")
@@ -369,6 +376,7 @@ _BUILDERS: dict[str, Callable[[JSON, str, str], JSON]] = {
     "score": _score,
     "moderations": _moderations,
     "images": _images,
+    "image_edits": _images,
 }
 
 

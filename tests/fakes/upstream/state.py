@@ -85,6 +85,9 @@ BATCH_ENDPOINTS = {
     "/completions": "completions",
     "/embeddings": "embeddings",
     "/responses": "responses",
+    "/moderations": "moderations",
+    "/images/generations": "images",
+    "/images/edits": "image_edits",
 }
 FILE_PURPOSES = {"batch", "batch_output", "fine-tune", "assistants", "vision", "user_data", "evals"}
 
@@ -114,13 +117,13 @@ class BatchJob:
 # --------------------------------------------------------------------------- batch helpers
 
 
-def _batch_endpoint(value: Any, strict: bool) -> tuple[str, str]:
+def _batch_endpoint(value: Any, strict: bool, endpoints: dict[str, str] = BATCH_ENDPOINTS) -> tuple[str, str]:
     """Check a batch's `endpoint`; OpenAI takes only `/v1/…`, Azure also the bare form."""
     if isinstance(value, str):
         bare = value[3:] if value.startswith("/v1/") else value
-        if bare in BATCH_ENDPOINTS and (value.startswith("/v1/") or not strict):
-            return value, BATCH_ENDPOINTS[bare]
-    allowed = ", ".join(f"'/v1{e}'" for e in BATCH_ENDPOINTS)
+        if bare in endpoints and (value.startswith("/v1/") or not strict):
+            return value, endpoints[bare]
+    allowed = ", ".join(f"'/v1{e}'" for e in endpoints)
     raise _invalid("endpoint", f"Invalid value for 'endpoint': {value!r}. Supported values are: {allowed}.")
 
 
