@@ -17,7 +17,7 @@ cancels a shard because our batch was cancelled or expired, the upstream jobs ar
 cancelled too; a process shutdown leaves them running, to be picked up on restart. A shard's replies that do
 not match their schema are re-run as the shard's round `rerun` (`execute_shard`): its jobs are parts of that round,
 made and recorded as the first pass's are, or its lines run in real time when the batch's window leaves no time
-for a job (`providers.native.rerun_rounds`).
+for a job (`providers.native.invalid_replies`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from providers.native.openai_format import (
     result_from_line,
     shard_meta_key,
 )
-from providers.native.rerun_rounds import Realtime, job_fits
+from providers.native.invalid_replies import Realtime, job_fits
 from providers.passthrough import PROVIDERS as WIRE_PROVIDERS
 from providers.upstream_errors import describe_error, retryable
 
