@@ -52,12 +52,13 @@ class Upstream:
     route); counts the calls that reached it."""
 
     def __init__(self) -> None:
-        self.calls = 0
+        self.calls = self.ended = 0
 
     async def call(self, req: BatchRequest) -> Result:
         self.calls += 1
         for _ in range(3):
             await asyncio.sleep(0)
+        self.ended += 1
         body = {"usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}
         return Result(line=req.line, custom_id=req.custom_id, status_code=200, body=body, model=req.model)
 
@@ -98,3 +99,22 @@ async def test_two_runs_of_one_team_pass_the_budget_by_at_most_the_requests_in_f
         assert BUDGET <= spent <= BUDGET + limit * LINE_COST
         assert {(r.error or {}).get("code") for r in got if not r.ok} == {"budget_exceeded"}
         assert await budgets.over(TEAM)
+
+
+async def test_results_counted_but_never_journaled_stop_counting_when_the_shard_ends(tmp_path: Path) -> None:
+    """A shard cancelled with results unread (they are never journaled: the ledger never sees them) does not
+    leave their cost counted in this process."""
+    slots, upstream = FairSlots(10), Upstream()
+    async with _budgets(tmp_path) as budgets:
+        spending = TeamSpending(budgets, TEAM, price=functools.partial(price, route_prices(PRICES)))
+        with running_for(Share(TEAM, "b")), spending_for(spending):
+            results = run_bounded(_requests(10), upstream.call, slots)
+        async for result in results:
+            spending.buffered(result)
+            while upstream.ended < 10:  # every request ends (10 x 0.007 USD) while the shard's loop is busy
+                await asyncio.sleep(0.001)
+            break
+        await results.aclose()
+        assert await budgets.over(TEAM)  # counted as spent while the shard runs
+        spending.close()  # as the runner does when the shard ends
+        assert not await budgets.over(TEAM)
