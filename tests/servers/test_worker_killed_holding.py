@@ -22,8 +22,9 @@ from tests.support.team_helpers import MODEL, done, finished, lines, start_share
 
 PRICE = 0.001  # USD per token, in and out: the upstream's reply to a line is 3 + 4 tokens, 0.007 USD
 LINES = 40
-TEAMS = [{"team_id": "careful", "api_keys": ["sk-careful"], "max_budget": 5.0, "budget_reservation": "estimate"},
-         {"team_id": "other", "api_keys": ["sk-other"]}]
+TEAMS: list[dict[str, Any]] = [
+    {"team_id": "careful", "api_keys": ["sk-careful"], "max_budget": 5.0, "budget_reservation": "estimate"},
+    {"team_id": "other", "api_keys": ["sk-other"]}]
 REDIS = [pytest.mark.redis, pytest.mark.skipif(not HAVE_REDIS, reason=NO_REDIS_REASON)]
 
 

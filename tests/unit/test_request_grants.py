@@ -19,7 +19,7 @@ import pytest
 
 from gateway.backends.bounded import run_bounded
 from gateway.config.prices import route_prices
-from gateway.config.schema import parse_config
+from gateway.config.schema import Config, parse_config
 from gateway.domain import BatchRequest, Endpoint, Result, billable
 from gateway.lines.budget import Budgets, TeamSpending, spending_for
 from gateway.pipeline.shard_runner import price
@@ -31,7 +31,7 @@ LINE_COST = 7 * PRICE
 PRICES = {"input_cost_per_token": PRICE, "output_cost_per_token": PRICE}
 
 
-def _config() -> object:
+def _config() -> Config:
     return parse_config({
         "model_list": [{"model_name": "m", "litellm_params": {"model": "openai/m", "api_base": "http://127.0.0.1:9/v1",
                                                               "api_key": "k"}, "model_info": PRICES}],
@@ -42,7 +42,7 @@ def _config() -> object:
 async def _budgets(tmp_path: Path) -> AsyncIterator[Budgets]:
     store = SQLiteStore(tmp_path / "b.sqlite3")
     try:
-        yield Budgets(_config(), store.quota)  # type: ignore[arg-type]
+        yield Budgets(_config(), store.quota)
     finally:
         await store.aclose()
 
