@@ -1,8 +1,10 @@
 """`bench/server_load.py --reservations`: creates per second with `budget_reservation: estimate` against the same
 run without it. `--res-teams` teams (each with a `max_budget`) each create `--res-batches` small batches at once
 against one embedded gateway (one store); the files are uploaded first, and a few creates warm the validation
-processes (where a reserving create's estimate is made) before anything is timed. Not a test: a shared machine
-is noisy."""
+processes (where a reserving create's estimate is made) before anything is timed. Before any of it the server
+must be ready (`_ready`: its readiness probe, its worker processes, and a team's key answered through the SDK);
+the SDK retries a dropped connection, and a create that still fails is counted and named, not a crash. Not a
+test: a shared machine is noisy."""
 
 from __future__ import annotations
 
@@ -13,10 +15,38 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
+import openai
+
 from tests.fakes.upstream.server import start_upstream
 from tests.support.server_helpers import Gateway, gateway_config, start_gateway
 
 MASTER = "sk-bench-master"
+READY_SECONDS = 120.0
+RETRIES = 5  # the SDK's retries of a dropped connection or a 429/5xx, with its backoff
+
+
+def _ready(gw: Gateway, workers: int, timeout: float = READY_SECONDS) -> float:
+    """Wait until the server answers its readiness probe with its `workers` worker processes up, and a team's
+    key through the SDK; how long it took (s). The server's own start already waited for `/health`."""
+    began = time.monotonic()
+    deadline = began + timeout
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        if not gw.alive():
+            raise SystemExit(f"the gateway exited while starting:\n{gw.log()[-4000:]}")
+        try:
+            health = httpx.get(f"{gw.url}/health/readiness", headers={"authorization": f"Bearer {MASTER}"},
+                               timeout=5)
+            up = health.status_code == 200 and len(health.json().get("workers") or []) >= workers
+            if up:
+                gw.client("sk-t0").with_options(timeout=10, max_retries=0).files.list(limit=1)
+                return time.monotonic() - began
+            last = f"{health.status_code} {health.text[:200]}"
+        except (httpx.HTTPError, openai.APIError, ValueError) as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        time.sleep(0.2)
+    raise SystemExit(f"the gateway was not ready within {timeout:.0f} s (last: {last}):\n{gw.log()[-4000:]}")
 
 
 def _file(team: int, batch: int) -> bytes:
@@ -26,25 +56,31 @@ def _file(team: int, batch: int) -> bytes:
                     for i in range(2))
 
 
-def _creates_per_second(gw: Gateway, teams: int, batches: int, warm: int) -> float:
-    """Upload every file, warm up with `warm` creates, then time every team's creates at once."""
-    clients = {t: gw.client(f"sk-t{t}").with_options(timeout=300) for t in range(teams)}
+def _creates_per_second(gw: Gateway, teams: int, batches: int, warm: int) -> tuple[float, list[str]]:
+    """Upload every file, warm up with `warm` creates, then time every team's creates at once: creates per
+    second (those that succeeded), and why each create that failed failed."""
+    clients = {t: gw.client(f"sk-t{t}").with_options(timeout=300, max_retries=RETRIES) for t in range(teams)}
     with ThreadPoolExecutor(32) as pool:
         files = list(pool.map(lambda tb: (tb[0], clients[tb[0]].files.create(
             file=(f"b{tb[1]}.jsonl", _file(*tb)), purpose="batch").id),
             [(t, b) for t in range(teams) for b in range(batches + warm // teams + 1)]))
     warmups, timed = files[:warm], files[warm:warm + teams * batches]
 
-    def create(item: tuple[int, str]) -> None:
+    def create(item: tuple[int, str]) -> str | None:
         team, file_id = item
-        clients[team].batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+        try:
+            clients[team].batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                         completion_window="24h")
+        except openai.APIError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(create, warmups))
     started = time.perf_counter()
     with ThreadPoolExecutor(64) as pool:
-        list(pool.map(create, timed))
-    return len(timed) / (time.perf_counter() - started)
+        failed = [why for why in pool.map(create, timed) if why is not None]
+    return (len(timed) - len(failed)) / (time.perf_counter() - started), failed
 
 
 def reservations(teams: int, batches: int, workers: int) -> None:
@@ -56,7 +92,12 @@ def reservations(teams: int, batches: int, workers: int) -> None:
                                            for t in range(teams)])
             config["model_list"][0]["model_info"] = {"input_cost_per_token": 1e-6, "output_cost_per_token": 1e-6}
             with start_gateway(config, Path(tmp) / mode, workers=workers) as gw:
-                rates[mode] = _creates_per_second(gw, teams, batches, warm=2 * (os.cpu_count() or 2))
+                waited = _ready(gw, workers)
+                rates[mode], failed = _creates_per_second(gw, teams, batches, warm=2 * (os.cpu_count() or 2))
             print(f"  budget_reservation: {mode:<9} {rates[mode]:7.1f} creates/s   ({teams} teams x {batches} batches "
-                  f"at once; load average {os.getloadavg()[0]:.1f})", flush=True)
+                  f"at once; ready after {waited:.1f} s; load average {os.getloadavg()[0]:.1f})", flush=True)
+            if failed:
+                print(f"  {len(failed)} of {teams * batches} creates failed, not counted; the first: {failed[0]}")
+    if not rates["none"] or not rates["estimate"]:
+        raise SystemExit("no create succeeded in one of the runs: no ratio")
     print(f"  ratio estimate/none {rates['estimate'] / rates['none']:.2f}   (aim >= 0.9)")

@@ -11,7 +11,9 @@ here, so each keeps one bound on its requests in flight, shared by every shard i
   calls still running, and a budget's `stop_sending` lets the ones in flight finish and starts no more;
 - a team with a budget has each request granted against it as it starts (`gateway.lines.budget`: the spend in
   the store and this process's results not yet journaled): once it is spent, the request gets
-  `budget_exceeded` and nothing more starts, so spend passes the budget by at most the requests in flight.
+  `budget_exceeded` and nothing more starts. A result is priced and counted as spent before its slot is
+  released (`TeamSpending.finished`), so the request that slot starts next sees it: spend passes the budget
+  by at most the requests in flight when it was reached.
 
 The slots call back into the run (`_start`, `_stop`) from whichever task frees a slot; the run's own
 iterator only waits on its queue of finished calls (`_done`).
@@ -142,6 +144,8 @@ class BoundedRun:
         else:
             if self.pacer is not None:
                 self.pacer.note(task.result())
+            if self._spending is not None:
+                self._spending.finished(task.result())  # spent before the slot can start another request
             self._done.put_nowait(task.result())
         self._slots.release(self.share)  # in a callback: it runs even for a task cancelled before it started
 

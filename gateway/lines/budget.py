@@ -17,15 +17,50 @@ whose budget its requests spend with `spending_for` (a context variable, like
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 
 from gateway.config.schema import Config
+from gateway.domain import Result, billable
 from gateway.errors import OverQuota
 from gateway.store.protocols import QuotaLedger
 from gateway.store.quota import SpendTo, budget_period
+
+_EXACT_TRIES = 4  # readings of a budget that overlapped a journal write before one is taken as it is
+
+
+class _Writes:
+    """Journal writes under way per team, for a budget's reading to know whether one overlapped it."""
+
+    def __init__(self) -> None:
+        self._started: dict[str, int] = {}
+        self._running: dict[str, int] = {}
+        self._done: dict[str, asyncio.Event] = {}
+
+    def started(self, team: str) -> int:
+        return self._started.get(team, 0)
+
+    def quiet(self, team: str) -> bool:
+        return not self._running.get(team, 0)
+
+    def begin(self, team: str) -> None:
+        self._started[team] = self._started.get(team, 0) + 1
+        self._running[team] = self._running.get(team, 0) + 1
+
+    def end(self, team: str) -> None:
+        self._running[team] -= 1
+        if not self._running[team]:
+            del self._running[team]
+            done = self._done.pop(team, None)
+            if done is not None:
+                done.set()
+
+    async def wait_quiet(self, team: str) -> None:
+        if not self.quiet(team):
+            await self._done.setdefault(team, asyncio.Event()).wait()
 
 
 class Budgets:
@@ -35,6 +70,7 @@ class Budgets:
         self._mode = config.batch.budget_reservation
         # team -> the cost of this process's results not yet journaled (a runner's buffer): counted as spent
         self._unrecorded: dict[str, float] = {}
+        self._writes = _Writes()
 
     def limit(self, team: str) -> float | None:
         settings = self._teams.get(team)
@@ -53,9 +89,24 @@ class Budgets:
 
     async def over(self, team: str) -> bool:
         """The team has spent its budget for this period (never, without a `max_budget`): what the store holds,
-        and what this process's results cost that it has not journaled yet."""
+        and what this process's results cost that it has not journaled yet, each result counted once.
+
+        A result's cost leaves this process's count only once the store holds it (`TeamSpending.journal`), and the
+        count is read before the store: a reading never misses a result, but one that overlapped a journal write
+        may count its results twice. So a reading under the budget stands, and one at or over it stands only when
+        no write of the team's overlapped it; else it is read again once the writes are done."""
         limit = self.limit(team)
-        return limit is not None and await self.spent(team) + self._unrecorded.get(team, 0.0) >= limit
+        if limit is None:
+            return False
+        for _ in range(_EXACT_TRIES):
+            began, quiet = self._writes.started(team), self._writes.quiet(team)
+            unrecorded = self._unrecorded.get(team, 0.0)
+            if await self.spent(team) + unrecorded < limit:
+                return False
+            if quiet and self._writes.started(team) == began:
+                return True
+            await self._writes.wait_quiet(team)
+        return True  # writes kept overlapping the reading: counted twice at worst, never less
 
     def unrecorded(self, team: str, usd: float) -> None:
         """`usd` more (less, once journaled) of the team's results wait in this process to be journaled."""
@@ -66,6 +117,14 @@ class Budgets:
             else:
                 self._unrecorded.pop(team, None)
 
+    @contextlib.asynccontextmanager
+    async def journaling(self, team: str) -> AsyncIterator[None]:
+        """A write that moves results of the team's from this process's count into the store's spend."""
+        self._writes.begin(team)
+        try:
+            yield
+        finally:
+            self._writes.end(team)
 
     def teams_with_budgets(self) -> list[str]:
         return [t for t, settings in self._teams.items() if settings.max_budget is not None]
@@ -128,16 +187,23 @@ OverBudget = Callable[[], Awaitable[bool]]  # is the team whose requests these a
 
 
 class TeamSpending:
-    """Whose budget the current requests spend (one shard's): is it spent, and its holds, let go of once the
-    results they stood for are recorded (`recorded`, called by the runner after each journal write)."""
+    """Whose budget the current requests spend (one shard's): is it spent, what its results cost until they are
+    journaled, and its holds, let go of once the results they stood for are recorded (`journal`).
 
-    def __init__(self, budgets: Budgets, team: str, create_hold: str | None = None) -> None:
+    A result is counted as spent where its request's slot is released (`finished`, called by
+    `gateway.backends.bounded` before the slot can start another request), so a request never starts on a budget
+    that does not show every result before it; a result no slot counted (a native job's) is counted when the
+    runner takes it (`buffered`). Each is counted once."""
+
+    def __init__(self, budgets: Budgets, team: str, create_hold: str | None = None,
+                 price: Callable[[Result], None] | None = None) -> None:
         # `create_hold`: the batch's hold of its whole estimate, taken at create (`budget_reservation: estimate`);
         # it covers every line of the batch, so a native job reserves nothing more, and it shrinks as results
-        # are recorded.
-        self._budgets, self.team, self._create_hold = budgets, team, create_hold
+        # are recorded. `price`: gives a result its route's prices when its backend did not.
+        self._budgets, self.team, self._create_hold, self._price = budgets, team, create_hold, price
         self._settled: list[str] = []
         self._buffered = 0.0  # what this shard's results not yet journaled cost
+        self._counted: set[int] = set()  # the results (by id) counted at their slot, not yet taken by the runner
 
     @property
     def budgeted(self) -> bool:
@@ -157,23 +223,49 @@ class TeamSpending:
     async def release(self, holder: str) -> None:
         await self._budgets.unreserve(self.team, holder)
 
-    def buffered(self, usd: float) -> None:
-        """A result that costs `usd` waits to be journaled: it counts as spent already (`over`)."""
+    def finished(self, result: Result) -> None:
+        """A request's result, as its slot is released: priced, and spent from now on for the budget's checks."""
+        if id(result) not in self._counted:
+            self._counted.add(id(result))
+            self._count(result)
+
+    def buffered(self, result: Result) -> None:
+        """The runner holds `result` to journal it: priced, and spent from now on (already, if its slot counted
+        it)."""
+        if id(result) in self._counted:
+            self._counted.discard(id(result))
+        else:
+            self._count(result)
+
+    def _count(self, result: Result) -> None:
+        if self._price is not None:
+            self._price(result)
+        usd = billable(result.cost_usd)
         if usd and self.budgeted:
             self._buffered += usd
             self._budgets.unrecorded(self.team, usd)
 
-    async def recorded(self, usd: float) -> None:
-        """Results that cost `usd` were journaled: they count in the spend now (and no more in the batch's hold),
-        and the holds that the results yielded before them settled go."""
-        usd = min(usd, self._buffered)
-        if usd > 0:
-            self._buffered -= usd
-            self._budgets.unrecorded(self.team, -usd)
-            if self._create_hold is not None:
-                await self._budgets.shrink(self.team, self._create_hold, usd)
+    async def journal(self, write: Awaitable[float]) -> None:
+        """Journal results (`write`, which says what they cost): their cost moves from this process's count into
+        the store's spend, with no reading of the budget seeing it in neither (`Budgets.over`); it leaves the
+        batch's hold, and the holds that the results yielded before them settled go."""
+        async with self._budgets.journaling(self.team):
+            usd = min(await write, self._buffered)
+            if usd > 0:
+                self._buffered -= usd
+                self._budgets.unrecorded(self.team, -usd)
+        if usd > 0 and self._create_hold is not None:
+            await self._budgets.shrink(self.team, self._create_hold, usd)
         while self._settled:
             await self._budgets.unreserve(self.team, self._settled.pop())
+
+    def close(self) -> None:
+        """The shard's run ended: results counted but never journaled (a run cancelled with results unread)
+        were not spent, as far as the ledger knows; this process stops counting them."""
+        if self._buffered > 0:
+            self._budgets.unrecorded(self.team, -self._buffered)
+        self._buffered = 0.0
+        self._counted.clear()
 
 
 class _OverOnly:
@@ -191,6 +283,9 @@ class _OverOnly:
         return None
 
     async def release(self, holder: str) -> None:
+        return None
+
+    def finished(self, result: Result) -> None:
         return None
 
 

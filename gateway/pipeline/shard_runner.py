@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import Counter
@@ -275,7 +276,14 @@ class ShardRunner:
         buffer: list[Result] = []
         flushed_at = time.monotonic()
         pacer = self._pacer(owner, shard.route)
-        spending = TeamSpending(self.budgets, owner, hold)
+        route = self.config.route(shard.route)  # priced once per shard: results come by the thousand
+        # A native route's backend prices its lines at batch rates itself (its real-time price is not what the
+        # provider bills), and a line it leaves unpriced has no price at all.
+        prices = (route_prices(route.model_info.litellm_keys)
+                  if route is not None and route.kind is not RouteKind.NATIVE else None)
+        # Results are priced and counted against the budget where their slots are released (before the next
+        # request starts), else as they reach `consume`.
+        spending = TeamSpending(self.budgets, owner, hold, price=functools.partial(price, prices))
         checks = OutputReruns(todo if reruns is not None else (), reruns or 0)
         # One write at a time: a hold goes only once every result before it is written, and a round of re-runs
         # starts once every reply is checked.
@@ -284,13 +292,12 @@ class ShardRunner:
         async def flush() -> None:
             nonlocal buffer, flushed_at
             async with flushing:
-                cost = 0.0
+                done: list[Result] = []
                 if buffer:
                     done, buffer = buffer, []
                     if checks:  # off the event loop, in this process: the results are here
                         done = await asyncio.to_thread(checks.settle, done)
-                    cost = await record(done)
-                await spending.recorded(cost)  # in the spend now: out of the holds
+                await spending.journal(record(done))  # in the spend now: out of the holds
                 if pacer is not None:
                     await pacer.flush()  # the tokens results reported, into the team's rate window
                 flushed_at = time.monotonic()
@@ -309,19 +316,12 @@ class ShardRunner:
         else:
             results = backend.execute(todo)
 
-        route = self.config.route(shard.route)  # priced once per shard: results come by the thousand
-        # A native route's backend prices its lines at batch rates itself (its real-time price is not what the
-        # provider bills), and a line it leaves unpriced has no price at all.
-        prices = (route_prices(route.model_info.litellm_keys)
-                  if route is not None and route.kind is not RouteKind.NATIVE else None)
-
         async def consume() -> None:
             source = results
             rounds = 0
             while True:
                 async for result in source:
-                    price(prices, result)  # before the check: an attempt re-run is paid all the same
-                    spending.buffered(billable(result.cost_usd))  # spent from now on, for the budget's checks
+                    spending.buffered(result)  # priced (before the check: an attempt re-run is paid all the same)
                     buffer.append(result)
                     if len(buffer) >= _FLUSH_EVERY or time.monotonic() - flushed_at > _FLUSH_SECONDS:
                         await flush()
@@ -333,7 +333,7 @@ class ShardRunner:
                     return
                 if await spending.over():  # a spent budget starts nothing more: the lines keep their last reply
                     async with flushing:
-                        await spending.recorded(await record(checks.give_up(again)))
+                        await spending.journal(record(checks.give_up(again)))
                     return
                 rounds += 1
                 # The same route, through its slots and the team's rates; a native route's as the round's own
@@ -373,7 +373,10 @@ class ShardRunner:
                 # failover): the one raised here stands; reading this one keeps asyncio from logging it as
                 # "never retrieved" at ERROR when the task is collected.
                 consumer.exception()
-            await flush()
+            try:
+                await flush()
+            finally:
+                spending.close()
 
 
 __all__ = ["ShardRunner", "price"]

@@ -7,6 +7,7 @@ store, so a restarted gateway still refuses it.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -97,10 +98,11 @@ def test_two_batches_at_once_overshoot_by_at_most_the_requests_in_flight(
         ran = sum(e.request_counts.completed for e in ends if e.request_counts is not None)
         spend = metric(gw, "batchyard_team_spend_usd", team="thrifty")
         assert spend is not None and spend == pytest.approx(ran * 7 * PRICE), (spend, ran)
-        # A slot is handed on when its request ends, a moment before the shard's loop prices that result, so
-        # a slot may start one more request on a cost not yet counted: at most one per slot beyond those in
-        # flight (seen once at load average ~3 in shared mode: 17 lines, where 15 would be the strict bound).
-        assert budget <= spend <= budget + 2 * in_flight * 7 * PRICE + 1e-9, (spend, ran)
+        # A result counts before its slot is given on, however late the shard's loop journals it: the line that
+        # reached the budget, and at most the others then in flight (15 lines here; 8 reach it).
+        reached = math.ceil(budget / (7 * PRICE))
+        assert reached <= ran <= reached + in_flight - 1, (spend, ran)
+        assert budget <= spend <= budget + in_flight * 7 * PRICE + 1e-9, (spend, ran)
         for end in ends:
             errors = [json.loads(x) for x in client.files.content(end.error_file_id or "").text.splitlines()]
             assert {e["error"]["code"] for e in errors} <= {"budget_exceeded"}

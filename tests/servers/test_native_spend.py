@@ -24,6 +24,7 @@ from gateway.config.schema import load_config
 from gateway.domain import BatchStatus
 from gateway.runtime.runtime import open_embedded
 from tests.support.native_config import GROQ_PRICES, NATIVE_MODELS, StandIns
+from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisClusterServers
 
 TEAM = "payer"
 # route -> (USD per input token, per output token) its config gives at batch rates; None: LiteLLM's map
@@ -177,7 +178,17 @@ def budget_config(servers: StandIns, tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("mode", ["embedded", "redis"])
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisClusterServers]:
+    if not HAVE_REDIS:
+        pytest.skip(NO_REDIS_REASON)
+    servers = RedisClusterServers(3).start()
+    yield servers
+    servers.close()
+
+
+@pytest.mark.parametrize("mode", ["embedded", pytest.param("redis", marks=pytest.mark.redis),
+                                  pytest.param("cluster", marks=pytest.mark.redis)])
 async def test_native_jobs_are_cut_to_what_the_budget_holds_two_batches_at_once(
     mode: str, servers: StandIns, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -187,10 +198,10 @@ async def test_native_jobs_are_cut_to_what_the_budget_holds_two_batches_at_once(
     do not fit get `budget_exceeded` and never reach the provider. The spend is the provider's bill, within the
     budget, and nothing is left reserved once the batches end."""
     config = load_config(str(budget_config(servers, tmp_path)))
-    if mode == "redis":
+    if mode in ("redis", "cluster"):  # one server, or a 3-master cluster (the reservation's Lua in one slot)
         from gateway.runtime.runtime import open_shared
 
-        redis = request.getfixturevalue("redis_server")
+        redis = request.getfixturevalue("redis_server" if mode == "redis" else "cluster")
         redis.flush()
         pipeline = await open_shared(config, redis.url, tmp_path / "blobs", routes=None)
     else:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gateway.config.schema import parse_config
-from gateway.domain import BatchStatus
+from gateway.domain import BatchStatus, Result
 from gateway.errors import OverQuota
 from gateway.lines.budget import TeamSpending, create_hold
 from gateway.runtime.runtime import Runtime, open_embedded, open_shared
@@ -110,9 +110,13 @@ async def test_the_hold_shrinks_as_results_are_journaled(
         batch = await _create(runtime)
         hold = create_hold(batch.id, batch.created_at)
         spending = TeamSpending(runtime.budgets, TEAM, hold)
-        spending.buffered(0.25)
+        spending.buffered(Result(line=1, custom_id="a", status_code=200, body={}, cost_usd=0.25))
         assert await runtime.budgets.over(TEAM) is False
-        await spending.recorded(0.25)  # as the runner does once the results are written
+
+        async def written() -> float:  # as the runner journals the results: what they cost
+            return 0.25
+
+        await spending.journal(written())
         assert (await runtime.store.quota.reserved(TEAM))[hold] == pytest.approx(0.35)
 
 

@@ -1,7 +1,8 @@
 """A team reads its spend (`GET /v1/spend`, `batchyard spend`) from a real `batchyard serve`: per day and route,
 the cost and tokens the ledger counted; JSON and CSV; its own key reads its own, the master key any team's, and
 another team's is not found. A team's webhook hears `team.budget_threshold` once per fraction of its budget
-(`budget_alerts`) and period, in both modes."""
+(`budget_alerts`) and period, embedded and shared (one redis-server, a 3-master cluster). The report on Redis
+is read by each key in tests/servers/test_worker_killed_holding.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ import pytest
 from tests.fakes.upstream.server import Upstream
 from tests.fakes.webhook_receiver import Receiver
 from tests.support.server_helpers import REPO_ROOT, gateway_config, submit
-from tests.support.services import process_env
+from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisClusterServers, process_env
 from tests.support.team_helpers import MODEL, MODES, finished, lines, serve, until
 
 PRICE = 0.001  # USD per token in and out: a line is 3 + 4 tokens, 0.007 USD
@@ -111,10 +113,25 @@ def test_each_key_reads_the_spend_it_may(upstream: Upstream, tmp_path: Path) -> 
 SECRET = "whsec_" + "c3BlbmQtYWxlcnRzLXNlY3JldC1vZi0zMi1ieXRlcyE="
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisClusterServers]:
+    if not HAVE_REDIS:
+        pytest.skip(NO_REDIS_REASON)
+    servers = RedisClusterServers(3).start()
+    yield servers
+    servers.close()
+
+
+@pytest.mark.parametrize("mode", [*MODES, pytest.param("cluster", marks=pytest.mark.redis)])
 def test_the_budget_alerts_reach_the_webhook_once_each(
-    mode: str, upstream: Upstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    mode: str, upstream: Upstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
+    """Embedded (SQLite), shared over one redis-server, and shared over a 3-master cluster."""
+    redis_url = None
+    if mode == "cluster":
+        servers: RedisClusterServers = request.getfixturevalue("cluster")
+        servers.flush()
+        mode, redis_url = "shared", servers.url
     monkeypatch.setenv("SPEND_ALERT_SECRET", SECRET)
     receiver = Receiver(SECRET).start()
     try:
@@ -125,7 +142,7 @@ def test_the_budget_alerts_reach_the_webhook_once_each(
             {"team_id": "beta", "api_keys": ["sk-beta"], "max_budget": 0.05, "budget_alerts": [0.5],
              "webhook_url": receiver.url, "webhook_secret": "os.environ/SPEND_ALERT_SECRET",
              "webhook_events": ["batch.completed"]}]  # beta wants no budget alerts
-        with serve(mode, config, tmp_path / "data") as gw:
+        with serve(mode, config, tmp_path / "data", redis_url=redis_url) as gw:
             alpha = gw.client("sk-alpha")
             first = submit(alpha, lines(6, "most", sleep_ms=0))  # 0.042 USD: past 80%, short of 100%
             assert until(gw, "sk-alpha", first.id, finished).status == "completed"
