@@ -29,9 +29,9 @@ from typing import Any
 from gateway import tracing
 from gateway.config.entries import NativeModelInfo
 from gateway.config.priced_fields import priced_fields
-from gateway.config.prices import Prices, batch_prices, cost_of
+from gateway.config.prices import Prices, batch_prices, cost_of, realtime_prices
 from gateway.config.routes import Route
-from gateway.domain import BatchRequest, Endpoint, Result, Shard, Usage, new_id
+from gateway.domain import BatchRequest, Endpoint, Result, Shard, Usage, billable, new_id
 from gateway.lines.body_fields import unknown_field, unrecognized, unsupported, upstream_fields
 from gateway.lines.budget import release_now, settled_now
 from gateway.lines.media_urls import internal_deployment, refused_media
@@ -145,6 +145,14 @@ class NativeBatchBackend:
         jobs = cls(self._litellm, provider, model, call_kwargs(params, cls, provider, self._timeout), native_info)
         return jobs, provider, prices
 
+    def _realtime_prices(self, index: int) -> Prices | None:
+        """Deployment `index`'s real-time prices: what a request before its job costs (`UpstreamJobs.prime`)."""
+        entry = self.route.entries[index % len(self.route.entries)]
+        info = entry.model_info.litellm_keys
+        candidates = [info.get("base_model") or "", entry.litellm_params.model,
+                      entry.litellm_params.model.partition("/")[2]]
+        return realtime_prices(info, self._litellm.model_cost, candidates)
+
     # -- the Backend interface --------------------------------------------------------------------
 
     async def route_summary(self, batch_id: str, route: str) -> dict[str, Any]:
@@ -227,14 +235,14 @@ class NativeBatchBackend:
                     part.lines = part.lines[:fit]
                     if not part.lines:
                         continue
-                    failure = await self._create(jobs, shard, i, part, by_line, save)
+                    failure = await self._create(jobs, shard, i, part, by_line, save, int(state["deployment"]))
                     if failure is not None:
                         await release_now(hold)
                         for line in part.lines:
                             if line in by_line:
                                 req = by_line[line]
-                                yield Result.failure(line, req.custom_id, "upstream_batch_failed", failure,
-                                                     model=req.model)
+                                yield _with_priming(part, Result.failure(
+                                    line, req.custom_id, "upstream_batch_failed", failure, model=req.model))
                         continue
                 pending.append(part)
             jobs.release()  # what was kept to make the jobs (`TranslatedLines`' translations) is in them now
@@ -249,13 +257,21 @@ class NativeBatchBackend:
 
     async def _create(
         self, jobs: UpstreamJobs, shard: Shard, index: int, part: Part, by_line: dict[int, BatchRequest],
-        save: Callable[[], Awaitable[None]],
+        save: Callable[[], Awaitable[None]], deployment: int,
     ) -> str | None:
-        """Make the part's upstream job, recording each id as soon as it exists.
+        """Make the part's upstream job, recording each id as soon as it exists; first, the real-time calls that
+        prime a prompt cache its requests share (`UpstreamJobs.prime`), their cost recorded in the part.
 
         Returns None on success, else the reason (the part's requests get error results)."""
         part.lines = [line for line in part.lines if line in by_line]  # never resend a recorded request
         data = b"".join(jobs.line(by_line[line]) for line in part.lines)
+        primed = await jobs.prime(data)  # before the job: its requests read the cache these write
+        if primed:
+            prime_prices = self._realtime_prices(deployment)
+            part.primed = len(primed)
+            part.prime_cost_usd = (sum(billable(cost_of(usage, prime_prices)) for usage in primed)
+                                   if prime_prices is not None else None)
+            log.info("native shard %s: primed %d shared prompt prefixes", shard.key, len(primed))
         name = f"batchyard-{shard.batch_id}-{shard.index}-{index}.jsonl"
         metadata = {"batchyard_shard": shard.key, "batchyard_part": str(index)}
         try:
@@ -345,7 +361,7 @@ class NativeBatchBackend:
                     if prices is not None and result.ok:  # the provider bills this line at its batch price
                         result.cost_usd = prices.cost(result.usage)
                     usage.add(result.usage)
-                    yield result
+                    yield _with_priming(part, result)
         except Exception as exc:
             if retryable(exc):
                 raise  # transient: the runner runs the shard again, which reads this job again
@@ -354,9 +370,11 @@ class NativeBatchBackend:
             log.warning("native: upstream batch %s: %s", escaped(part.batch_id), escaped(why))
         for line in part.lines:
             if line not in seen and line in by_line:
-                yield missing_result(by_line[line], status, part.batch_id or "?", why, job.code)
+                yield _with_priming(part, missing_result(by_line[line], status, part.batch_id or "?", why, job.code))
         part.input_tokens, part.output_tokens = usage.input_tokens, usage.output_tokens
         part.cost_usd = cost_of(usage, prices)
+        if part.prime_cost_usd is not None:
+            part.cost_usd = (part.cost_usd or 0.0) + part.prime_cost_usd
 
     # -- cancel -----------------------------------------------------------------------------------
 
@@ -381,6 +399,14 @@ class NativeBatchBackend:
             except Exception as exc:  # best effort: the upstream job ends by itself within its window
                 log.warning("native shard %s: cancelling upstream batch %s failed: %s", shard.key, escaped(batch_id),
                             escaped(describe_error(exc)))
+
+
+def _with_priming(part: Part, result: Result) -> Result:
+    """The result of a part's first line carries what priming the job's prompt cache cost: a result is what the
+    journal records and a team's spend counts, and that line's is recorded once, restart or not."""
+    if part.prime_cost_usd and part.lines and result.line == part.lines[0]:
+        result.cost_usd = billable(result.cost_usd) + part.prime_cost_usd
+    return result
 
 
 __all__ = ["NativeBatchBackend", "drop_native_state", "native_route_summary"]
