@@ -90,8 +90,8 @@ def _prices(route: Route) -> str:
         charged = [route_prices(d.get("model_info") or {}) for d in route.model_list()]
     elif route.kind is RouteKind.NATIVE:
         cost = price_map()
-        charged = [batch_prices(entry.model_info.litellm_keys, cost, names)
-                   for entry, names in zip(route.entries, price_names(route), strict=True)]
+        charged = [batch_prices(entry.model_info.litellm_keys, cost, names, route.batch_discount(i))
+                   for i, (entry, names) in enumerate(zip(route.entries, price_names(route), strict=True))]
     else:
         charged = [deployment_prices(d) for d in route.model_list()]
     for prices in charged:

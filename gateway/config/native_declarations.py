@@ -22,6 +22,7 @@ class NativeDeclaration(Protocol):
     settings: frozenset[str]  # its own `native_*` keys of `model_info`
     required_settings: tuple[str, ...]
     settings_purpose: str  # what the required settings are, for the refusal that names one
+    batch_discount: float | None  # a batch's share of a real-time price; None: only batch prices count
 
     def model_refusal(self, model: str) -> str | None:
         """Why its jobs cannot run `model` (the part after `provider/`); None: they can."""
@@ -45,4 +46,10 @@ def native_declarations() -> Declarations:
     return _loader()
 
 
-__all__ = ["Declarations", "NativeDeclaration", "declare_native", "native_declarations"]
+def batch_discount(model: str) -> float | None:
+    """The batch discount the provider of a native deployment's `model` (`provider/name`) declares."""
+    declared = native_declarations().get(model.partition("/")[0])
+    return declared.batch_discount if declared is not None else 0.5
+
+
+__all__ = ["Declarations", "NativeDeclaration", "batch_discount", "declare_native", "native_declarations"]

@@ -84,27 +84,30 @@ def _cache_prices(info: Mapping[str, Any], suffix: str, scale: float) -> tuple[f
     return (None if read is None else read * scale), (None if write is None else write * scale)
 
 
-def batch_prices(model_info: Mapping[str, Any], model_cost: Mapping[str, Any], candidates: Sequence[str]) -> (
-    Prices | None
-):
+def batch_prices(model_info: Mapping[str, Any], model_cost: Mapping[str, Any], candidates: Sequence[str],
+                 discount: float | None = 0.5) -> Prices | None:
     """(input, output) USD per token at batch rates: model_info first, then LiteLLM's price map.
 
-    `*_cost_per_token_batches` are used as they are; plain `*_cost_per_token` are halved (the 50% batch
-    discount of OpenAI, Azure, Anthropic and Mistral alike). The prompt cache's prices (`cache_read_input_token_
-    cost`, `cache_creation_input_token_cost`) come from the same source the same way: the batch discount applies
-    to them too. None when no price is known.
+    `*_cost_per_token_batches` are used as they are; plain `*_cost_per_token` are times `discount` (0.5: the 50%
+    batch discount of OpenAI, Azure, Anthropic and Mistral alike). A provider that discounts some models only
+    (Together: `discount` None) has no rule to derive one: the config's plain prices are its batch prices as
+    written, and the map's real-time prices are not read. The prompt cache's prices (`cache_read_input_token_
+    cost`, `cache_creation_input_token_cost`) come from the same source the same way. None when no price is known.
     """
     sources = [model_info, *(model_cost.get(name) or {} for name in candidates if name)]
-    for info in sources:
+    for source, info in enumerate(sources):
         if "input_cost_per_token_batches" in info or "output_cost_per_token_batches" in info:
             read, write = _cache_prices(info, "_batches", 1.0)
-            if read is None and write is None:
-                read, write = _cache_prices(info, "", 0.5)
+            if read is None and write is None and discount is not None:
+                read, write = _cache_prices(info, "", discount)
             return Prices(float(info.get("input_cost_per_token_batches") or 0),
                           float(info.get("output_cost_per_token_batches") or 0), read, write)
+        if discount is None and source > 0:
+            continue  # the map's real-time price is not this provider's batch price
         if "input_cost_per_token" in info or "output_cost_per_token" in info:
-            return Prices(float(info.get("input_cost_per_token") or 0) / 2,
-                          float(info.get("output_cost_per_token") or 0) / 2, *_cache_prices(info, "", 0.5))
+            scale = 1.0 if discount is None else discount
+            return Prices(float(info.get("input_cost_per_token") or 0) * scale,
+                          float(info.get("output_cost_per_token") or 0) * scale, *_cache_prices(info, "", scale))
     return None
 
 

@@ -56,7 +56,8 @@ class UpstreamJobs:
     - `settings`: its own `native_*` keys of `model_info` (refused on every other provider), `required_settings`
       (of those, the ones a deployment must set, `settings_purpose` saying what they are) and `model_refusal`
       (the models of the provider its jobs cannot run);
-    - `credentials`: the `litellm_params` its calls take (keys, bases, regions): nothing else reaches them.
+    - `credentials`: the `litellm_params` its calls take (keys, bases, regions): nothing else reaches them;
+    - `batch_discount`: a batch's share of the real-time price (0.5), or None where only a batch price counts.
 
     The optional abilities have defaults, as httpx's transports default `close`: `min_lines` (a part with
     fewer lines runs in real time through `realtime`), `release` (drop what was kept for the jobs' creation),
@@ -71,6 +72,9 @@ class UpstreamJobs:
     required_settings: ClassVar[tuple[str, ...]] = ()
     settings_purpose: ClassVar[str] = ""
     credentials: ClassVar[tuple[str, ...]] = ("api_base", "api_key", "api_version", "organization")
+    # what a batch costs of the real-time price where only that is known (None: the provider discounts some models
+    # only, so a batch price must be given: LiteLLM's map's `*_batches`, else the config's; `gateway.config.prices`)
+    batch_discount: ClassVar[float | None] = 0.5
     min_lines: int = 0  # a part below it runs in real time (`realtime`); 0: every part is a job
 
     provider: str  # the deployment's provider (one of `providers`)

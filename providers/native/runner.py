@@ -6,9 +6,9 @@ custom_id `l<line>`), split under the provider's job limits and made into upstre
 jobs by that provider's `UpstreamJobs` (OpenAI and Azure: `providers.native.openai_jobs`;
 Anthropic: `providers.native.anthropic_jobs`; Mistral: `providers.native.mistral_jobs`; the Gemini API:
 `providers.native.gemini_jobs`; Bedrock: `providers.native.bedrock_jobs`; Vertex AI:
-`providers.native.vertex_jobs`). The file
-and job ids are recorded in the store's meta (`native:<batch>:<shard>`) before any
-polling, so a restarted process polls the jobs it already created instead of
+`providers.native.vertex_jobs`; Together AI: `providers.native.together_jobs`; xAI:
+`providers.native.xai_jobs`). The file and job ids are recorded in the store's meta (`native:<batch>:<shard>`)
+before any polling, so a restarted process polls the jobs it already created instead of
 creating new ones. Before a job is created its lines' estimated cost is reserved of the team's budget
 (`gateway.lines.reservation`): the lines that do not fit get `budget_exceeded`, as on a real-time route, and
 the hold goes once the job's results are recorded. Jobs are polled with backoff and read back as OpenAI-shaped
@@ -137,8 +137,8 @@ class NativeBatchBackend:
         provider, _, model = entry.litellm_params.model.partition("/")
         info = entry.model_info.litellm_keys
         candidates = [info.get("base_model") or "", entry.litellm_params.model, model]
-        prices = batch_prices(info, self._litellm.model_cost, candidates)
         cls = jobs_class(provider)
+        prices = batch_prices(info, self._litellm.model_cost, candidates, cls.batch_discount if cls else 0.5)
         native_info = entry.model_info
         if cls is None or not isinstance(native_info, NativeModelInfo):
             return None, provider, prices

@@ -294,7 +294,8 @@ def test_config_refuses_native_on_a_provider_without_native_batches(model: str) 
     assert str(refused.value).startswith("cheap.yaml: model_list[1].model_info: batch_mode: native on 'llama-cheap': ")
     provider = model.partition("/")[0]
     assert f"not {provider}/" in refused.value.problem
-    assert "on anthropic, azure, bedrock, gemini, mistral, openai, vertex_ai deployments" in refused.value.problem
+    assert "on anthropic, azure, bedrock, gemini, mistral, openai, together_ai, vertex_ai, xai deployments" in (
+        refused.value.problem)
     config = parse_config({"model_list": raw["model_list"][:1]}, "cheap.yaml")
     assert config.routes["claude-cheap"].kind is RouteKind.NATIVE
 
