@@ -1,6 +1,8 @@
-"""Benchmark: native batches over every native provider's stand-in against the OpenAI route alone (issue 38).
+"""Benchmark: native batches over every native provider's stand-in against the OpenAI route alone (issue 38), and
+what priming Anthropic's prompt cache saves (issue 52).
 
     .venv/bin/python bench/native_providers.py [--lines 50000] [--repeat 3] [--profile mix.prof]
+    .venv/bin/python bench/native_providers.py --cache-only [--cache-lines 1000]
 
 One `batchyard run --config` of N chat lines spread evenly over the native routes (OpenAI and Azure OpenAI
 on the loopback upstream; Anthropic, Mistral, the Gemini API, Groq, Amazon Bedrock over moto's S3 and Vertex AI over
@@ -11,6 +13,13 @@ lines. Aim: CPU per line of the mix <= 1.2x the OpenAI route's. Medians of `--re
 average at both ends. `--profile PATH`: one more run of the mix under cProfile, its stats written to PATH and
 the top functions by cumulative time printed. Not a test: a shared machine is noisy, and the stand-ins run
 beside the gateway.
+
+The cache part (after the CPU part, or alone with `--cache-only`): one job of `--cache-lines` chat lines that
+share a 2,000-token system prompt marked `cache_control`, on the Anthropic stand-in with its cache accounting
+(tokens are its whitespace words), run with `prime_cache` on and off; printed: each run's cost in the team's
+ledger, the priming's part of it and the stand-in's cache reads and writes. The route is priced as Anthropic
+prices a model: cache reads 0.1x the input price, writes 1.25x, a batch at half of each. A cost computation:
+its figures do not depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench._native_cache import cache_costs  # noqa: E402
 from tests.support.native_config import NATIVE_MODELS, StandIns  # noqa: E402
 
 MIX = list(NATIVE_MODELS)  # a route per native provider (tests.support.native_config)
@@ -68,9 +78,18 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=50_000, help="chat lines per run (default 50000; >= 500)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each; medians (default 3)")
     parser.add_argument("--profile", type=Path, default=None, help="profile one more run of the mix into this file")
+    parser.add_argument("--cache-only", action="store_true", help="run only the primed prompt cache's cost part")
+    parser.add_argument("--cache-lines", type=int, default=1000, help="lines of the cache part's job (default 1000)")
     args = parser.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
     print(f"commit {commit.stdout.strip()}   load average {os.getloadavg()[0]:.2f} (1 min) at start")
+    if not args.cache_only:
+        _cpu(args)
+    cache_costs(args.cache_lines)
+    print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the end")
+
+
+def _cpu(args: argparse.Namespace) -> None:
     with StandIns(batch_delay=0.5, bucket="batchyard-bench") as stand_ins, tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "native.yaml"
         config.write_text(stand_ins.config(NATIVE))
@@ -93,7 +112,6 @@ def main() -> None:
         print(f"  {label}  wall {wall:7.2f} s   gateway CPU {per_k[name]:6.3f} s per 1,000 lines   "
               f"(walls {', '.join(f'{r[0]:.1f}' for r in rounds[name])})")
     print(f"  CPU per line, mix / OpenAI alone: {per_k['mix'] / per_k['openai']:.2f}   (aim <= 1.2)")
-    print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the end")
     if args.profile:
         print(f"\nthe mix under cProfile ({args.profile}), top 25 by cumulative time:")
         pstats.Stats(str(args.profile)).sort_stats("cumulative").print_stats(25)

@@ -121,6 +121,7 @@ class Usage:
     output_tokens: int = 0
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    cache_write_tokens: int = 0  # of `input_tokens`, those written to a provider's prompt cache (Anthropic's)
 
     @property
     def total_tokens(self) -> int:
@@ -131,6 +132,7 @@ class Usage:
         self.output_tokens += other.output_tokens
         self.cached_tokens += other.cached_tokens
         self.reasoning_tokens += other.reasoning_tokens
+        self.cache_write_tokens += other.cache_write_tokens
 
     @classmethod
     def from_body(cls, body: dict[str, Any] | None) -> Usage:
@@ -174,8 +176,13 @@ class Usage:
                 refused = True
         if "cache_read_input_tokens" in raw or "cache_creation_input_tokens" in raw:
             # Anthropic's `message` usage: its `input_tokens` leave out the prompt tokens read from and written
-            # to the cache; counted here as OpenAI counts them (all in the input, the reads also as cached).
-            for name, into in (("cache_read_input_tokens", (0, 2)), ("cache_creation_input_tokens", (0,))):
+            # to the cache; counted here as OpenAI counts them (all in the input, the reads also as cached, the
+            # writes also as written). LiteLLM's chat translation of it names both counts beside `prompt_tokens`,
+            # which holds them already: there only the writes are read.
+            anthropic = "prompt_tokens" not in raw
+            counts.append(0)
+            for name, into in (("cache_read_input_tokens", (0, 2) if anthropic else ()),
+                               ("cache_creation_input_tokens", (0, 4) if anthropic else (4,))):
                 value = raw.get(name)
                 if value is None:
                     continue

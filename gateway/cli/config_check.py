@@ -81,7 +81,6 @@ def _total(values: Sequence[int | None]) -> int | None:
 def _prices(route: Route) -> str:
     """The prices each deployment's lines are charged: a native deployment's at batch rates (the rule of
     `gateway.config.prices.batch_prices`, as the native runner prices its results)."""
-    from gateway.config.native_declarations import batch_discount
     from gateway.config.prices import BATCH_PRICE_KEYS as _BATCH_KEYS
     from gateway.config.prices import Prices, batch_prices, deployment_prices, route_prices
     from gateway.lines.tokens import price_map, price_names
@@ -92,8 +91,8 @@ def _prices(route: Route) -> str:
         charged = [route_prices(d.get("model_info") or {}) for d in route.model_list()]
     elif route.kind is RouteKind.NATIVE:
         cost = price_map()
-        charged = [batch_prices(entry.model_info.litellm_keys, cost, names, batch_discount(entry.litellm_params.model))
-                   for entry, names in zip(route.entries, price_names(route), strict=True)]
+        charged = [batch_prices(entry.model_info.litellm_keys, cost, names, route.batch_discount(i))
+                   for i, (entry, names) in enumerate(zip(route.entries, price_names(route), strict=True))]
     else:
         charged = [deployment_prices(d) for d in route.model_list()]
     for prices, entry in zip(charged, route.entries, strict=True):

@@ -147,9 +147,9 @@ class ModelInfo(BaseModel):
 
     @model_validator(mode="after")
     def _no_stray_native_key(self) -> ModelInfo:
-        stray = sorted(k for k in self.model_extra or {} if k.startswith(NATIVE_KEY_PREFIX))
+        stray = sorted(k for k in self.model_extra or {} if k.startswith(NATIVE_KEY_PREFIX) or k == "prime_cache")
         if stray:
-            native = [k for k in NativeModelInfo.model_fields if k.startswith(NATIVE_KEY_PREFIX)]
+            native = [k for k in NativeModelInfo.model_fields if k not in ModelInfo.model_fields]
             where = ("known" if isinstance(self, NativeModelInfo)
                      else "they are for native entries (batch_mode: native), whose keys are")
             raise PydanticCustomError("native_key", "{names}: not a setting here; {where}: {known}",
@@ -239,6 +239,8 @@ class NativeModelInfo(ModelInfo):
     native_inline_max_bytes: Annotated[int, Field(ge=0, le=20_000_000)] | None = None
     """The Gemini API: a job whose inline requests would pass this many bytes goes as a JSONL file uploaded through
     the Files API instead (default and at most 20,000,000, Google's bound on an inline batch; 0: always a file)."""
+    prime_cache: bool = True
+    """Anthropic: one real-time request per `cache_control` prefix a job's lines share writes it before the job."""
 
 
 class LocalModelInfo(ModelInfo):

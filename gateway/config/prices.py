@@ -44,13 +44,24 @@ CONCRETE_KEPT = 4096  # a wildcard's concrete models whose price-map entry is ke
 
 
 class Prices(NamedTuple):
-    """USD per input token, per output token."""
+    """USD per input token, per output token; and, where the provider prices its prompt cache apart (Anthropic),
+    per input token read from it and per input token written to it (None: those cost `input`)."""
 
     input: float
     output: float
+    cache_read: float | None = None
+    cache_write: float | None = None
 
     def cost(self, usage: Usage) -> float:
-        return usage.input_tokens * self.input + usage.output_tokens * self.output
+        plain = usage.input_tokens
+        cost = usage.output_tokens * self.output
+        if self.cache_read is not None:
+            cost += usage.cached_tokens * self.cache_read
+            plain -= usage.cached_tokens
+        if self.cache_write is not None:
+            cost += usage.cache_write_tokens * self.cache_write
+            plain -= usage.cache_write_tokens
+        return cost + max(plain, 0) * self.input
 
 
 def cost_of(usage: Usage, prices: Prices | None) -> float | None:
@@ -69,22 +80,50 @@ def route_prices(model_info: Mapping[str, Any]) -> Prices | None:
 BATCH_PRICE_KEYS = ("input_cost_per_token_batches", "output_cost_per_token_batches")
 
 
+def _cache_prices(info: Mapping[str, Any], suffix: str, scale: float) -> tuple[float | None, float | None]:
+    """(read, write) prompt-cache prices of a price source (`suffix`: `_batches` or ""), times `scale`."""
+    read = _price(info.get(f"cache_read_input_token_cost{suffix}"))
+    write = _price(info.get(f"cache_creation_input_token_cost{suffix}"))
+    return (None if read is None else read * scale), (None if write is None else write * scale)
+
+
 def batch_prices(model_info: Mapping[str, Any], model_cost: Mapping[str, Any], candidates: Sequence[str],
                  discount: float | None = 0.5) -> Prices | None:
     """(input, output) USD per token at batch rates: model_info first, then LiteLLM's price map.
 
-    `*_cost_per_token_batches` are used as they are; plain `*_cost_per_token` are times `discount` (the 50% batch
-    discount of OpenAI, Azure, Anthropic and Mistral alike; None: a provider whose batch discount is not one
-    rule, whose real-time prices say nothing). None when no price is known.
+    `*_cost_per_token_batches` are used as they are; plain `*_cost_per_token` are times `discount` (0.5: the 50%
+    batch discount of OpenAI, Azure, Anthropic and Mistral alike). A provider that discounts some models only
+    (Together: `discount` None) has no rule to derive one: the config's plain prices are its batch prices as
+    written, and the map's real-time prices are not read. The prompt cache's prices (`cache_read_input_token_
+    cost`, `cache_creation_input_token_cost`) come from the same source the same way. None when no price is known.
     """
     sources = [model_info, *(model_cost.get(name) or {} for name in candidates if name)]
-    for info in sources:
+    for source, info in enumerate(sources):
         if "input_cost_per_token_batches" in info or "output_cost_per_token_batches" in info:
+            read, write = _cache_prices(info, "_batches", 1.0)
+            if read is None and write is None and discount is not None:
+                read, write = _cache_prices(info, "", discount)
             return Prices(float(info.get("input_cost_per_token_batches") or 0),
-                          float(info.get("output_cost_per_token_batches") or 0))
-        if discount is not None and ("input_cost_per_token" in info or "output_cost_per_token" in info):
-            return Prices(float(info.get("input_cost_per_token") or 0) * discount,
-                          float(info.get("output_cost_per_token") or 0) * discount)
+                          float(info.get("output_cost_per_token_batches") or 0), read, write)
+        if discount is None and source > 0:
+            continue  # the map's real-time price is not this provider's batch price
+        if "input_cost_per_token" in info or "output_cost_per_token" in info:
+            scale = 1.0 if discount is None else discount
+            return Prices(float(info.get("input_cost_per_token") or 0) * scale,
+                          float(info.get("output_cost_per_token") or 0) * scale, *_cache_prices(info, "", scale))
+    return None
+
+
+def realtime_prices(model_info: Mapping[str, Any], model_cost: Mapping[str, Any], candidates: Sequence[str]) -> (
+    Prices | None
+):
+    """(input, output, cache read, cache write) USD per token of a real-time call, from the same sources in the
+    same order as `batch_prices` (a native route's priming request, `providers.native.cache_priming`)."""
+    sources = [model_info, *(model_cost.get(name) or {} for name in candidates if name)]
+    for info in sources:
+        if "input_cost_per_token" in info or "output_cost_per_token" in info:
+            return Prices(float(info.get("input_cost_per_token") or 0), float(info.get("output_cost_per_token") or 0),
+                          *_cache_prices(info, "", 1.0))
     return None
 
 

@@ -45,6 +45,13 @@ class Route:
     # The model_name as written in model_list when this route is one concrete model of a wildcard route
     # (`gateway.config.wildcards.derived`): the pattern, e.g. `openai/*`; None for a route written by name.
     group: str | None = None
+    # A native route's providers' batch discounts, one per entry (`UpstreamJobs.batch_discount`), read from their
+    # declarations when the config is read: a process that only gets the config (a validation child) has none.
+    batch_discounts: tuple[float | None, ...] = ()
+
+    def batch_discount(self, index: int) -> float | None:
+        """The share of a real-time price entry `index`'s batches cost (None: only a batch price counts)."""
+        return self.batch_discounts[index] if index < len(self.batch_discounts) else 0.5
 
     @property
     def declared(self) -> str:

@@ -29,7 +29,7 @@ from gateway.config.litellm.litellm_settings import check_litellm_settings
 from gateway.config.litellm.notices import Notice, split_litellm_settings, strict_refusal
 from gateway.config.local_paths import anchor_local_paths
 from gateway.config.native_declarations import batch_discount
-from gateway.config.prices import BATCH_PRICE_KEYS
+from gateway.config.prices import batch_prices, price_map
 from gateway.config.problems import config_error
 from gateway.config.route_checks import check_aliases, check_fallbacks
 from gateway.config.routes import Route, RouteKind
@@ -193,7 +193,10 @@ def _routes(entries: list[Entry], path: str) -> dict[str, Route]:
                 raise ConfigError(path, f"model_list[{indexes[0]}].model_name",
                                   f"{name!r} is a wildcard; a batch_mode: background route cannot be one")
         # The typed entries; LiteLLM gets litellm_params and model_info as written (Route.model_list).
-        routes[name] = Route(model_name=name, kind=kind, entries=[entries[i] for i in indexes])
+        discounts = tuple(batch_discount(entries[i].litellm_params.model) for i in indexes) \
+            if kind is RouteKind.NATIVE else ()
+        routes[name] = Route(model_name=name, kind=kind, entries=[entries[i] for i in indexes],
+                             batch_discounts=discounts)
     return routes
 
 
@@ -231,28 +234,28 @@ def _check_teams(teams: list[Team], config: Config, path: str) -> None:
 
 
 def _check_native_prices(teams: list[Team], config: Config, path: str) -> None:
-    """A native route whose provider has no batch discount rule (Groq) is priced by batch prices only: from
-    LiteLLM's map, else `model_info`. With neither, a team with a budget that may use it is refused here: its
-    lines would spend nothing the budget sees."""
+    """A native deployment whose provider discounts some models only (Together: no halved real-time price) and
+    that has no batch price (LiteLLM's map's `*_batches`, else the config's) cannot keep a team to its budget:
+    refused at load when a team with a `max_budget` may send it lines."""
     budgeted = [t for t in teams if t.max_budget is not None]
-    for name, route in config.routes.items() if budgeted else ():
-        users = [t.team_id for t in budgeted if t.models is None or name in t.models]
-        if route.kind is not RouteKind.NATIVE or not users:
+    if not budgeted:
+        return
+    for name, route in config.routes.items():
+        if route.kind is not RouteKind.NATIVE:
             continue
-        for entry in route.entries:
-            keys = entry.model_info.litellm_keys
-            if batch_discount(entry.litellm_params.model) is not None or any(k in keys for k in BATCH_PRICE_KEYS):
-                continue
-            import litellm  # its bundled price map (LITELLM_LOCAL_MODEL_COST_MAP): nothing fetched
-
+        team = next((t for t in budgeted if t.models is None or name in t.models), None)
+        for index, entry in enumerate(route.entries):
             model = entry.litellm_params.model
-            names = [n for n in (keys.get("base_model"), model, model.partition("/")[2]) if isinstance(n, str) and n]
-            if any(k in (litellm.model_cost.get(n) or {}) for n in names for k in BATCH_PRICE_KEYS):
+            if team is None or route.batch_discount(index) is not None:
                 continue
-            raise ConfigError(path, f"model_list.{name}.model_info",
-                              f"{model} has no batch price (none in LiteLLM's price map): set "
-                              f"input_cost_per_token_batches and output_cost_per_token_batches, or team "
-                              f"{users[0]!r}'s max_budget cannot count what its lines cost")
+            keys = entry.model_info.litellm_keys
+            names = [n for n in (keys.get("base_model"), model, model.partition("/")[2]) if isinstance(n, str) and n]
+            if batch_prices(keys, price_map(), names, None) is None:
+                raise ConfigError(path, f"model_list: {name}.model_info",
+                                  f"no batch price is known for {model} (LiteLLM's price map has none, and the "
+                                  "provider discounts some models only, so its real-time price is not one), and "
+                                  f"team {team.team_id!r} has a max_budget: give input_cost_per_token_batches and "
+                                  "output_cost_per_token_batches")
 
 
 def parse_config(raw: Any, path: str = "<config>", *, strict: bool = False) -> Config:

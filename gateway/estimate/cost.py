@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.config.native_declarations import batch_discount
 from gateway.config.prices import Prices, batch_prices, deployment_prices, route_prices
 from gateway.config.routes import Route, RouteKind
 from gateway.config.schema import Config
@@ -241,8 +240,8 @@ def _price_range(route: Route) -> tuple[Prices | None, Prices | None]:
         found = [route_prices(route.model_info.litellm_keys)]
     elif route.kind is RouteKind.NATIVE:
         cost = price_map()
-        found = [batch_prices(entry.model_info.litellm_keys, cost, names, batch_discount(entry.litellm_params.model))
-                 for entry, names in zip(route.entries, price_names(route), strict=True)]
+        found = [batch_prices(entry.model_info.litellm_keys, cost, names, route.batch_discount(i))
+                 for i, (entry, names) in enumerate(zip(route.entries, price_names(route), strict=True))]
     else:
         found = [deployment_prices(d) for d in route.model_list()]
     priced = [p for p in found if p is not None]

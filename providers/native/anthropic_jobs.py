@@ -19,14 +19,18 @@ requests it did not reach come back `expired`. Per-request outcomes keep Anthrop
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.config.entries import NativeModelInfo
-from gateway.domain import BatchRequest, Endpoint, Result
+from gateway.domain import BatchRequest, Endpoint, Result, Usage
+from gateway.log_safe import escaped
 from gateway.message_batches.wire import ERROR_TYPES
+from providers.native.cache_priming import priming_request, shared_prefixes
 from providers.native.contract import (
     QUIET_POLL,
     JobState,
@@ -37,12 +41,16 @@ from providers.native.contract import (
     stand_in_reply,
 )
 from providers.native.openai_format import Part, call_with_retries, detached, line_of, upstream_custom_id
+from providers.upstream_errors import describe_error
 
 ANTHROPIC_STATUS = {type_: status for status, type_ in ERROR_TYPES.items()}  # Anthropic's own (529)
 
 # OpenAI chat fields that are the request itself, not parameters to map.
 _BODY_FIELDS = frozenset({"model", "messages"})
 _MESSAGES_ID = "m"  # the upstream custom_id's prefix of a Messages line (`l`: a chat line, `upstream_custom_id`)
+_PRIMING_CONCURRENCY = 8  # priming requests at once (a job's distinct shared prefixes are usually few)
+
+log = logging.getLogger("batchyard.native")
 
 
 def chat_completion_body(message: dict[str, Any], config: Any) -> dict[str, Any]:
@@ -85,6 +93,7 @@ class AnthropicJobs(TranslatedLines):
     endpoints = frozenset({Endpoint.CHAT, Endpoint.MESSAGES})
     max_lines = 100_000
     max_bytes = 256_000_000
+    settings = frozenset({"prime_cache"})
 
     def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any],
                  info: NativeModelInfo) -> None:
@@ -95,6 +104,7 @@ class AnthropicJobs(TranslatedLines):
         self._chat = AnthropicConfig()
         self._batches = AnthropicBatchesConfig()
         self._supported = set(self._chat.get_supported_openai_params(model))
+        self._prime = info.prime_cache
 
     # -- lines --------------------------------------------------------------------------------------
 
@@ -157,6 +167,29 @@ class AnthropicJobs(TranslatedLines):
         reply = await call_with_retries(lambda: http_json(
             "POST", self._url(), self._headers(), self._kwargs.get("timeout"), content=body))
         part.batch_id = str(reply["id"])
+
+    async def prime(self, data: bytes) -> list[Usage]:
+        """One real-time request per cached prefix two lines or more of the job share (`cache_priming`), so that
+        the job's requests read the cache rather than each write it. A failed one is logged and left: the job
+        runs all the same, its requests writing the cache themselves."""
+        prefixes = shared_prefixes(data) if self._prime else []
+        gate = asyncio.Semaphore(_PRIMING_CONCURRENCY)
+        url = self._url().removesuffix("/batches")
+
+        async def one(prefix: dict[str, Any]) -> Usage | None:
+            async with gate:
+                try:
+                    reply = await call_with_retries(lambda: http_json(
+                        "POST", url, self._headers(), self._kwargs.get("timeout"),
+                        content=priming_request(self._model, prefix)))
+                except Exception as exc:
+                    log.warning("priming the prompt cache of %s failed: %s", escaped(self._model),
+                                escaped(describe_error(exc)))
+                    return None
+            return Usage.from_body(reply if isinstance(reply, dict) else None)
+
+        answered = await asyncio.gather(*(one(prefix) for prefix in prefixes))
+        return [usage for usage in answered if usage is not None]
 
     async def find(self, part: Part) -> bool:
         return False  # no file is uploaded first: a part has an id only once its batch exists

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx
 
-from gateway.domain import BatchRequest, Endpoint, Result
+from gateway.domain import BatchRequest, Endpoint, Result, Usage
 from providers.native.openai_format import Part, reply_lines
 from providers.upstream_errors import error_message
 
@@ -62,7 +62,8 @@ class UpstreamJobs:
       real-time price where no batch price is known (None: only batch prices count, else the line is unpriced).
 
     The optional abilities have defaults, as httpx's transports default `close`: `min_lines` (a part with
-    fewer lines runs in real time through `realtime`), `release` (drop what was kept for the jobs' creation).
+    fewer lines runs in real time through `realtime`), `release` (drop what was kept for the jobs' creation),
+    `prime` (real-time calls before a job that write a prompt cache its requests share).
     """
 
     providers: ClassVar[tuple[str, ...]] = ()
@@ -130,6 +131,12 @@ class UpstreamJobs:
 
     def release(self) -> None:
         """The shard's jobs exist: drop what was kept only to make them (nothing by default)."""
+
+    async def prime(self, data: bytes) -> list[Usage]:
+        """Real-time calls made before the job of these lines (`data`, as `create` gets them) so that its
+        requests read a prompt cache they share (Anthropic's: `providers.native.cache_priming`); the usage of
+        each call that was answered, priced by the runner at real-time rates. None by default."""
+        return []
 
 
 class TranslatedLines(UpstreamJobs):

@@ -118,10 +118,12 @@ class Part:
     status: str | None = None  # the upstream status, once terminal
     input_tokens: int = 0
     output_tokens: int = 0
-    cost_usd: float | None = None
     rerun: int = 0  # 0: a job of the shard's first pass; n: of its n-th round of re-runs (docs/output-check.md)
     created_at: float | None = None  # wall-clock seconds: when the job was made, and when it was read as ended
     ended_at: float | None = None
+    cost_usd: float | None = None  # its results' and its priming's
+    primed: int = 0  # real-time requests that primed a prompt cache before the job (`UpstreamJobs.prime`)
+    prime_cost_usd: float | None = None  # what they cost at real-time rates (None: no price known, or none made)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -226,6 +228,8 @@ class RouteTotals:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float | None = None
+    cache_primes: int = 0
+    prime_cost_usd: float | None = None  # of `cost_usd`, the priming requests'
 
     def add_part(self, part: Part) -> None:
         if part.batch_id and part.batch_id not in self.upstream_batch_ids:
@@ -234,6 +238,9 @@ class RouteTotals:
         self.output_tokens += part.output_tokens
         if part.cost_usd is not None:
             self.cost_usd = round((self.cost_usd or 0.0) + part.cost_usd, 10)
+        self.cache_primes += part.primed
+        if part.prime_cost_usd is not None:
+            self.prime_cost_usd = round((self.prime_cost_usd or 0.0) + part.prime_cost_usd, 10)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -265,7 +272,8 @@ async def accumulate_route(store: Store, shard: Shard) -> None:
         route = RouteTotals()
         for item in entry["shards"].values():
             route.add_part(Part(endpoint="", lines=[], input_tokens=item["input_tokens"],
-                                output_tokens=item["output_tokens"], cost_usd=item["cost_usd"]))
+                                output_tokens=item["output_tokens"], cost_usd=item["cost_usd"],
+                                primed=item.get("cache_primes", 0), prime_cost_usd=item.get("prime_cost_usd")))
             route.upstream_batch_ids += item["upstream_batch_ids"]
         await store.backend_state.put(key, {**entry, **route.to_json()})
 

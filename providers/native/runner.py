@@ -3,12 +3,9 @@
 A deployment marked `model_info: {batch_mode: native}` gets no call per line.
 Each shard is rewritten for the provider (its line form, the deployment's model,
 custom_id `l<line>`), split under the provider's job limits and made into upstream
-jobs by that provider's `UpstreamJobs` (OpenAI and Azure: `providers.native.openai_jobs`;
-Anthropic: `providers.native.anthropic_jobs`; Mistral: `providers.native.mistral_jobs`; the Gemini API:
-`providers.native.gemini_jobs`; Bedrock: `providers.native.bedrock_jobs`; Vertex AI:
-`providers.native.vertex_jobs`). The file
-and job ids are recorded in the store's meta (`native:<batch>:<shard>`) before any
-polling, so a restarted process polls the jobs it already created instead of
+jobs by that provider's `UpstreamJobs` (each `*_jobs` module here, found by `providers.native.catalog`).
+The file and job ids are recorded in the store's meta (`native:<batch>:<shard>`)
+before any polling, so a restarted process polls the jobs it already created instead of
 creating new ones. Before a job is created its lines' estimated cost is reserved of the team's budget
 (`gateway.lines.reservation`): the lines that do not fit get `budget_exceeded`, as on a real-time route, and
 the hold goes once the job's results are recorded. Jobs are polled with backoff and read back as OpenAI-shaped
@@ -33,7 +30,7 @@ from typing import Any
 from gateway import tracing
 from gateway.config.entries import NativeModelInfo
 from gateway.config.priced_fields import priced_fields
-from gateway.config.prices import Prices, batch_prices, cost_of
+from gateway.config.prices import Prices, batch_prices, cost_of, realtime_prices
 from gateway.config.routes import Route
 from gateway.domain import BatchRequest, Endpoint, Result, Shard, Usage, new_id
 from gateway.lines.body_fields import unknown_field, unrecognized, unsupported, upstream_fields
@@ -44,8 +41,10 @@ from gateway.lines.stops import OVER_BUDGET, stop_reason
 from gateway.log_safe import escaped
 from gateway.store.protocols import Store
 from gateway.tracing import genai
+from providers.native.cache_priming import primed, with_priming
 from providers.native.catalog import jobs_class, native_catalog
 from providers.native.contract import JobState, UpstreamJobs, call_kwargs
+from providers.native.invalid_replies import Realtime, job_fits
 from providers.native.openai_format import (
     TERMINAL,
     Part,
@@ -60,7 +59,6 @@ from providers.native.openai_format import (
     result_from_line,
     shard_meta_key,
 )
-from providers.native.invalid_replies import Realtime, job_fits
 from providers.passthrough import PROVIDERS as WIRE_PROVIDERS
 from providers.upstream_errors import describe_error, retryable
 
@@ -150,6 +148,14 @@ class NativeBatchBackend:
             return None, provider, prices
         jobs = cls(self._litellm, provider, model, call_kwargs(params, cls, provider, self._timeout), native_info)
         return jobs, provider, prices
+
+    def _realtime_prices(self, index: int) -> Prices | None:
+        """Deployment `index`'s real-time prices: what a request before its job costs (`UpstreamJobs.prime`)."""
+        entry = self.route.entries[index % len(self.route.entries)]
+        info = entry.model_info.litellm_keys
+        candidates = [info.get("base_model") or "", entry.litellm_params.model,
+                      entry.litellm_params.model.partition("/")[2]]
+        return realtime_prices(info, self._litellm.model_cost, candidates)
 
     # -- the Backend interface --------------------------------------------------------------------
 
@@ -244,14 +250,14 @@ class NativeBatchBackend:
                     part.lines = part.lines[:fit]
                     if not part.lines:
                         continue
-                    failure = await self._create(jobs, shard, i, part, by_line, save)
+                    failure = await self._create(jobs, shard, i, part, by_line, save, int(state["deployment"]))
                     if failure is not None:
                         await release_now(hold)
                         for line in part.lines:
                             if line in by_line:
                                 req = by_line[line]
-                                yield Result.failure(line, req.custom_id, "upstream_batch_failed", failure,
-                                                     model=req.model)
+                                yield with_priming(part, Result.failure(
+                                    line, req.custom_id, "upstream_batch_failed", failure, model=req.model))
                         continue
                 pending.append(part)
             jobs.release()  # what was kept to make the jobs (`TranslatedLines`' translations) is in them now
@@ -266,13 +272,17 @@ class NativeBatchBackend:
 
     async def _create(
         self, jobs: UpstreamJobs, shard: Shard, index: int, part: Part, by_line: dict[int, BatchRequest],
-        save: Callable[[], Awaitable[None]],
+        save: Callable[[], Awaitable[None]], deployment: int,
     ) -> str | None:
-        """Make the part's upstream job, recording each id as soon as it exists.
+        """Make the part's upstream job, recording each id as soon as it exists; first, the real-time calls that
+        prime a prompt cache its requests share (`UpstreamJobs.prime`), their cost recorded in the part.
 
         Returns None on success, else the reason (the part's requests get error results)."""
         part.lines = [line for line in part.lines if line in by_line]  # never resend a recorded request
         data = b"".join(jobs.line(by_line[line]) for line in part.lines)
+        # before the job: its requests read the cache these write
+        if primed(part, await jobs.prime(data), lambda: self._realtime_prices(deployment)):
+            log.info("native shard %s: primed %d shared prompt prefixes", shard.key, part.primed)
         tag = f"r{part.rerun}-{index}" if part.rerun else str(index)  # a follow-up job's name is its own
         name = f"batchyard-{shard.batch_id}-{shard.index}-{tag}.jsonl"
         metadata = {"batchyard_shard": shard.key, "batchyard_part": tag}
@@ -365,7 +375,7 @@ class NativeBatchBackend:
                     if prices is not None and result.ok:  # the provider bills this line at its batch price
                         result.cost_usd = prices.cost(result.usage)
                     usage.add(result.usage)
-                    yield result
+                    yield with_priming(part, result)
         except Exception as exc:
             if retryable(exc):
                 raise  # transient: the runner runs the shard again, which reads this job again
@@ -374,9 +384,11 @@ class NativeBatchBackend:
             log.warning("native: upstream batch %s: %s", escaped(part.batch_id), escaped(why))
         for line in part.lines:
             if line not in seen and line in by_line:
-                yield missing_result(by_line[line], status, part.batch_id or "?", why, job.code)
+                yield with_priming(part, missing_result(by_line[line], status, part.batch_id or "?", why, job.code))
         part.input_tokens, part.output_tokens = usage.input_tokens, usage.output_tokens
         part.cost_usd = cost_of(usage, prices)
+        if part.prime_cost_usd is not None:
+            part.cost_usd = (part.cost_usd or 0.0) + part.prime_cost_usd
 
     # -- cancel -----------------------------------------------------------------------------------
 

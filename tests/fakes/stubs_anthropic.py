@@ -12,18 +12,30 @@ Limits: 100,000 requests and 256 MB per batch (`--max-requests` lowers the first
 matches `^[a-zA-Z0-9_-]{1,64}$` and is unique in its batch.
 
 A batch ends `--batch-delay` seconds after creation: each request answered "echo: <last user text>"
-(tokens: whitespace words). Directives in a request's text: `#fail:TYPE` makes it `errored` with that
-error type (`overloaded_error`, `invalid_request_error`...); `#batch:expire` anywhere makes the whole batch
-end with every request `expired` (what a batch that outlives its 24 hours does). Cancel: canceling, then
-ended with the unanswered requests `canceled`.
+(tokens: whitespace words).
+
+Prompt caching, as Anthropic's docs describe it: a request's prefix up to its last `cache_control` breakpoint
+(`tools`, then `system`, then the messages' content blocks, `tool_choice` with them) is read from the cache
+when an earlier request wrote that same prefix (`usage.cache_read_input_tokens`), else written
+(`usage.cache_creation_input_tokens`); the rest is `input_tokens`. An entry lives 5 minutes, or an hour with
+`"ttl": "1h"`. A real-time request's write is there for the next request; a Message Batch's requests read only
+what was written before the batch was created (they run at once: none reads another's write), and their
+writes land when the batch ends. `/_stats` has `cache_read_tokens`, `cache_write_tokens` and `arrivals` (each
+real-time message and batch create, in order: `message:<model>`, `batch:<requests>`).
+
+Directives in a request's text: `#fail:TYPE` makes it `errored` with that error type (`overloaded_error`,
+`invalid_request_error`...); `#batch:expire` anywhere makes the whole batch end with every request `expired`
+(what a batch that outlives its 24 hours does). Cancel: canceling, then ended with the unanswered requests `canceled`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import secrets
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -57,12 +69,26 @@ def _now(hours: float = 0) -> str:
     return (datetime.now(UTC) + timedelta(hours=hours)).isoformat().replace("+00:00", "Z")
 
 
+class PromptCache:
+    """Cached prefixes: a hash of the model and the prefix -> when the entry expires (monotonic seconds)."""
+
+    def __init__(self, entries: dict[str, float] | None = None) -> None:
+        self.entries: dict[str, float] = entries or {}
+
+    def snapshot(self) -> PromptCache:
+        return PromptCache(dict(self.entries))
+
+    def holds(self, key: str) -> bool:
+        return self.entries.get(key, 0.0) > time.monotonic()
+
+
 @dataclass
 class Batch:
     obj: dict[str, Any]
     requests: list[dict[str, Any]]
     results: dict[str, dict[str, Any]] = field(default_factory=dict)  # custom_id -> result
     task: asyncio.Task[None] | None = None
+    readable: PromptCache = field(default_factory=PromptCache)  # the cache when the batch was created
 
 
 class AnthropicStub:
@@ -72,6 +98,8 @@ class AnthropicStub:
         self.counters: Counter[str] = Counter()
         self.by_model: Counter[str] = Counter()
         self.params_seen: list[dict[str, Any]] = []  # every request's params, in arrival order
+        self.cache = PromptCache()
+        self.arrivals: list[str] = []
 
     # -- the HTTP surface ---------------------------------------------------------------------------
 
@@ -117,7 +145,8 @@ class AnthropicStub:
         self.counters["messages"] += 1
         self.by_model[params["model"]] += 1
         self.params_seen.append(params)
-        answer = _answer(params)
+        self.arrivals.append(f"message:{params['model']}")
+        answer = _answer(params, self.cache, self.counters)
         if answer["type"] != "succeeded":
             error = answer["error"]["error"]
             return _error(529 if error["type"] == "overloaded_error" else 400, error["type"], error["message"])
@@ -150,6 +179,8 @@ class AnthropicStub:
         batch = self.batches[batch_id] = Batch(obj, requests)
         self.counters["batches_created"] += 1
         self.counters["batch_requests"] += len(requests)
+        self.arrivals.append(f"batch:{len(requests)}")
+        batch.readable = self.cache.snapshot()
         for item in requests:
             self.by_model[item["params"]["model"]] += 1
         self.params_seen.extend(item["params"] for item in requests)
@@ -186,9 +217,12 @@ class AnthropicStub:
         if any("#batch:expire" in json.dumps(item["params"]) for item in batch.requests):
             self._end(batch, "expired")
             return
+        written: list[tuple[str, float]] = []
         for item in batch.requests:
-            answer = batch.results[item["custom_id"]] = _answer(item["params"])
+            answer = batch.results[item["custom_id"]] = _answer(item["params"], batch.readable, self.counters,
+                                                                written)
             bill(self.counters, (answer.get("message") or {}).get("usage"))
+        self.cache.entries.update(written)
         self._end(batch, "canceled")
 
     def _end(self, batch: Batch, unanswered: str) -> None:
@@ -203,12 +237,60 @@ class AnthropicStub:
                          results_url=f"/v1/messages/batches/{batch.obj['id']}/results")
 
     def stats(self) -> dict[str, Any]:
-        return {**self.counters, "by_model": dict(self.by_model), "params_seen": self.params_seen}
+        return {**self.counters, "by_model": dict(self.by_model), "params_seen": self.params_seen,
+                "arrivals": self.arrivals}
 
     def reset(self) -> None:
         self.batches.clear()
         self.counters.clear()
         self.by_model.clear()
+        self.cache.entries.clear()
+        self.arrivals.clear()
+
+
+def _segments(params: dict[str, Any]) -> list[tuple[Any, int, dict[str, Any] | None]]:
+    """A request's prompt in cache order: (the block, its tokens, its `cache_control`) for each tool, system
+    block and message content block."""
+    found: list[tuple[Any, int, dict[str, Any] | None]] = []
+    for tool in params.get("tools") or []:
+        found.append((tool, words(json.dumps(tool.get("input_schema") or {})) + words(str(tool.get("description")
+                                                                                        or "")),
+                      tool.get("cache_control")))
+    system = params.get("system")
+    blocks = [{"type": "text", "text": system}] if isinstance(system, str) else system or []
+    for block in blocks:
+        found.append((block, words(text_of([block])), block.get("cache_control")))
+    for message in params["messages"]:
+        content = message.get("content")
+        for block in [{"type": "text", "text": content}] if isinstance(content, str) else content or []:
+            found.append(({"role": message["role"], **block}, words(text_of([block])), block.get("cache_control")))
+    return found
+
+
+def _cache_use(params: dict[str, Any], cache: PromptCache, counters: Counter[str],
+               written: list[tuple[str, float]] | None) -> tuple[int, int, int]:
+    """(input tokens outside the cache, tokens read from it, tokens written to it) of one request; a write goes
+    into `cache` at once (a real-time request) or into `written` (a batch's, landing when it ends)."""
+    segments = _segments(params)
+    total = sum(tokens for _, tokens, _ in segments)
+    last = max((i for i, (_, _, marked) in enumerate(segments) if marked), default=-1)
+    if last < 0:
+        return total, 0, 0
+    prefix = [block for block, _, _ in segments[:last + 1]]
+    key = hashlib.sha256(json.dumps([params["model"], params.get("tool_choice"), prefix],
+                                    sort_keys=True).encode()).hexdigest()
+    tokens = sum(t for _, t, _ in segments[:last + 1])
+    if cache.holds(key):
+        counters["cache_read_tokens"] += tokens
+        return total - tokens, tokens, 0
+    ttl = 3600.0 if (segments[last][2] or {}).get("ttl") == "1h" else 300.0
+    entry = (key, time.monotonic() + ttl)
+    if written is None:
+        cache.entries[entry[0]] = entry[1]
+    else:
+        written.append(entry)
+    counters["cache_write_tokens"] += tokens
+    return total - tokens, 0, tokens
 
 
 def _validate(i: int, item: Any, seen: set[str]) -> None:
@@ -233,18 +315,21 @@ def _validate(i: int, item: Any, seen: set[str]) -> None:
                                                      "(the system prompt is the top-level `system`)")
 
 
-def _answer(params: dict[str, Any]) -> dict[str, Any]:
+def _answer(params: dict[str, Any], cache: PromptCache, counters: Counter[str],
+            written: list[tuple[str, float]] | None = None) -> dict[str, Any]:
     text = last_user_text(params["messages"])
     failure = directive(text, "fail")
     if failure is not None:
         return {"type": "errored", "error": {"type": "error", "error": {
             "type": failure or "api_error", "message": f"Request failed (#fail:{failure} directive)."}}}
     reply = f"echo: {text}"
-    system = text_of(params.get("system")) if params.get("system") is not None else ""
-    prompt = sum(words(text_of(m.get("content"))) for m in params["messages"]) + words(system)
+    prompt, read, wrote = _cache_use(params, cache, counters, written)
+    usage = {"input_tokens": prompt, "output_tokens": words(reply), "cache_read_input_tokens": read,
+             "cache_creation_input_tokens": wrote}
     message = {"id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant",
-               "model": params["model"], "content": [{"type": "text", "text": reply}], "stop_reason": "end_turn",
-               "stop_sequence": None, "usage": {"input_tokens": prompt, "output_tokens": words(reply)}}
+               "model": params["model"], "content": [{"type": "text", "text": reply}],
+               "stop_reason": "end_turn",
+               "stop_sequence": None, "usage": usage}
     searched = directive(text, "searches")  # `#searches:N`: as if a web_search server tool ran N times
     if searched:
         message["usage"]["server_tool_use"] = {"web_search_requests": int(searched)}

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.config.prices import DeploymentPrices, Prices, batch_prices, cost_of, route_prices
+from gateway.config.prices import DeploymentPrices, Prices, batch_prices, cost_of, realtime_prices, route_prices
 from gateway.domain import Usage
 
 USAGE = Usage(input_tokens=1000, output_tokens=100)
@@ -36,6 +36,21 @@ def test_batch_prices(info: dict[str, Any], candidates: list[str], expected: Pri
     assert batch_prices(info, MAP, candidates) == expected
 
 
+def test_the_prompt_cache_has_prices_of_its_own() -> None:
+    """Where a source prices cache reads and writes, a batch pays them at the batch discount, and a usage's reads
+    and writes cost those prices rather than the input's."""
+    info = {"input_cost_per_token": 1e-6, "output_cost_per_token": 5e-6, "cache_read_input_token_cost": 1e-7,
+            "cache_creation_input_token_cost": 1.25e-6}
+    assert batch_prices(info, {}, []) == Prices(5e-7, 2.5e-6, 5e-8, 6.25e-7)
+    assert realtime_prices(info, {}, []) == Prices(1e-6, 5e-6, 1e-7, 1.25e-6)
+    mapped = {"claude-z": {**info, "input_cost_per_token_batches": 4e-7, "cache_read_input_token_cost_batches": 3e-8}}
+    assert batch_prices({}, mapped, ["claude-z"]) == Prices(4e-7, 0.0, 3e-8, None)
+    usage = Usage(input_tokens=1000, output_tokens=10, cached_tokens=600, cache_write_tokens=300)
+    assert realtime_prices(info, {}, []).cost(usage) == pytest.approx(  # type: ignore[union-attr]
+        100 * 1e-6 + 600 * 1e-7 + 300 * 1.25e-6 + 10 * 5e-6)
+    assert Prices(1e-6, 5e-6).cost(usage) == pytest.approx(1000 * 1e-6 + 10 * 5e-6)  # no cache prices: input
+
+
 def test_what_a_usage_costs() -> None:
     assert cost_of(USAGE, None) is None
     assert cost_of(USAGE, Prices(1e-6, 2e-6)) == pytest.approx(1000 * 1e-6 + 100 * 2e-6)
@@ -57,7 +72,12 @@ def test_anthropic_usage_counts_as_openai_counts_it() -> None:
     (the reads also as cached), so a budget and a tpm limit see every prompt token."""
     body = {"type": "message", "usage": {"input_tokens": 10, "output_tokens": 7, "cache_read_input_tokens": 100,
                                          "cache_creation_input_tokens": 5}}
-    assert Usage.read(body) == (Usage(input_tokens=115, output_tokens=7, cached_tokens=100), False)
+    assert Usage.read(body) == (Usage(input_tokens=115, output_tokens=7, cached_tokens=100, cache_write_tokens=5),
+                                False)
+    # LiteLLM's chat translation of it: `prompt_tokens` holds both counts already, named beside it again
+    chat = {"usage": {"prompt_tokens": 115, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 100},
+                      "cache_read_input_tokens": 100, "cache_creation_input_tokens": 5}}
+    assert Usage.read(chat) == Usage.read(body)
     assert Usage.read({"usage": {"input_tokens": 3, "output_tokens": 4, "cache_read_input_tokens": None}}) == (
         Usage(input_tokens=3, output_tokens=4), False)
     assert Usage.read({"usage": {"input_tokens": 3, "output_tokens": 4, "cache_read_input_tokens": -1}})[1]
