@@ -147,19 +147,33 @@ async def wire_retried(attempt: Callable[[], Awaitable[A]], floor: float) -> A:
 
 async def router_retried(call: Callable[[int], Awaitable[T]], router: Any, group: str) -> T:
     """`call(num_retries)` through LiteLLM's Router for a line of model group `group`, each try with no retries
-    of the Router's own: retried here while a retry may fix the failure, the Router's `num_retries` at most."""
-    retries = int(router.num_retries or 0)
-    floor = float(getattr(router, "retry_after", 0) or 0)
-    for attempt in range(1, retries + 1):
+    of the Router's own: retried here while a retry may fix the failure, as many times as the failed deployment's
+    `num_retries` says, else the Router's."""
+    retries: int | None = None
+    attempt = 0
+    while True:
         try:
             return await call(0)
         except Exception as exc:
-            if not retry_can_fix(exc) or not _router_retries(router, exc, group):
+            retries = _retries(router, exc, group) if retries is None else retries
+            attempt += 1
+            if attempt > retries or not retry_can_fix(exc) or not _router_retries(router, exc, group):
                 raise
             response = getattr(exc, "response", None)
             headers = response.headers if isinstance(getattr(response, "headers", None), Mapping) else None
-            await asyncio.sleep(max(retry_delay(attempt, headers), floor))
-    return await call(0)
+            await asyncio.sleep(max(retry_delay(attempt, headers), float(getattr(router, "retry_after", 0) or 0)))
+
+
+def _retries(router: Any, exc: Exception, group: str) -> int:
+    """The retries a failed line gets, as the Router counts them: its deployment's own `num_retries` (the
+    Router stamps the failure with the deployment's id), else the Router's."""
+    failed = getattr(exc, "failed_deployment_id", None)
+    for deployment in router.registry().deployments(group) or []:
+        if failed is not None and (deployment.get("model_info") or {}).get("id") == failed:
+            own = (deployment.get("litellm_params") or {}).get("num_retries")
+            if own is not None:
+                return int(own)
+    return int(router.num_retries or 0)
 
 
 def _router_retries(router: Any, exc: Exception, group: str) -> bool:

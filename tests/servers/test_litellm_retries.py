@@ -79,3 +79,17 @@ async def test_an_unreachable_host_is_said_unreachable(upstream: Upstream) -> No
     [result] = await _run(entries, ["hello"], retries=1)
     assert result.status_code is None or result.status_code >= 500
     assert result.error is not None and result.error.get("code") == "upstream_unreachable", result
+
+
+@pytest.mark.asyncio
+async def test_a_deployment_s_own_num_retries_counts(upstream: Upstream) -> None:
+    """A deployment's `num_retries` (litellm_params) wins over the Router's, as in LiteLLM: two retries with the
+    Router's at 0, and still one request for a reply LiteLLM cannot map."""
+    upstream.reset()
+    entries = [{**_groq(upstream)[0]}]
+    entries[0]["litellm_params"] = {**entries[0]["litellm_params"], "num_retries": 2}
+    unmappable, flaky = "own: map me #count", "own: flaky #count #fail:500x2 #tier:default"
+    results = await _run(entries, [unmappable, flaky], retries=0)
+    counts = upstream.stats()["by_custom"]
+    assert counts[unmappable] == 1 and counts[flaky] == 3, counts
+    assert [r.status_code for r in results] == [500, 200]
