@@ -159,8 +159,8 @@ async def router_retried(call: Callable[[int], Awaitable[T]], router: Any, group
             attempt += 1
             if attempt > retries or not retry_can_fix(exc) or not _router_retries(router, exc, group):
                 raise
-            response = getattr(exc, "response", None)
-            headers = response.headers if isinstance(getattr(response, "headers", None), Mapping) else None
+            headers = getattr(getattr(exc, "response", None), "headers", None)
+            headers = headers if isinstance(headers, Mapping) else None
             await asyncio.sleep(max(retry_delay(attempt, headers), float(getattr(router, "retry_after", 0) or 0)))
 
 
