@@ -40,6 +40,7 @@ from providers import litellm_setup
 from providers.background import BackgroundRoute, priority_refused
 from providers.messages_bridge import message_through_wire
 from providers.passthrough import DEFAULT_MAX_REPLY_BYTES, PassThrough, wire_provider
+from providers.retry_policy import router_retried
 from providers.router_groups import fallback_closure, internal_groups, wire_fallbacks
 from providers.upstream_errors import UPSTREAM_ERROR, provider_error
 
@@ -213,7 +214,8 @@ class LiteLLMBackend:
             headers = tracing.headers()  # the request span's traceparent: ours, a line cannot set extra_headers
             if headers and "extra_headers" not in body:
                 body["extra_headers"] = headers
-            reply = await call(model=model, **body)
+            reply = await router_retried(lambda retries: call(model=model, num_retries=retries, **body), self._router,
+                                         self._group(model))
         except Exception as exc:  # a provider error is this line's result, never the batch's end
             err = provider_error(exc, model)
             if err.body is None:

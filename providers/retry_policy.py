@@ -10,6 +10,12 @@ Every in-process retry of the gateway goes through here:
   (0, 120] s, else exponential backoff (0.5 s doubling, at most 8 s) with jitter (up to 25% less). A
   timeout or a refused connection is retried the same way. The number of retries is the Router's
   `num_retries` (or the deployment's own), and `router_settings.retry_after` is a floor on every wait.
+- `router_retried`: a line on LiteLLM's completion path. LiteLLM's Router retries every error its rules call
+  retryable, its own failures too (a credential file it cannot read, a reply it cannot map: its catch-all
+  `APIConnectionError`), so each try goes to the Router with `num_retries=0` (it still picks the deployment
+  and walks its fallbacks after the try's failure), and the tries are counted here: at most the Router's
+  `num_retries` more, while the failure is one a retry may fix (`providers.upstream_errors.retry_can_fix`)
+  and the Router's own rule retries it (`should_retry_this_error`), each after the wait the pass-through takes.
 - `job_call_retrying`: one call of a provider's batch API (upload, create, read, cancel), retried on a
   transient error (`providers.upstream_errors.retryable`), 4 attempts, 0.5 s doubling.
 - `put_retrying`: `batchyard run -o URL`'s PUT (a presigned S3 URL), 5 attempts, 0.5 s doubling up to 8 s;
@@ -21,6 +27,7 @@ Webhook deliveries are not retried here: theirs is a schedule kept in the store 
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import math
 import random
@@ -37,7 +44,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from providers.upstream_errors import retryable
+from providers.upstream_errors import retry_can_fix, retryable
 
 T = TypeVar("T")
 
@@ -136,6 +143,51 @@ async def wire_retried(attempt: Callable[[], Awaitable[A]], floor: float) -> A:
                              retry_error_callback=lambda state: state.outcome.result())  # type: ignore[union-attr]
     answer: A = await retrying(again)
     return answer
+
+
+async def router_retried(call: Callable[[int], Awaitable[T]], router: Any, group: str) -> T:
+    """`call(num_retries)` through LiteLLM's Router for a line of model group `group`, each try with no retries
+    of the Router's own: retried here while a retry may fix the failure, as many times as the failed deployment's
+    `num_retries` says, else the Router's."""
+    retries: int | None = None
+    attempt = 0
+    while True:
+        try:
+            return await call(0)
+        except Exception as exc:
+            retries = _retries(router, exc, group) if retries is None else retries
+            attempt += 1
+            if attempt > retries or not retry_can_fix(exc) or not _router_retries(router, exc, group):
+                raise
+            headers = getattr(getattr(exc, "response", None), "headers", None)
+            headers = headers if isinstance(headers, Mapping) else None
+            await asyncio.sleep(max(retry_delay(attempt, headers), float(getattr(router, "retry_after", 0) or 0)))
+
+
+def _retries(router: Any, exc: Exception, group: str) -> int:
+    """The retries a failed line gets, as the Router counts them: its deployment's own `num_retries` (the
+    Router stamps the failure with the deployment's id), else the Router's."""
+    failed = getattr(exc, "failed_deployment_id", None)
+    for deployment in router.registry().deployments(group) or []:
+        if failed is not None and (deployment.get("model_info") or {}).get("id") == failed:
+            own = (deployment.get("litellm_params") or {}).get("num_retries")
+            if own is not None:
+                return int(own)
+    return int(router.num_retries or 0)
+
+
+def _router_retries(router: Any, exc: Exception, group: str) -> bool:
+    """LiteLLM's Router's own rule (`should_retry_this_error`, which raises for no): a bad request, a missing
+    model, a key refused by a group's only deployment are not retried."""
+    deployments = list(router.registry().deployments(group) or [])
+    settings = router.settings()
+    try:
+        return bool(router.should_retry_this_error(
+            exc, healthy_deployments=deployments, all_deployments=deployments,
+            context_window_fallbacks=settings.context_window_fallbacks,
+            content_policy_fallbacks=settings.content_policy_fallbacks, regular_fallbacks=settings.fallbacks))
+    except Exception:  # its answer "no": the error itself, raised
+        return False
 
 
 def _transient(exc: BaseException) -> bool:

@@ -12,7 +12,8 @@ connection) the line gets our own message under a stable code.
 
 The one home of provider error reading: a line's error (`provider_error`, `reply_error`), and the
 one-line words of a failed batch-job call for logs and a part's error results (`describe_error`,
-`error_message`, `batch_error_message`), with whether it is worth another try (`retryable`).
+`error_message`, `batch_error_message`), with whether it is worth another try (`retryable`; a LiteLLM call's:
+`retry_can_fix`).
 """
 
 from __future__ import annotations
@@ -121,6 +122,16 @@ def _no_bytes_came_back(exc: BaseException) -> bool:
     if isinstance(exc, openai.APIConnectionError) and module.startswith("openai"):
         return True  # the SDK's: raised only when its transport failed
     return module.startswith("aiohttp") and ("Connect" in type(exc).__name__ or "Disconnected" in type(exc).__name__)
+
+
+def retry_can_fix(exc: BaseException) -> bool:
+    """Whether another try of a failed LiteLLM call may end differently. Not when LiteLLM failed in its own code:
+    its catch-all `APIConnectionError` with no reply, no timeout and no transport failure in the chain (a
+    credential file it could not read, a 200 reply it could not map). The same request fails the same way again,
+    and a reply that was answered is paid for at each try."""
+    if type(exc).__name__ != "APIConnectionError" or not type(exc).__module__.startswith("litellm"):
+        return True
+    return _kind(exc) is not None or any(_reply_of(e) != (None, None) for e in _chain(exc))
 
 
 def _litellm_said(exc: BaseException) -> dict[str, Any]:

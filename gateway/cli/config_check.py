@@ -14,6 +14,8 @@ an alias) is one more row builder, not a new printer.
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -140,6 +142,22 @@ def check_router(config: Config) -> None:
                      config.path)
 
 
+def check_router_apart(config: Config) -> None:
+    """`check_router` in a child process, for serve: its API process never imports LiteLLM (its workers build
+    the Router), and a config the Router refuses would have them exit and restart while serve ran on. The
+    child exits 2 with the `ConfigError`'s path, key and problem on stdout, one JSON object."""
+    if not any(route.kind is RouteKind.UPSTREAM for route in config.routes.values()):
+        return
+    # -P: the installed package, never a `gateway/` folder in the current directory (as the workers)
+    proc = subprocess.run([sys.executable, "-P", "-m", "gateway.cli.config_check", str(config.path)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode == EXIT_CONFIG:
+        said = json.loads(proc.stdout)
+        raise ConfigError(said["path"], said["key"], said["problem"])
+    if proc.returncode != EXIT_OK:
+        raise RuntimeError(f"building LiteLLM's Router failed: {proc.stderr.strip()[-2000:]}")
+
+
 def route_rows(config: Config) -> list[RouteRow]:
     """One row per model name of `config.routes`, in name order."""
     from providers.litellm_backend import wire_groups  # which upstream groups take the pass-through
@@ -190,3 +208,11 @@ def check_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 __all__ = ["RouteRow", "add_parser", "check_command", "print_rows", "route_row", "route_rows"]
+
+
+if __name__ == "__main__":  # `check_router_apart`'s child: the config at argv[1], its Router built
+    try:
+        check_router(load_config(sys.argv[1]))
+    except ConfigError as error:
+        print(json.dumps({"path": error.path, "key": error.key, "problem": error.problem}))
+        sys.exit(EXIT_CONFIG)

@@ -16,10 +16,10 @@ import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-import httpx
-from openai import OpenAI
+if TYPE_CHECKING:  # imported when a batch is followed (`submit`), not when the command line is parsed
+    from openai import OpenAI
 
 _OUTPUT, _ERROR = b'{"kind":"output",', b'{"kind":"error",'
 PAGE = 1000
@@ -68,6 +68,8 @@ class Arrivals:
 
     def page(self, client: OpenAI) -> tuple[bool, str]:
         """Fetch and write one page; (more are recorded already, the batch's status when it was read)."""
+        import httpx
+
         for handle, size in ((self._out, self.state.output_bytes), (self._err, self.state.error_bytes)):
             if handle is not None:  # a page cut short (Ctrl-C) left lines past the state: asked for again
                 handle.truncate(size)

@@ -354,7 +354,9 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _serve_command(args: argparse.Namespace) -> int:
-    load_config(args.config, strict=args.strict_config)  # a bad config fails here, before the server starts
+    from gateway.cli.config_check import check_router_apart  # a bad config fails here, the Router's refusals too
+
+    check_router_apart(load_config(args.config, strict=args.strict_config))
     log_level = "debug" if args.verbose else "info"  # the server's log (uvicorn's included)
     if args.redis_url:
         from gateway.cli.serve import serve_shared

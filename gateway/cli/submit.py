@@ -17,14 +17,15 @@ import json
 import os
 import sys
 import time
-from typing import Any
-
-import openai
-from openai import OpenAI
+from typing import TYPE_CHECKING, Any
 
 from gateway import tracing
 from gateway.cli.console import say
 from gateway.cli.follow import Arrivals, State, load_state, save_state, state_path, write_final
+
+if TYPE_CHECKING:  # the SDK is imported when a batch is submitted: every other command parses without it
+    import openai
+    from openai import OpenAI
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_DELIVERY, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 FINISHED = ("completed", "failed", "expired", "cancelled")
@@ -78,6 +79,9 @@ def add_parser(sub: Any) -> None:
 
 
 def submit_command(args: argparse.Namespace) -> int:
+    import openai
+    from openai import OpenAI
+
     metadata = dict(pair.partition("=")[::2] for pair in args.metadata or [])
     base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
     if not base_url:  # the SDK would fall back to api.openai.com, and send the team's key there

@@ -284,7 +284,7 @@ def test_supported_environments_load_as_litellm_s_router_loads_them() -> None:
         parse_config({"model_list": [prod]}, "team.yaml")
 
 
-def test_a_router_litellm_refuses_is_a_config_error_at_check_and_run(
+def test_a_router_litellm_refuses_is_a_config_error_at_check_run_and_serve(
         upstream: Upstream, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`supported_environments` without LITELLM_ENVIRONMENT: LiteLLM's Router refuses to build. config check and
     run build it and load refuses it first (serve too), so all three say so with exit status 2, and nothing is
@@ -307,12 +307,14 @@ def test_a_router_litellm_refuses_is_a_config_error_at_check_and_run(
     assert upstream.stats()["requests"] == before and not (tmp_path / "o").exists()
     proc = batchyard(capsys, "config", "check", str(cfg), env={"LITELLM_ENVIRONMENT": "production"}, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
-    # what only LiteLLM's Router refuses, config check and run refuse alike: they build the same Router
+    # what only LiteLLM's Router refuses, config check, run and serve refuse alike: they build the same Router
+    # (serve in a child process before it listens, not in workers that would exit and be restarted)
     _write(cfg, {"model_list": [{"model_name": "gpt", "litellm_params": {
         "model": "openai/gpt-4o-mini", "api_key": "k", "api_base": upstream.v1_url}}],
         "router_settings": {"cooldown_time": True}})
     for args in (["config", "check", str(cfg)], ["run", "-i", str(src), "-o", str(tmp_path / "o"), "--config",
-                                                 str(cfg)]):
+                                                 str(cfg)],
+                 ["serve", "--config", str(cfg), "--data-dir", str(tmp_path / "data"), "--port", "9"]):
         proc = batchyard(capsys, *args, cwd=REPO)
         assert proc.returncode == 2, (args, proc.stderr)
         assert ("model_list, router_settings: LiteLLM's Router refuses them: TypeError: Router cooldown_time must "
