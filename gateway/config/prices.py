@@ -92,8 +92,8 @@ def batch_prices(model_info: Mapping[str, Any], model_cost: Mapping[str, Any], c
     """(input, output) USD per token at batch rates: model_info first, then LiteLLM's price map.
 
     `*_cost_per_token_batches` are used as they are; plain `*_cost_per_token` are times `discount` (0.5: the 50%
-    batch discount of OpenAI, Azure, Anthropic and Mistral alike). A provider that discounts some models only
-    (Together: `discount` None) has no rule to derive one: the config's plain prices are its batch prices as
+    batch discount of OpenAI, Azure, Anthropic and Mistral alike). A provider whose batch discount is not one rule
+    (Groq, Together: `discount` None) has no rule to derive one: the config's plain prices are its batch prices as
     written, and the map's real-time prices are not read. The prompt cache's prices (`cache_read_input_token_
     cost`, `cache_creation_input_token_cost`) come from the same source the same way. None when no price is known.
     """

@@ -158,7 +158,7 @@ def test_config_check_shows_the_prices_a_native_route_charges() -> None:
                     "mapped": f"{haiku['input_cost_per_token_batches'] * 1e6:g} / "
                               f"{haiku['output_cost_per_token_batches'] * 1e6:g}",
                     "live": "2.5 / 10", "host-live": "- (batches 0.05 / 0.2)", "groq-priced": "0.025 / 0.04",
-                    "groq-halved-never": "-"}, rows
+                    "groq-halved-never": "0.05 / 0.08"}, rows  # as written: never halved
 
 
 # -- a native job reserves before it is created ---------------------------------------------------------------

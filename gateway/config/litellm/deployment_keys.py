@@ -31,6 +31,7 @@ BATCHYARD_MODEL_INFO: dict[str, str] = {
     "metrics_url": "where a route's engine publishes its metrics",
     "native_max_lines": "requests per upstream job at most",
     "native_max_bytes": "bytes per upstream job file at most",
+    "native_completion_window": "the completion window each upstream job asks for (`24h` default, `7d`)",
     "native_poll_initial_seconds": "the first wait between two polls of an upstream job",
     "native_poll_max_seconds": "the longest wait between two polls of an upstream job",
     "native_s3_bucket": "Bedrock: the S3 bucket of its batch jobs",
