@@ -133,7 +133,10 @@ class Uploads:
         if len(have) >= MAX_PARTS:
             raise InvalidRequest(f"Upload {upload_id} already has the maximum of {MAX_PARTS} parts.",
                                  param="data", code="too_many_parts")
-        room = rec.bytes - sum(p.bytes for p in have.values())  # parts past `bytes` could never complete
+        # Room for every part twice over: a part whose reply was lost (a retry, a client killed before it
+        # noted the part id) is sent again, and the copy not named at `complete` is dropped then. Past that,
+        # the parts could never make a File of `bytes`.
+        room = 2 * rec.bytes - sum(p.bytes for p in have.values())
         part = PartRecord(new_id("part"), upload_id, 0, now())
         team = storage_team(owner)
         meter = StorageMeter(self.service.store.storage, team, part.id, self.service.storage_limit(team))
@@ -144,7 +147,7 @@ class Uploads:
                     if part.bytes > MAX_PART_BYTES:
                         raise TooLarge(f"Part size exceeds the maximum of {MAX_PART_BYTES} bytes.", param="data",
                                        code="part_too_large")
-                    if part.bytes > room:
+                    if part.bytes > min(room, rec.bytes):
                         raise InvalidRequest(f"The parts of Upload {upload_id} would exceed its {rec.bytes} "
                                              "bytes.", param="data", code="upload_too_large")
                     await writer.write(chunk)
