@@ -83,8 +83,6 @@ class AnthropicJobs(TranslatedLines):
 
     providers = ("anthropic",)
     endpoints = frozenset({Endpoint.CHAT, Endpoint.MESSAGES})
-    max_lines = 100_000
-    max_bytes = 256_000_000
 
     def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any],
                  info: NativeModelInfo) -> None:

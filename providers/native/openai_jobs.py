@@ -34,8 +34,6 @@ class OpenAIJobs(UpstreamJobs):
 
     providers = ("openai", "azure")
     endpoints = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES})
-    max_lines = 50_000  # OpenAI: 50,000 requests and 200 MB per input file
-    max_bytes = 190_000_000
 
     def url(self, endpoint: Endpoint) -> str:
         return upstream_url(endpoint, self.provider)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -349,3 +350,42 @@ def test_cli_mixed_file_native_and_realtime(upstream: Upstream, tmp_path: Path) 
     assert after["batch_lines"] - before["batch_lines"] == 8  # gpt-cheap's lines went as an upstream batch
     assert after["requests"] - before["requests"] == 4  # gpt-fast's lines went one call each
     assert after["by_model"].get("gpt-4o", 0) - before["by_model"].get("gpt-4o", 0) == 4
+
+
+@pytest.mark.parametrize("limit", [{"native_max_lines": 3}, {"native_max_bytes": 500}], ids=["lines", "bytes"])
+def test_a_file_of_many_shards_runs_as_jobs_within_the_route_limits(upstream: Upstream, tmp_path: Path,
+                                                                     limit: dict[str, int]) -> None:
+    """`batchyard run` of 40 lines in shards of 10 on a native route with a tiny job bound (in place of the
+    provider's row in `providers.native.job_limits`): every upstream job holds at most that many lines or
+    bytes, and the output is every line once, in input order."""
+    config = {
+        "model_list": [{"model_name": "gpt-cheap", "litellm_params": {
+            "model": "openai/gpt-4o-mini", "api_base": upstream.v1_url, "api_key": "sk-openai"},
+            "model_info": {"batch_mode": "native", "native_poll_max_seconds": 0.2, **limit}}],
+        "batch_settings": {"shard_size": 10},
+    }
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
+                                       "body": {"model": "gpt-cheap",
+                                                "messages": [{"role": "user", "content": f"question {i}"}]}}) + "\n"
+                           for i in range(40)))
+    http = httpx.Client(base_url=upstream.v1_url, headers={"Authorization": "Bearer sk-openai"}, timeout=30)
+    seen = {b["id"] for b in http.get("/batches", params={"limit": 100}).json()["data"]}
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "run", "-i", str(inp), "-o", str(out), "--config",
+                           str(cfg), "-q"], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr
+    output = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [o["custom_id"] for o in output] == [f"q{i}" for i in range(40)]
+    assert all(o["response"]["status_code"] == 200 for o in output)
+    jobs = [b for b in http.get("/batches", params={"limit": 100}).json()["data"] if b["id"] not in seen]
+    assert sum(b["request_counts"]["total"] for b in jobs) == 40
+    assert len(jobs) > 4  # more than one job per shard: the shards were split further
+    for job in jobs:
+        assert job["request_counts"]["total"] <= limit.get("native_max_lines", 50_000)
+        size = http.get(f"/files/{job['input_file_id']}").json()["bytes"]
+        assert size <= limit.get("native_max_bytes", 190_000_000)
+    http.close()
