@@ -374,6 +374,14 @@ def test_shared_mode_on_s3_uploads_runs_and_cancels(upstream: Upstream, redis_se
         client.files.delete(upload.file.id)  # the File's deletion takes its parts from S3
         with pytest.raises(openai.NotFoundError):
             client.files.retrieve(upload.file.id)
+        # parts of 5 MiB: S3 joins them into one object itself, and the parts go
+        data = _lines(1, "s3big") + b"x" * (11 << 20)
+        upload = client.uploads.upload_file_chunked(file=data, filename="big.bin", bytes=len(data),
+                                                    mime_type="application/octet-stream", purpose="user_data",
+                                                    part_size=5 << 20, md5=hashlib.md5(data).hexdigest())
+        assert upload.file is not None and client.files.content(upload.file.id).read() == data
+        keys = s3.keys(f"uploads-e2e/uploads/{upload.id}/")
+        assert keys == [f"uploads-e2e/uploads/{upload.id}/file"], keys
 
 
 
@@ -396,6 +404,32 @@ async def test_s3_reads_a_completed_upload_as_its_parts(s3: MotoS3, monkeypatch:
         for key, _ in parts:
             assert await blobs.size(key) is None
         assert await blobs.size(manifest) is None
+    finally:
+        await blobs.aclose()
+
+
+async def test_s3_joins_parts_of_5_mib_by_its_own_multipart(s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts S3's multipart takes (5 MiB each but the last) become one object by server-side part copies, in the
+    order named; smaller ones stay a manifest of the parts. Either reads back as the parts in order."""
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    blobs = S3Blobs.from_url(s3.location("compose"), endpoint_url=s3.url)
+    try:
+        big = [(f"uploads/u2/p{i}", bytes([97 + i]) * size) for i, size in enumerate((5 << 20, 6 << 20, 1000))]
+        for key, data in big:
+            async with blobs.writing(key) as writer:
+                await writer.write(data)
+        order = [big[1], big[0], big[2]]  # the last part alone may be small
+        key = await blobs.compose("uploads/u2/file", [(k, len(d)) for k, d in order])
+        assert key == "uploads/u2/file" and not composed.is_composed(key)  # one plain object
+        assert await blobs.size(key) == sum(len(d) for _, d in order)
+        assert b"".join([c async for c in blobs.read(key, 1 << 20)]) == b"".join(d for _, d in order)
+        for part, _ in big:  # the parts are untouched: the caller deletes them once the File is recorded
+            assert await blobs.size(part) is not None
+        small = [(k, len(d)) for k, d in (big[2], big[0])]  # a small part first: S3 refuses it as a part
+        key = await blobs.compose("uploads/u2/other", small)
+        assert composed.is_composed(key)
+        assert b"".join([c async for c in blobs.read(key)]) == big[2][1] + big[0][1]
     finally:
         await blobs.aclose()
 
