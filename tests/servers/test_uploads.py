@@ -57,6 +57,11 @@ def gw(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         {"team_id": "gamma", "api_keys": [GAMMA], "max_file_storage_bytes": GAMMA_STORAGE}]
     config = gateway_config(upstream, models=("gpt-mini",), teams=teams, max_upload_bytes=10**8,
                             shard_size=5_000, max_concurrency=64)
+    # The big batch's lines go as the upstream's own batch jobs (a job per shard, answered inside the stand-in):
+    # the same upload, plan, shards and merge as a real-time route, without 50,001 HTTP calls.
+    config["model_list"].append({"model_name": "gpt-bulk", "litellm_params": {
+        "model": "openai/gpt-bulk", "api_base": upstream.v1_url, "api_key": upstream.api_key},
+        "model_info": {"batch_mode": "native", "native_poll_initial_seconds": 0.1, "native_poll_max_seconds": 0.3}})
     with start_gateway(config, tmp_path_factory.mktemp("uploads") / "data") as gateway:
         yield gateway
 
@@ -317,11 +322,13 @@ def test_a_kill_during_complete_leaves_a_whole_file_or_none(upstream: Upstream, 
 # --------------------------------------------------------------------------- a batch past 50,000 lines
 
 
-def test_a_batch_of_more_than_50000_lines_from_an_upload(gw: Gateway) -> None:
-    """alpha's `max_lines` is raised past OpenAI's 50,000: one batch runs the whole file, in input order."""
+def test_a_batch_of_more_than_50000_lines_from_an_upload(gw: Gateway, upstream: Upstream) -> None:
+    """alpha's `max_lines` is raised past OpenAI's 50,000: one batch runs the whole file, in input order, its
+    shards each an upstream job of the native route."""
     data = jsonl({"custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions",
-                  "body": {"model": "gpt-mini", "messages": [{"role": "user", "content": "k"}], "max_tokens": 1}}
+                  "body": {"model": "gpt-bulk", "messages": [{"role": "user", "content": "k"}], "max_tokens": 1}}
                  for i in range(BIG))
+    jobs_before = upstream.stats()["batches_created"]
     client = gw.client(ALPHA)
     upload = client.uploads.upload_file_chunked(file=data, filename="big.jsonl", bytes=len(data),
                                                 mime_type="application/jsonl", purpose="batch",
@@ -334,6 +341,8 @@ def test_a_batch_of_more_than_50000_lines_from_an_upload(gw: Gateway) -> None:
     assert done.request_counts is not None and done.request_counts.completed == BIG
     out = read_jsonl(client, done.output_file_id)
     assert [o["custom_id"] for o in out] == [f"b{i}" for i in range(BIG)]  # one output, in input order
+    assert all(o["response"]["status_code"] == 200 for o in out)
+    assert upstream.stats()["batches_created"] - jobs_before == -(-BIG // 5_000)  # a job per shard
     # another team keeps OpenAI's 50,000
     other = gw.client(BETA)
     upload = other.uploads.upload_file_chunked(file=data, filename="big.jsonl", bytes=len(data),
