@@ -389,3 +389,33 @@ def test_a_file_of_many_shards_runs_as_jobs_within_the_route_limits(upstream: Up
         size = http.get(f"/files/{job['input_file_id']}").json()["bytes"]
         assert size <= limit.get("native_max_bytes", 190_000_000)
     http.close()
+
+
+def test_run_takes_its_own_file_past_openais_caps(upstream: Upstream, tmp_path: Path) -> None:
+    """`batchyard run` of 50,001 lines (past OpenAI's 50,000, which a shared API keeps by default) runs whole,
+    in input order; a `max_lines` the config sets is still applied to it."""
+    model = {"model_name": "gpt-cheap", "litellm_params": {"model": "openai/gpt-4o-mini", "api_base": upstream.v1_url,
+                                                            "api_key": "sk-openai"},
+             "model_info": {"batch_mode": "native", "native_poll_initial_seconds": 0.1,
+                            "native_poll_max_seconds": 0.3}}
+    n = 50_001
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
+                                       "body": {"model": "gpt-cheap", "messages": [{"role": "user", "content": "k"}]}})
+                           + "\n" for i in range(n)))
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    repo = Path(__file__).resolve().parents[2]
+
+    def run(settings: dict[str, Any], out: Path) -> subprocess.CompletedProcess[str]:
+        cfg = tmp_path / "config.yaml"
+        cfg.write_text(yaml.safe_dump({"model_list": [model], "batch_settings": settings}))
+        return subprocess.run([sys.executable, "-m", "gateway.cli", "run", "-i", str(inp), "-o", str(out),
+                               "--config", str(cfg), "-q"], capture_output=True, text=True, timeout=300, env=env,
+                              cwd=repo)
+
+    done = run({"shard_size": 10_000}, tmp_path / "out.jsonl")
+    assert done.returncode == 0, done.stderr
+    seen = [json.loads(line)["custom_id"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert seen == [f"q{i}" for i in range(n)]
+    refused = run({"max_lines": 50_000}, tmp_path / "refused.jsonl")
+    assert refused.returncode == 1 and "too_many_tasks" in refused.stderr, refused.stderr[-2000:]
