@@ -72,6 +72,7 @@ class Sampler:
         self.data_dir = data_dir
         self.rss: dict[tuple[str, int], int] = {}
         self.disk = 0
+        self.disk_parts: dict[str, int] = {}  # where the bytes were at the high-water mark
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._memory, daemon=True),
                          threading.Thread(target=self._space, daemon=True)]
@@ -87,7 +88,9 @@ class Sampler:
 
     def _space(self) -> None:
         while not self._stop.is_set():
-            self.disk = max(self.disk, _disk_bytes(self.data_dir))
+            parts = _disk_parts(self.data_dir)
+            if sum(parts.values()) > self.disk:
+                self.disk, self.disk_parts = sum(parts.values()), parts
             time.sleep(0.5)
 
     def by_role(self) -> dict[str, int]:
@@ -105,6 +108,25 @@ class Sampler:
         self._stop.set()
         for thread in self._threads:
             thread.join()
+
+
+def _disk_parts(root: Path) -> dict[str, int]:
+    """Bytes on disk per part of the data directory: each folder under `blobs/` (files, uploads, batches,
+    results), and each other entry (the SQLite store and its journal)."""
+    parts: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root):
+            if entry.name == "blobs" and entry.is_dir():
+                with contextlib.suppress(OSError):
+                    for sub in os.scandir(entry.path):
+                        parts[f"blobs/{sub.name}"] = _disk_bytes(Path(sub.path)) if sub.is_dir() else \
+                            sub.stat().st_blocks * 512
+            elif entry.is_dir():
+                parts[entry.name] = _disk_bytes(Path(entry.path))
+            else:
+                with contextlib.suppress(OSError):
+                    parts[entry.name] = entry.stat().st_blocks * 512
+    return parts
 
 
 def _disk_bytes(root: Path) -> int:
@@ -126,10 +148,11 @@ def write_input(path: Path, lines: int, line_bytes: int, tag: str) -> int:
     """`lines` chat lines of about `line_bytes` each (the content padded), written as a stream."""
     with path.open("wb") as out:
         for i in range(lines):
+            message = {"role": "user", "content": ""}
             head = {"custom_id": f"{tag}-{i}", "method": "POST", "url": "/v1/chat/completions",
-                    "body": {"model": "gpt-mini", "max_tokens": 1, "messages": [{"role": "user", "content": ""}]}}
+                    "body": {"model": "gpt-mini", "max_tokens": 1, "messages": [message]}}
             bare = len(json.dumps(head)) + 1
-            head["body"]["messages"][0]["content"] = f"{i} " + "x" * max(0, line_bytes - bare - len(str(i)) - 1)
+            message["content"] = f"{i} " + "x" * max(0, line_bytes - bare - len(str(i)) - 1)
             out.write(json.dumps(head).encode() + b"\n")
     return path.stat().st_size
 
@@ -163,6 +186,7 @@ def run_one(client: OpenAI, gw: Gateway, src: Path, lines: int, tag: str, part_b
     walls["rss"] = sampler.by_role()
     walls["rss_each"] = dict(sampler.rss)
     walls["disk"] = sampler.disk
+    walls["disk_parts"] = sampler.disk_parts
     if seen != lines:
         raise SystemExit(f"{tag}: {seen} output lines, expected {lines}")
     client.files.delete(batch.output_file_id)  # the next run's disk mark starts from the same floor
@@ -200,7 +224,8 @@ def _report(name: str, w: dict[str, Any]) -> None:
         print(f"    peak RSS {role:11} pid {pid:<8} {rss / 2**20:8.0f} MiB")
     beside = w["disk"] - w["bytes"] - w["output_bytes"]
     print(f"    disk high-water {w['disk'] / MB:,.1f} MB: input {mb:,.1f} + output {w['output_bytes'] / MB:,.1f}"
-          f" + {beside / MB:,.1f} MB beside them")
+          f" + {beside / MB:,.1f} MB beside them; at the mark: "
+          + ", ".join(f"{name} {size / MB:,.1f}" for name, size in sorted(w["disk_parts"].items()) if size))
 
 
 def main() -> None:
