@@ -6,11 +6,13 @@ serve` (the command as a subprocess, the openai SDK inside it, the loopback upst
 - interrupted mid-upload (the team's storage quota crossed at the fourth part: a deterministic stop) and run
   again once there is room: the same Upload goes on with only the missing parts, and makes one File;
 - SIGKILLed mid-upload and run again: the output is whole and in order, one batch of the input;
+- a `complete` whose reply was lost: the rerun finds the File the Upload made, and makes no second one;
 - `--part-size` past OpenAI's 64 MB: a usage error before anything is sent.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -153,3 +155,24 @@ def test_a_part_size_past_64m_is_a_usage_error(tmp_path: Path) -> None:
                               str(tmp_path / "o.jsonl"), "--base-url", "http://127.0.0.1:9/v1", "--part-size",
                               "65M"], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "64M" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_complete_whose_reply_was_lost_finds_its_file(gateway: Gateway, tmp_path: Path) -> None:
+    """Killed after the gateway completed the Upload but before the state noted its File: the rerun's
+    `complete` is refused (`upload_already_completed`), and the File is found among the team's files."""
+    src, out = _input(tmp_path / "lost-reply.jsonl", 8), tmp_path / "out.jsonl"
+    data = src.read_bytes()
+    client = gateway.client("sk-alpha")
+    upload = client.uploads.create(bytes=len(data), filename=src.name, mime_type="application/jsonl",
+                                   purpose="batch")
+    ids = [client.uploads.parts.create(upload.id, data=data[i:i + PART]).id for i in range(0, len(data), PART)]
+    made = client.uploads.complete(upload.id, part_ids=ids).file
+    assert made is not None
+    Path(f"{out}.batchyard-upload.json").write_text(json.dumps({
+        "input_sha256": hashlib.sha256(data).hexdigest(), "upload_id": upload.id, "created_at": upload.created_at,
+        "bytes": len(data), "part_size": PART, "part_ids": ids, "file_id": None}))
+    done = _submit(gateway, src, out)
+    assert done.returncode == 0, done.stderr
+    assert f"uploaded {len(data) / 1e6:.1f} MB as {made.id}" in done.stderr and _parts_said(done.stderr) == []
+    assert [f.id for f in _files_named(gateway, src.name)] == [made.id]  # no second File
+    assert [r["custom_id"] for r in _rows(out)] == [f"r{i}" for i in range(8)]
