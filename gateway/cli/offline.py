@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import os
@@ -66,6 +67,7 @@ class RunOptions:
 
 
 async def run_batch_file(config: Config, opts: RunOptions) -> int:
+    config = dataclasses.replace(config, batch=config.batch.for_own_file())  # the caller's own file, any size
     if opts.dry_run:
         return await dry_run(config, opts)
     tmp = None

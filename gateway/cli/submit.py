@@ -4,7 +4,9 @@ Through the `openai` SDK (its own retry rules for transport errors; the key from
 from --base-url or OPENAI_BASE_URL, one of them required: never the SDK's default host, where the team's
 key would go otherwise): upload the file and create the batch, each with
 an `Idempotency-Key` derived from the input's sha256 (and the endpoint, window and metadata), so a rerun
-after a dropped connection or a kill finds the same file and batch and never makes a second; follow the
+after a dropped connection or a kill finds the same file and batch and never makes a second (a file over
+200 MB, or any with `--chunked`, goes through the Uploads API instead, resumable part by part:
+`gateway.cli.chunked`); follow the
 batch's live request_counts; write its results as they arrive (`GET /v1/batches/{id}/results`, by cursor,
 resumable: `gateway.cli.follow`); when it ends, leave the complete output (and error) file in input order.
 """
@@ -20,6 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gateway import tracing
+from gateway.cli.chunked import CHUNKED_OVER, drop_upload_state, part_size, upload_in_parts, upload_state_path
 from gateway.cli.console import say
 from gateway.cli.follow import Arrivals, State, load_state, save_state, state_path, write_final
 
@@ -36,7 +39,10 @@ examples:
   export OPENAI_API_KEY=sk-team-key
   batchyard submit -i batch.jsonl -o results.jsonl --base-url http://gateway:4000/v1
   batchyard submit -i batch.jsonl -o results.jsonl --error-file errors.jsonl --detach
+  batchyard submit -i big.jsonl -o results.jsonl --chunked --part-size 32M
 
+A file over 200 MB (or any, with --chunked) goes through the Uploads API in parts of up to 64 MB, a
+progress line per part; the parts sent are noted beside the output, so a rerun sends only the missing ones.
 Run the same command again after a kill, a dropped connection or --detach: it finds the same file and
 batch (idempotency keys from the input's sha256) and goes on writing where it stopped. Ctrl-C asks
 whether to cancel the batch (without a terminal: leaves it running).
@@ -51,6 +57,13 @@ def _pair(text: str) -> str:
     if "=" not in text or not text.partition("=")[0]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
     return text
+
+
+def _part_size(text: str) -> int:
+    try:
+        return part_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_parser(sub: Any) -> None:
@@ -74,6 +87,11 @@ def add_parser(sub: Any) -> None:
                    help="a metadata pair of the batch; repeat for more (default: none)")
     p.add_argument("--detach", action="store_true",
                    help="print the batch id and return once it is created (the same command without it follows it)")
+    p.add_argument("--chunked", action="store_true",
+                   help="send the file through the Uploads API in parts, resumable (default: only a file over "
+                   "200 MB, which POST /files would refuse)")
+    p.add_argument("--part-size", type=_part_size, default=64 * 1024 * 1024, metavar="SIZE",
+                   help="bytes per part of a chunked upload, or with K or M (default: 64M, OpenAI's most)")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between looks at a running batch (default: 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
 
@@ -89,7 +107,7 @@ def submit_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         client = OpenAI(base_url=base_url)  # OPENAI_API_KEY, as the SDK reads it
-        sha, first_url = _inspect(args.input_file)
+        sha, md5, first_url = _inspect(args.input_file)
     except openai.OpenAIError as exc:
         say(f"{exc}")
         return EXIT_USAGE
@@ -100,7 +118,7 @@ def submit_command(args: argparse.Namespace) -> int:
     try:
         with tracing.client_span("batchyard.submit"):  # the gateway's spans join this trace (traceparent)
             traced = client.with_options(default_headers=tracing.headers()) if tracing.enabled() else client
-            return _submit(traced, args, sha, args.endpoint or first_url, metadata)
+            return _submit(traced, args, (sha, md5), args.endpoint or first_url, metadata)
     except openai.AuthenticationError as exc:
         say(f"the gateway refused the key (401): set OPENAI_API_KEY to a key of your team ({_message(exc)})")
         return EXIT_USAGE
@@ -109,6 +127,8 @@ def submit_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     except openai.APIStatusError as exc:
         say(f"the gateway refused the request ({exc.status_code}): {_message(exc)}")
+        if upload_state_path(args.output_file).exists():
+            say("the parts sent so far are kept: the same command sends the rest")
         return EXIT_INPUT
     except openai.APIConnectionError as exc:
         say(f"could not reach the gateway at {client.base_url} ({exc}); the same command goes on where it stopped")
@@ -120,40 +140,52 @@ def _message(exc: openai.APIStatusError) -> str:
     return str(body.get("message") or exc.message)
 
 
-def _inspect(path: str) -> tuple[str, str]:
-    """The file's sha256 and its first line's url (the batch's endpoint unless --endpoint), streamed."""
-    digest, first_url = hashlib.sha256(), ""
+def _inspect(path: str) -> tuple[str, str, str]:
+    """The file's sha256, its md5 (a chunked upload's check) and its first line's url (the batch's endpoint
+    unless --endpoint), streamed."""
+    digest, md5, first_url = hashlib.sha256(), hashlib.md5(usedforsecurity=False), ""
     with open(path, "rb") as source:
         for raw in source:
             digest.update(raw)
+            md5.update(raw)
             if not first_url and raw.strip():
                 try:
                     first_url = str(json.loads(raw).get("url") or "")
                 except (ValueError, AttributeError):
                     first_url = "/v1/chat/completions"  # the gateway's validation will name the bad line
     url = "/" + (first_url or "/v1/chat/completions").lstrip("/")
-    return digest.hexdigest(), url if url.startswith("/v1/") else "/v1" + url
+    return digest.hexdigest(), md5.hexdigest(), url if url.startswith("/v1/") else "/v1" + url
 
 
 def _key(*parts: object) -> str:
     return _KEY_PREFIX + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def _submit(client: OpenAI, args: argparse.Namespace, sha: str, endpoint: str, metadata: dict[str, str]) -> int:
+def _submit(client: OpenAI, args: argparse.Namespace, sums: tuple[str, str], endpoint: str,
+            metadata: dict[str, str]) -> int:
+    sha, md5 = sums
     state = load_state(args.output_file, sha)
     if state is None:
-        file_key = _key("file", sha)
-        with open(args.input_file, "rb") as source:
-            upload = client.files.create(file=(_name(args.input_file), source), purpose="batch",
-                                         extra_headers={"Idempotency-Key": file_key})
+        size = os.path.getsize(args.input_file)
+        if args.chunked or size > CHUNKED_OVER:
+            file_id = upload_in_parts(client, args.input_file, sha=sha, md5=md5, size=size,
+                                      part_bytes=args.part_size, output=args.output_file,
+                                      progress=not args.no_progress)
+            batch_key = _key("batch", file_id, endpoint, args.completion_window, metadata)
+        else:
+            file_key = _key("file", sha)
+            with open(args.input_file, "rb") as source:
+                file_id = client.files.create(file=(_name(args.input_file), source), purpose="batch",
+                                              extra_headers={"Idempotency-Key": file_key}).id
+            batch_key = _key("batch", file_key, endpoint, args.completion_window, metadata)
         batch = client.batches.create(
-            input_file_id=upload.id, endpoint=endpoint, completion_window=args.completion_window,
-            metadata=metadata or None, extra_headers={"Idempotency-Key": _key("batch", file_key, endpoint,
-                                                                              args.completion_window, metadata)},
+            input_file_id=file_id, endpoint=endpoint, completion_window=args.completion_window,
+            metadata=metadata or None, extra_headers={"Idempotency-Key": batch_key},
         )
         state = State(input_sha256=sha, batch_id=batch.id)
         save_state(args.output_file, state)
-        say(f"created batch {batch.id} from {upload.id}")
+        drop_upload_state(args.output_file)  # the batch's state says it all from here
+        say(f"created batch {batch.id} from {file_id}")
     else:
         say(f"resuming batch {state.batch_id} (state in {state_path(args.output_file)})")
     if args.detach:

@@ -185,6 +185,9 @@ class Limits(BaseModel):
     max_errors_listed: int
 
 
+_ANY_NUMBER = 2**62  # lines: no bound a file could reach
+
+
 class BatchSettings(Strict):
     """`batch_settings`: batchyard's own knobs (LiteLLM's proxy has no such section)."""
 
@@ -201,7 +204,7 @@ class BatchSettings(Strict):
     reaches one, the team's webhook gets a `team.budget_threshold` event, once per fraction and budget period
     (teams with a `max_budget` and a webhook whose `webhook_events` has it). `[]`: no alerts."""
     max_lines: PositiveInt = 50_000
-    """Lines per input file; more is `too_many_tasks`."""
+    """Lines per input file; more is `too_many_tasks`. `batchyard run` applies it only when set here."""
     max_wildcard_models: PositiveInt = 200
     """Distinct concrete models one batch's lines may name through wildcard routes (`openai/*`), all together;
     past it the batch fails validation naming this setting. Each is a route of its own (shards, quota, cost),
@@ -210,7 +213,8 @@ class BatchSettings(Strict):
     """Distinct concrete models one batch's lines may name through any one wildcard route; past it the batch
     fails validation naming this setting."""
     max_file_bytes: PositiveInt = 200 * 1024 * 1024
-    """Bytes per uploaded file (413 `file_too_large`)."""
+    """Bytes per uploaded file (413 `file_too_large`). `batchyard run` applies it only when set here (else
+    `max_upload_bytes`)."""
     max_upload_bytes: PositiveInt = 8 * 1024**3
     """Bytes of one file made by OpenAI's Uploads API (`POST /v1/uploads`, parts of up to 64 MB), OpenAI's
     8 GB by default; `max_file_bytes` still bounds a file sent whole to `POST /v1/files`. A file this big
@@ -279,6 +283,21 @@ class BatchSettings(Strict):
     def limits(self) -> Limits:
         return Limits(max_lines=self.max_lines, max_file_bytes=self.max_file_bytes,
                       max_line_bytes=self.max_line_bytes, max_errors_listed=self.max_errors_listed)
+
+    def for_own_file(self) -> BatchSettings:
+        """What `batchyard run` applies to the caller's own file: `max_file_bytes` and `max_lines` bound what a
+        shared API takes from its callers (OpenAI's 200 MB and 50,000 by default), so unless the config sets
+        them, a run's file may be as big as an Upload's (`max_upload_bytes`) and have any number of lines."""
+        update: dict[str, int] = {}
+        if "max_file_bytes" not in self.model_fields_set:
+            update["max_file_bytes"] = self.max_upload_bytes
+        if "max_lines" not in self.model_fields_set:
+            update["max_lines"] = _ANY_NUMBER
+        if not update:
+            return self
+        copy = self.model_copy(update=update)
+        copy.__dict__.pop("limits", None)  # model_copy copies the cached `limits` with the fields: made again
+        return copy
 
 
 class GeneralSettings(Strict):

@@ -1,13 +1,13 @@
 """OpenAI's Uploads: one File of any size (up to `max_upload_bytes`) sent in parts of up to 64 MB.
 
-An Upload is `pending` for an hour (`batch_settings.upload_expiry_seconds`) and takes parts; each part's
-bytes go to the blob store as they arrive (`uploads/{upload_id}/{part_id}`) and count against the team's
-storage quota from the first byte, under the part's own entry. `complete` checks the parts named (this
-Upload's, each once, adding up to `bytes`, the `md5` if given, read as a stream) and makes the File: a
-manifest of the parts in order (`gateway.store.blobs.composed`), so no byte is read into memory or written
-twice. The File's id is fixed when the Upload is created, so a `complete` cut short (a crash) is made whole
-by calling it again: the same manifest, the same record. `cancel` and the sweep (at `expires_at`) remove the
-parts and their quota.
+An Upload is `pending` for an hour (`batch_settings.upload_expiry_seconds`) and takes parts; each part's bytes go
+to the blob store as they arrive (`uploads/{upload_id}/{part_id}`) and count against the team's storage quota
+from the first byte, under the part's own entry. `complete` checks the parts named (this Upload's, each once,
+adding up to `bytes`, the `md5` if given, read as a stream) and makes the File: a manifest of the parts in order
+(`gateway.store.blobs.composed`), so no byte is read into memory or written twice; on S3, parts big enough for
+its multipart are joined inside S3 into one object (`Blobs.compose`). The File's id is fixed when the Upload is
+created, so a `complete` cut short (a crash) is made whole by calling it again: the same manifest, the same
+record. `cancel` and the sweep (at `expires_at`) remove the parts and their quota.
 
 Records live in the store's `backend_state` (`upload:{id}`, and `upload:{id}:part:{part_id}` per part).
 """
@@ -46,9 +46,10 @@ def part_key(upload_id: str, part_id: str) -> str:
     return f"{upload_folder(upload_id)}/{part_id}"
 
 
-def manifest_key(upload_id: str) -> str:
-    """The completed File's bytes: the manifest of its parts, read as their concatenation."""
-    return f"{upload_folder(upload_id)}/file{composed.SUFFIX}"
+def file_key(upload_id: str) -> str:
+    """The completed File's bytes: one object of its parts (S3), or beside it the manifest of its parts, read as
+    their concatenation (`Blobs.compose` says which)."""
+    return f"{upload_folder(upload_id)}/file"
 
 
 @dataclass(slots=True)
@@ -133,7 +134,10 @@ class Uploads:
         if len(have) >= MAX_PARTS:
             raise InvalidRequest(f"Upload {upload_id} already has the maximum of {MAX_PARTS} parts.",
                                  param="data", code="too_many_parts")
-        room = rec.bytes - sum(p.bytes for p in have.values())  # parts past `bytes` could never complete
+        # Room for every part twice over: a part whose reply was lost (a retry, a client killed before it
+        # noted the part id) is sent again, and the copy not named at `complete` is dropped then. Past that,
+        # the parts could never make a File of `bytes`.
+        room = 2 * rec.bytes - sum(p.bytes for p in have.values())
         part = PartRecord(new_id("part"), upload_id, 0, now())
         team = storage_team(owner)
         meter = StorageMeter(self.service.store.storage, team, part.id, self.service.storage_limit(team))
@@ -144,7 +148,7 @@ class Uploads:
                     if part.bytes > MAX_PART_BYTES:
                         raise TooLarge(f"Part size exceeds the maximum of {MAX_PART_BYTES} bytes.", param="data",
                                        code="part_too_large")
-                    if part.bytes > room:
+                    if part.bytes > min(room, rec.bytes):
                         raise InvalidRequest(f"The parts of Upload {upload_id} would exceed its {rec.bytes} "
                                              "bytes.", param="data", code="upload_too_large")
                     await writer.write(chunk)
@@ -180,7 +184,6 @@ class Uploads:
         if total != rec.bytes:
             raise InvalidRequest(f"The parts add up to {total} bytes, but the Upload was created with "
                                  f"bytes={rec.bytes}.", param="part_ids", code="bytes_mismatch")
-        key = manifest_key(upload_id)
         if md5 is not None:
             digest = hashlib.md5(usedforsecurity=False)
             for part_key_, _ in order:  # streamed part by part: never the whole file in memory
@@ -189,8 +192,8 @@ class Uploads:
             if digest.hexdigest() != md5.lower():
                 raise InvalidRequest(f"The md5 checksum of the parts ({digest.hexdigest()}) does not match the "
                                      f"md5 given ({md5}).", param="md5", code="md5_mismatch")
-        async with self.blobs.writing(key) as writer:
-            await writer.write(composed.manifest(order))
+        key = await self.blobs.compose(file_key(upload_id), order)  # again after a kill: the same bytes
+        kept = composed.is_composed(key)  # the parts are the File's bytes; else a copy made them one object
         created = now()
         expires_at = created + rec.file_expiry_seconds if rec.file_expiry_seconds is not None else None
         file = FileRecord(rec.file_id, owner, total, created, rec.filename, rec.purpose, expires_at, key)
@@ -202,6 +205,8 @@ class Uploads:
         named = set(part_ids)
         for part in have.values():
             if part.id in named:  # the File's now: counted under it
+                if not kept:
+                    await self.blobs.delete(part_key(upload_id, part.id))
                 await self.service.store.storage.release(team, part.id)
                 await self.state.delete(self._part_state(part))
             else:  # parts not named are not the File's
@@ -264,4 +269,4 @@ class Uploads:
 
 
 __all__ = ["MAX_PARTS", "MAX_PART_BYTES", "UPLOAD_PURPOSES", "PartRecord", "UploadRecord", "Uploads",
-           "manifest_key", "part_key", "upload_folder"]
+           "file_key", "part_key", "upload_folder"]

@@ -91,8 +91,6 @@ class AnthropicJobs(TranslatedLines):
 
     providers = ("anthropic",)
     endpoints = frozenset({Endpoint.CHAT, Endpoint.MESSAGES})
-    max_lines = 100_000
-    max_bytes = 256_000_000
     settings = frozenset({"prime_cache"})
 
     def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any],

@@ -73,8 +73,6 @@ class BedrockJobs(TranslatedLines):
 
     providers = ("bedrock",)
     endpoints = frozenset({Endpoint.CHAT})
-    max_lines = 50_000
-    max_bytes = 1_000_000_000
     min_lines = 100  # Bedrock's minimum records per job (`native_min_records`): a smaller part runs in real time
     settings = frozenset({"native_s3_bucket", "native_s3_prefix", "native_role_arn", "native_keep_files",
                           "native_min_records"})

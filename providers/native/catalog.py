@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 import providers.native
 from providers.native.contract import UpstreamJobs
+from providers.native.job_limits import JOB_LIMITS
 
 
 @functools.cache
@@ -30,6 +31,8 @@ def native_catalog() -> Mapping[str, type[UpstreamJobs]]:
                 for provider in value.providers:
                     if provider in found:
                         raise RuntimeError(f"two native jobs classes serve {provider}/: {found[provider]}, {value}")
+                    if provider not in JOB_LIMITS:
+                        raise RuntimeError(f"{provider}/ has native jobs but no row in providers.native.job_limits")
                     found[provider] = value
     return found
 

@@ -52,7 +52,7 @@ class UpstreamJobs:
     What the class declares, read before any deployment exists (the config checks a native entry against it,
     handed in by the composition root; the runner splits and routes by it):
     - `providers`: the LiteLLM provider prefixes it serves (`openai`, `azure`);
-    - `endpoints`: what its jobs take; `max_lines`, `max_bytes`: the provider's own limits on one job;
+    - `endpoints`: what its jobs take (the provider's limits on one job are in `providers.native.job_limits`);
     - `settings`: its own `native_*` keys of `model_info` (refused on every other provider), `required_settings`
       (of those, the ones a deployment must set, `settings_purpose` saying what they are) and `model_refusal`
       (the models of the provider its jobs cannot run);
@@ -68,8 +68,6 @@ class UpstreamJobs:
 
     providers: ClassVar[tuple[str, ...]] = ()
     endpoints: ClassVar[frozenset[Endpoint]] = frozenset()
-    max_lines: ClassVar[int]
-    max_bytes: ClassVar[int]
     settings: ClassVar[frozenset[str]] = frozenset()
     required_settings: ClassVar[tuple[str, ...]] = ()
     settings_purpose: ClassVar[str] = ""
@@ -99,7 +97,7 @@ class UpstreamJobs:
         raise NotImplementedError
 
     def line(self, req: BatchRequest) -> bytes:
-        """The request as one line of the provider's job input (its size counts against `max_bytes`)."""
+        """The request as one line of the provider's job input (its size counts against the job's bytes)."""
         raise NotImplementedError
 
     def reject(self, req: BatchRequest) -> Result | None:

@@ -57,8 +57,6 @@ class GeminiJobs(GeminiContent):
 
     providers = ("gemini",)
     endpoints = frozenset({Endpoint.CHAT})
-    max_lines = 100_000
-    max_bytes = 2_000_000_000  # an input file: 2 GB (a part over the inline bound goes as one)
     settings = frozenset({"native_inline_max_bytes", "native_keep_files"})
 
     def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any],

@@ -28,8 +28,6 @@ class GroqJobs(OpenAIJobs):
 
     providers = ("groq",)
     endpoints = frozenset({Endpoint.CHAT})
-    max_lines = 50_000
-    max_bytes = 100_000_000
     credentials = ("api_base", "api_key")
     completion_windows = (24, 168)
     batch_discount = None

@@ -42,8 +42,6 @@ class MistralJobs(UpstreamJobs):
 
     providers = ("mistral",)
     endpoints = frozenset({Endpoint.CHAT, Endpoint.EMBEDDINGS})
-    max_lines = 1_000_000
-    max_bytes = 512_000_000
 
     def __init__(self, litellm: Any, provider: str, model: str, kwargs: dict[str, Any],
                  info: NativeModelInfo) -> None:

@@ -43,8 +43,6 @@ class OpenAIJobs(UpstreamJobs):
     providers: ClassVar[tuple[str, ...]] = ("openai", "azure")
     endpoints = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS, Endpoint.RESPONSES,
                            Endpoint.MODERATIONS, Endpoint.IMAGES, Endpoint.IMAGE_EDITS})
-    max_lines = 50_000  # OpenAI: 50,000 requests and 200 MB per input file
-    max_bytes = 190_000_000
     settings = frozenset({"native_completion_window"})
     default_base: ClassVar[str] = "https://api.openai.com/v1"
     key_variable: ClassVar[str] = "OPENAI_API_KEY"

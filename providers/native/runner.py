@@ -45,6 +45,7 @@ from providers.native.cache_priming import primed, with_priming
 from providers.native.catalog import jobs_class, native_catalog
 from providers.native.contract import JobState, UpstreamJobs, call_kwargs
 from providers.native.invalid_replies import Realtime, job_fits
+from providers.native.job_limits import job_limits
 from providers.native.openai_format import (
     TERMINAL,
     Part,
@@ -212,8 +213,9 @@ class NativeBatchBackend:
                 yield rejected
             else:
                 fresh.append(req)
-        max_lines = int(self._max_lines or jobs.max_lines)
-        max_bytes = int(self._max_bytes or jobs.max_bytes)
+        own = job_limits(provider)  # the deployment's own bounds, else the provider's
+        max_lines = self._max_lines or own.max_lines
+        max_bytes = self._max_bytes or own.max_bytes
         new_parts, too_big = plan_parts(fresh, jobs, max_lines, max_bytes)
         for part in new_parts:
             part.rerun = rerun

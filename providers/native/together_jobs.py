@@ -55,8 +55,6 @@ class TogetherJobs(UpstreamJobs):
 
     providers = ("together_ai",)
     endpoints = frozenset({Endpoint.CHAT})
-    max_lines = 50_000
-    max_bytes = 100_000_000
     batch_discount = None  # some models only: a batch price is the map's or the config's, never a halved one
 
     def _http(self) -> tuple[str, dict[str, str]]:

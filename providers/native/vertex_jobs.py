@@ -58,8 +58,6 @@ class VertexJobs(GeminiContent):
 
     providers = ("vertex_ai",)
     endpoints = frozenset({Endpoint.CHAT})
-    max_lines = 200_000
-    max_bytes = 1_000_000_000
     settings = frozenset({"native_gcs_bucket", "native_gcs_prefix", "native_keep_files"})
     required_settings = ("native_gcs_bucket",)
     settings_purpose = "the Cloud Storage bucket of Vertex AI's batch prediction jobs"

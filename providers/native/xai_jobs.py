@@ -39,8 +39,6 @@ class XAIJobs(UpstreamJobs):
 
     providers = ("xai",)
     endpoints = frozenset({Endpoint.CHAT})
-    max_lines = 100_000
-    max_bytes = 48_000_000
 
     def url(self, endpoint: Endpoint) -> str:
         return endpoint.value

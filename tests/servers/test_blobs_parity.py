@@ -49,6 +49,13 @@ async def _blobs(blobs: Blobs) -> list[Any]:
     async with blobs.writing("files/empty"):
         pass
     out.append([await blobs.size("files/empty"), await read("files/empty")])
+    for key, data in (("uploads/u/p1", b"abc"), ("uploads/u/p2", b"de")):
+        async with blobs.writing(key) as w:
+            await w.write(data)
+    joined = await blobs.compose("uploads/u/file", [("uploads/u/p2", 2), ("uploads/u/p1", 3)])
+    out.append([joined, await blobs.size(joined), await read(joined)])  # small parts: a manifest on both
+    await blobs.delete(joined)
+    out.append([await blobs.size("uploads/u/p1"), await blobs.size("uploads/u/p2")])  # its parts went with it
     await blobs.delete_prefix("batches/b1")
     out.append([await blobs.size("batches/b1/x"), await blobs.size("batches/b10/x")])
     await blobs.delete("files/a")
@@ -71,6 +78,7 @@ async def test_s3_blobs_answer_as_local_blobs_do(s3: MotoS3, tmp_path: Path) -> 
         await local.aclose()
         await shared.aclose()
     assert expected[0] is None and expected[1] == [12, b"hello\nworld\n"]
+    assert expected[4] == ["uploads/u/file.parts", 5, b"deabc"] and expected[5] == [None, None]
     for i, (e, g) in enumerate(zip(expected, got, strict=True)):
         assert g == e, f"step {i}"
 

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -405,3 +406,70 @@ async def test_a_job_made_before_a_crash_is_found_past_the_hosts_first_page(upst
     assert upstream.stats()["batches_created"] == created
     assert all(r.ok for r in results)
     assert await upstream_ids(store, shard) == [batch_id]
+@pytest.mark.parametrize("limit", [{"native_max_lines": 3}, {"native_max_bytes": 500}], ids=["lines", "bytes"])
+def test_a_file_of_many_shards_runs_as_jobs_within_the_route_limits(upstream: Upstream, tmp_path: Path,
+                                                                     limit: dict[str, int]) -> None:
+    """`batchyard run` of 40 lines in shards of 10 on a native route with a tiny job bound (in place of the
+    provider's row in `providers.native.job_limits`): every upstream job holds at most that many lines or
+    bytes, and the output is every line once, in input order."""
+    config = {
+        "model_list": [{"model_name": "gpt-cheap", "litellm_params": {
+            "model": "openai/gpt-4o-mini", "api_base": upstream.v1_url, "api_key": "sk-openai"},
+            "model_info": {"batch_mode": "native", "native_poll_max_seconds": 0.2, **limit}}],
+        "batch_settings": {"shard_size": 10},
+    }
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
+                                       "body": {"model": "gpt-cheap",
+                                                "messages": [{"role": "user", "content": f"question {i}"}]}}) + "\n"
+                           for i in range(40)))
+    http = httpx.Client(base_url=upstream.v1_url, headers={"Authorization": "Bearer sk-openai"}, timeout=30)
+    seen = {b["id"] for b in http.get("/batches", params={"limit": 100}).json()["data"]}
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "run", "-i", str(inp), "-o", str(out), "--config",
+                           str(cfg), "-q"], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr
+    output = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [o["custom_id"] for o in output] == [f"q{i}" for i in range(40)]
+    assert all(o["response"]["status_code"] == 200 for o in output)
+    jobs = [b for b in http.get("/batches", params={"limit": 100}).json()["data"] if b["id"] not in seen]
+    assert sum(b["request_counts"]["total"] for b in jobs) == 40
+    assert len(jobs) > 4  # more than one job per shard: the shards were split further
+    for job in jobs:
+        assert job["request_counts"]["total"] <= limit.get("native_max_lines", 50_000)
+        size = http.get(f"/files/{job['input_file_id']}").json()["bytes"]
+        assert size <= limit.get("native_max_bytes", 190_000_000)
+    http.close()
+
+
+def test_run_takes_its_own_file_past_openais_caps(upstream: Upstream, tmp_path: Path) -> None:
+    """`batchyard run` of 50,001 lines (past OpenAI's 50,000, which a shared API keeps by default) runs whole,
+    in input order; a `max_lines` the config sets is still applied to it."""
+    model = {"model_name": "gpt-cheap", "litellm_params": {"model": "openai/gpt-4o-mini", "api_base": upstream.v1_url,
+                                                            "api_key": "sk-openai"},
+             "model_info": {"batch_mode": "native", "native_poll_initial_seconds": 0.1,
+                            "native_poll_max_seconds": 0.3}}
+    n = 50_001
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
+                                       "body": {"model": "gpt-cheap", "messages": [{"role": "user", "content": "k"}]}})
+                           + "\n" for i in range(n)))
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    repo = Path(__file__).resolve().parents[2]
+
+    def run(settings: dict[str, Any], out: Path) -> subprocess.CompletedProcess[str]:
+        cfg = tmp_path / "config.yaml"
+        cfg.write_text(yaml.safe_dump({"model_list": [model], "batch_settings": settings}))
+        return subprocess.run([sys.executable, "-m", "gateway.cli", "run", "-i", str(inp), "-o", str(out),
+                               "--config", str(cfg), "-q"], capture_output=True, text=True, timeout=300, env=env,
+                              cwd=repo)
+
+    done = run({"shard_size": 10_000}, tmp_path / "out.jsonl")
+    assert done.returncode == 0, done.stderr
+    seen = [json.loads(line)["custom_id"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert seen == [f"q{i}" for i in range(n)]
+    refused = run({"max_lines": 50_000}, tmp_path / "refused.jsonl")
+    assert refused.returncode == 1 and "too_many_tasks" in refused.stderr, refused.stderr[-2000:]

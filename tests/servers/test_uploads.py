@@ -57,6 +57,11 @@ def gw(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         {"team_id": "gamma", "api_keys": [GAMMA], "max_file_storage_bytes": GAMMA_STORAGE}]
     config = gateway_config(upstream, models=("gpt-mini",), teams=teams, max_upload_bytes=10**8,
                             shard_size=5_000, max_concurrency=64)
+    # The big batch's lines go as the upstream's own batch jobs (a job per shard, answered inside the stand-in):
+    # the same upload, plan, shards and merge as a real-time route, without 50,001 HTTP calls.
+    config["model_list"].append({"model_name": "gpt-bulk", "litellm_params": {
+        "model": "openai/gpt-bulk", "api_base": upstream.v1_url, "api_key": upstream.api_key},
+        "model_info": {"batch_mode": "native", "native_poll_initial_seconds": 0.1, "native_poll_max_seconds": 0.3}})
     with start_gateway(config, tmp_path_factory.mktemp("uploads") / "data") as gateway:
         yield gateway
 
@@ -317,11 +322,13 @@ def test_a_kill_during_complete_leaves_a_whole_file_or_none(upstream: Upstream, 
 # --------------------------------------------------------------------------- a batch past 50,000 lines
 
 
-def test_a_batch_of_more_than_50000_lines_from_an_upload(gw: Gateway) -> None:
-    """alpha's `max_lines` is raised past OpenAI's 50,000: one batch runs the whole file, in input order."""
+def test_a_batch_of_more_than_50000_lines_from_an_upload(gw: Gateway, upstream: Upstream) -> None:
+    """alpha's `max_lines` is raised past OpenAI's 50,000: one batch runs the whole file, in input order, its
+    shards each an upstream job of the native route."""
     data = jsonl({"custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions",
-                  "body": {"model": "gpt-mini", "messages": [{"role": "user", "content": "k"}], "max_tokens": 1}}
+                  "body": {"model": "gpt-bulk", "messages": [{"role": "user", "content": "k"}], "max_tokens": 1}}
                  for i in range(BIG))
+    jobs_before = upstream.stats()["batches_created"]
     client = gw.client(ALPHA)
     upload = client.uploads.upload_file_chunked(file=data, filename="big.jsonl", bytes=len(data),
                                                 mime_type="application/jsonl", purpose="batch",
@@ -334,6 +341,8 @@ def test_a_batch_of_more_than_50000_lines_from_an_upload(gw: Gateway) -> None:
     assert done.request_counts is not None and done.request_counts.completed == BIG
     out = read_jsonl(client, done.output_file_id)
     assert [o["custom_id"] for o in out] == [f"b{i}" for i in range(BIG)]  # one output, in input order
+    assert all(o["response"]["status_code"] == 200 for o in out)
+    assert upstream.stats()["batches_created"] - jobs_before == -(-BIG // 5_000)  # a job per shard
     # another team keeps OpenAI's 50,000
     other = gw.client(BETA)
     upload = other.uploads.upload_file_chunked(file=data, filename="big.jsonl", bytes=len(data),
@@ -374,6 +383,14 @@ def test_shared_mode_on_s3_uploads_runs_and_cancels(upstream: Upstream, redis_se
         client.files.delete(upload.file.id)  # the File's deletion takes its parts from S3
         with pytest.raises(openai.NotFoundError):
             client.files.retrieve(upload.file.id)
+        # parts of 5 MiB: S3 joins them into one object itself, and the parts go
+        data = _lines(1, "s3big") + b"x" * (11 << 20)
+        upload = client.uploads.upload_file_chunked(file=data, filename="big.bin", bytes=len(data),
+                                                    mime_type="application/octet-stream", purpose="user_data",
+                                                    part_size=5 << 20, md5=hashlib.md5(data).hexdigest())
+        assert upload.file is not None and client.files.content(upload.file.id).read() == data
+        keys = s3.keys(f"uploads-e2e/uploads/{upload.id}/")
+        assert keys == [f"uploads-e2e/uploads/{upload.id}/file"], keys
 
 
 
@@ -396,6 +413,32 @@ async def test_s3_reads_a_completed_upload_as_its_parts(s3: MotoS3, monkeypatch:
         for key, _ in parts:
             assert await blobs.size(key) is None
         assert await blobs.size(manifest) is None
+    finally:
+        await blobs.aclose()
+
+
+async def test_s3_joins_parts_of_5_mib_by_its_own_multipart(s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts S3's multipart takes (5 MiB each but the last) become one object by server-side part copies, in the
+    order named; smaller ones stay a manifest of the parts. Either reads back as the parts in order."""
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    blobs = S3Blobs.from_url(s3.location("compose"), endpoint_url=s3.url)
+    try:
+        big = [(f"uploads/u2/p{i}", bytes([97 + i]) * size) for i, size in enumerate((5 << 20, 6 << 20, 1000))]
+        for key, data in big:
+            async with blobs.writing(key) as writer:
+                await writer.write(data)
+        order = [big[1], big[0], big[2]]  # the last part alone may be small
+        key = await blobs.compose("uploads/u2/file", [(k, len(d)) for k, d in order])
+        assert key == "uploads/u2/file" and not composed.is_composed(key)  # one plain object
+        assert await blobs.size(key) == sum(len(d) for _, d in order)
+        assert b"".join([c async for c in blobs.read(key, 1 << 20)]) == b"".join(d for _, d in order)
+        for part, _ in big:  # the parts are untouched: the caller deletes them once the File is recorded
+            assert await blobs.size(part) is not None
+        small = [(k, len(d)) for k, d in (big[2], big[0])]  # a small part first: S3 refuses it as a part
+        key = await blobs.compose("uploads/u2/other", small)
+        assert composed.is_composed(key)
+        assert b"".join([c async for c in blobs.read(key)]) == big[2][1] + big[0][1]
     finally:
         await blobs.aclose()
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -237,6 +239,14 @@ class MotoS3:
     def env(self) -> dict[str, str]:
         """What a process needs to reach this S3: credentials, region, endpoint."""
         return {**S3_ENV, "BATCHYARD_S3_ENDPOINT_URL": self.url}
+
+    def keys(self, prefix: str) -> list[str]:
+        """The bucket's keys under `prefix`, sorted (one ListObjectsV2 page: a test's few objects)."""
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        query = urllib.parse.urlencode({"list-type": "2", "prefix": prefix})
+        with opener.open(f"{self.url}/{self.bucket}?{query}", timeout=10) as reply:
+            listing = reply.read().decode()
+        return sorted(re.findall(r"<Key>([^<]+)</Key>", listing))
 
     def start(self, timeout: float = 30) -> MotoS3:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))

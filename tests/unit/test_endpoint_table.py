@@ -13,6 +13,7 @@ from gateway.config.urls import normalise_url
 from gateway.domain import Endpoint
 from gateway.lines.body_fields import typed_dict_fields, upstream_fields
 from providers.native.catalog import jobs_class, native_catalog
+from providers.native.job_limits import JOB_LIMITS, job_limits
 
 # endpoint: (url tail, served upstream in real time, as bytes on OpenAI-wire routes, never by a local engine)
 KINDS = [
@@ -64,8 +65,14 @@ def test_the_config_checks_native_entries_against_the_catalog_the_root_hands_in(
 def test_every_native_provider_has_its_jobs_class(provider: str) -> None:
     cls = jobs_class(provider)
     assert cls is not None and provider in cls.providers and cls.endpoints <= set(Endpoint)
-    assert cls.endpoints and cls.max_lines > 0 and cls.max_bytes > 0
+    assert cls.endpoints and job_limits(provider).max_lines > 0 and job_limits(provider).max_bytes > 0
     assert native_refusal(f"{provider}/some-model") is None
+
+
+def test_the_job_limits_table_has_a_row_per_native_provider() -> None:
+    assert set(JOB_LIMITS) == set(native_catalog())
+    openai = JOB_LIMITS["openai"]
+    assert (openai.max_lines, openai.max_bytes) == (50_000, 190_000_000)  # under OpenAI's 200 MB per file
 
 
 @pytest.mark.parametrize("provider", ["cohere", "hosted_vllm", "perplexity"])

@@ -1,15 +1,22 @@
 """A blob made of other blobs: an Upload's parts read as one file, nothing copied.
 
-`POST /v1/uploads/{id}/complete` writes a small manifest (the parts' keys and sizes, in order) at a key that
-ends in `SUFFIX`; every `Blobs` reads, sizes and deletes such a key as the concatenation of its parts, so a
-completed Upload's bytes are written once (as its parts arrived) and streamed in order by every reader
-(validation, the content route, the planners) without a second copy.
+`POST /v1/uploads/{id}/complete` asks the blob store to compose the parts (`Blobs.compose`). The directory
+store, and S3 for parts too small for its multipart (under 5 MiB but the last), write a small manifest (the
+parts' keys and sizes, in order) at a key that ends in `SUFFIX`; every `Blobs` reads, sizes and deletes such
+a key as the concatenation of its parts, so a completed Upload's bytes are written once (as its parts
+arrived) and streamed in order by every reader (validation, the content route, the planners) without a
+second copy. S3 with parts big enough joins them into one object by a multipart upload of server-side part
+copies (`gateway.store.blobs.s3`): no byte passes through the gateway.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.store.protocols import Blobs
 
 SUFFIX = ".parts"
 _MAX_MANIFEST = 64 * 1024 * 1024  # 8 GB of 64 MB parts is 128 entries; any manifest of ours is far smaller
@@ -24,6 +31,14 @@ def is_composed(key: str) -> bool:
 def manifest(parts: Sequence[tuple[str, int]]) -> bytes:
     """The manifest of `parts` (key, bytes), in the order they are read."""
     return json.dumps({"parts": [{"key": key, "bytes": size} for key, size in parts]}).encode()
+
+
+async def write_manifest(blobs: Blobs, key: str, parts: Sequence[tuple[str, int]]) -> str:
+    """`Blobs.compose` by a manifest: at `key` + `SUFFIX`, the key returned."""
+    at = key + SUFFIX
+    async with blobs.writing(at) as writer:
+        await writer.write(manifest(parts))
+    return at
 
 
 async def parts_of(read_one: ReadOne, key: str) -> list[tuple[str, int]]:
@@ -41,4 +56,4 @@ async def read(read_one: ReadOne, key: str, chunk_size: int) -> AsyncIterator[by
             yield chunk
 
 
-__all__ = ["SUFFIX", "is_composed", "manifest", "parts_of", "read"]
+__all__ = ["SUFFIX", "is_composed", "manifest", "parts_of", "read", "write_manifest"]

@@ -10,7 +10,7 @@ import asyncio
 import os
 import secrets
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import BinaryIO
@@ -88,6 +88,9 @@ class LocalBlobs:
             for part, _ in await composed.parts_of(self._read_one, key):
                 self._path(part).unlink(missing_ok=True)
         self._path(key).unlink(missing_ok=True)
+
+    async def compose(self, key: str, parts: Sequence[tuple[str, int]]) -> str:
+        return await composed.write_manifest(self, key, parts)
 
     async def delete_prefix(self, prefix: str) -> None:
         path = self._path(prefix)

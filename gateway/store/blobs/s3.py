@@ -5,6 +5,10 @@ Credentials and region come from the standard AWS environment variables and
 config files only (botocore's own chain); `endpoint_url` (or botocore's
 `AWS_ENDPOINT_URL_S3`) points at a non-AWS endpoint.
 
+`compose` (a completed Upload, `gateway.store.blobs.composed`) joins parts into one object with S3's own
+multipart upload, each part an `UploadPartCopy` of a part object done inside S3; parts S3 cannot take
+(one under 5 MiB that is not the last, more than 10,000, one over 5 GiB) are joined by a manifest instead.
+
 A writer buffers: a blob under `part_size` (≥ 5 MiB, S3's minimum part) is one
 PutObject at `commit`; a larger one becomes a multipart upload whose parts go
 out as the buffer fills, completed at `commit` and aborted at `abort`. Either
@@ -16,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 from urllib.parse import urlparse
@@ -29,6 +33,8 @@ from gateway.store.blobs import commit_or_abort, composed
 from gateway.store.protocols import BlobWriter
 
 MIN_PART_SIZE = 5 * 1024 * 1024
+MAX_PART_SIZE = 5 * 1024**3  # S3's bound on one part (and on one UploadPartCopy source)
+MAX_PARTS = 10_000
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 
 
@@ -192,6 +198,30 @@ class S3Blobs:
         client = await self.client()
         await client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
+    async def compose(self, key: str, parts: Sequence[tuple[str, int]]) -> str:
+        sizes = [size for _, size in parts]
+        if not sizes or len(sizes) > MAX_PARTS or max(sizes) > MAX_PART_SIZE or min(sizes[:-1], default=MIN_PART_SIZE) \
+                < MIN_PART_SIZE:
+            return await composed.write_manifest(self, key, parts)
+        client = await self.client()
+        target = self._key(key)
+        reply = await client.create_multipart_upload(Bucket=self.bucket, Key=target)
+        upload_id = reply["UploadId"]
+        try:
+            done = []
+            for number, (part, _) in enumerate(parts, 1):
+                copied = await client.upload_part_copy(Bucket=self.bucket, Key=target, UploadId=upload_id,
+                                                       PartNumber=number,
+                                                       CopySource={"Bucket": self.bucket, "Key": self._key(part)})
+                done.append({"PartNumber": number, "ETag": copied["CopyPartResult"]["ETag"]})
+            await client.complete_multipart_upload(Bucket=self.bucket, Key=target, UploadId=upload_id,
+                                                   MultipartUpload={"Parts": done})
+        except BaseException:
+            with contextlib.suppress(ClientError):
+                await client.abort_multipart_upload(Bucket=self.bucket, Key=target, UploadId=upload_id)
+            raise
+        return key
+
     async def delete_prefix(self, prefix: str) -> None:
         """Every blob under the folder `prefix` (as the local store removes a directory)."""
         client = await self.client()
@@ -207,4 +237,4 @@ class S3Blobs:
         await self._stack.aclose()
 
 
-__all__ = ["MIN_PART_SIZE", "S3BlobWriter", "S3Blobs", "parse_s3_url"]
+__all__ = ["MAX_PARTS", "MAX_PART_SIZE", "MIN_PART_SIZE", "S3BlobWriter", "S3Blobs", "parse_s3_url"]
