@@ -90,7 +90,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--chunked", action="store_true",
                    help="send the file through the Uploads API in parts, resumable (default: only a file over "
                    "200 MB, which POST /files would refuse)")
-    p.add_argument("--part-size", type=_part_size, default=64 * 1024 * 1024, metavar="SIZE",
+    # a str default goes through `type` as a typed value would: the help and the default say the same
+    p.add_argument("--part-size", type=_part_size, default="64M", metavar="SIZE",
                    help="bytes per part of a chunked upload, or with K or M (default: 64M, OpenAI's most)")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between looks at a running batch (default: 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
