@@ -239,6 +239,8 @@ class NativeModelInfo(ModelInfo):
     native_inline_max_bytes: Annotated[int, Field(ge=0, le=20_000_000)] | None = None
     """The Gemini API: a job whose inline requests would pass this many bytes goes as a JSONL file uploaded through
     the Files API instead (default and at most 20,000,000, Google's bound on an inline batch; 0: always a file)."""
+    native_account_id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")] | None = None
+    """Fireworks AI: the account whose datasets and batch inference jobs these are (required on `fireworks_ai/`)."""
     prime_cache: bool = True
     """Anthropic: one real-time request per `cache_control` prefix a job's lines share writes it before the job."""
 

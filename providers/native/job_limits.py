@@ -32,6 +32,7 @@ JOB_LIMITS: Mapping[str, JobLimits] = MappingProxyType({
     "bedrock": JobLimits(50_000, 1_000_000_000, "50,000 records per job (quota), a 1 GB input file"),
     "groq": JobLimits(50_000, 100_000_000, "50,000 lines and 100 MB per input file"),
     "together_ai": JobLimits(50_000, 100_000_000, "50,000 requests and 100 MB per input file"),
+    "fireworks_ai": JobLimits(1_000_000, 150_000_000, "a dataset under 500 MB (150 MB by one upload), no request cap"),
     "xai": JobLimits(100_000, 48_000_000, "100,000 requests per batch (more are throttled), 48 MB per file"),
 })
 

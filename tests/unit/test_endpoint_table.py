@@ -52,7 +52,7 @@ def test_every_endpoint_has_one_row() -> None:
     assert set(ENDPOINTS) == set(Endpoint) == {row[0] for row in KINDS}
 
 
-NATIVE = {"openai", "azure", "anthropic", "mistral", "gemini", "bedrock", "vertex_ai", "together_ai",
+NATIVE = {"openai", "azure", "anthropic", "mistral", "gemini", "bedrock", "vertex_ai", "together_ai", "fireworks_ai",
           "xai"}  # a new one joins by itself
 
 
