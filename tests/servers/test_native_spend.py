@@ -1,5 +1,6 @@
 """What a native route's results put in the team's ledger is what the provider bills: each provider's stand-in
-(tests/fakes: OpenAI and Azure on the loopback upstream, Anthropic, Mistral, the Gemini API, Vertex AI, Bedrock)
+(tests/fakes: OpenAI and Azure on the loopback upstream, Anthropic, Mistral, the Gemini API, Vertex AI, Bedrock,
+Groq, Together AI, xAI, Fireworks AI)
 counts the tokens of every line its batch jobs answered (`billed`), and the team's spend after the batch is those
 tokens at the provider's batch price, to within one line's cost. Nothing is mocked: the pipeline runs in this
 process (`open_embedded`), the stand-ins in theirs.
@@ -23,7 +24,7 @@ import yaml
 from gateway.config.schema import load_config
 from gateway.domain import BatchStatus
 from gateway.runtime.runtime import open_embedded
-from tests.support.native_config import GROQ_PRICES, NATIVE_MODELS, StandIns
+from tests.support.native_config import GROQ_PRICES, NATIVE_MODELS, TOGETHER_PRICES, XAI_PRICES, StandIns
 from tests.support.services import HAVE_REDIS, NO_REDIS_REASON, RedisClusterServers
 
 TEAM = "payer"
@@ -31,12 +32,13 @@ TEAM = "payer"
 CONFIGURED = {"gpt-bulk": {"input_cost_per_token_batches": 1.25e-6, "output_cost_per_token_batches": 5e-6},
               "azure-bulk": {"input_cost_per_token": 2.5e-6, "output_cost_per_token": 1e-5,
                              "input_cost_per_token_batches": 1.25e-6, "output_cost_per_token_batches": 5e-6},
-              "groq-bulk": GROQ_PRICES}
+              "groq-bulk": GROQ_PRICES, "together-bulk": TOGETHER_PRICES, "xai-bulk": XAI_PRICES}
 STUB = {"claude-bulk": "anthropic", "mistral-bulk": "mistral", "gemini-bulk": "gemini", "vertex-bulk": "vertex",
-        "bedrock-bulk": "bedrock"}
+        "bedrock-bulk": "bedrock", "together-bulk": "together", "xai-bulk": "xai", "fireworks-bulk": "fireworks"}
 MAP_KEYS = {"claude-bulk": ["claude-haiku-4-5"], "mistral-bulk": ["mistral/mistral-small-latest"],
             "gemini-bulk": ["gemini/gemini-2.5-flash-lite"], "vertex-bulk": ["gemini-2.5-flash"],
-            "bedrock-bulk": [NATIVE_MODELS["bedrock-bulk"]]}
+            "bedrock-bulk": [NATIVE_MODELS["bedrock-bulk"]],
+            "fireworks-bulk": [f"fireworks_ai/{NATIVE_MODELS['fireworks-bulk']}"]}
 
 
 @pytest.fixture(scope="module")

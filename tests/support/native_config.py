@@ -3,7 +3,8 @@ bench/native_providers.py write.
 
 - `native_route(params, **info)`: one native deployment as a parsed `Route` (backend-level tests);
 - `StandIns`: every native stand-in running at once (OpenAI and Azure on the loopback upstream, Anthropic,
-  Mistral, the Gemini API, Groq, Bedrock over moto's S3, Vertex AI over gcp-storage-emulator), the YAML config of one
+  Mistral, the Gemini API, Groq, Together AI, xAI, Fireworks AI,
+  Bedrock over moto's S3, Vertex AI over gcp-storage-emulator), the YAML config of one
   native route on each (`config`) and the environment a `batchyard` process needs to reach them (`env`).
 """
 
@@ -31,9 +32,15 @@ AZURE_API_VERSION = "2024-10-21"
 NATIVE_MODELS = {"gpt-bulk": "gpt-4o-mini", "azure-bulk": "my-gpt4o-deployment", "claude-bulk": "claude-haiku-4-5",
                  "mistral-bulk": "mistral-small-latest", "gemini-bulk": "gemini-2.5-flash-lite",
                  "vertex-bulk": "gemini-2.5-flash", "bedrock-bulk": "anthropic.claude-3-5-haiku-20241022-v1:0",
-                 "groq-bulk": "llama-3.1-8b-instant"}
+                 "groq-bulk": "llama-3.1-8b-instant", "together-bulk": "meta-llama/Llama-3.3-70B-Instruct-Turbo",
+                 "xai-bulk": "grok-3-mini", "fireworks-bulk": "accounts/fireworks/models/llama-v3p1-8b-instruct"}
 # Groq's batch prices: LiteLLM's map has none, and a Groq route is priced by batch prices only
 GROQ_PRICES = {"input_cost_per_token_batches": 2.5e-8, "output_cost_per_token_batches": 4e-8}
+# Together's and xAI's: LiteLLM's map has no batch price for these models (xAI's grok-3-mini not at all), so the
+# config gives one; Fireworks' is LiteLLM's real-time price halved
+TOGETHER_PRICES = {"input_cost_per_token_batches": 5.2e-7, "output_cost_per_token_batches": 5.2e-7}
+XAI_PRICES = {"input_cost_per_token_batches": 1.5e-7, "output_cost_per_token_batches": 2.5e-7}
+FIREWORKS_ACCOUNT = "batchyard-test"
 
 
 def native_route(params: dict[str, Any], name: str = ROUTE, **info: Any) -> Route:
@@ -57,7 +64,7 @@ class StandIns:
             keys = Path(self._stack.enter_context(tempfile.TemporaryDirectory()))
             self.private_key, public = service_account_key(keys)
             delay = ["--batch-delay", str(batch_delay)]
-            for name in ("anthropic", "mistral", "gemini", "groq"):
+            for name in ("anthropic", "mistral", "gemini", "groq", "together", "xai", "fireworks"):
                 self.stubs[name] = self._stack.enter_context(start_stub(f"tests.fakes.stubs_{name}", delay))
             self.stubs["bedrock"] = self._stack.enter_context(start_stub(
                 "tests.fakes.stubs_bedrock", [*delay, "--s3-endpoint", self.s3.url]))
@@ -73,7 +80,8 @@ class StandIns:
         `model_info`; `extra`: more `model_list` items, written as they are."""
         m = NATIVE_MODELS
         up = self.upstream
-        groq_prices = ", ".join(f"{k}: {v}" for k, v in GROQ_PRICES.items())
+        groq_prices, together_prices, xai_prices = (", ".join(f"{k}: {v}" for k, v in prices.items())
+                                                    for prices in (GROQ_PRICES, TOGETHER_PRICES, XAI_PRICES))
         vertex_key = service_account_json(self.private_key, f"{self.stubs['vertex'].url}/token", VERTEX_PROJECT)
         return f"""
 model_list:
@@ -103,6 +111,17 @@ model_list:
   - model_name: groq-bulk
     litellm_params: {{model: groq/{m['groq-bulk']}, api_base: "{self.stubs['groq'].url}/openai/v1", api_key: gsk-g}}
     model_info: {{batch_mode: native, {native}, {groq_prices}}}
+  - model_name: together-bulk
+    litellm_params: {{model: together_ai/{m['together-bulk']}, api_base: "{self.stubs['together'].url}/v1",
+                      api_key: t-key}}
+    model_info: {{batch_mode: native, {native}, {together_prices}}}
+  - model_name: xai-bulk
+    litellm_params: {{model: xai/{m['xai-bulk']}, api_base: "{self.stubs['xai'].url}/v1", api_key: x-key}}
+    model_info: {{batch_mode: native, {native}, {xai_prices}}}
+  - model_name: fireworks-bulk
+    litellm_params: {{model: fireworks_ai/{m['fireworks-bulk']}, api_base: "{self.stubs['fireworks'].url}/inference/v1",
+                      api_key: fw-key}}
+    model_info: {{batch_mode: native, {native}, native_account_id: {FIREWORKS_ACCOUNT}}}
 {extra}"""
 
     def env(self) -> dict[str, str]:
