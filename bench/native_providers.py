@@ -5,8 +5,9 @@ what priming Anthropic's prompt cache saves (issue 52).
     .venv/bin/python bench/native_providers.py --cache-only [--cache-lines 1000]
 
 One `batchyard run --config` of N chat lines spread evenly over the native routes (OpenAI and Azure OpenAI
-on the loopback upstream; Anthropic, Mistral, the Gemini API, Groq, Amazon Bedrock over moto's S3 and Vertex AI over
-gcp-storage-emulator: their stand-ins in tests/fakes, started by `tests.support.native_config.StandIns`), and one
+on the loopback upstream; Anthropic, Mistral, the Gemini API, Groq, Together AI, xAI, Fireworks AI, Amazon
+Bedrock over moto's S3 and Vertex AI over gcp-storage-emulator: their stand-ins in tests/fakes, started by
+`tests.support.native_config.StandIns`), and one
 of the same N lines all on the OpenAI native route. Reported: wall from start to the output written (create to
 completed), and the gateway process's CPU (user + system, from `getrusage` of the finished `run`) per 1,000
 lines. Aim: CPU per line of the mix <= 1.2x the OpenAI route's. Medians of `--repeat`, alternating; the load
