@@ -42,6 +42,7 @@ BATCHYARD_MODEL_INFO: dict[str, str] = {
     "native_gcs_bucket": "Vertex AI: the Cloud Storage bucket of its batch jobs",
     "native_gcs_prefix": "Vertex AI: the object prefix in that bucket",
     "native_inline_max_bytes": "the Gemini API: the inline bound of a job",
+    "native_account_id": "Fireworks AI: the account of its datasets and batch inference jobs",
     "prime_cache": "Anthropic: write the prompt cache a job's lines share before the job",
 }
 EXTRA_BODY = "extra_body"
