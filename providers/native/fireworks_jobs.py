@@ -23,6 +23,7 @@ requests; a job runs within 24 hours; batch prices are 50% of serverless ones, f
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -186,9 +187,9 @@ class FireworksJobs(UpstreamJobs):
         timeout = self._kwargs.get("timeout")
         for rid in state.files:
             try:
-                listing = await call_with_retries(lambda rid=rid: http_json(  # type: ignore[misc]
-                    "GET", f"{base}/datasets/{urllib.parse.quote(rid, safe='')}:getDownloadEndpoint", headers,
-                    timeout))
+                listing = await call_with_retries(functools.partial(
+                    http_json, "GET", f"{base}/datasets/{urllib.parse.quote(rid, safe='')}:getDownloadEndpoint",
+                    headers, timeout))
             except UpstreamHTTPError as exc:
                 if exc.status_code != 404:
                     raise

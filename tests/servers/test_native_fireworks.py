@@ -174,5 +174,9 @@ def test_a_deployment_names_its_account_and_is_priced_at_half_the_real_time_pric
     with pytest.raises(ConfigError) as refused:
         parse_config(_config({}), "bulk.yaml")
     assert "native_account_id" in str(refused.value) and "Fireworks account" in str(refused.value)
+    with pytest.raises(ConfigError) as elsewhere:  # Fireworks' own key, refused on another provider
+        parse_config({"model_list": [{"model_name": "gpt-bulk", "litellm_params": {"model": "openai/gpt-4o-mini"},
+                                      "model_info": {"batch_mode": "native", "native_account_id": ACCOUNT}}]})
+    assert "native_account_id" in str(elsewhere.value)
     config = parse_config(_config({"native_account_id": ACCOUNT}))
     assert {r.model_name: r.prices for r in route_rows(config)} == {"fw-bulk": "0.05 / 0.05"}
