@@ -101,7 +101,7 @@ LITELLM_PARAMS = frozenset({
     'github_copilot_host', 'github_copilot_user_session', 'google_maps_grounding_cost_per_query', 'grow_mask',
     'guardrail', 'guardrail_list', 'guardrails', 'guidance', 'headers', 'health_check_ignore_transient_errors',
     'health_check_staleness_threshold', 'height', 'hf_model_name', 'humanloop_api_key', 'id', 'ignore_eos',
-    'ignore_invalid_deployments', 'image', 'image_prompt_strength', 'image_size', 'image_url', 'include',
+    'ignore_invalid_deployments', 'image', 'image_prompt_strength', 'image_size', 'image_url', 'images', 'include',
     'include_functions_info', 'include_guardrails_info', 'include_retrieval_info',
     'include_server_side_tool_invocations', 'include_stop_sequences', 'inference_geo', 'initial_prompt_value',
     'input', 'input_audio_transcription', 'input_cost_per_audio_per_second',
