@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +13,32 @@ from tests.fakes.upstream.server import Upstream, start_upstream
 from tests.support.services import SERVER_BINARIES, MotoS3, RedisClusterServers, RedisServer, need_server
 
 declare_native_providers()  # the tests read configs as the command line does: with the native providers declared
+
+
+def _ctrl_c_lost() -> str | None:
+    """How this process has lost Ctrl-C, if it has: ignored or blocked SIGINT is inherited across fork and exec."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return "ignored"
+    return "blocked" if signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set()) else None
+
+
+def _give_back_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+@pytest.fixture(autouse=True)
+def default_ctrl_c(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test starts with Ctrl-C as a user's shell gives it. A test that leaves SIGINT ignored or blocked in
+    the pytest worker makes every command a later test starts there ignore Ctrl-C (the Ctrl-C tests of `run`
+    and `submit` then see their command run to its end): it is put back, and the test is named in a warning."""
+    if _ctrl_c_lost() is not None:
+        _give_back_ctrl_c()
+    yield
+    lost = _ctrl_c_lost()
+    if lost is not None:
+        warnings.warn(f"{request.node.nodeid} left SIGINT {lost} in the test process; put back", stacklevel=1)
+        _give_back_ctrl_c()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from typing import Any
 
 from gateway import tracing
 from gateway.cli import console
-from gateway.cli.config_check import check_router
+from gateway.cli.config_check import check_router, check_router_apart
 from gateway.cli.flags import ENGINE_OPTIONS, count, port, positive_int, positive_seconds, refused_flag, reruns
 from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
@@ -354,9 +354,9 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _serve_command(args: argparse.Namespace) -> int:
-    from gateway.cli.config_check import check_router_apart  # a bad config fails here, the Router's refusals too
-
-    check_router_apart(load_config(args.config, strict=args.strict_config))
+    config = load_config(args.config, strict=args.strict_config)  # a bad config fails here
+    if args.redis_url and not args.with_worker:  # no process of this serve builds LiteLLM's Router: a child does
+        check_router_apart(config)
     log_level = "debug" if args.verbose else "info"  # the server's log (uvicorn's included)
     if args.redis_url:
         from gateway.cli.serve import serve_shared

@@ -29,6 +29,7 @@ from gateway.cli.heap import StartupHeap
 from gateway.cli.loop import loop_factory
 from gateway.config.litellm.notices import notice_text
 from gateway.config.schema import Config, load_config
+from gateway.errors import ConfigError
 from gateway.log_safe import escape_every_handler
 
 if TYPE_CHECKING:
@@ -58,6 +59,12 @@ async def _serve(
     config = load_config(config_path)
     tracing.start_process("api", config.batch.tracing)  # before the app: its SERVER spans need the provider
     pool: Supervisor | None = None
+    refused: list[str] = []  # what a worker said of a config it cannot use: serve stops and says it (exit 2)
+
+    def config_refused(said: str) -> None:
+        refused.append(said)
+        server.should_exit = True
+
     if runtime_factory is not None:
         runtime, where = await runtime_factory(config), "shared store"
     else:
@@ -73,7 +80,8 @@ async def _serve(
             # One metrics directory for this process and its workers (they inherit it), so the API's
             # /metrics counts what they did. Set before any metric exists in this process.
             os.environ.setdefault(MULTIPROC_ENV, str(data_dir / "metrics"))
-            pool = runtime.worker_pool(count, config_path=str(config_path), verbose=log_level == "debug")
+            pool = runtime.worker_pool(count, config_path=str(config_path), verbose=log_level == "debug",
+                                       on_config_error=config_refused)
     app = create_app(runtime, manage_runtime=True, workers=pool, on_started=heap.freeze if heap else None)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -97,6 +105,9 @@ async def _serve(
         log.warning("%s", notice_text(config.notices))
     log.debug("routes: %s", ", ".join(f"{name} ({route.kind.value})" for name, route in sorted(config.routes.items())))
     await server.serve()
+    if refused:
+        path, key, problem = [*refused[0].split(": ", 2), "", ""][:3]
+        raise ConfigError(path, key, problem) if problem else ConfigError(str(config_path), "model_list", refused[0])
 
 
 def _quiet_libraries(log_level: str) -> None:

@@ -29,7 +29,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Collection, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -167,6 +167,7 @@ class Runtime:
 
     def worker_pool(
         self, count: int, *, config_path: str, upstream_only: bool = False, verbose: bool = False,
+        on_config_error: Callable[[str], None] | None = None,
     ) -> Supervisor:
         """`count` worker processes over this runtime's data directory, which hand the shards of one that
         dies back to the queue at once. The embedded mode only: shared-mode workers are `batchyard worker`s."""
@@ -176,7 +177,7 @@ class Runtime:
             raise RuntimeError("worker processes belong to the embedded mode")
         data_dir, queue = self._embedded
         return Supervisor(count, data_dir, queue, config_path=config_path, upstream_only=upstream_only,
-                          verbose=verbose)
+                          verbose=verbose, on_config_error=on_config_error)
 
     async def health(self) -> dict[str, Any]:
         info = await self.sweeper.health(self.mode)

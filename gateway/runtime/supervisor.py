@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,10 @@ from gateway.store.sqlite.queue import SQLiteQueue
 log = logging.getLogger("batchyard.workers")
 
 _RESTART_PAUSE_MAX = 10.0
+# A worker's exit status for a config it cannot use (`gateway.cli.main`'s usage status): e.g. a setting only
+# LiteLLM's Router refuses, met when the worker builds it. Starting it again would only fail again.
+EXIT_CONFIG = 2
+_SAID = "config error: "
 
 
 def usable_cores() -> int:
@@ -78,9 +83,10 @@ class _Slot:
 class Supervisor:
     def __init__(
         self, count: int, data_dir: Path, queue: SQLiteQueue, *, config_path: str, upstream_only: bool = False,
-        verbose: bool = False,
+        verbose: bool = False, on_config_error: Callable[[str], None] | None = None,
     ) -> None:
         self.data_dir, self._queue = data_dir, queue
+        self._on_config_error = on_config_error  # serve stops with it (exit 2) instead of restarting the worker
         self._config_path, self._verbose = config_path, verbose
         self._slots = [_Slot(i, upstream_only=upstream_only or i > 0) for i in range(count)]
         self._watcher: asyncio.Task[None] | None = None
@@ -137,6 +143,11 @@ class Supervisor:
                         log.warning("%s unavailable (%s: %s); worker %d's shards go back at the next sweep",
                                     fault.service, fault.words, fault.detail, slot.index)
                 metrics.process_exited(pid)
+                if code == EXIT_CONFIG and self._on_config_error is not None:
+                    said = self._config_error(slot)
+                    log.error("worker %d (pid %d) cannot use the config: %s", slot.index, pid, said)
+                    self._on_config_error(said)
+                    return
                 lived = time.monotonic() - slot.started_at
                 slot.failures = 0 if lived > 60 else slot.failures + 1
                 pause = min(_RESTART_PAUSE_MAX, 0.5 * 2 ** max(0, slot.failures - 1))
@@ -144,6 +155,17 @@ class Supervisor:
                             "starting it again in %.1f s", slot.index, pid, code, lived, released, pause)
                 slot.restart = asyncio.get_running_loop().call_later(pause, self._start, slot)
                 slot.started_at = time.monotonic() + pause
+
+    def _config_error(self, slot: _Slot) -> str:
+        """What the worker said of the config (`config error: ...`, its log's last such line)."""
+        path = self.logs / f"worker-{slot.index}.log"
+        with contextlib.suppress(OSError), open(path, "rb") as log_file:
+            log_file.seek(max(0, path.stat().st_size - 65536))
+            lines = log_file.read().decode("utf-8", "replace").splitlines()
+            said = [line.split(_SAID, 1)[1] for line in lines if _SAID in line]
+            if said:
+                return said[-1].strip()
+        return f"worker {slot.index} exited with status {EXIT_CONFIG} (its log: {path})"
 
     async def aclose(self) -> None:
         if self._watcher is not None:
