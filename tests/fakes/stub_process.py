@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 from starlette.applications import Starlette
 
@@ -113,6 +113,33 @@ def start_stub(module: str, args: Sequence[str] = (), timeout: float = 30.0) -> 
             stub.stop()
             raise RuntimeError(f"{module} did not answer within {timeout}s:\n{log}")
         time.sleep(0.02)
+
+
+class Controlled(Protocol):
+    """A stand-in the tests read and clear between cases."""
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def reset(self) -> None: ...
+
+
+def control_routes(stub: Controlled) -> list[Any]:
+    """`/_health`, `/_stats` and `/_reset`: the routes every stand-in serves beside its provider's API."""
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    async def stats(request: Request) -> Response:
+        return JSONResponse(stub.stats())
+
+    async def reset(request: Request) -> Response:
+        stub.reset()
+        return JSONResponse({"ok": True})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    return [Route("/_health", health), Route("/_stats", stats), Route("/_reset", reset, methods=["POST"])]
 
 
 def stub_arguments(prog: str, description: str) -> argparse.ArgumentParser:

@@ -46,7 +46,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.fakes.stub_process import bill, directive, last_user_text, serve, stub_arguments, text_of, words
+from tests.fakes.stub_process import (
+    bill,
+    control_routes,
+    directive,
+    last_user_text,
+    serve,
+    stub_arguments,
+    text_of,
+    words,
+)
 
 MAX_UPLOAD = 150 * 1024 * 1024
 JOB_FIELDS = {"model", "inputDatasetId", "outputDatasetId", "displayName", "inferenceParameters", "precision",
@@ -322,18 +331,8 @@ def _answer(body: dict[str, Any], model: str) -> dict[str, Any]:
 
 
 def build_app(stub: FireworksStub) -> Starlette:
-    async def stats(request: Request) -> Response:
-        return JSONResponse(stub.stats())
-
-    async def reset(request: Request) -> Response:
-        stub.reset()
-        return JSONResponse({"ok": True})
-
-    async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
     return Starlette(routes=[
-        Route("/_health", health), Route("/_stats", stats), Route("/_reset", reset, methods=["POST"]),
+        *control_routes(stub),
         Route("/_signed/{token}", stub.signed_get),
         Route("/v1/{rest:path}", stub.dispatch, methods=["GET", "POST", "DELETE"]),
     ])

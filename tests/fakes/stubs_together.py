@@ -43,7 +43,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.fakes.stub_process import bill, directive, last_user_text, serve, stub_arguments, text_of, words
+from tests.fakes.stub_process import (
+    bill,
+    control_routes,
+    directive,
+    last_user_text,
+    serve,
+    stub_arguments,
+    text_of,
+    words,
+)
 
 MAX_REQUESTS = 50_000
 MAX_BYTES = 100 * 1024 * 1024
@@ -285,18 +294,8 @@ def _answer(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_app(stub: TogetherStub) -> Starlette:
-    async def stats(request: Request) -> Response:
-        return JSONResponse(stub.stats())
-
-    async def reset(request: Request) -> Response:
-        stub.reset()
-        return JSONResponse({"ok": True})
-
-    async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
     return Starlette(routes=[
-        Route("/_health", health), Route("/_stats", stats), Route("/_reset", reset, methods=["POST"]),
+        *control_routes(stub),
         Route("/v1/{rest:path}", stub.dispatch, methods=["GET", "POST"]),
     ])
 

@@ -40,7 +40,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.fakes.stub_process import bill, directive, last_user_text, serve, stub_arguments, text_of, words
+from tests.fakes.stub_process import (
+    bill,
+    control_routes,
+    directive,
+    last_user_text,
+    serve,
+    stub_arguments,
+    text_of,
+    words,
+)
 
 MAX_FILE_BYTES = 48 * 1024 * 1024
 MAX_ADD_BYTES = 25 * 1024 * 1024
@@ -286,18 +295,8 @@ def _answer(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_app(stub: XAIStub) -> Starlette:
-    async def stats(request: Request) -> Response:
-        return JSONResponse(stub.stats())
-
-    async def reset(request: Request) -> Response:
-        stub.reset()
-        return JSONResponse({"ok": True})
-
-    async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
     return Starlette(routes=[
-        Route("/_health", health), Route("/_stats", stats), Route("/_reset", reset, methods=["POST"]),
+        *control_routes(stub),
         Route("/v1/{rest:path}", stub.dispatch, methods=["GET", "POST"]),
     ])
 
