@@ -29,14 +29,7 @@ from gateway.errors import Conflict, InvalidRequest, OverQuota, TooLarge, invali
 from gateway.lines.budget import Budgets, create_hold
 from gateway.lines.reservation import batch_holds
 from gateway.pipeline.batch_params import ExpiresAfter, checked, checked_metadata
-from gateway.pipeline.lifecycle import (
-    NO_EXPIRY,
-    Announce,
-    announce_nothing,
-    expiry,
-    for_queue,
-    results_batch,
-)
+from gateway.pipeline.lifecycle import NO_EXPIRY, Announce, announce_nothing, expiry, for_queue, results_batch
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
 from gateway.pipeline.validate import LINE_SLACK, count_routes
 from gateway.store.blobs.keys import batch_prefix, file_key, order_key
@@ -220,9 +213,12 @@ class BatchService:
         """The hold of the batch's whole estimate (`budget_reservation: estimate`; 429 if it does not fit)."""
         if self._estimate_cost is None or not self.budgets.reserves_at_create(batch.owner):
             return None
-        await self._check_budget(batch.owner)
-        hold = create_hold(batch.id, batch.created_at)
-        await self.budgets.hold_estimate(batch.owner, hold, await self._estimate_cost(batch, source))
+        hold, usd = create_hold(batch.id, batch.created_at), await self._estimate_cost(batch, source)
+        try:  # the hold's one step reads the spend: read again only for a refusal's words
+            await self.budgets.hold_estimate(batch.owner, hold, usd)
+        except OverQuota:
+            await self._check_budget(batch.owner)  # a spent budget is `budget_exceeded`, as without a hold
+            raise
         return hold
 
     async def _admit(self, batch: BatchRecord, source: FileRecord) -> None:
