@@ -42,6 +42,7 @@ from gateway.estimate.cost import Estimate, EstimateJob, estimate_file
 from gateway.message_batches.envelope import read_create
 from gateway.message_batches.wire import EnvelopeError
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
+from gateway.runtime.job_order import JobOrder
 from gateway.store.blobs.place import BlobPlace
 from gateway.store.faults import CarriedFault, machine_fault
 from gateway.store.protocols import Blobs
@@ -66,6 +67,7 @@ class ValidationProcesses:
     def __init__(self, config: Config, place: BlobPlace, size: int = VALIDATION_PROCESSES) -> None:
         self._config, self._place, self._size = config, place, size
         self._executor: ProcessPoolExecutor | None = None
+        self._order = JobOrder(size)
 
     def _pool(self) -> ProcessPoolExecutor:
         if self._executor is None:
@@ -83,7 +85,7 @@ class ValidationProcesses:
 
     async def plan(self, job: PlanJob) -> PlanOutcome:
         try:
-            return await self._run(lambda executor: executor.submit(_plan_in_child, job))
+            return await self._run(lambda executor: executor.submit(_plan_in_child, job), urgent=False)
         except BrokenProcessPool:
             log.warning("a validation process died while planning batch %s; the sweep validates it again",
                         job.batch_id)
@@ -92,25 +94,28 @@ class ValidationProcesses:
     async def estimate(self, job: EstimateJob) -> Estimate:
         """A file's cost estimate (`GET /v1/files/{id}/cost_estimate`), in one of the processes: the same CPU
         work as a validation, kept off the API's event loop the same way (each process loads a tokenizer once)."""
-        return await self._run(lambda executor: executor.submit(_estimate_in_child, job))
+        return await self._run(lambda executor: executor.submit(_estimate_in_child, job), urgent=True)
 
     async def read_create(self, source: Path, sink: Path) -> int:
         """`gateway.message_batches.envelope.read_create` in one of the processes, from the spooled create body
         at `source` to the input lines at `sink` (written from its start); its `EnvelopeError`s come back as
         raised there. In the API process the GIL is free for the loop meanwhile (in a thread, the parse held
         it: another team's p99 past 100 ms during a 200 MB create)."""
-        return await self._run(lambda executor: executor.submit(_read_create_in_child, str(source), str(sink)))
+        return await self._run(lambda executor: executor.submit(_read_create_in_child, str(source), str(sink)),
+                               urgent=True)
 
-    async def _run(self, submit: Callable[[ProcessPoolExecutor], Future[T]]) -> T:
-        """A job's answer from the pool; a pool a child died in is dropped (the next job starts fresh ones)."""
-        executor = self._pool()
-        try:
-            return await asyncio.wrap_future(submit(executor))
-        except BrokenProcessPool:
-            if self._executor is executor:
-                self._executor = None
-                executor.shutdown(wait=False, cancel_futures=True)
-            raise
+    async def _run(self, submit: Callable[[ProcessPoolExecutor], Future[T]], *, urgent: bool) -> T:
+        """A job's answer from the pool, `urgent` when its caller waits for it (`JobOrder`: before the plans); a
+        pool a child died in is dropped (the next job starts fresh ones)."""
+        async with self._order.slot(urgent):
+            executor = self._pool()
+            try:
+                return await asyncio.wrap_future(submit(executor))
+            except BrokenProcessPool:
+                if self._executor is executor:
+                    self._executor = None
+                    executor.shutdown(wait=False, cancel_futures=True)
+                raise
 
     async def aclose(self) -> None:
         """Stop the processes at once: a plan cut short leaves its batch `validating`, for the sweep."""

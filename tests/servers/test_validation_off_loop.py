@@ -174,6 +174,31 @@ def test_a_validation_process_that_dies_leaves_the_batch_to_the_sweep(upstream: 
         assert again and not {p.pid for p in again} & {p.pid for p in first}
 
 
+def test_a_callers_estimate_is_not_kept_behind_the_plans_queued_before_it(upstream: Upstream, tmp_path: Path) -> None:
+    """Eight big batches are planned by the two validation processes, two at a time. Another team's cost estimate
+    (a caller waiting, as a reserving create's estimate does) takes the first process freed, ahead of the six
+    plans that queued before it: when it is answered, most batches are still validating. Handed to the pool in
+    arrival order, it waited until at least six of the eight plans were done."""
+    lines = 40_000
+    config = gateway_config(upstream, models=(MODEL,), teams=TEAMS, max_lines=LINES, max_file_bytes=64 << 20)
+    with start_gateway(config, tmp_path / "data") as gw:
+        big, small = gw.client("sk-big"), gw.client("sk-small")
+        source = big.files.create(file=("big.jsonl", _big_file(lines)), purpose="batch")
+        row = {"custom_id": "e", "method": "POST", "url": "/v1/chat/completions",
+               "body": {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}}
+        tiny = small.files.create(file=("tiny.jsonl", (json.dumps(row) + "\n").encode()), purpose="batch")
+        for _ in range(2):  # each process loads its tokenizer (LiteLLM's) at its first estimate, not timed here
+            small.get(f"/files/{tiny.id}/cost_estimate", cast_to=object)
+        batches = [big.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h") for _ in range(8)]
+        estimate = small.get(f"/files/{tiny.id}/cost_estimate", cast_to=object)
+        statuses = [big.batches.retrieve(b.id).status for b in batches]
+        assert isinstance(estimate, dict) and estimate["lines"] == 1, estimate
+        assert statuses.count("validating") >= 4, statuses
+        for batch in batches:
+            _assert_failed_at_the_last_line(until(gw, "sk-big", batch.id, finished, timeout=120), lines)
+
+
 def _reading(gw: Gateway) -> psutil.Process | None:
     """The validation process reading a Message Batch create's spooled body (it has the file open), if any."""
     for process in _validation_processes(gw):
