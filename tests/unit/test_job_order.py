@@ -22,7 +22,7 @@ async def _settle() -> None:
 
 def test_at_most_the_places_run_and_a_callers_job_goes_before_queued_plans() -> None:
     async def scenario() -> list[str]:
-        order, started = JobOrder(2), []
+        order, started = JobOrder(2), list[str]()
         gates = {name: asyncio.Event() for name in ("plan1", "plan2", "plan3", "plan4", "estimate")}
         tasks = [asyncio.create_task(_job(order, name, False, started, gates[name]))
                  for name in ("plan1", "plan2", "plan3", "plan4")]
@@ -44,7 +44,7 @@ def test_at_most_the_places_run_and_a_callers_job_goes_before_queued_plans() -> 
 
 def test_a_job_that_leaves_while_waiting_gives_no_place_away_and_the_count_stays_right() -> None:
     async def scenario() -> list[str]:
-        order, started = JobOrder(1), []
+        order, started = JobOrder(1), list[str]()
         hold, forever, late = asyncio.Event(), asyncio.Event(), asyncio.Event()
         first = asyncio.create_task(_job(order, "first", False, started, hold))
         await _settle()
@@ -70,7 +70,7 @@ def test_a_job_that_leaves_while_waiting_gives_no_place_away_and_the_count_stays
 
 def test_a_job_cancelled_as_it_is_let_in_passes_its_place_to_the_next() -> None:
     async def scenario() -> list[str]:
-        order, started = JobOrder(1), []
+        order, started = JobOrder(1), list[str]()
         hold, done = asyncio.Event(), asyncio.Event()
         done.set()
         waiting: list[asyncio.Task[None]] = []
