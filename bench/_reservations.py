@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import psutil
 
 from tests.fakes.upstream.server import start_upstream
 from tests.support.server_helpers import Gateway, gateway_config, start_gateway
@@ -56,9 +57,24 @@ def _file(team: int, batch: int) -> bytes:
                     for i in range(2))
 
 
-def _creates_per_second(gw: Gateway, teams: int, batches: int, warm: int) -> tuple[float, list[str]]:
+def _cpu_seconds(gw: Gateway) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the API process and of all the gateway's processes together."""
+    api = psutil.Process(gw.process.pid)
+    total = 0.0
+    for process in [api, *api.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:  # gone meanwhile
+            continue
+        total += times.user + times.system
+    times = api.cpu_times()
+    return {"api": times.user + times.system, "all": total}
+
+
+def _creates_per_second(gw: Gateway, teams: int, batches: int, warm: int) -> tuple[float, list[str], dict[str, float]]:
     """Upload every file, warm up with `warm` creates, then time every team's creates at once: creates per
-    second (those that succeeded), and why each create that failed failed."""
+    second (those that succeeded), why each create that failed failed, and the gateway's CPU milliseconds per
+    create while they ran (the API process's, and all its processes', workers and validation included)."""
     clients = {t: gw.client(f"sk-t{t}").with_options(timeout=300, max_retries=RETRIES) for t in range(teams)}
     with ThreadPoolExecutor(32) as pool:
         files = list(pool.map(lambda tb: (tb[0], clients[tb[0]].files.create(
@@ -77,10 +93,12 @@ def _creates_per_second(gw: Gateway, teams: int, batches: int, warm: int) -> tup
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(create, warmups))
-    started = time.perf_counter()
+    cpu, started = _cpu_seconds(gw), time.perf_counter()
     with ThreadPoolExecutor(64) as pool:
         failed = [why for why in pool.map(create, timed) if why is not None]
-    return (len(timed) - len(failed)) / (time.perf_counter() - started), failed
+    wall, spent = time.perf_counter() - started, _cpu_seconds(gw)
+    per_create = {k: (spent[k] - cpu[k]) * 1000 / len(timed) for k in cpu}
+    return (len(timed) - len(failed)) / wall, failed, per_create
 
 
 def reservations(teams: int, batches: int, workers: int) -> None:
@@ -93,9 +111,10 @@ def reservations(teams: int, batches: int, workers: int) -> None:
             config["model_list"][0]["model_info"] = {"input_cost_per_token": 1e-6, "output_cost_per_token": 1e-6}
             with start_gateway(config, Path(tmp) / mode, workers=workers) as gw:
                 waited = _ready(gw, workers)
-                rates[mode], failed = _creates_per_second(gw, teams, batches, warm=2 * (os.cpu_count() or 2))
+                rates[mode], failed, cpu = _creates_per_second(gw, teams, batches, warm=2 * (os.cpu_count() or 2))
             print(f"  budget_reservation: {mode:<9} {rates[mode]:7.1f} creates/s   ({teams} teams x {batches} batches "
-                  f"at once; ready after {waited:.1f} s; load average {os.getloadavg()[0]:.1f})", flush=True)
+                  f"at once; ready after {waited:.1f} s; load average {os.getloadavg()[0]:.1f}); CPU per create: API "
+                  f"process {cpu['api']:.2f} ms, every gateway process {cpu['all']:.2f} ms", flush=True)
             if failed:
                 print(f"  {len(failed)} of {teams * batches} creates failed, not counted; the first: {failed[0]}")
     if not rates["none"] or not rates["estimate"]:
