@@ -58,6 +58,7 @@ class BatchService:
         self, config: Config, store: Store, blobs: Blobs, queue: Queue, coordination: Coordination, *,
         spawn: Spawn, finish_shard: Callable[[Shard], Awaitable[None]], announce: Announce = announce_nothing,
         budgets: Budgets | None = None, plan: Plan | None = None, estimate_cost: EstimateCost | None = None,
+        file_stored: Callable[[FileRecord], None] | None = None,
     ) -> None:
         self.config, self.store, self.blobs, self.queue = config, store, blobs, queue
         self._coordination = coordination
@@ -66,6 +67,7 @@ class BatchService:
         self._announce = announce
         self._plan: Plan = plan or functools.partial(plan_batch, config, blobs)
         self._estimate_cost = estimate_cost
+        self.file_stored = file_stored or (lambda file: None)  # told of each new file (its estimate starts)
         self.quotas = store.quota
         self.budgets = budgets or Budgets(config, self.quotas)
         self._limits = {t.team_id: TeamLimits(t.max_enqueued_requests, t.max_active_batches,
@@ -106,6 +108,7 @@ class BatchService:
             await self.store.storage.release(team, file_id)
             raise
         await self.store.storage.settle(team, file_id, size)
+        self.file_stored(rec)
         return rec
 
     def storage_limit(self, team: str) -> int | None:

@@ -202,6 +202,7 @@ class Uploads:
         await self.service.store.files.put(file)
         rec.status = "completed"
         await self._save(rec)
+        self.service.file_stored(file)
         named = set(part_ids)
         for part in have.values():
             if part.id in named:  # the File's now: counted under it

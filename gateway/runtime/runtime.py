@@ -39,16 +39,16 @@ from gateway.callers.idempotent_creates import IdempotentCreates
 from gateway.callers.logins import Logins
 from gateway.config.schema import Config
 from gateway.lines.budget import Budgets
-from gateway.pipeline.batch_service import BatchService, EstimateCost
+from gateway.pipeline.batch_service import BatchService
 from gateway.pipeline.finalizer import Finalizer
 from gateway.pipeline.shard_runner import ShardRunner
 from gateway.pipeline.sweeper import Sweeper
+from gateway.runtime.create_estimates import CreateEstimates
 from gateway.runtime.pool import BackendPool
 from gateway.runtime.validation_processes import ValidationProcesses
 from gateway.store.blobs.place import S3_ENDPOINT_ENV, BlobPlace
 from gateway.store.faults import machine_fault, once_a_minute
 from gateway.store.protocols import Blobs, Coordination, Queue, Store
-from gateway.store.records import BatchRecord, FileRecord
 from gateway.webhooks.crossings import budget_alerts
 from gateway.webhooks.sender import WebhookSender
 from gateway.webhooks.targets import retry_schedule, webhook_targets
@@ -98,11 +98,12 @@ class Runtime:
         announce = self.webhooks.announce
         self.finalizer = Finalizer(store, blobs, coordination, self.backends.reporter, announce=announce,
                                    file_expiry_seconds=config.batch.file_expiry_seconds)
+        estimates = CreateEstimates(config, blobs, validation, self.budgets.reserves_at_create, self.spawn)
         # The stages before the finalizer are handed its `finish_shard`; the sweeper, after it, holds it.
         self.service = BatchService(config, store, blobs, queue, coordination, spawn=self.spawn,
                                     finish_shard=self.finalizer.finish_shard, announce=announce,
                                     budgets=self.budgets, plan=validation.plan if validation else None,
-                                    estimate_cost=_estimator(config, blobs, validation))
+                                    estimate_cost=estimates.cost, file_stored=estimates.file_stored)
         every = sorted({r.model_name for r in config.routes.values()})
         hosted = every if routes is None else sorted(r for r in routes if r)
         self.runner = (ShardRunner(config, store, blobs, queue, self.backends,
@@ -200,22 +201,6 @@ class Runtime:
         await self.coordination.aclose()
         await self.blobs.aclose()
         await self.store.aclose()
-
-
-def _estimator(config: Config, blobs: Blobs, validation: ValidationProcesses | None) -> EstimateCost:
-    """A batch's estimated cost for a create that reserves it: the high end of its file's cost estimate (the
-    low end where a line has no output bound), made where `GET /v1/files/{id}/cost_estimate` makes it."""
-    async def estimate_cost(batch: BatchRecord, source: FileRecord) -> float:
-        from gateway.config.urls import normalise_endpoint
-        from gateway.estimate.cost import EstimateJob, estimate_file
-
-        endpoint = normalise_endpoint(batch.endpoint) if batch.endpoint != "*" else None
-        job = EstimateJob(source.blob_key, batch.options.allowed_models, endpoint)
-        estimate = await (validation.estimate(job) if validation is not None else estimate_file(config, blobs, job))
-        totals = estimate.totals()
-        return float(totals["cost_high"] if totals["cost_high"] is not None else totals["cost_low"])
-
-    return estimate_cost
 
 
 async def open_embedded(
