@@ -4,14 +4,11 @@ path family, each error the spec names, expiry, a storage quota crossed mid-uplo
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import hashlib
 import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -285,38 +282,6 @@ def test_an_abandoned_upload_expires_and_its_parts_go(upstream: Upstream, tmp_pa
         _error(reply, 409, "upload_expired")
         # the expired parts no longer count: the whole quota is free again
         assert gw.client(None).files.create(file=("f.jsonl", b"y" * 1_000), purpose="batch").bytes == 1_000
-
-
-# --------------------------------------------------------------------------- a kill during complete
-
-
-@pytest.mark.parametrize("delay", [0.0, 0.1])
-def test_a_kill_during_complete_leaves_a_whole_file_or_none(upstream: Upstream, tmp_path: Path, delay: float) -> None:
-    """The server is killed (SIGKILL) while `complete` streams the parts' md5: on restart the Upload is either
-    completed or completes when asked again, and its File is every part, never half of them."""
-    config = gateway_config(upstream, models=("gpt-mini",))
-    parts = [bytes([97 + i]) * (6 << 20) for i in range(4)]
-    data = b"".join(parts)
-    with start_gateway(config, tmp_path / "data", workers=0) as gw:
-        up = _create(gw, len(data), None)  # type: ignore[arg-type]
-        ids = [_part(gw, up["id"], part, None).json()["id"] for part in parts]  # type: ignore[arg-type]
-        body = {"part_ids": ids, "md5": hashlib.md5(data).hexdigest()}
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            sent = pool.submit(gw.http, "POST", f"/v1/uploads/{up['id']}/complete", json=body)
-            time.sleep(delay)
-            gw.kill()
-            with contextlib.suppress(httpx.HTTPError):
-                sent.result()
-    with start_gateway(config, tmp_path / "data", workers=0) as gw:
-        again = gw.http("POST", f"/v1/uploads/{up['id']}/complete", json=body)
-        if again.status_code == 409:  # the first call got through
-            assert again.json()["error"]["code"] == "upload_already_completed"
-        else:
-            assert again.status_code == 200 and again.json()["status"] == "completed", again.text
-        files = gw.client(None).files.list().data
-        assert len(files) == 1 and files[0].bytes == len(data)  # one File, made once
-        content = gw.http("GET", f"/v1/files/{files[0].id}/content")
-        assert content.status_code == 200 and content.content == data
 
 
 # --------------------------------------------------------------------------- a batch past 50,000 lines
