@@ -332,14 +332,16 @@ class Uploads:
 
 
 def check_mime_type(mime_type: str, purpose: str) -> None:
-    """OpenAI's rule: `mime_type` falls within the types `purpose` supports (`MIME_TYPES`)."""
+    """OpenAI's rule: `mime_type` falls within the types `purpose` supports (`MIME_TYPES`). A bare subtype, as
+    the `openai` SDK's own example writes it (`mime_type="pdf"`), stands for its type."""
     bare = mime_type.split(";", 1)[0].strip().lower()
     supported = MIME_TYPES[purpose]
     if supported is None:
-        if not _MIME_SHAPE.fullmatch(bare):
+        if not _MIME_SHAPE.fullmatch(bare if "/" in bare else f"application/{bare}"):
             raise InvalidRequest(f"Invalid value: '{shown(mime_type)}'. 'mime_type' must be a MIME type "
                                  "(type/subtype).", param="mime_type", code="invalid_value")
-    elif bare not in supported:
+    elif bare not in supported and ("/" in bare or not any(t.split("/")[1] in (bare, f"x-{bare}")
+                                                              for t in supported)):
         raise invalid_value(mime_type, list(supported), "mime_type")
 
 

@@ -176,6 +176,49 @@ def test_create_refusals(gw: Gateway) -> None:
     _error(_post(gw, "/v1/uploads", "sk-nobody", json=good), 401, None)
 
 
+# per purpose: types taken (a type's parameters and case aside; a bare subtype, as the SDK's own example writes
+# `mime_type="pdf"`), and types refused
+MIME_TAKEN = {"batch": ["application/jsonl", "text/jsonl", "application/x-ndjson", "Application/JSONL; charset=utf-8",
+                        "jsonl"],
+              "fine-tune": ["application/jsonl", "jsonl"], "evals": ["application/jsonl", "text/jsonl"],
+              "vision": ["image/png", "image/jpeg", "png"],
+              "assistants": ["application/pdf", "text/markdown", "pdf", "python", "image/png"],
+              "user_data": ["application/octet-stream", "video/mp4", "bin"]}
+MIME_REFUSED = {"batch": ["text/plain", "application/json", "pdf", "application/jsonl-not"],
+                "fine-tune": ["text/csv"], "evals": ["image/png"], "vision": ["application/pdf", "image/svg+xml"],
+                "assistants": ["application/jsonl", "video/mp4"], "user_data": ["not a type", "a/b/c"]}
+
+
+@pytest.mark.parametrize("purpose", sorted(MIME_TAKEN))
+def test_mime_type_falls_within_its_purposes_types(gw: Gateway, purpose: str) -> None:
+    for mime in MIME_TAKEN[purpose]:
+        assert _create(gw, 4, purpose=purpose, mime_type=mime)["purpose"] == purpose
+    for mime in MIME_REFUSED[purpose]:
+        body = {"filename": "a.jsonl", "purpose": purpose, "bytes": 4, "mime_type": mime}
+        error = _error(_post(gw, "/v1/uploads", json=body), 400, "invalid_value", "mime_type")
+        assert error["message"].startswith(f"Invalid value: '{mime}'."), error
+    if purpose == "batch":
+        assert error["message"].endswith("Supported values are: 'application/jsonl', 'application/x-jsonl', "
+                                         "'application/jsonlines', 'application/x-jsonlines', "
+                                         "'application/x-ndjson', and 'text/jsonl'."), error
+
+
+def test_sdk_chunked_upload_refused_for_its_mime_type(gw: Gateway) -> None:
+    """The SDK's chunked upload with `mime_type` as its own example writes it, and with a type `batch` does not
+    take: OpenAI's 400 before a part is sent."""
+    data = _lines(3, "mime")
+    client = gw.client(ALPHA)
+    for mime in ("jsonl", "text/jsonl"):
+        upload = client.uploads.upload_file_chunked(file=data, filename="in.jsonl", bytes=len(data), mime_type=mime,
+                                                    purpose="batch")
+        assert upload.status == "completed" and upload.file is not None
+        assert client.files.content(upload.file.id).read() == data
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.uploads.upload_file_chunked(file=data, filename="in.txt", bytes=len(data), mime_type="text/plain",
+                                           purpose="batch")
+    assert refused.value.code == "invalid_value" and refused.value.param == "mime_type"
+
+
 def test_expires_after_gives_the_file_its_expiry(gw: Gateway) -> None:
     up = _create(gw, 4, expires_after={"anchor": "created_at", "seconds": 7200})
     part = _part(gw, up["id"], b"abcd").json()
