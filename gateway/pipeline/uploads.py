@@ -258,7 +258,10 @@ class Uploads:
         if rec.status != "completed":
             rec.status = "completed"
             await self._save(rec)
-        kept = set(rec.part_ids or ()) if file is not None and composed.is_composed(file.blob_key) else set()
+        listed = file is not None and composed.is_composed(file.blob_key)  # the parts are the File's bytes
+        kept = set(rec.part_ids or ()) if listed else set()
+        if file is not None:  # a `complete` a kill cut short may have joined parts the other way (S3 does both)
+            await self.blobs.delete(file_key(rec.id) if listed else file_key(rec.id) + composed.SUFFIX)
         team = storage_team(rec.owner)
         for part in (await self.parts(rec.id)).values():
             if part.id not in kept:

@@ -99,7 +99,7 @@ def test_a_kill_in_complete_then_complete_again(upstream: Upstream, tmp_path: Pa
         again = _complete(gw, upload_id, ids)
         # The Upload was marked completed before the last point; after the second, the restarted server's first
         # sweep may finish it before this call does. Either way the File is the same.
-        if point == "uploads.complete.part_removed" or again.status_code == 409 and point != POINTS[0]:
+        if point == "uploads.complete.part_removed" or (again.status_code == 409 and point != POINTS[0]):
             assert again.status_code == 409 and again.json()["error"]["code"] == "upload_already_completed"
         else:  # the answer the kill kept from the first call
             assert again.status_code == 200 and again.json()["status"] == "completed", again.text
@@ -184,3 +184,27 @@ def test_a_kill_in_an_s3_compose(upstream: Upstream, redis_server: RedisServer, 
         assert gw.client(None).files.content(again.json()["file"]["id"]).read() == data
         assert s3.multipart_uploads(folder) == []
         assert s3.keys(folder) == [f"{folder}file"]  # the parts copied into it are gone
+
+
+def test_a_kill_after_an_s3_join_then_complete_in_another_order(upstream: Upstream, redis_server: RedisServer,
+                                                                  s3: MotoS3, tmp_path: Path) -> None:
+    """The kill comes after S3 joined the parts into one object, before the File; `complete` again names them in
+    an order S3's multipart cannot take (a small part first): the File is a manifest of the parts, and the object
+    the first call joined goes."""
+    config = gateway_config(upstream, models=("gpt-mini",))
+    parts = [b"a" * (5 << 20), b"b" * (5 << 20), b"tail"]
+    prefix = "killed-reordered"
+    with start_shared(config, tmp_path / "a", redis_server.url, blobs=s3.location(prefix),
+                      env={**s3.env(), crash_points.ENV: "uploads.complete.composed"}) as gw:
+        upload_id = _create(gw, sum(map(len, parts)))
+        ids = [_part(gw, upload_id, part) for part in parts]
+        with pytest.raises(httpx.TransportError):
+            _complete(gw, upload_id, ids)
+        assert gw.process.wait(10) == -signal.SIGKILL
+    folder = f"{prefix}/uploads/{upload_id}/"
+    assert f"{folder}file" in s3.keys(folder)  # joined, and no File of it
+    with start_shared(config, tmp_path / "b", redis_server.url, blobs=s3.location(prefix), env=s3.env()) as gw:
+        again = _complete(gw, upload_id, [ids[2], ids[0], ids[1]])
+        assert again.status_code == 200, again.text
+        assert gw.client(None).files.content(again.json()["file"]["id"]).read() == parts[2] + parts[0] + parts[1]
+        assert s3.keys(folder) == sorted([f"{folder}file.parts", *(folder + i for i in ids)])
