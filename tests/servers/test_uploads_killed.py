@@ -107,6 +107,17 @@ def test_a_kill_in_complete_then_complete_again(upstream: Upstream, tmp_path: Pa
         _whole(gw, folder, ids)
 
 
+def test_a_kill_after_the_file_then_cancel(upstream: Upstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `cancel` after the File was recorded finds the Upload completed (by itself or by the sweep before it):
+    refused, and the File whole."""
+    with _start(upstream, tmp_path / "data", monkeypatch, "uploads.complete.file_recorded") as gw:
+        upload_id, ids = _killed_in_complete(gw)
+    with _start(upstream, tmp_path / "data", monkeypatch, None) as gw:
+        refused = gw.http("POST", f"/v1/uploads/{upload_id}/cancel")
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "upload_completed", refused.text
+        _whole(gw, tmp_path / "data" / "blobs" / "uploads" / upload_id, ids)
+
+
 @pytest.mark.parametrize("point", POINTS)
 def test_a_kill_in_complete_then_the_sweep(upstream: Upstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            point: str) -> None:
