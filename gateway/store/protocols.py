@@ -260,11 +260,16 @@ class Blobs(Protocol):
     def read(self, key: str, chunk_size: int = 1 << 16) -> AsyncIterator[bytes]: ...
     async def size(self, key: str) -> int | None: ...
     async def delete(self, key: str) -> None: ...
-    async def delete_prefix(self, prefix: str) -> None: ...
+    async def delete_prefix(self, prefix: str) -> None:
+        """Every blob under the folder `prefix`, and the writes a killed process left unfinished there."""
+    async def discard_unfinished(self, prefix: str) -> None:
+        """The writes a killed process left unfinished under the folder `prefix` (S3's multipart uploads, the
+        directory's temporary files); the blobs there stay. Only where no writer of that folder still runs."""
     async def compose(self, key: str, parts: Sequence[tuple[str, int]]) -> str:
         """One blob of `parts` (key, bytes) in order, without their bytes passing through this process; the key
         it is read at (`key`, or its manifest's when the parts stay its bytes: `composed.is_composed`). The
-        parts are left in place: the caller deletes them once the result no longer reads them."""
+        parts are left in place: the caller deletes them once the result no longer reads them. A compose of
+        the same `key` that a kill cut short is discarded first (S3 bills an unfinished multipart upload)."""
     async def aclose(self) -> None: ...
 
 

@@ -1,5 +1,6 @@
 """`S3Blobs` (moto) answers as `LocalBlobs` does, `writing` included (a block that raises leaves no blob
-behind); `S3Blobs` alone: single PUT, multipart, abort, streamed read, prefix delete."""
+behind); `S3Blobs` alone: single PUT, multipart, abort, streamed read, prefix delete; each store's discarding of
+the writes a killed process left unfinished."""
 
 from __future__ import annotations
 
@@ -121,7 +122,10 @@ async def test_s3_blobs_put_multipart_abort_and_prefix_delete(s3: MotoS3) -> Non
         w = blobs.writer("batches/b10/x")
         await w.write(b"keep")
         await w.commit()
+        left = blobs.writer("batches/b1/unfinished")  # as a killed process leaves it: a part out, never completed
+        await left.write(b"x" * (6 << 20))
         await blobs.delete_prefix("batches/b1")
+        assert not (await client.list_multipart_uploads(Bucket=s3.bucket)).get("Uploads")  # aborted with the folder
         assert await blobs.size("batches/b1/shards/000000.results.jsonl") is None
         assert await blobs.size("batches/b10/x") == 4  # a sibling with a longer name stays
         await blobs.delete("files/small")
@@ -132,3 +136,31 @@ async def test_s3_blobs_put_multipart_abort_and_prefix_delete(s3: MotoS3) -> Non
             blobs.writer("../escape")
     finally:
         await blobs.aclose()
+
+
+async def test_unfinished_writes_are_discarded_and_blobs_stay(s3: MotoS3, tmp_path: Path) -> None:
+    """A writer neither committed nor aborted (its process killed): S3's multipart upload is aborted (S3 bills its
+    parts until it is), the directory's temporary file removed; the folder's blobs, and other folders, stay."""
+    shared = S3Blobs.from_url(s3.location("discard"), endpoint_url=s3.url, part_size=5 * 1024 * 1024)
+    local = LocalBlobs(tmp_path / "blobs")
+    try:
+        for blobs in (shared, local):
+            for key in ("uploads/u/kept", "uploads/w/other"):
+                async with blobs.writing(key) as w:
+                    await w.write(b"kept")
+            for key in ("uploads/u/left", "uploads/w/running"):
+                await blobs.writer(key).write(b"x" * (6 << 20))  # S3: a part out already
+        client = await shared.client()
+        begun = await client.list_multipart_uploads(Bucket=s3.bucket, Prefix="discard/")
+        assert sorted(u["Key"] for u in begun["Uploads"]) == ["discard/uploads/u/left", "discard/uploads/w/running"]
+        assert [p.name.endswith(".tmp") for p in (tmp_path / "blobs/uploads/u").iterdir()].count(True) == 1
+        for blobs in (shared, local):
+            await blobs.discard_unfinished("uploads/u")
+            assert await blobs.size("uploads/u/kept") == 4 and await blobs.size("uploads/w/other") == 4
+        begun = await client.list_multipart_uploads(Bucket=s3.bucket, Prefix="discard/")
+        assert [u["Key"] for u in begun["Uploads"]] == ["discard/uploads/w/running"]  # another folder's
+        assert [p.name for p in (tmp_path / "blobs/uploads/u").iterdir()] == ["kept"]
+        assert len(list((tmp_path / "blobs/uploads/w").iterdir())) == 2
+    finally:
+        await shared.aclose()
+        await local.aclose()

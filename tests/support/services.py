@@ -248,6 +248,15 @@ class MotoS3:
             listing = reply.read().decode()
         return sorted(re.findall(r"<Key>([^<]+)</Key>", listing))
 
+    def multipart_uploads(self, prefix: str) -> list[str]:
+        """The keys under `prefix` of the multipart uploads begun and neither completed nor aborted."""
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        query = urllib.parse.urlencode({"uploads": "", "prefix": prefix})
+        with opener.open(f"{self.url}/{self.bucket}?{query}", timeout=10) as reply:
+            listing = reply.read().decode()
+        uploads = re.findall(r"<Upload>.*?<Key>([^<]+)</Key>", listing, re.S)
+        return sorted(key for key in uploads if key.startswith(prefix))
+
     def start(self, timeout: float = 30) -> MotoS3:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         deadline = time.monotonic() + timeout

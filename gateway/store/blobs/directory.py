@@ -97,5 +97,11 @@ class LocalBlobs:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
 
+    async def discard_unfinished(self, prefix: str) -> None:
+        path = self._path(prefix)
+        if path.is_dir():
+            for tmp in path.rglob(".*.tmp"):  # `LocalBlobWriter`'s name for a blob not yet committed
+                tmp.unlink(missing_ok=True)
+
     async def aclose(self) -> None:
         return None

@@ -29,6 +29,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import ClientError
 
+from gateway import crash_points
 from gateway.store.blobs import commit_or_abort, composed
 from gateway.store.protocols import BlobWriter
 
@@ -205,6 +206,7 @@ class S3Blobs:
             return await composed.write_manifest(self, key, parts)
         client = await self.client()
         target = self._key(key)
+        await self._abort_multipart(target, exact=True)  # a compose of this key that a kill cut short
         reply = await client.create_multipart_upload(Bucket=self.bucket, Key=target)
         upload_id = reply["UploadId"]
         try:
@@ -214,6 +216,7 @@ class S3Blobs:
                                                        PartNumber=number,
                                                        CopySource={"Bucket": self.bucket, "Key": self._key(part)})
                 done.append({"PartNumber": number, "ETag": copied["CopyPartResult"]["ETag"]})
+                crash_points.reached("blobs.s3.compose.part_copied")
             await client.complete_multipart_upload(Bucket=self.bucket, Key=target, UploadId=upload_id,
                                                    MultipartUpload={"Parts": done})
         except BaseException:
@@ -231,6 +234,23 @@ class S3Blobs:
             objects = [{"Key": o["Key"]} for o in page.get("Contents", [])]
             if objects:  # a listing page holds at most 1000 keys, DeleteObjects' limit
                 await client.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+        await self._abort_multipart(folder)
+
+    async def discard_unfinished(self, prefix: str) -> None:
+        await self._abort_multipart(self._key(prefix.rstrip("/")) + "/")
+
+    async def _abort_multipart(self, prefix: str, *, exact: bool = False) -> None:
+        """Abort the multipart uploads begun under `prefix` (at that very key: `exact`) and never completed:
+        S3 keeps, and bills, their parts until they are."""
+        client = await self.client()
+        paginator = client.get_paginator("list_multipart_uploads")
+        async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+            for upload in page.get("Uploads", []):
+                if exact and upload["Key"] != prefix:
+                    continue
+                with contextlib.suppress(ClientError):  # completed or aborted meanwhile
+                    await client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
+                                                        UploadId=upload["UploadId"])
 
     async def aclose(self) -> None:
         self._client = None
