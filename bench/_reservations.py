@@ -1,7 +1,8 @@
 """`bench/server_load.py --reservations`: creates per second with `budget_reservation: estimate` against the same
 run without it. `--res-teams` teams (each with a `max_budget`) each create `--res-batches` small batches at once
-against one embedded gateway (one store); the files are uploaded first, and a few creates warm the validation
-processes (where a reserving create's estimate is made) before anything is timed. Before any of it the server
+against one embedded gateway (one store); the files are uploaded first (each reserving team's file starts its
+estimate in the validation processes as it is stored: their rate is printed too), and a few creates warm the
+validation processes before the creates are timed. Before any of it the server
 must be ready (`_ready`: its readiness probe, its worker processes, and a team's key answered through the SDK);
 the SDK retries a dropped connection, and a create that still fails is counted and named, not a crash. Not a
 test: a shared machine is noisy."""
@@ -74,12 +75,15 @@ def _cpu_seconds(gw: Gateway) -> dict[str, float]:
 def _creates_per_second(gw: Gateway, teams: int, batches: int, warm: int) -> tuple[float, list[str], dict[str, float]]:
     """Upload every file, warm up with `warm` creates, then time every team's creates at once: creates per
     second (those that succeeded), why each create that failed failed, and the gateway's CPU milliseconds per
-    create while they ran (the API process's, and all its processes', workers and validation included)."""
+    create while they ran (the API process's, and all its processes', workers and validation included), with
+    the files uploaded per second before them (a reserving team's file starts its estimate as it is stored)."""
     clients = {t: gw.client(f"sk-t{t}").with_options(timeout=300, max_retries=RETRIES) for t in range(teams)}
+    uploading = time.perf_counter()
     with ThreadPoolExecutor(32) as pool:
         files = list(pool.map(lambda tb: (tb[0], clients[tb[0]].files.create(
             file=(f"b{tb[1]}.jsonl", _file(*tb)), purpose="batch").id),
             [(t, b) for t in range(teams) for b in range(batches + warm // teams + 1)]))
+    uploads = len(files) / (time.perf_counter() - uploading)
     warmups, timed = files[:warm], files[warm:warm + teams * batches]
 
     def create(item: tuple[int, str]) -> str | None:
@@ -98,7 +102,7 @@ def _creates_per_second(gw: Gateway, teams: int, batches: int, warm: int) -> tup
         failed = [why for why in pool.map(create, timed) if why is not None]
     wall, spent = time.perf_counter() - started, _cpu_seconds(gw)
     per_create = {k: (spent[k] - cpu[k]) * 1000 / len(timed) for k in cpu}
-    return (len(timed) - len(failed)) / wall, failed, per_create
+    return (len(timed) - len(failed)) / wall, failed, per_create | {"uploads": uploads}
 
 
 def reservations(teams: int, batches: int, workers: int) -> None:
@@ -114,7 +118,8 @@ def reservations(teams: int, batches: int, workers: int) -> None:
                 rates[mode], failed, cpu = _creates_per_second(gw, teams, batches, warm=2 * (os.cpu_count() or 2))
             print(f"  budget_reservation: {mode:<9} {rates[mode]:7.1f} creates/s   ({teams} teams x {batches} batches "
                   f"at once; ready after {waited:.1f} s; load average {os.getloadavg()[0]:.1f}); CPU per create: API "
-                  f"process {cpu['api']:.2f} ms, every gateway process {cpu['all']:.2f} ms", flush=True)
+                  f"process {cpu['api']:.2f} ms, every gateway process {cpu['all']:.2f} ms; the uploads before: "
+                  f"{cpu['uploads']:.1f} files/s", flush=True)
             if failed:
                 print(f"  {len(failed)} of {teams * batches} creates failed, not counted; the first: {failed[0]}")
     if not rates["none"] or not rates["estimate"]:
