@@ -1,7 +1,7 @@
 """Sealing shards and merging them into the output files, in input order.
 
 `seal_shard` turns one shard's journal into a results blob sorted by line
-(memory: one shard). `merge_shards` k-way merges the sealed shards by line
+(memory: one shard), and deletes the shard's requests blob. `merge_shards` k-way merges the sealed shards by line
 number into the output file and, optionally, a separate error file (memory:
 one line per shard).
 """
@@ -39,6 +39,7 @@ async def seal_shard(
     if await blobs.size(shard_results_key(shard)) is not None:  # sealed already (or a shard of answered lines)
         if shard.route:  # the blob written, then a crash before the seal: seal it (idempotent). The finalizer
             await store.ledger.drop_journal(shard)  # counts on it: no result counts (or costs) after its seal
+            await blobs.delete(shard_requests_key(shard))
         return
     if requests is None:
         key = shard_requests_key(shard)
@@ -58,6 +59,9 @@ async def seal_shard(
         for req in requests:
             await writer.write(dumps(done[req.line].to_json()) + b"\n")
     await store.ledger.drop_journal(shard)
+    # Nothing reads a sealed shard's requests (its results blob says it is done): the copy of its input lines
+    # goes now, not with the batch, so the batch's working blobs never hold the whole input beside its output.
+    await blobs.delete(shard_requests_key(shard))
 
 
 @dataclass(slots=True)
