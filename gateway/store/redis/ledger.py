@@ -50,7 +50,8 @@ return redis.call('HLEN', KEYS[1]) - redis.call('SCARD', KEYS[2])
 # field's new total when it moved.
 _RECORD_RESULTS = """
 if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return {0, false} end
--- A log begun before the counter (nothing left it then): its length is its last seq.
+-- A log begun before the counter (nothing left it then, `drop_journal` sets it first too): its length is
+-- its last seq.
 if redis.call('EXISTS', KEYS[7]) == 0 then redis.call('SET', KEYS[7], redis.call('XLEN', KEYS[5])) end
 local c = {0, 0, 0, 0, 0, 0}
 local cost, reruns, invalid = 0, 0, 0
@@ -94,10 +95,11 @@ end
 return {c[1] + c[2], false}
 """
 
-# KEYS: journal, sealed set, the batch's result log, its sealed shards' spans. ARGV: shard index. The shard's
-# results leave the log (they are in its results blob now, with their seq); its span of seqs ("first last")
-# says where to find them.
+# KEYS: journal, sealed set, the batch's result log, its sealed shards' spans, the log's last seq. ARGV: shard
+# index. The shard's results leave the log (they are in its results blob now, with their seq); its span of
+# seqs ("first last") says where to find them.
 _DROP_JOURNAL = """
+if redis.call('EXISTS', KEYS[5]) == 0 then redis.call('SET', KEYS[5], redis.call('XLEN', KEYS[3])) end
 local first, last
 for _, data in ipairs(redis.call('HVALS', KEYS[1])) do
   local seq = tonumber(string.match(data, '^{"seq":(%d+),'))
@@ -214,7 +216,8 @@ class RedisLedger:
         # The shard is sealed: a result that comes later (the same shard run twice, by a worker
         # taken for dead) must not count again, though no journal is left to dedupe it.
         b = shard.batch_id
-        keys = [self._k.journal(b, shard.index), self._k.sealed(b), self._k.results_log(b), self._k.sealed_seqs(b)]
+        keys = [self._k.journal(b, shard.index), self._k.sealed(b), self._k.results_log(b), self._k.sealed_seqs(b),
+                self._k.results_seq(b)]
         await self._drop_journal(keys=keys, args=[shard.index])
 
     async def logged(self, batch_id: str, after: int, limit: int) -> list[Result]:
