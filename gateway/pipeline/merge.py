@@ -171,26 +171,50 @@ async def merge_shards(
     return summary, summary.n_out, summary.n_err
 
 
+async def _chain(blobs: Blobs, shards: Sequence[Shard], state: MergeCheckpoint,
+                 drained: list[Shard]) -> AsyncIterator[tuple[Shard, Result, bool]]:
+    """One route's shards, in index order, as one stream of (shard, result, whether it is the shard's last).
+
+    The planner fills a route's shards one after another, so each one's lines follow the last one's: only one
+    shard of a route is open at a time, and the merge holds a read buffer per route, not one per shard (a
+    4,000-shard batch would hold 4,000). A shard with nothing left to merge goes to `drained`."""
+    previous = 0
+    for shard in shards:
+        pending: Result | None = None
+        async for result in _results(blobs, shard, state.read.get(shard.index, 0)):
+            if result.line <= previous:
+                raise RuntimeError(f"shard {shard.key}: line {result.line} after line {previous} of its route")
+            previous = result.line
+            if pending is not None:
+                yield shard, pending, False
+            pending = result
+        if pending is None:
+            drained.append(shard)
+        else:
+            yield shard, pending, True
+
+
 async def _merge(blobs: Blobs, shards: Sequence[Shard], targets: dict[str, str], state: MergeCheckpoint,
                  summary: Summary, run_batch_errors: bool, checkpoint_key: str, segment_bytes: int) -> None:
-    streams = [_results(blobs, s, state.read.get(s.index, 0)) for s in shards]
-    heap: list[tuple[int, int, Result]] = []
-    for i, stream in enumerate(streams):
-        first = await anext(stream, None)
-        if first is not None:
-            heap.append((first.line, i, first))
-        else:  # empty, or every result merged before a restart
-            state.merged.add(shards[i].index)
+    routes: dict[str, list[Shard]] = {}
+    for shard in sorted(shards, key=lambda s: s.index):
+        routes.setdefault(shard.route, []).append(shard)
+    drained: list[Shard] = []
+    chains = [_chain(blobs, group, state, drained) for group in routes.values()]
+    heap: list[tuple[int, int, Shard, Result, bool]] = []
+    for i, chain in enumerate(chains):
+        if (first := await anext(chain, None)) is not None:
+            heap.append((first[1].line, i, *first))
     heapq.heapify(heap)
-    while heap or state.segments == 0:  # at least one segment: an empty batch has its (empty) files too
+    while heap or drained or state.segments == 0:  # one segment at least: an empty batch has (empty) files too
         number, finished = state.segments, []
         sizes = dict.fromkeys(targets, 0)
         async with contextlib.AsyncExitStack() as stack:
             writers = {name: await stack.enter_async_context(blobs.writing(segment_key(key, number)))
                        for name, key in targets.items()}
             while heap:
-                _, i, result = heapq.heappop(heap)
-                summary.add(result, shards[i].route)
+                _, i, shard, result, last = heapq.heappop(heap)
+                summary.add(result, shard.route)
                 data = dumps(result.output_line(run_batch_errors)) + b"\n"
                 where = "err" if "err" in writers and not result.ok else "out"
                 await writers[where].write(data)
@@ -203,14 +227,15 @@ async def _merge(blobs: Blobs, shards: Sequence[Shard], targets: dict[str, str],
                     entry = entry_line(result.line, result.seq, result.ok)
                     await writers["index"].write(entry)
                     sizes["index"] += len(entry)
-                state.read[shards[i].index] = state.read.get(shards[i].index, 0) + 1
-                following = await anext(streams[i], None)
-                if following is not None:
-                    heapq.heappush(heap, (following.line, i, following))
-                    continue
-                finished.append(shards[i])
-                if sizes["out"] + sizes.get("err", 0) >= segment_bytes:
-                    break
+                state.read[shard.index] = state.read.get(shard.index, 0) + 1
+                if (following := await anext(chains[i], None)) is not None:
+                    heapq.heappush(heap, (following[1].line, i, *following))
+                if last:
+                    finished.append(shard)
+                    if sizes["out"] + sizes.get("err", 0) >= segment_bytes:
+                        break
+        finished += drained
+        drained.clear()
         for name, size in sizes.items():
             state.sizes.setdefault(name, []).append(size)
         state.segments = number + 1

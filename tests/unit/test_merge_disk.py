@@ -4,6 +4,7 @@
   holds them); the merge deletes each shard's results blob once they are in a written segment of the output.
 - After a batch completes its working blobs (shards' requests and results, the merge's checkpoint) are
   gone, and the store keeps no row per line of it: journal, result log and sealed spans are empty.
+- Routes whose lines interleave merge in input order, one shard of each route read at a time.
 - A finalizer that dies mid-merge (here: a shard's results blob that cannot be read past a point, a real fault
   of the file) has deleted the shards it merged; run again, it goes on from its checkpoint and the output
   holds every line once, in input order, with the batch's counts whole.
@@ -34,18 +35,25 @@ SHARDS, PER_SHARD = 6, 2
 BODY = "x" * (SEGMENT_BYTES // 3)
 
 
-async def _batch(tmp_path: Path) -> tuple[SQLiteStore, LocalBlobs, SQLiteCoordination, list[Shard]]:
-    """A batch of 6 shards of 2 lines, every line answered and each shard sealed, as the runner leaves it."""
+def _one_route() -> list[tuple[str, list[int]]]:
+    return [("m", list(range(i * PER_SHARD + 1, (i + 1) * PER_SHARD + 1))) for i in range(SHARDS)]
+
+
+async def _batch(tmp_path: Path, layout: list[tuple[str, list[int]]] | None = None,
+                 ) -> tuple[SQLiteStore, LocalBlobs, SQLiteCoordination, list[Shard]]:
+    """A batch of shards laid out as `layout` (route, lines) (default: 6 shards of 2 lines on one route), every
+    line answered and each shard sealed, as the runner leaves it."""
+    layout = layout or _one_route()
     store, blobs = SQLiteStore(tmp_path / "s.sqlite3"), LocalBlobs(tmp_path / "blobs")
     coordination = SQLiteCoordination(tmp_path / "c.sqlite3", holder="test")
     await store.batches.put(BatchRecord(id=BATCH, owner="team", endpoint="/v1/chat/completions",
                                         input_file_id="file_x", completion_window="24h",
                                         status=BatchStatus.IN_PROGRESS, created_at=1, expires_at=10**10))
-    shards = [Shard(BATCH, i, "m", PER_SHARD) for i in range(SHARDS)]
+    shards = [Shard(BATCH, i, route, len(lines)) for i, (route, lines) in enumerate(layout)]
     await store.ledger.put_shards(BATCH, shards)
-    await store.batches.update(BATCH, {"counts": RequestCounts(total=SHARDS * PER_SHARD), "shards_total": SHARDS})
-    for shard in shards:
-        lines = range(shard.index * PER_SHARD + 1, (shard.index + 1) * PER_SHARD + 1)
+    total = sum(len(lines) for _, lines in layout)
+    await store.batches.update(BATCH, {"counts": RequestCounts(total=total), "shards_total": len(shards)})
+    for shard, (_, lines) in zip(shards, layout, strict=True):
         async with blobs.writing(shard_requests_key(shard)) as writer:
             for line in lines:
                 await writer.write(dumps(BatchRequest(line, f"c{line}", Endpoint.CHAT, {"model": "m"}).to_json())
@@ -96,8 +104,8 @@ async def test_a_finalizer_that_dies_mid_merge_goes_on_and_writes_the_whole_outp
     store, blobs, coordination, shards = await _batch(tmp_path)
     finalizer = Finalizer(store, blobs, coordination, lambda route: None)
     try:
-        # Shard 4's second result cannot be read: the merge dies there, past two segments (shards 0-3).
-        broken = tmp_path / "blobs" / shard_results_key(shards[4])
+        # The last shard's second result cannot be read: the merge dies there, past two segments (shards 0-3).
+        broken = tmp_path / "blobs" / shard_results_key(shards[5])
         whole = broken.read_bytes()
         first, _, rest = whole.partition(b"\n")
         broken.write_bytes(first + b"\n{\n" + rest)
@@ -113,6 +121,19 @@ async def test_a_finalizer_that_dies_mid_merge_goes_on_and_writes_the_whole_outp
         batch = await store.batches.get(BATCH)
         assert batch is not None and (batch.counts.completed, batch.counts.failed) == (SHARDS * PER_SHARD, 0)
         assert batch.summary is not None and batch.summary["succeeded"] == SHARDS * PER_SHARD
+        assert not (tmp_path / "blobs" / "batches" / BATCH).exists()
+    finally:
+        await store.aclose()
+        await coordination.aclose()
+
+
+async def test_routes_whose_lines_interleave_merge_in_input_order(tmp_path: Path) -> None:
+    # Odd lines on route a, even on b, two shards each: the merge reads one shard of each route at a time.
+    layout = [("a", [1, 3]), ("b", [2, 4]), ("a", [5, 7]), ("b", [6, 8]), ("a", [9, 11]), ("b", [10, 12])]
+    store, blobs, coordination, _ = await _batch(tmp_path, layout)
+    try:
+        await Finalizer(store, blobs, coordination, lambda route: None).finalize(BATCH)
+        assert await _output(store, blobs) == [f"c{line}" for line in range(1, 13)]
         assert not (tmp_path / "blobs" / "batches" / BATCH).exists()
     finally:
         await store.aclose()
