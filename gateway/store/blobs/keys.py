@@ -1,9 +1,11 @@
 """Where each blob lives: the one place a blob key is spelled.
 
 A file's bytes are `files/{file_id}` (its record keeps the key: `FileRecord.blob_key`); a batch's working
-blobs (its shards' requests and results) are under `batches/{batch_id}/`, dropped whole when it ends; what
-a finished batch leaves beside its output files (the results order index, `gateway.store.order_index`) and
-what a `--retry-failed` run stages while it merges are under `results/`.
+blobs (its shards' requests and results, the merge's checkpoint) are under `batches/{batch_id}/`, dropped
+whole when it ends; what a finished batch leaves beside its output files (the results order index,
+`gateway.store.order_index`) and what a `--retry-failed` run stages while it merges are under `results/`. A
+merged output, error file or order index is its segments beside its key (`segment_key`), read through a
+manifest at the key (`composed.manifest_of`).
 """
 
 from __future__ import annotations
