@@ -9,7 +9,7 @@ Flags: `--lines` (default 4,000,000) and `--line-bytes` (default 500: 2 GB at th
 file; `--baseline-lines` (default 20,000) the baseline batch; `--part-mb` the parts (default 64, OpenAI's most);
 `--shard-size` and `--workers` the gateway's (defaults: the product's 1,000 lines, one worker process);
 `--dir` where the files and the gateway's data go (default: a temporary directory, removed at the end; the big
-run needs about 3x the file's size free there); `--keep` leaves it.
+run needs about 4x the file's size free there: the file, its upload, the output at about 1.7x); `--keep` leaves it.
 
 Printed, for the baseline and the big batch:
 - upload: wall and MB/s (the SDK's parts and `complete`, which streams the parts once for their md5);

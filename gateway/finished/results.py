@@ -1,10 +1,11 @@
 """A batch's results so far, a page at a time, for `GET /v1/batches/{id}/results` (our extension).
 
-While the batch runs its results come from the store's result log (`ShardLedger.logged`), in the order
-they were journaled; once it is finished, from its output and error files, in input order, walked beside
-the order blob the finalizer wrote with them (`gateway.store.order_index`: each line's number, seq and kind). Each
-line is the output file's line with a `"kind"` in front: `"output"` (a 2xx reply) or `"error"` (anything
-else: the error file's line).
+While the batch runs its results come in the order they were journaled: an unsealed shard's from the
+store's result log (`ShardLedger.logged`), a sealed shard's from its results blob (`ShardLedger.sealed_seqs`
+says which seqs each holds: the store keeps no sealed shard's results); once it is finished, from its output
+and error files, in input order, walked beside the order blob the finalizer wrote with them
+(`gateway.store.order_index`: each line's number, seq and kind). Each line is the output file's line with a
+`"kind"` in front: `"output"` (a 2xx reply) or `"error"` (anything else: the error file's line).
 
 The cursor counts by `seq` (the ledger numbers each journaled result 1, 2, …). `"{seq}"` (from the log):
 every result with a larger seq is new. `"{seq}.{pos}"` (from the files): the order blob's entries from
@@ -20,9 +21,10 @@ import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from gateway.domain import Result, Shard
 from gateway.errors import Conflict, InvalidRequest
 from gateway.json_codec import dumps, loads
-from gateway.store.blobs.keys import file_key, order_key
+from gateway.store.blobs.keys import file_key, order_key, shard_results_key
 from gateway.store.order_index import read_entries
 from gateway.store.protocols import Blobs, Store
 from gateway.store.records import BatchRecord
@@ -67,7 +69,9 @@ async def results_page(store: Store, blobs: Blobs, batch: BatchRecord, after: Cu
     if not batch.status.finished:
         # The finalizer drops the log only after the batch reads finished: a reader that saw it running finds
         # the log, or (if it lost the race) an empty page and the same cursor, and the files next time.
-        logged = await store.ledger.logged(batch.id, after.seq, limit + 1)
+        logged = await _running(store, blobs, batch.id, after.seq, limit + 1)
+        if logged is None:  # a sealed shard's blob is merged and gone: the batch's files hold it next time
+            return ResultsPage([], after, False)
         errors_inline = batch.options.run_batch_errors
         lines: list[bytes] = []
         size = 0
@@ -80,6 +84,28 @@ async def results_page(store: Store, blobs: Blobs, batch: BatchRecord, after: Cu
         seq = logged[len(lines) - 1].seq if lines else after.seq
         return ResultsPage(lines, Cursor(seq), len(logged) > len(lines))
     return await _from_files(store, blobs, batch, after, limit, room)
+
+
+async def _running(store: Store, blobs: Blobs, batch_id: str, after: int, limit: int) -> list[Result] | None:
+    """The results numbered `after` + 1 … `after` + `limit` (fewer if fewer are journaled yet), by seq: those of
+    unsealed shards from the log, the sealed shards' from their results blobs. None: a sealed shard's blob is
+    gone (the finalizer merged it into the batch's files).
+
+    The log is read first: a shard sealed between the two reads is found by its span (its results read twice
+    are kept once), so no seq is ever skipped. Memory: one page, and a line of the sealed shards' blobs at a
+    time."""
+    upto = after + limit
+    found = {r.seq: r for r in await store.ledger.logged(batch_id, after, limit) if r.seq <= upto}
+    for index, (first, last) in sorted((await store.ledger.sealed_seqs(batch_id)).items()):
+        if last <= after or first > upto:
+            continue
+        key = shard_results_key(Shard(batch_id, index, "", 0))
+        if await blobs.size(key) is None:
+            return None
+        async for raw in read_lines(blobs, key):
+            if raw and after < (result := Result.from_json(loads(raw))).seq <= upto:
+                found[result.seq] = result
+    return [found[seq] for seq in sorted(found)]
 
 
 def _marked(ok: bool, line: bytes) -> bytes:

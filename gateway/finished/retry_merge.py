@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from gateway.store.blobs.composed import manifest_of
 from gateway.store.blobs.keys import file_key, order_key, retry_merged_key, retry_staged_key
 from gateway.store.order_index import entry_line, read_entries
 from gateway.store.protocols import Blobs
@@ -40,6 +41,8 @@ async def merge_retry(blobs: Blobs, first: BatchRecord, retry: BatchRecord) -> t
         async with blobs.writing(key) as writer:
             async for chunk in blobs.read(retry_staged_key(first.id, part), 1 << 20):
                 await writer.write(chunk)
+        # The finalizer's merge left the file as segments read through a manifest: the copy stands in for them.
+        await blobs.delete(manifest_of(key))
     async with blobs.writing(retry_merged_key(retry.id)) as writer:
         await writer.write(b"merged\n")
     for part in ("output", "errors", "order"):

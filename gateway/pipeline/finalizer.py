@@ -3,7 +3,9 @@
 Seal what is left unsealed (requests that never ran get error results), k-way
 merge the sealed shards into the output and error files, record usage, cost
 and per-route facts, and set the final status. Under a lease, so one process
-does it; idempotent, so a finalizer that died mid-way can be run again.
+does it; idempotent, so a finalizer that died mid-way can be run again: the
+merge deletes each shard's results as it merges them, and goes on from its
+checkpoint (`gateway.pipeline.checkpoint`) rather than beginning again.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from gateway.domain import BatchStatus, Shard
 from gateway.lines.reservation import batch_holds
 from gateway.lines.stops import CANCELLED, EXPIRED, LOST, stop_reason
 from gateway.pipeline.lifecycle import Announce, announce_nothing, derived_id, expiry
-from gateway.pipeline.merge import merge_shards, seal_shard
-from gateway.store.blobs.keys import batch_prefix, file_key, order_key
+from gateway.pipeline.merge import merge_shards, merged_shards, seal_shard
+from gateway.store.blobs.keys import batch_prefix, file_key, merge_checkpoint_key, order_key
 from gateway.store.protocols import Blobs, Coordination, Store
 from gateway.store.records import BatchFields, FileRecord, now, storage_team
 
@@ -57,13 +59,16 @@ class Finalizer:
             await self.store.batches.update(batch_id, {"status": BatchStatus.FINALIZING, "finalizing_at": now()},
                                           if_status={BatchStatus.IN_PROGRESS})
         shards = await self.store.ledger.get_shards(batch_id)
+        merged = await merged_shards(self.blobs, batch_id)  # by a finalizer that died mid-merge: results gone
         for shard in shards:
-            await seal_shard(self.store, self.blobs, shard, missing=reason or LOST)
+            if shard.index not in merged:
+                await seal_shard(self.store, self.blobs, shard, missing=reason or LOST)
         output_id = derived_id("file", batch_id, "output")
         error_id = derived_id("file", batch_id, "errors") if batch.options.split_errors else None
         summary, n_out, n_err = await merge_shards(
             self.blobs, shards, file_key(output_id), file_key(error_id) if error_id else None,
             run_batch_errors=batch.options.run_batch_errors, index_key=order_key(batch_id),
+            checkpoint_key=merge_checkpoint_key(batch_id),
         )
         created = now()
         expires_at = expiry(batch.output_expires_after, created, "output_expires_after")

@@ -1,14 +1,16 @@
 """Sealing shards and merging them into the output files, in input order.
 
 `seal_shard` turns one shard's journal into a results blob sorted by line
-(memory: one shard). `merge_shards` k-way merges the sealed shards by line
+(memory: one shard), and deletes the shard's requests blob. `merge_shards` k-way merges the sealed shards by line
 number into the output file and, optionally, a separate error file (memory:
-one line per shard).
+one line per shard), in segments, deleting each shard's results once they are merged (disk: the output and
+about one segment beside it), resumable after a crash (`gateway.pipeline.checkpoint`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import heapq
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -19,10 +21,16 @@ from gateway import metrics
 from gateway.domain import BatchRequest, Result, Shard, Usage
 from gateway.json_codec import dumps, loads
 from gateway.lines.output_check import OUTPUT_INVALID
-from gateway.store.blobs.keys import shard_requests_key, shard_results_key
+from gateway.pipeline import checkpoint
+from gateway.pipeline.checkpoint import MergeCheckpoint
+from gateway.store.blobs.keys import merge_checkpoint_key, segment_key, shard_requests_key, shard_results_key
 from gateway.store.order_index import entry_line
 from gateway.store.protocols import Blobs, Store
 from gateway.store.splitter import read_lines
+
+# A segment of the merged files ends at the first shard finished past this many bytes of output: the shards
+# beside the output while it is merged are about this much, and one segment per shard or so is written.
+SEGMENT_BYTES = 1 << 20
 
 
 async def seal_shard(
@@ -39,6 +47,7 @@ async def seal_shard(
     if await blobs.size(shard_results_key(shard)) is not None:  # sealed already (or a shard of answered lines)
         if shard.route:  # the blob written, then a crash before the seal: seal it (idempotent). The finalizer
             await store.ledger.drop_journal(shard)  # counts on it: no result counts (or costs) after its seal
+            await blobs.delete(shard_requests_key(shard))
         return
     if requests is None:
         key = shard_requests_key(shard)
@@ -58,6 +67,9 @@ async def seal_shard(
         for req in requests:
             await writer.write(dumps(done[req.line].to_json()) + b"\n")
     await store.ledger.drop_journal(shard)
+    # Nothing reads a sealed shard's requests (its results blob says it is done): the copy of its input lines
+    # goes now, not with the batch, so the batch's working blobs never hold the whole input beside its output.
+    await blobs.delete(shard_requests_key(shard))
 
 
 @dataclass(slots=True)
@@ -72,6 +84,22 @@ class Summary:
     # still invalid after them (`output_invalid`): the batch's `routes[...]` facts, counted once, here.
     reruns: Counter[str] = field(default_factory=Counter)
     output_invalid: Counter[str] = field(default_factory=Counter)
+    n_out: int = 0  # lines written to the output file, and to the error file (when split)
+    n_err: int = 0
+
+    def state(self) -> dict[str, Any]:
+        """Everything counted so far, as JSON (a merge's checkpoint keeps it: `from_state`)."""
+        return {"by_model": {m: dict(c) for m, c in self.by_model.items()}, "usage": dataclasses.asdict(self.usage),
+                "succeeded": self.succeeded, "failed": self.failed, "reruns": dict(self.reruns),
+                "output_invalid": dict(self.output_invalid), "n_out": self.n_out, "n_err": self.n_err}
+
+    @classmethod
+    def from_state(cls, data: dict[str, Any]) -> Summary:
+        if not data:
+            return cls()
+        return cls({m: Counter(c) for m, c in data["by_model"].items()}, Usage(**data["usage"]), data["succeeded"],
+                   data["failed"], Counter(data["reruns"]), Counter(data["output_invalid"]), data["n_out"],
+                   data["n_err"])
 
     def add(self, result: Result, route: str = "") -> None:
         # an error of ours on a 2xx reply (`output_invalid`) is named by its code, as a line that never ran
@@ -95,47 +123,126 @@ class Summary:
         }
 
 
-async def _results(blobs: Blobs, shard: Shard) -> AsyncIterator[Result]:
+async def _results(blobs: Blobs, shard: Shard, skip: int) -> AsyncIterator[Result]:
+    """The shard's sealed results in line order, past the first `skip` (merged before a restart)."""
     async for raw in read_lines(blobs, shard_results_key(shard)):
         if raw:
+            if skip:
+                skip -= 1
+                continue
             yield Result.from_json(loads(raw))
+
+
+async def merged_shards(blobs: Blobs, batch_id: str) -> set[int]:
+    """The shards of the batch whose results a merge under way has merged and deleted: not to be sealed again."""
+    return (await checkpoint.load(blobs, merge_checkpoint_key(batch_id))).merged
 
 
 async def merge_shards(
     blobs: Blobs, shards: Sequence[Shard], output_key: str, error_key: str | None, *, run_batch_errors: bool = False,
-    index_key: str | None = None,
+    index_key: str | None = None, checkpoint_key: str, segment_bytes: int = SEGMENT_BYTES,
 ) -> tuple[Summary, int, int]:
     """Merge sealed shards by line into `output_key` (and failures into `error_key` when given), and with
     `index_key` each result's line, seq and kind there (the results order index, `gateway.store.order_index`).
 
-    Returns the summary and the number of lines written to each file.
+    Written in segments (`keys.segment_key`): one ends at the first shard it finished once it holds
+    `segment_bytes` of output, then the checkpoint at `checkpoint_key` says so (`gateway.pipeline.checkpoint`)
+    and the shards it finished are deleted. Each key is then read as its segments (`Blobs.compose`). The disk
+    holds the merged output and about one segment of shards beside it; a merge that died goes on from its
+    checkpoint. Returns the summary and the number of lines written to each file.
     """
-    summary = Summary()
-    streams = [_results(blobs, s) for s in shards]
-    heap: list[tuple[int, int, Result]] = []
-    for i, stream in enumerate(streams):
-        first = await anext(stream, None)
-        if first is not None:
-            heap.append((first.line, i, first))
+    state = await checkpoint.load(blobs, checkpoint_key)
+    targets = {"out": output_key, **({"err": error_key} if error_key else {}), **({"index": index_key}
+                                                                                  if index_key else {})}
+    summary = Summary.from_state(state.summary)
+    if not state.composed:
+        await _merge(blobs, [s for s in shards if s.index not in state.merged], targets, state, summary,
+                     run_batch_errors, checkpoint_key, segment_bytes)
+        for name, key in targets.items():
+            sizes = state.sizes.get(name, [])
+            joined = await blobs.compose(key, [(segment_key(key, n), size) for n, size in enumerate(sizes)])
+            if joined != key:  # a manifest of the segments: they stay its bytes
+                state.sizes[name] = []
+        state.composed = True
+        await checkpoint.save(blobs, checkpoint_key, state)
+    for name, key in targets.items():  # joined into one object (S3): the segments go
+        for n in range(len(state.sizes.get(name, []))):
+            await blobs.delete(segment_key(key, n))
+    return summary, summary.n_out, summary.n_err
+
+
+async def _chain(blobs: Blobs, shards: Sequence[Shard], state: MergeCheckpoint,
+                 drained: list[Shard]) -> AsyncIterator[tuple[Shard, Result, bool]]:
+    """One route's shards, in index order, as one stream of (shard, result, whether it is the shard's last).
+
+    The planner fills a route's shards one after another, so each one's lines follow the last one's: only one
+    shard of a route is open at a time, and the merge holds a read buffer per route, not one per shard (a
+    4,000-shard batch would hold 4,000). A shard with nothing left to merge goes to `drained`."""
+    previous = 0
+    for shard in shards:
+        pending: Result | None = None
+        async for result in _results(blobs, shard, state.read.get(shard.index, 0)):
+            if result.line <= previous:
+                raise RuntimeError(f"shard {shard.key}: line {result.line} after line {previous} of its route")
+            previous = result.line
+            if pending is not None:
+                yield shard, pending, False
+            pending = result
+        if pending is None:
+            drained.append(shard)
+        else:
+            yield shard, pending, True
+
+
+async def _merge(blobs: Blobs, shards: Sequence[Shard], targets: dict[str, str], state: MergeCheckpoint,
+                 summary: Summary, run_batch_errors: bool, checkpoint_key: str, segment_bytes: int) -> None:
+    routes: dict[str, list[Shard]] = {}
+    for shard in sorted(shards, key=lambda s: s.index):
+        routes.setdefault(shard.route, []).append(shard)
+    drained: list[Shard] = []
+    chains = [_chain(blobs, group, state, drained) for group in routes.values()]
+    heap: list[tuple[int, int, Shard, Result, bool]] = []
+    for i, chain in enumerate(chains):
+        if (first := await anext(chain, None)) is not None:
+            heap.append((first[1].line, i, *first))
     heapq.heapify(heap)
-    n_out = n_err = 0
-    async with contextlib.AsyncExitStack() as stack:
-        out = await stack.enter_async_context(blobs.writing(output_key))
-        err = await stack.enter_async_context(blobs.writing(error_key)) if error_key else None
-        index = await stack.enter_async_context(blobs.writing(index_key)) if index_key else None
-        while heap:
-            _, i, result = heapq.heappop(heap)
-            summary.add(result, shards[i].route)
-            data = dumps(result.output_line(run_batch_errors)) + b"\n"
-            if err is not None and not result.ok:
-                await err.write(data)
-                n_err += 1
-            else:
-                await out.write(data)
-                n_out += 1
-            if index is not None:
-                await index.write(entry_line(result.line, result.seq, result.ok))
-            following = await anext(streams[i], None)
-            if following is not None:
-                heapq.heappush(heap, (following.line, i, following))
-    return summary, n_out, n_err
+    while heap or drained or state.segments == 0:  # one segment at least: an empty batch has (empty) files too
+        number, finished = state.segments, []
+        sizes = dict.fromkeys(targets, 0)
+        async with contextlib.AsyncExitStack() as stack:
+            writers = {name: await stack.enter_async_context(blobs.writing(segment_key(key, number)))
+                       for name, key in targets.items()}
+            while heap:
+                _, i, shard, result, last = heapq.heappop(heap)
+                summary.add(result, shard.route)
+                data = dumps(result.output_line(run_batch_errors)) + b"\n"
+                where = "err" if "err" in writers and not result.ok else "out"
+                await writers[where].write(data)
+                sizes[where] += len(data)
+                if where == "err":
+                    summary.n_err += 1
+                else:
+                    summary.n_out += 1
+                if "index" in writers:
+                    entry = entry_line(result.line, result.seq, result.ok)
+                    await writers["index"].write(entry)
+                    sizes["index"] += len(entry)
+                state.read[shard.index] = state.read.get(shard.index, 0) + 1
+                if (following := await anext(chains[i], None)) is not None:
+                    heapq.heappush(heap, (following[1].line, i, *following))
+                if last:
+                    finished.append(shard)
+                    if sizes["out"] + sizes.get("err", 0) >= segment_bytes:
+                        break
+        finished += drained
+        drained.clear()
+        for name, size in sizes.items():
+            state.sizes.setdefault(name, []).append(size)
+        state.segments = number + 1
+        for shard in finished:
+            state.merged.add(shard.index)
+            state.read.pop(shard.index, None)
+        state.summary = summary.state()
+        await checkpoint.save(blobs, checkpoint_key, state)
+        for shard in finished:  # merged whole into a written segment: the checkpoint says so
+            await blobs.delete(shard_results_key(shard))

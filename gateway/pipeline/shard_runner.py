@@ -207,8 +207,11 @@ class ShardRunner:
 
     async def run_shard(self, shard: Shard, attempt: int | None = None) -> None:
         """Run a shard's unfinished requests, seal it, and finalize the batch if it was the last."""
-        if await self.blobs.size(shard_results_key(shard)) is not None:
-            await self._finish_shard(shard)  # sealed before a crash; only the bookkeeping is left
+        if await self.blobs.size(shard_results_key(shard)) is not None \
+                or await self.blobs.size(shard_requests_key(shard)) is None:
+            # Sealed before a crash (only the bookkeeping is left), or sealed and merged already (its requests
+            # went at the seal, its results at the merge: a worker taken for dead that claims it again).
+            await self._finish_shard(shard)
             return
         batch = await self.store.batches.get(shard.batch_id)
         if batch is None:

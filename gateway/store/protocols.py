@@ -109,11 +109,17 @@ class ShardLedger(Protocol):
     async def route_stats(self, batch_id: str) -> dict[str, RouteStats]:
         """Per route (model_name; "" for lines answered at validation): counts, tokens and cost so far."""
     async def logged(self, batch_id: str, after: int, limit: int) -> list[Result]:
-        """The batch's result log: each result `record_results` journaled, in that order, numbered by its
-        `seq` (1, 2, …, set by the ledger as it journals it, and kept in the journal's copy too): those
-        after `after`, at most `limit`. It outlives the shards' journals, until `drop_log`."""
+        """The batch's result log: each result `record_results` journaled for a shard not yet sealed, in that
+        order, numbered by its `seq` (1, 2, …, set by the ledger as it journals it, and kept in the journal's
+        copy too): those after `after`, at most `limit`. A shard's results leave it at `drop_journal` (they are
+        in the shard's results blob then, with their seq: `sealed_seqs` says which seqs), so the store never
+        holds a whole batch's results."""
+    async def sealed_seqs(self, batch_id: str) -> dict[int, tuple[int, int]]:
+        """Each sealed shard's span of seqs, by its index: (the first, the last) of the results it journaled.
+        A shard sealed without a journaled result (lines answered at validation) has none."""
     async def drop_log(self, batch_id: str) -> None:
-        """The batch is finished: its results are in its output files (the log's order with them)."""
+        """The batch is finished: its results are in its output files (the log's order with them). The log
+        and the sealed shards' spans go."""
     async def settle_spend(self, batch_id: str) -> None:
         """Make sure the cost of every result journaled for the batch is in its team's spend (the finalizer
         calls it). A store that moves the spend in `record_results`' own step (SQLite) has nothing to do; one

@@ -1,6 +1,7 @@
 """`S3Blobs` (moto) answers as `LocalBlobs` does, `writing` included (a block that raises leaves no blob
-behind); `S3Blobs` alone: single PUT, multipart, abort, streamed read, prefix delete; each store's discarding of
-the writes a killed process left unfinished."""
+behind), and a plain key with only its manifest there read, sized and deleted as the manifest; `S3Blobs`
+alone: single PUT, multipart, abort, streamed read, prefix delete; each store's discarding of the writes a
+killed process left unfinished."""
 
 from __future__ import annotations
 
@@ -57,6 +58,16 @@ async def _blobs(blobs: Blobs) -> list[Any]:
     out.append([joined, await blobs.size(joined), await read(joined)])  # small parts: a manifest on both
     await blobs.delete(joined)
     out.append([await blobs.size("uploads/u/p1"), await blobs.size("uploads/u/p2")])  # its parts went with it
+    # A plain key with only its manifest there (a merged output, written in segments) reads, sizes and deletes
+    # as the manifest: readers spell the plain key.
+    for key, data in (("files/o.seg0", b"ab\n"), ("files/o.seg1", b"cd\n")):
+        async with blobs.writing(key) as w:
+            await w.write(data)
+    whole = await blobs.compose("files/o", [("files/o.seg0", 3), ("files/o.seg1", 3)])
+    assert whole == "files/o.parts"
+    out.append([await blobs.size("files/o"), await read("files/o")])
+    await blobs.delete("files/o")
+    out.append([await blobs.size(key) for key in ("files/o", "files/o.parts", "files/o.seg0", "files/o.seg1")])
     await blobs.delete_prefix("batches/b1")
     out.append([await blobs.size("batches/b1/x"), await blobs.size("batches/b10/x")])
     await blobs.delete("files/a")

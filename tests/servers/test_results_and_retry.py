@@ -194,10 +194,11 @@ def test_retry_completes_lines_that_failed_the_first_time(gateway: Gateway, requ
         results(client, batch.id, "not-a-cursor")
     assert bad.value.code == "invalid_cursor"
 
-    # The results' order lives as long as the output files: deleting one deletes it, and both extensions say so.
-    assert list(gateway.data_dir.parent.rglob(f"{batch.id}.order"))
+    # The results' order lives as long as the output files: deleting one deletes it (the segments it was merged
+    # in too), and both extensions say so.
+    assert list(gateway.data_dir.parent.rglob(f"{batch.id}.order*"))
     assert done.output_file_id is not None and client.files.delete(done.output_file_id).deleted
-    assert not list(gateway.data_dir.parent.rglob(f"{batch.id}.order"))
+    assert not list(gateway.data_dir.parent.rglob(f"{batch.id}.order*"))
     with pytest.raises(openai.ConflictError) as gone:
         results(client, batch.id)
     assert gone.value.code == "results_deleted"

@@ -4,7 +4,8 @@
   windows and idempotency keys) runs one scenario on `SQLiteStore` and on `RedisStore`: the transcripts of what
   came back are equal, step by step. The team's spend moves with the journal (`record_results`), each line's cost once.
 - A shard's results after its seal (`drop_journal`) count nothing, in both; the result log numbers each
-  line's first result in the order journaled (`logged`, `drop_log`).
+  line's first result in the order journaled (`logged`, `drop_log`), and holds only the unsealed shards'
+  results: a sealed shard's leave it, its span of seqs kept (`sealed_seqs`).
 - `RedisStore` counts each result once when writers race, and `if_status` transitions are atomic.
 The `Blobs` are in `test_blobs_parity.py`, the `Queue` and `Coordination` in `test_queue_parity.py`.
 """
@@ -178,6 +179,12 @@ async def _ledger(store: Store) -> list[Any]:
     assert (again.counts, again.usage) == (sealed.counts, sealed.usage)
     assert await store.quota.spend("team", 0) == 0
     out.append([await ledger.journal(shards[1]), sorted(await ledger.recorded_lines(shards[0]))])
+    # The sealed shard's results left the log (its results blob holds them): its span of seqs is what is kept,
+    # and the next result still takes the next seq.
+    await ledger.record_results(shards[0], [_result(7, 200, 1)])
+    assert [(r.seq, r.line) for r in await ledger.logged("batch_1", 0, 100)] == [(1, 1), (2, 2), (6, 7)]
+    assert await ledger.sealed_seqs("batch_1") == {1: (3, 5)}
+    out.append([await ledger.sealed_seqs("batch_1"), await ledger.sealed_seqs("missing")])
     out.append([await ledger.finish_shard(shards[0]), await ledger.finish_shard(shards[0]),
                 await ledger.finish_shard(Shard("batch_1", 9, "m", 1))])
     out.append([s.index for s in await ledger.unfinished_shards("batch_1")])
@@ -185,7 +192,7 @@ async def _ledger(store: Store) -> list[Any]:
     await ledger.record_answered(shards[2], 1)  # the lines answered at validation: counted failed…
     await ledger.record_answered(shards[2], 1)  # …once
     stats = await ledger.route_stats("batch_1")
-    assert (stats[""].failed, stats["m"].completed, stats["m"].failed) == (1, 2, 3)
+    assert (stats[""].failed, stats["m"].completed, stats["m"].failed) == (1, 3, 3)
     assert (stats["m"].reruns, stats["m"].output_invalid) == (3, 1)
     out.append({route: s.to_json() for route, s in sorted(stats.items())})
     out.append([await ledger.begin_attempt(shards[0]), await ledger.begin_attempt(shards[0]),
@@ -202,6 +209,7 @@ async def _ledger(store: Store) -> list[Any]:
     out.append([(r.seq, r.line) for r in await ledger.logged("batch_1", 0, 100)])
     out.append([r.to_json() for r in await ledger.logged("batch_1", 2, 1)])
     await ledger.drop_log("batch_1")
+    assert await ledger.sealed_seqs("batch_1") == {}
     out.append([await ledger.logged("batch_1", 0, 100), [r.to_json() for r in await ledger.logged("missing", 0, 9)]])
     return out
 

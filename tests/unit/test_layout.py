@@ -42,8 +42,8 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 # The pipeline's stages in the order a batch meets them: a stage imports only earlier ones, even lazily.
 STAGES = ["batch_params", "lifecycle", "validate", "plan",
-          "batch_service", "uploads", "message_batch_create", "merge", "output_reruns", "shard_runner", "finalizer",
-          "sweeper"]
+          "batch_service", "uploads", "message_batch_create", "checkpoint", "merge", "output_reruns", "shard_runner",
+          "finalizer", "sweeper"]
 
 
 def _modules() -> dict[str, Path]:

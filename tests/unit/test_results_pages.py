@@ -5,6 +5,8 @@
 - The finalizer writes the order blob (line, seq, kind) beside the output files; a cursor taken while the
   batch ran then brings only the lines it had not seen (here: the ones cancelled before they ran), in
   input order; from scratch, every line in input order, each marked `output` or `error`.
+- A sealed shard's results leave the store (and its requests blob goes): pages read them from the shard's
+  results blob by their seq, the same pages as before its seal.
 - A cursor that is not ours is refused.
 """
 
@@ -19,8 +21,9 @@ from gateway.errors import InvalidRequest
 from gateway.finished.results import Cursor, results_page
 from gateway.json_codec import dumps, loads
 from gateway.pipeline.finalizer import Finalizer
+from gateway.pipeline.merge import seal_shard
 from gateway.store.blobs.directory import LocalBlobs
-from gateway.store.blobs.keys import order_key, shard_requests_key
+from gateway.store.blobs.keys import order_key, shard_requests_key, shard_results_key
 from gateway.store.records import BatchRecord, RequestCounts
 from gateway.store.splitter import read_lines
 from gateway.store.sqlite.coordination import SQLiteCoordination
@@ -41,21 +44,28 @@ async def _page(store: SQLiteStore, blobs: LocalBlobs, after: str | None, limit:
     return marks, str(page.cursor), page.has_more
 
 
+async def _running_batch(store: SQLiteStore, blobs: LocalBlobs) -> list[Shard]:
+    """A running batch of two shards (lines 1-3, 4-6) on route `m`, with the planner's requests blobs (the
+    finalizer reads the lines that never ran there)."""
+    await store.batches.put(BatchRecord(id=BATCH, owner="team", endpoint="/v1/chat/completions",
+                                        input_file_id="file_x", completion_window="24h",
+                                        status=BatchStatus.IN_PROGRESS, created_at=1, expires_at=10**10))
+    shards = [Shard(BATCH, 0, "m", 3), Shard(BATCH, 1, "m", 3)]
+    await store.ledger.put_shards(BATCH, shards)
+    for shard in shards:
+        async with blobs.writing(shard_requests_key(shard)) as writer:
+            for line in range(3 * shard.index + 1, 3 * shard.index + 4):
+                request = BatchRequest(line, f"c{line}", Endpoint.CHAT, {"model": "m"})
+                await writer.write(dumps(request.to_json()) + b"\n")
+    await store.batches.update(BATCH, {"counts": RequestCounts(total=6), "shards_total": 2})
+    return shards
+
+
 async def test_pages_while_running_then_after_cancel(tmp_path: Path) -> None:
     store, blobs = SQLiteStore(tmp_path / "s.sqlite3"), LocalBlobs(tmp_path / "blobs")
     coordination = SQLiteCoordination(tmp_path / "c.sqlite3", holder="test")
     try:
-        await store.batches.put(BatchRecord(id=BATCH, owner="team", endpoint="/v1/chat/completions",
-                                            input_file_id="file_x", completion_window="24h",
-                                            status=BatchStatus.IN_PROGRESS, created_at=1, expires_at=10**10))
-        shards = [Shard(BATCH, 0, "m", 3), Shard(BATCH, 1, "m", 3)]  # lines 1-3, 4-6
-        await store.ledger.put_shards(BATCH, shards)
-        for shard in shards:  # the planner's requests blobs: the finalizer reads the lines that never ran there
-            async with blobs.writing(shard_requests_key(shard)) as writer:
-                for line in range(3 * shard.index + 1, 3 * shard.index + 4):
-                    request = BatchRequest(line, f"c{line}", Endpoint.CHAT, {"model": "m"})
-                    await writer.write(dumps(request.to_json()) + b"\n")
-        await store.batches.update(BATCH, {"counts": RequestCounts(total=6), "shards_total": 2})
+        shards = await _running_batch(store, blobs)
         assert await _page(store, blobs, None, 2) == ([], "0", False)
         await store.ledger.record_results(shards[0], [_result(2, 200)])
         await store.ledger.record_results(shards[1], [_result(5, 500)])
@@ -87,3 +97,29 @@ def test_a_cursor_not_ours_is_refused(text: str) -> None:
 
 def test_cursors_read_back() -> None:
     assert [str(Cursor.parse(t)) for t in (None, "", "7", "7.3")] == ["0", "0", "7", "7.3"]
+
+
+async def test_a_sealed_shards_results_leave_the_store_and_pages_read_them_from_its_blob(tmp_path: Path) -> None:
+    store, blobs = SQLiteStore(tmp_path / "s.sqlite3"), LocalBlobs(tmp_path / "blobs")
+    try:
+        shards = await _running_batch(store, blobs)
+        for shard, line, status in ((shards[0], 2, 200), (shards[1], 5, 500), (shards[0], 1, 200), (shards[0], 3, 200)):
+            await store.ledger.record_results(shard, [_result(line, status)])  # seq 1, 2, 3, 4
+        await seal_shard(store, blobs, shards[0], missing=None)
+        # The store keeps only the unsealed shard's result; the sealed one's requests blob is gone too.
+        assert [(r.seq, r.line) for r in await store.ledger.logged(BATCH, 0, 10)] == [(2, 5)]
+        assert await store.ledger.sealed_seqs(BATCH) == {0: (1, 4)}
+        assert await blobs.size(shard_requests_key(shards[0])) is None
+        assert await blobs.size(shard_requests_key(shards[1])) is not None
+        # The pages are the same as if the log held them all: by seq, across the log and the shard's blob.
+        assert await _page(store, blobs, None, 2) == (["oc2", "ec5"], "2", True)
+        assert await _page(store, blobs, "2", 10) == (["oc1", "oc3"], "4", False)
+        await store.ledger.record_results(shards[1], [_result(4, 200)])  # seq 5
+        assert await _page(store, blobs, "1", 3) == (["ec5", "oc1", "oc3"], "4", True)
+        assert await _page(store, blobs, "4", 3) == (["oc4"], "5", False)
+        # Merged into the batch's files and gone (the finalizer's part): an empty page, the same cursor; the
+        # files answer once the batch reads finished.
+        await blobs.delete(shard_results_key(shards[0]))
+        assert await _page(store, blobs, "1", 3) == ([], "1", False)
+    finally:
+        await store.aclose()

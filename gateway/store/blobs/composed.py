@@ -7,6 +7,11 @@ a key as the concatenation of its parts, so a completed Upload's bytes are writt
 arrived) and streamed in order by every reader (validation, the content route, the planners) without a
 second copy. S3 with parts big enough joins them into one object by a multipart upload of server-side part
 copies (`gateway.store.blobs.s3`): no byte passes through the gateway.
+
+A plain key whose blob is absent but whose manifest (`key` + `SUFFIX`) is there reads, sizes and deletes as
+that manifest (`manifest_of`): a batch's merged output, written in segments as its shards are merged
+(`gateway.pipeline.merge`), keeps the key every reader spells (`keys.file_key`). Deleting a plain key deletes
+its manifest and parts too.
 """
 
 from __future__ import annotations
@@ -26,6 +31,11 @@ ReadOne = Callable[[str, int], AsyncIterator[bytes]]
 
 def is_composed(key: str) -> bool:
     return key.endswith(SUFFIX)
+
+
+def manifest_of(key: str) -> str:
+    """Where the manifest of a plain `key` would be: read in its place when the key's own blob is absent."""
+    return key + SUFFIX
 
 
 def manifest(parts: Sequence[tuple[str, int]]) -> bytes:
@@ -56,4 +66,4 @@ async def read(read_one: ReadOne, key: str, chunk_size: int) -> AsyncIterator[by
             yield chunk
 
 
-__all__ = ["SUFFIX", "is_composed", "manifest", "parts_of", "read", "write_manifest"]
+__all__ = ["SUFFIX", "is_composed", "manifest", "manifest_of", "parts_of", "read", "write_manifest"]

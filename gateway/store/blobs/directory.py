@@ -65,7 +65,15 @@ class LocalBlobs:
     def writing(self, key: str) -> AbstractAsyncContextManager[BlobWriter]:
         return commit_or_abort(self.writer(key))
 
+    def _resolved(self, key: str) -> str:
+        """`key`, or its manifest when only that is there (`composed.manifest_of`)."""
+        if composed.is_composed(key) or self._path(key).exists():
+            return key
+        whole = composed.manifest_of(key)
+        return whole if self._path(whole).exists() else key
+
     def read(self, key: str, chunk_size: int = 1 << 16) -> AsyncIterator[bytes]:
+        key = self._resolved(key)
         if composed.is_composed(key):
             return composed.read(self._read_one, key, chunk_size)
         return self._read_one(key, chunk_size)
@@ -76,6 +84,7 @@ class LocalBlobs:
                 yield chunk
 
     async def size(self, key: str) -> int | None:
+        key = self._resolved(key)
         try:
             if composed.is_composed(key):
                 return sum(size for _, size in await composed.parts_of(self._read_one, key))
@@ -84,7 +93,9 @@ class LocalBlobs:
             return None
 
     async def delete(self, key: str) -> None:
-        if composed.is_composed(key) and self._path(key).exists():
+        if not composed.is_composed(key):
+            await self.delete(composed.manifest_of(key))
+        elif self._path(key).exists():
             for part, _ in await composed.parts_of(self._read_one, key):
                 self._path(part).unlink(missing_ok=True)
         self._path(key).unlink(missing_ok=True)

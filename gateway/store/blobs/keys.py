@@ -1,9 +1,11 @@
 """Where each blob lives: the one place a blob key is spelled.
 
 A file's bytes are `files/{file_id}` (its record keeps the key: `FileRecord.blob_key`); a batch's working
-blobs (its shards' requests and results) are under `batches/{batch_id}/`, dropped whole when it ends; what
-a finished batch leaves beside its output files (the results order index, `gateway.store.order_index`) and
-what a `--retry-failed` run stages while it merges are under `results/`.
+blobs (its shards' requests and results, the merge's checkpoint) are under `batches/{batch_id}/`, dropped
+whole when it ends; what a finished batch leaves beside its output files (the results order index,
+`gateway.store.order_index`) and what a `--retry-failed` run stages while it merges are under `results/`. A
+merged output, error file or order index is its segments beside its key (`segment_key`), read through a
+manifest at the key (`composed.manifest_of`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,17 @@ def shard_results_key(shard: Shard) -> str:
     return f"{batch_prefix(shard.batch_id)}/shards/{shard.index:06d}.results.jsonl"
 
 
+def merge_checkpoint_key(batch_id: str) -> str:
+    """What a merge under way has done (`gateway.pipeline.checkpoint`): a finalizer run again goes on from it."""
+    return f"{batch_prefix(batch_id)}/merge.json"
+
+
+def segment_key(key: str, number: int) -> str:
+    """One segment of a merged blob (an output or error file, an order index), written as its shards are merged;
+    `key` is read as its segments (`composed.manifest_of`) once they are all written."""
+    return f"{key}.seg{number:06d}"
+
+
 def order_key(batch_id: str) -> str:
     """The results order index beside a finished batch's output files (`gateway.store.order_index`). It
     lives as long as the files: deleting either of them (or their expiry) deletes it."""
@@ -50,5 +63,5 @@ def retry_staged_key(first_id: str, part: str) -> str:
     return f"results/{first_id}.retry-{part}"
 
 
-__all__ = ["batch_prefix", "file_key", "order_key", "retry_merged_key", "retry_staged_key", "shard_requests_key",
-           "shard_results_key"]
+__all__ = ["batch_prefix", "file_key", "merge_checkpoint_key", "order_key", "retry_merged_key", "retry_staged_key",
+           "segment_key", "shard_requests_key", "shard_results_key"]

@@ -159,7 +159,21 @@ class S3Blobs:
     def read(self, key: str, chunk_size: int = 1 << 16) -> AsyncIterator[bytes]:
         if composed.is_composed(key):
             return composed.read(self._read_one, key, chunk_size)
-        return self._read_one(key, chunk_size)
+        return self._read_plain(key, chunk_size)
+
+    async def _read_plain(self, key: str, chunk_size: int) -> AsyncIterator[bytes]:
+        """`key`'s object, or its manifest's parts when only that is there (`composed.manifest_of`)."""
+        started = False
+        try:
+            async for chunk in self._read_one(key, chunk_size):
+                started = True
+                yield chunk
+            return
+        except FileNotFoundError:
+            if started or await self.size(composed.manifest_of(key)) is None:
+                raise
+        async for chunk in composed.read(self._read_one, composed.manifest_of(key), chunk_size):
+            yield chunk
 
     async def _read_one(self, key: str, chunk_size: int) -> AsyncIterator[bytes]:
         client = await self.client()
@@ -184,18 +198,25 @@ class S3Blobs:
             reply = await client.head_object(Bucket=self.bucket, Key=self._key(key))
         except ClientError as exc:
             if _missing(exc):
-                return None
+                return await self.size(composed.manifest_of(key))
             raise
         return int(reply["ContentLength"])
 
     async def delete(self, key: str) -> None:
-        if composed.is_composed(key):
-            try:
-                parts = await composed.parts_of(self._read_one, key)
-            except FileNotFoundError:
-                parts = []
+        """The blob; a manifest's parts with it; a plain key's manifest (and its parts) too, if there is one."""
+        manifest = key if composed.is_composed(key) else composed.manifest_of(key)
+        try:
+            parts = await composed.parts_of(self._read_one, manifest)
+        except FileNotFoundError:
+            parts = []
+        else:
             for part, _ in parts:
-                await self.delete(part)
+                await self._delete_object(part)
+            await self._delete_object(manifest)
+        if manifest != key:
+            await self._delete_object(key)
+
+    async def _delete_object(self, key: str) -> None:
         client = await self.client()
         await client.delete_object(Bucket=self.bucket, Key=self._key(key))
 

@@ -189,6 +189,14 @@ class Keys:
     def results_log(self, batch_id: str) -> str:
         return f"{self.batch_tag(batch_id)}:results"
 
+    def results_seq(self, batch_id: str) -> str:
+        """The last seq the batch's result log gave (its entries leave it as their shards are sealed)."""
+        return f"{self.batch_tag(batch_id)}:results-seq"
+
+    def sealed_seqs(self, batch_id: str) -> str:
+        """Each sealed shard's span of seqs ("first last"): its results are in its results blob."""
+        return f"{self.batch_tag(batch_id)}:sealed-seqs"
+
     def spend_owed(self, batch_id: str) -> str:
         return f"{self.batch_tag(batch_id)}:spend-owed"
 

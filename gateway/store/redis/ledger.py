@@ -12,6 +12,8 @@
   taken for dead that was not) never counts a line twice.
 - `finish_shard` is a Lua script over the shard hash and the set of finished
   indexes (SADD, then HLEN - SCARD).
+- `drop_journal` is a Lua script: the shard's journal and its entries of the result log go, and its span of
+  seqs is kept (`sealed_seqs`): the log holds the unsealed shards' results only, never a whole batch's.
 """
 
 from __future__ import annotations
@@ -40,19 +42,23 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('SADD', KEYS[2],
 return redis.call('HLEN', KEYS[1]) - redis.call('SCARD', KEYS[2])
 """
 
-# KEYS: journal, batch, sealed set, route stats, the batch's result log, its spend owed (one batch's slot).
+# KEYS: journal, batch, sealed set, route stats, the batch's result log, its spend owed, the log's last seq
+# (one batch's slot).
 # ARGV: shard index, route, the owed field (`{team}:{period}`; '': no spend), then 10 values per result: line,
 # json, ok (0/1), input, output, cached, reasoning tokens, cost (USD; only a positive one counts: the spend
 # never falls within its period), re-runs, output_invalid (0/1). Returns the lines counted, and the owed
 # field's new total when it moved.
 _RECORD_RESULTS = """
 if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return {0, false} end
+-- A log begun before the counter (nothing left it then, `drop_journal` sets it first too): its length is
+-- its last seq.
+if redis.call('EXISTS', KEYS[7]) == 0 then redis.call('SET', KEYS[7], redis.call('XLEN', KEYS[5])) end
 local c = {0, 0, 0, 0, 0, 0}
 local cost, reruns, invalid = 0, 0, 0
 for i = 4, #ARGV, 10 do
   if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then
-    -- The next seq (the log is only appended to until it is dropped), spliced into the JSON object's front.
-    local seq = redis.call('XLEN', KEYS[5]) + 1
+    -- The next seq (its own counter: a sealed shard's entries leave the log), spliced into the JSON's front.
+    local seq = redis.call('INCR', KEYS[7])
     local data = '{"seq":' .. seq .. ',' .. string.sub(ARGV[i + 1], 2)
     redis.call('HSET', KEYS[1], ARGV[i], data)
     redis.call('XADD', KEYS[5], '0-' .. seq, 'r', data)
@@ -89,6 +95,26 @@ end
 return {c[1] + c[2], false}
 """
 
+# KEYS: journal, sealed set, the batch's result log, its sealed shards' spans, the log's last seq. ARGV: shard
+# index. The shard's results leave the log (they are in its results blob now, with their seq); its span of
+# seqs ("first last") says where to find them.
+_DROP_JOURNAL = """
+if redis.call('EXISTS', KEYS[5]) == 0 then redis.call('SET', KEYS[5], redis.call('XLEN', KEYS[3])) end
+local first, last
+for _, data in ipairs(redis.call('HVALS', KEYS[1])) do
+  local seq = tonumber(string.match(data, '^{"seq":(%d+),'))
+  if seq then
+    redis.call('XDEL', KEYS[3], '0-' .. seq)
+    if first == nil or seq < first then first = seq end
+    if last == nil or seq > last then last = seq end
+  end
+end
+if first then redis.call('HSETNX', KEYS[4], ARGV[1], first .. ' ' .. last) end
+redis.call('DEL', KEYS[1])
+redis.call('SADD', KEYS[2], ARGV[1])
+return 1
+"""
+
 # KEYS: batch, sealed set, route stats. ARGV: shard index, route, count. Sealing the shard makes it once only.
 _RECORD_ANSWERED = """
 if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end
@@ -111,6 +137,7 @@ class RedisLedger:
         self._return_attempt = client.register_script(_RETURN_ATTEMPT)
         self._record_results = client.register_script(_RECORD_RESULTS)
         self._record_answered = client.register_script(_RECORD_ANSWERED)
+        self._drop_journal = client.register_script(_DROP_JOURNAL)
         self._spend = SpendMover(client, keys)
 
     # -- shards --------------------------------------------------------------
@@ -167,7 +194,7 @@ class RedisLedger:
                      u.cached_tokens, u.reasoning_tokens, billable(r.cost_usd), r.reruns, 1 if r.output_invalid else 0]
         b = shard.batch_id
         keys = [self._k.journal(b, shard.index), self._k.batch(b), self._k.sealed(b), self._k.route_stats(b),
-                self._k.results_log(b), self._k.spend_owed(b)]
+                self._k.results_log(b), self._k.spend_owed(b), self._k.results_seq(b)]
         _, total = await self._record_results(keys=keys, args=args)
         if spend is not None and total:  # the cost moved: the team's spend follows (gateway.store.redis.spend)
             await self._spend.move(b, spend.team, {str(spend.period): str(total)})
@@ -188,21 +215,30 @@ class RedisLedger:
     async def drop_journal(self, shard: Shard) -> None:
         # The shard is sealed: a result that comes later (the same shard run twice, by a worker
         # taken for dead) must not count again, though no journal is left to dedupe it.
-        async with self._r.pipeline(transaction=True) as tx:
-            tx.delete(self._k.journal(shard.batch_id, shard.index))
-            tx.sadd(self._k.sealed(shard.batch_id), shard.index)
-            await tx.execute()
+        b = shard.batch_id
+        keys = [self._k.journal(b, shard.index), self._k.sealed(b), self._k.results_log(b), self._k.sealed_seqs(b),
+                self._k.results_seq(b)]
+        await self._drop_journal(keys=keys, args=[shard.index])
 
     async def logged(self, batch_id: str, after: int, limit: int) -> list[Result]:
         entries = cast(list[tuple[str, dict[str, str]]],
                        await self._r.xrange(self._k.results_log(batch_id), min=f"0-{after + 1}", count=limit))
         return [Result.from_json(loads(fields["r"])) for _, fields in entries]
 
+    async def sealed_seqs(self, batch_id: str) -> dict[int, tuple[int, int]]:
+        raw = cast(dict[str, str], await self._r.hgetall(self._k.sealed_seqs(batch_id)))
+        spans: dict[int, tuple[int, int]] = {}
+        for index, span in raw.items():
+            first, last = span.split()
+            spans[int(index)] = (int(first), int(last))
+        return spans
+
     async def settle_spend(self, batch_id: str) -> None:
         await self._spend.settle(batch_id)
 
     async def drop_log(self, batch_id: str) -> None:
-        await self._r.delete(self._k.results_log(batch_id))
+        await self._r.delete(self._k.results_log(batch_id), self._k.results_seq(batch_id),
+                             self._k.sealed_seqs(batch_id))
 
     async def route_stats(self, batch_id: str) -> dict[str, RouteStats]:
         raw = cast(dict[str, str], await self._r.hgetall(self._k.route_stats(batch_id)))

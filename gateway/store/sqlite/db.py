@@ -1,6 +1,7 @@
 """The embedded database's connection, the one thread that uses it, and its transactions.
 
-- `connect`: a connection as every part opens one (WAL, `busy_timeout`; see `gateway.store.sqlite.store`).
+- `connect`: a connection as every part opens one (WAL cut back to `WAL_LIMIT_BYTES` at each restart,
+  `busy_timeout`; see `gateway.store.sqlite.store`).
 - `Database`: a connection and the one thread its calls run in, off the event loop. A call that waits for
   another process's write lock (up to `busy_timeout`), or reads a shard's journal (thousands of rows), no
   longer stalls every request the loop serves meanwhile: the sqlite3 module lets go of the GIL while SQLite
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 BUSY_TIMEOUT_MS = 30_000
+WAL_LIMIT_BYTES = 8 * 1024 * 1024
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -35,6 +37,9 @@ def connect(path: Path) -> sqlite3.Connection:
     db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
+    # The WAL file keeps its largest size unless told: each time a checkpoint lets it begin again, it is cut
+    # back to this (a batch's burst of results grew it to the size of the results, for good).
+    db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
     return db
 
 
@@ -94,4 +99,4 @@ def off_loop(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, 
     return call
 
 
-__all__ = ["BUSY_TIMEOUT_MS", "Database", "OnThread", "connect", "immediate", "off_loop"]
+__all__ = ["BUSY_TIMEOUT_MS", "WAL_LIMIT_BYTES", "Database", "OnThread", "connect", "immediate", "off_loop"]

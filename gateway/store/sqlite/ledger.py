@@ -1,5 +1,6 @@
 """The embedded `ShardLedger`: the `shards`, `journal` and `route_stats` tables of the SQLite store
-(see `gateway.store.sqlite.store`), and the `results_log` a batch's results are read from while it runs.
+(see `gateway.store.sqlite.store`), and the `results_log` a batch's results are read from while it runs: the
+unsealed shards' results; a sealed shard's are in its results blob, its span of seqs in `sealed_seqs`.
 
 `record_results` is one transaction over the journal, the batch's counter
 columns (in `batches`, see `gateway.store.sqlite.batches`), the route stats and
@@ -32,6 +33,10 @@ CREATE INDEX IF NOT EXISTS journal_shard ON journal(batch_id, shard);
 CREATE TABLE IF NOT EXISTS sealed (batch_id TEXT NOT NULL, shard INTEGER NOT NULL, PRIMARY KEY (batch_id, shard));
 CREATE TABLE IF NOT EXISTS results_log (
     batch_id TEXT NOT NULL, seq INTEGER NOT NULL, data TEXT NOT NULL, PRIMARY KEY (batch_id, seq)
+);
+CREATE TABLE IF NOT EXISTS sealed_seqs (
+    batch_id TEXT NOT NULL, shard INTEGER NOT NULL, first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL,
+    PRIMARY KEY (batch_id, shard)
 );
 CREATE TABLE IF NOT EXISTS route_stats (
     batch_id TEXT NOT NULL, route TEXT NOT NULL, completed INTEGER NOT NULL DEFAULT 0,
@@ -115,8 +120,12 @@ class SQLiteLedger:
         with immediate(self._db):
             if self._sealed(shard):
                 return  # its results are in a blob: nothing is left to dedupe a late one against
-            (seq,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM results_log WHERE batch_id = ?",
-                                      (shard.batch_id,)).fetchone()
+            # The log keeps only unsealed shards' results, so the last seq is the larger of its own and the
+            # sealed shards' spans: a seq is never given twice.
+            (seq,) = self._db.execute(
+                "SELECT MAX(COALESCE((SELECT MAX(seq) FROM results_log WHERE batch_id = ?1), 0), "
+                "COALESCE((SELECT MAX(last_seq) FROM sealed_seqs WHERE batch_id = ?1), 0))", (shard.batch_id,),
+            ).fetchone()
             for r in results:
                 row = r.to_json()
                 row["seq"] = seq + 1
@@ -203,8 +212,21 @@ class SQLiteLedger:
     def drop_journal(self, shard: Shard) -> None:
         # The shard is sealed: a result that comes later (the same shard run twice, by a worker taken
         # for dead) must not count again, though no journal is left to dedupe it (as in Redis).
+        # Its results leave the log too (they are in the shard's results blob, with their seq): the store holds
+        # only the unsealed shards' results, never a whole batch's. Its span of seqs says where to find them.
         with immediate(self._db):
-            self._db.execute("DELETE FROM journal WHERE batch_id = ? AND shard = ?", (shard.batch_id, shard.index))
+            b, i = shard.batch_id, shard.index
+            span = self._db.execute(
+                "SELECT MIN(json_extract(data, '$.seq')), MAX(json_extract(data, '$.seq')) FROM journal "
+                "WHERE batch_id = ? AND shard = ?", (b, i),
+            ).fetchone()
+            if span is not None and span[0] is not None:
+                self._db.execute(
+                    "DELETE FROM results_log WHERE batch_id = ?1 AND seq IN "
+                    "(SELECT json_extract(data, '$.seq') FROM journal WHERE batch_id = ?1 AND shard = ?2)", (b, i),
+                )
+                self._db.execute("INSERT OR IGNORE INTO sealed_seqs VALUES (?, ?, ?, ?)", (b, i, span[0], span[1]))
+            self._db.execute("DELETE FROM journal WHERE batch_id = ? AND shard = ?", (b, i))
             self._seal(shard)
 
     def _seal(self, shard: Shard) -> None:
@@ -221,12 +243,20 @@ class SQLiteLedger:
         ).fetchall()
         return [Result.from_json(loads(r[0])) for r in rows]
 
+    @off_loop
+    def sealed_seqs(self, batch_id: str) -> dict[int, tuple[int, int]]:
+        rows = self._db.execute("SELECT shard, first_seq, last_seq FROM sealed_seqs WHERE batch_id = ?",
+                                (batch_id,)).fetchall()
+        return {int(i): (int(lo), int(hi)) for i, lo, hi in rows}
+
     async def settle_spend(self, batch_id: str) -> None:
         return None  # record_results moved it in its own transaction
 
     @off_loop
     def drop_log(self, batch_id: str) -> None:
-        self._db.execute("DELETE FROM results_log WHERE batch_id = ?", (batch_id,))
+        with immediate(self._db):
+            self._db.execute("DELETE FROM results_log WHERE batch_id = ?", (batch_id,))
+            self._db.execute("DELETE FROM sealed_seqs WHERE batch_id = ?", (batch_id,))
 
     @off_loop
     def route_stats(self, batch_id: str) -> dict[str, RouteStats]:

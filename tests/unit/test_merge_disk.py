@@ -1,0 +1,65 @@
+"""A batch's disk stays flat: beside its input and output, about one segment of shards, whatever its size.
+
+- Sealing a shard deletes its requests blob, and its results leave the store's result log (the results blob
+  holds them); the merge deletes each shard's results blob once they are in a written segment of the output.
+- After a batch completes its working blobs (shards' requests and results, the merge's checkpoint) are gone,
+  the files hold the output and its order index once, and the store keeps no row per line of it: journal,
+  result log and sealed spans are empty.
+- Routes whose lines interleave merge in input order, one shard of each route read at a time.
+A finalizer that dies mid-merge, on a directory and on S3: `tests/servers/test_merge_recovery.py`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from gateway.pipeline.finalizer import Finalizer
+from gateway.store.blobs.directory import LocalBlobs
+from gateway.store.blobs.keys import file_key, shard_requests_key
+from gateway.store.sqlite.coordination import SQLiteCoordination
+from tests.support.sealed_batch import BATCH, SHARDS, output_ids, sealed_batch
+
+
+def _rows_left(db: Path) -> dict[str, int]:
+    with sqlite3.connect(db) as conn:
+        return {table: conn.execute(f"SELECT COUNT(*) FROM {table} WHERE batch_id = ?", (BATCH,)).fetchone()[0]
+                for table in ("journal", "results_log", "sealed_seqs")}
+
+
+async def test_a_completed_batch_leaves_no_working_blobs_and_no_rows_per_line(tmp_path: Path) -> None:
+    blobs = LocalBlobs(tmp_path / "blobs")
+    store, shards = await sealed_batch(tmp_path, blobs)
+    coordination = SQLiteCoordination(tmp_path / "c.sqlite3", holder="test")
+    try:
+        # Sealed: no shard's requests are kept, and the store's result log holds none of their results.
+        assert [await blobs.size(shard_requests_key(s)) for s in shards] == [None] * SHARDS
+        assert _rows_left(tmp_path / "s.sqlite3") == {"journal": 0, "results_log": 0, "sealed_seqs": SHARDS}
+        await Finalizer(store, blobs, coordination, lambda route: None).finalize(BATCH)
+        assert await output_ids(store, blobs) == [f"c{line}" for line in range(1, 13)]
+        assert not (tmp_path / "blobs" / "batches" / BATCH).exists()
+        assert _rows_left(tmp_path / "s.sqlite3") == {"journal": 0, "results_log": 0, "sealed_seqs": 0}
+        # What the files hold is the output and its order index, once: no shard's results beside them.
+        batch = await store.batches.get(BATCH)
+        assert batch is not None and batch.output_file_id is not None
+        output = await blobs.size(file_key(batch.output_file_id)) or 0
+        on_disk = sum(p.stat().st_size for p in (tmp_path / "blobs").rglob("*") if p.is_file())
+        assert output < on_disk < output * 1.01
+    finally:
+        await store.aclose()
+        await coordination.aclose()
+
+
+async def test_routes_whose_lines_interleave_merge_in_input_order(tmp_path: Path) -> None:
+    # Odd lines on route a, even on b, three shards each: the merge reads one shard of each route at a time.
+    layout = [("a", [1, 3]), ("b", [2, 4]), ("a", [5, 7]), ("b", [6, 8]), ("a", [9, 11]), ("b", [10, 12])]
+    blobs = LocalBlobs(tmp_path / "blobs")
+    store, _ = await sealed_batch(tmp_path, blobs, layout)
+    coordination = SQLiteCoordination(tmp_path / "c.sqlite3", holder="test")
+    try:
+        await Finalizer(store, blobs, coordination, lambda route: None).finalize(BATCH)
+        assert await output_ids(store, blobs) == [f"c{line}" for line in range(1, 13)]
+        assert not (tmp_path / "blobs" / "batches" / BATCH).exists()
+    finally:
+        await store.aclose()
+        await coordination.aclose()
