@@ -262,7 +262,10 @@ class Uploads:
         listed = file is not None and composed.is_composed(file.blob_key)  # the parts are the File's bytes
         kept = set(rec.part_ids or ()) if listed else set()
         if file is not None:  # a `complete` a kill cut short may have joined parts the other way (S3 does both)
-            await self.blobs.delete(file_key(rec.id) if listed else file_key(rec.id) + composed.SUFFIX)
+            if listed:  # an object joined at the plain key, never the manifest that is the File's bytes
+                await self.blobs.delete(file_key(rec.id), manifest=False)
+            else:
+                await self.blobs.delete(file_key(rec.id) + composed.SUFFIX)
         team = storage_team(rec.owner)
         for part in (await self.parts(rec.id)).values():
             if part.id not in kept:

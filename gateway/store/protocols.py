@@ -265,7 +265,9 @@ class Blobs(Protocol):
         """`async with blobs.writing(key) as w:` the blob appears when the block ends, not at all if it raises."""
     def read(self, key: str, chunk_size: int = 1 << 16) -> AsyncIterator[bytes]: ...
     async def size(self, key: str) -> int | None: ...
-    async def delete(self, key: str) -> None: ...
+    async def delete(self, key: str, *, manifest: bool = True) -> None:
+        """The blob (a manifest: its parts too). A plain key's manifest (`composed`), which stands for it where
+        its own blob is absent, goes with it, unless `manifest=False`: the plain key's own blob only."""
     async def delete_prefix(self, prefix: str) -> None:
         """Every blob under the folder `prefix`, and the writes a killed process left unfinished there."""
     async def discard_unfinished(self, prefix: str) -> None:

@@ -66,6 +66,13 @@ async def _blobs(blobs: Blobs) -> list[Any]:
     whole = await blobs.compose("files/o", [("files/o.seg0", 3), ("files/o.seg1", 3)])
     assert whole == "files/o.parts"
     out.append([await blobs.size("files/o"), await read("files/o")])
+    # A plain key's own blob beside its manifest (an Upload joined both ways by a `complete` cut short): deleted
+    # with `manifest=False`, the manifest and its parts stay, and the plain key reads as the manifest again.
+    async with blobs.writing("files/o") as w:
+        await w.write(b"stray\n")
+    out.append(await read("files/o"))
+    await blobs.delete("files/o", manifest=False)
+    out.append([await blobs.size("files/o"), await read("files/o"), await blobs.size("files/o.seg0")])
     await blobs.delete("files/o")
     out.append([await blobs.size(key) for key in ("files/o", "files/o.parts", "files/o.seg0", "files/o.seg1")])
     await blobs.delete_prefix("batches/b1")

@@ -92,9 +92,10 @@ class LocalBlobs:
         except FileNotFoundError:
             return None
 
-    async def delete(self, key: str) -> None:
+    async def delete(self, key: str, *, manifest: bool = True) -> None:
         if not composed.is_composed(key):
-            await self.delete(composed.manifest_of(key))
+            if manifest:
+                await self.delete(composed.manifest_of(key))
         elif self._path(key).exists():
             for part, _ in await composed.parts_of(self._read_one, key):
                 self._path(part).unlink(missing_ok=True)

@@ -202,18 +202,22 @@ class S3Blobs:
             raise
         return int(reply["ContentLength"])
 
-    async def delete(self, key: str) -> None:
-        """The blob; a manifest's parts with it; a plain key's manifest (and its parts) too, if there is one."""
-        manifest = key if composed.is_composed(key) else composed.manifest_of(key)
+    async def delete(self, key: str, *, manifest: bool = True) -> None:
+        """The blob; a manifest's parts with it; a plain key's manifest (and its parts) too, if there is one,
+        unless `manifest=False`."""
+        if not manifest and not composed.is_composed(key):
+            await self._delete_object(key)
+            return
+        manifest_key = key if composed.is_composed(key) else composed.manifest_of(key)
         try:
-            parts = await composed.parts_of(self._read_one, manifest)
+            parts = await composed.parts_of(self._read_one, manifest_key)
         except FileNotFoundError:
             parts = []
         else:
             for part, _ in parts:
                 await self._delete_object(part)
-            await self._delete_object(manifest)
-        if manifest != key:
+            await self._delete_object(manifest_key)
+        if manifest_key != key:
             await self._delete_object(key)
 
     async def _delete_object(self, key: str) -> None:
