@@ -160,8 +160,12 @@ class RedisClusterServers:
             if port not in ports:
                 ports.append(port)
         self.tls, self.tls_ports = tls, ports[count:2 * count]
+        # A short node timeout makes a killed master's replica take over quickly (the failover tests). Without
+        # replicas nothing takes over, and a node starved of CPU for 2 s on a loaded machine was marked failed:
+        # the cluster refused every command meanwhile (a fresh-clone run's 503 "Redis unreachable").
+        node_timeout = "2000" if replicas else "15000"
         self.nodes = [RedisServer(binary=binary, port=ports[i], args=[
-            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
+            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", node_timeout,
             "--cluster-port", str(ports[2 * count + i]),  # named: the default (port + 10000) may be past 65535
             *self._tls_args(self.tls_ports[i])]) for i in range(count)]
         self.replicas = replicas
