@@ -2,11 +2,12 @@
 
 `SeenIds` answers "was this id seen before?" for every line of a file. Up to `spill_after` ids (a file within
 OpenAI's 50,000-line limit) they are a set in memory, as fast as a set. Past that they move to a SQLite
-database in the process's temp dir (`tempfile.gettempdir()`), keyed by a 64-bit hash of the id with the id's
-text beside it, so that two ids that share a hash are never taken for a repeat. Its file is unlinked as soon
-as it is open: nothing is left behind when the checker is closed, collected, or its process killed (the OS
-frees an unlinked file with its last descriptor). Memory past the threshold: SQLite's bounded page cache,
-a bitmap of hashes seen (most new ids skip the lookup), and the ids not yet written (one batch).
+database in the process's temp dir (`tempfile.gettempdir()`), keyed by the id's text. A bitmap of the ids'
+64-bit hashes spares most new ids the lookup; a set bit only sends the id to the database, whose text
+decides, so two ids that share a hash are never taken for a repeat. The file is unlinked as soon as it is
+open: nothing is left behind when the checker is closed, collected, or its process killed (the OS frees an
+unlinked file with its last descriptor). Memory past the threshold: SQLite's bounded page cache, the bitmap,
+and the ids not yet written (one batch).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ _BITS = 1 << 25  # the hash bitmap (4 MiB): about 1 lookup in 9 reaches SQLite a
 class SeenIds:
     def __init__(self, *, spill_after: int = SPILL_AFTER, hash_id: Callable[[str], int] = hash,
                  directory: str | None = None) -> None:
-        """`hash_id`: a 64-bit signed hash (the process's own `hash` will do: the database lives and dies with
-        the process). `directory`: where the database's file is made (default: `tempfile.gettempdir()`)."""
+        """`hash_id`: the bitmap's hash, a 64-bit int (the process's own `hash`: the bitmap lives and dies
+        with the process). `directory`: where the database's file is made (default: `tempfile.gettempdir()`)."""
         self._spill_after, self._hash, self._directory = spill_after, hash_id, directory
         self._memory: set[str] = set()  # every id until the spill; after it, those not yet on disk
         self._db: sqlite3.Connection | None = None
@@ -47,11 +48,10 @@ class SeenIds:
             return True
         db = self._db  # read once: a cancelled plan may close it while its last chunk is checked
         if db is not None:
-            h = self._hash(custom_id)
-            bit = h & (_BITS - 1)
+            bit = self._hash(custom_id) & (_BITS - 1)
             mask = 1 << (bit & 7)
             if self._bits[bit >> 3] & mask:  # a hash seen before: the disk says whether it is this id
-                if db.execute("SELECT 1 FROM seen WHERE h = ? AND id = ?", (h, custom_id)).fetchone():
+                if db.execute("SELECT 1 FROM seen WHERE id = ?", (custom_id,)).fetchone():
                     return True
             else:
                 self._bits[bit >> 3] |= mask
@@ -75,9 +75,8 @@ class SeenIds:
             for custom_id in self._memory:
                 bit = self._hash(custom_id) & (_BITS - 1)
                 self._bits[bit >> 3] |= 1 << (bit & 7)
-        rows = [(self._hash(custom_id), custom_id) for custom_id in self._memory]
-        with self._db:  # one transaction
-            self._db.executemany("INSERT INTO seen (h, id) VALUES (?, ?)", rows)
+        with self._db:  # one transaction, in key order: each page is written once per batch
+            self._db.executemany("INSERT INTO seen (id) VALUES (?)", zip(sorted(self._memory), strict=True))
         self._memory = set()  # a new set: the old one's table is freed, not kept at its largest
 
     def _open(self) -> sqlite3.Connection:
@@ -91,9 +90,7 @@ class SeenIds:
                 for pragma in ("journal_mode=OFF", "synchronous=OFF", "locking_mode=EXCLUSIVE",
                                f"cache_size=-{_CACHE_KIB}"):
                     db.execute(f"PRAGMA {pragma}")
-                # Ids sharing a hash are two rows: the text decides.
-                db.execute("CREATE TABLE seen (h INTEGER NOT NULL, id TEXT NOT NULL, PRIMARY KEY (h, id)) "
-                           "WITHOUT ROWID")
+                db.execute("CREATE TABLE seen (id TEXT PRIMARY KEY NOT NULL) WITHOUT ROWID")
             except BaseException:
                 db.close()
                 raise
