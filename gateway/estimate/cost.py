@@ -163,11 +163,14 @@ async def estimate_lines(
     """The estimate of a stream of lines (cut off at the line limit as they are read: `split_lines`). `strict`:
     a line that can't run fails the batch (the API's); otherwise it is answered in place (`batchyard run`)."""
     estimator = _Estimator(config, allowed_models, endpoint, strict)
-    async for chunk in chunks(lines):  # the chunks validation checks, one thread hop each
-        # The CPU work (JSON, checks, tokenizers) in a thread, so that the caller's loop keeps turning.
-        if not await asyncio.to_thread(estimator.feed, chunk):
-            break
-    return estimator.finish()
+    try:
+        async for chunk in chunks(lines):  # the chunks validation checks, one thread hop each
+            # The CPU work (JSON, checks, tokenizers) in a thread, so that the caller's loop keeps turning.
+            if not await asyncio.to_thread(estimator.feed, chunk):
+                break
+        return estimator.finish()
+    finally:  # the custom_ids' disk, however the estimate ends
+        estimator.close()
 
 
 class _Estimator:
@@ -228,6 +231,9 @@ class _Estimator:
             row.unbounded += 1
         else:
             row.output_tokens_max += bound
+
+    def close(self) -> None:
+        self._checker.close()
 
     def finish(self) -> Estimate:
         if self.estimate.lines == 0 and not self._config.run_batch_rules:

@@ -3,7 +3,8 @@
 Each good line is appended to the open shard of its route; a shard is sealed
 when it holds `shard_size` requests. Lines answered in place (the CLI's
 lenient mode) go, in input order, to a pre-finished shard of results. Memory
-holds one open shard writer per route and the set of custom_ids, never lines.
+holds one open shard writer per route and the custom_ids (on disk past a threshold:
+`gateway.pipeline.seen_ids`), never lines.
 
 `plan_batch` plans one `PlanJob`: plain data in and out (`PlanOutcome`), so the
 API's runtime runs it in a process of its own (`gateway.runtime.validation_processes`)
@@ -24,6 +25,7 @@ from gateway.domain import BatchRequest, Endpoint, Result, Shard
 from gateway.errors import LINE_HTTP_STATUS, LineCode, LineError
 from gateway.json_codec import dumps
 from gateway.log_safe import escaped
+from gateway.pipeline.seen_ids import SeenIds
 from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, line_failure
 from gateway.store.blobs.keys import shard_requests_key, shard_results_key
 from gateway.store.protocols import Blobs, BlobWriter
@@ -105,16 +107,18 @@ class Planner:
     def __init__(
         self, config: Config, blobs: Blobs, batch_id: str, *, endpoint: Endpoint | None, strict: bool,
         allowed_models: list[str] | None, run_batch_rules: bool | None = None, max_lines: int | None = None,
+        seen: SeenIds | None = None,
     ) -> None:
         """`run_batch_rules`: repeated custom_ids are answered line by line, as vLLM's run_batch does
         (default: what the config says, i.e. true only for the config `batchyard run --model` implies).
-        `max_lines`: the file's limit (default: `batch_settings.max_lines`)."""
+        `max_lines`: the file's limit (default: `batch_settings.max_lines`). `seen`: where the custom_ids are
+        kept (`LineChecker`'s default), closed when the plan ends."""
         self._config, self._blobs, self._batch_id, self._strict = config, blobs, batch_id, strict
         self._max_lines = max_lines or config.batch.limits.max_lines
         if run_batch_rules is None:
             run_batch_rules = config.run_batch_rules
         self._checker = LineChecker(
-            config, endpoint=endpoint, allowed_models=allowed_models, allow_duplicates=run_batch_rules
+            config, endpoint=endpoint, allowed_models=allowed_models, allow_duplicates=run_batch_rules, seen=seen
         )
         self._open: dict[str, _OpenShard] = {}
         self._answered: _OpenShard | None = None
@@ -152,6 +156,8 @@ class Planner:
                     self.outcome.answered = self._answered.shard
         except _Discard:
             pass
+        finally:  # a plan that stops early (a failed file, an error, a cancel) frees the ids' disk too
+            self._checker.close()
         self._open.clear()
         self._answered = None
         self.outcome.shards.sort(key=lambda s: s.index)

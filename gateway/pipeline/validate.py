@@ -1,8 +1,8 @@
 """Checking one input line at a time.
 
 `LineChecker` turns raw lines into `BatchRequest`s or `LineError`s with
-OpenAI's codes and 1-based line numbers. It keeps only the set of custom_ids
-seen (bounded by the line limit), never the lines themselves.
+OpenAI's codes and 1-based line numbers. It keeps only the custom_ids seen
+(`SeenIds`: on disk past a threshold, so memory stays flat), never the lines.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from gateway.errors import LineCode, LineError, shown
 from gateway.json_codec import loads_checked
 from gateway.lines.body_fields import MAX_LINE_DEPTH, check_body
 from gateway.lines.output_check import refusal
+from gateway.pipeline.seen_ids import SeenIds
 from gateway.store.splitter import Overlong
 
 _BOM = b"\xef\xbb\xbf"
@@ -55,17 +56,23 @@ def line_failure(checked: BatchRequest | LineError | LineProblem, strict: bool) 
 class LineChecker:
     def __init__(
         self, config: Config, *, endpoint: Endpoint | None, allowed_models: Collection[str] | None,
-        allow_duplicates: bool = False,
+        allow_duplicates: bool = False, seen: SeenIds | None = None,
     ) -> None:
+        """`seen`: where the custom_ids seen are kept (default: a `SeenIds` with its defaults). `close` frees
+        its disk once the file is checked."""
         self._config = config
         self._endpoint = endpoint  # the batch's endpoint; None: any (the CLI)
         self._allowed = set(allowed_models) if allowed_models is not None else None
         self._allows: dict[str, bool] = {}  # model -> may the team use it (patterns matched once per model)
-        self._seen: set[str] = set()
+        self._seen = seen if seen is not None else SeenIds()
         # run_batch answers a repeated custom_id line by line; OpenAI rejects the file. Either way we count them.
         self._allow_duplicates = allow_duplicates
         self.repeats = 0
         self.first_repeat: tuple[str, int] | None = None  # (custom_id, line) of the first repeat, for the warning
+
+    def close(self) -> None:
+        """Free the custom_ids' disk (collection frees it too); the checker forgets the ids it has seen."""
+        self._seen.close()
 
     def _may_use(self, model: str, route: Route) -> bool:
         allowed = self._allows.get(model)
@@ -114,14 +121,13 @@ class LineChecker:
             return LineError(LineCode.INVALID_REQUEST, "url must be a string", line, "url")
         if not isinstance(body, dict):
             return LineError(LineCode.INVALID_REQUEST, "body must be a JSON object", line, "body")
-        if custom_id in self._seen:
+        if self._seen.add(custom_id):  # seen on an earlier line
             if not self._allow_duplicates:
                 return LineError(LineCode.DUPLICATE_CUSTOM_ID,
                                  f"custom_id {shown(custom_id)!r} appears more than once", line, "custom_id")
             self.repeats += 1
             if self.first_repeat is None:
                 self.first_repeat = (custom_id, line)
-        self._seen.add(custom_id)
 
         model = body.get("model")
         normal = normalise_url(url)
