@@ -42,17 +42,28 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('SADD', KEYS[2],
 return redis.call('HLEN', KEYS[1]) - redis.call('SCARD', KEYS[2])
 """
 
+_LAST_SEQ = """
+-- The log's last seq where its counter is missing (a log begun before the counter, or a counter lost): the
+-- stream's last generated id, which its entries leaving it do not lower (its length does).
+local function last_seq(stream)
+  if redis.call('EXISTS', stream) == 0 then return 0 end
+  local info = redis.call('XINFO', 'STREAM', stream)
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then return tonumber(string.match(info[i + 1], '%-(%d+)$')) end
+  end
+  return redis.call('XLEN', stream)
+end
+"""
+
 # KEYS: journal, batch, sealed set, route stats, the batch's result log, its spend owed, the log's last seq
 # (one batch's slot).
 # ARGV: shard index, route, the owed field (`{team}:{period}`; '': no spend), then 10 values per result: line,
 # json, ok (0/1), input, output, cached, reasoning tokens, cost (USD; only a positive one counts: the spend
 # never falls within its period), re-runs, output_invalid (0/1). Returns the lines counted, and the owed
 # field's new total when it moved.
-_RECORD_RESULTS = """
+_RECORD_RESULTS = _LAST_SEQ + """
 if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return {0, false} end
--- A log begun before the counter (nothing left it then, `drop_journal` sets it first too): its length is
--- its last seq.
-if redis.call('EXISTS', KEYS[7]) == 0 then redis.call('SET', KEYS[7], redis.call('XLEN', KEYS[5])) end
+if redis.call('EXISTS', KEYS[7]) == 0 then redis.call('SET', KEYS[7], last_seq(KEYS[5])) end
 local c = {0, 0, 0, 0, 0, 0}
 local cost, reruns, invalid = 0, 0, 0
 for i = 4, #ARGV, 10 do
@@ -98,8 +109,8 @@ return {c[1] + c[2], false}
 # KEYS: journal, sealed set, the batch's result log, its sealed shards' spans, the log's last seq. ARGV: shard
 # index. The shard's results leave the log (they are in its results blob now, with their seq); its span of
 # seqs ("first last") says where to find them.
-_DROP_JOURNAL = """
-if redis.call('EXISTS', KEYS[5]) == 0 then redis.call('SET', KEYS[5], redis.call('XLEN', KEYS[3])) end
+_DROP_JOURNAL = _LAST_SEQ + """
+if redis.call('EXISTS', KEYS[5]) == 0 then redis.call('SET', KEYS[5], last_seq(KEYS[3])) end
 local first, last
 for _, data in ipairs(redis.call('HVALS', KEYS[1])) do
   local seq = tonumber(string.match(data, '^{"seq":(%d+),'))
