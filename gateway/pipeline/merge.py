@@ -33,6 +33,11 @@ from gateway.store.splitter import read_lines
 SEGMENT_BYTES = 1 << 20
 
 
+
+class ResultsLost(RuntimeError):
+    """A shard's store holds no result for a line its runner finished (a Redis restarted from an append-only
+    file that missed its last second of writes): not sealed, the shard runs again for the lines it lacks."""
+
 async def seal_shard(
     store: Store, blobs: Blobs, shard: Shard, missing: tuple[str, str] | None,
     requests: Sequence[BatchRequest] | None = None,
@@ -56,7 +61,7 @@ async def seal_shard(
     unrun = [r for r in requests if r.line not in done]
     if unrun:
         if missing is None:
-            raise RuntimeError(f"shard {shard.key} has no result for line {unrun[0].line}")
+            raise ResultsLost(f"shard {shard.key} has no result for line {unrun[0].line}")
         # Recorded like any result, so the batch's request_counts count them as failed.
         failures = [Result.failure(r.line, r.custom_id, missing[0], missing[1], model=r.model) for r in unrun]
         await store.ledger.record_results(shard, failures)

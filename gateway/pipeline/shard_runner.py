@@ -37,7 +37,7 @@ from gateway.domain import BatchRequest, Result, Shard, billable
 from gateway.json_codec import loads
 from gateway.lines.budget import Budgets, TeamSpending, create_hold, spending_for
 from gateway.lines.stops import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
-from gateway.pipeline.merge import seal_shard
+from gateway.pipeline.merge import ResultsLost, seal_shard
 from gateway.pipeline.output_reruns import OutputReruns
 from gateway.scheduling.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
 from gateway.scheduling.pacing import Pacer, pacing_with
@@ -156,7 +156,9 @@ class ShardRunner:
             # closing (the queue hands it back) or taken over by another worker: it runs the rest
         except Exception as exc:
             fault = machine_fault(exc)
-            if fault is None:
+            if isinstance(exc, ResultsLost):  # the store's loss, recovered by running the shard again
+                log.warning("%s (lost by the store); handing it back to run again", exc)
+            elif fault is None:
                 log.exception("shard %s failed; handing it back", shard.key)
             else:  # the machine's fault, not the work's: one line a minute (Pause), the attempt given back
                 self.pause.fault(fault)
