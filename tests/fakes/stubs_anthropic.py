@@ -46,7 +46,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.fakes.stub_process import bill, directive, last_user_text, serve, stub_arguments, text_of, words
+from tests.fakes.stub_process import (
+    bill,
+    control_routes,
+    directive,
+    last_user_text,
+    serve,
+    stub_arguments,
+    text_of,
+    words,
+)
 
 MAX_REQUESTS = 100_000
 MAX_BYTES = 256 * 1024 * 1024
@@ -337,18 +346,8 @@ def _answer(params: dict[str, Any], cache: PromptCache, counters: Counter[str],
 
 
 def build_app(stub: AnthropicStub) -> Starlette:
-    async def stats(request: Request) -> Response:
-        return JSONResponse(stub.stats())
-
-    async def reset(request: Request) -> Response:
-        stub.reset()
-        return JSONResponse({"ok": True})
-
-    async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
     return Starlette(routes=[
-        Route("/_health", health), Route("/_stats", stats), Route("/_reset", reset, methods=["POST"]),
+        *control_routes(stub),
         Route("/v1/messages", stub.message, methods=["POST"]),
         Route("/v1/messages/batches", stub.handle, methods=["GET", "POST"]),
         Route("/v1/messages/batches/{batch_id}", stub.handle, methods=["GET"]),

@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.fakes.stub_process import bill, directive, last_user_text, serve, stub_arguments, words
+from tests.fakes.stub_process import bill, control_routes, directive, last_user_text, serve, stub_arguments, words
 
 MAX_REQUESTS = 1_000_000
 MAX_FILE_BYTES = 512 * 1024 * 1024
@@ -249,18 +249,8 @@ def _vector(text: str) -> list[float]:
 
 
 def build_app(stub: MistralStub) -> Starlette:
-    async def stats(request: Request) -> Response:
-        return JSONResponse(stub.stats())
-
-    async def reset(request: Request) -> Response:
-        stub.reset()
-        return JSONResponse({"ok": True})
-
-    async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
     return Starlette(routes=[
-        Route("/_health", health), Route("/_stats", stats), Route("/_reset", reset, methods=["POST"]),
+        *control_routes(stub),
         Route("/v1/files", stub.handle, methods=["POST"]),
         Route("/v1/files/{file_id}/content", stub.handle, methods=["GET"]),
         Route("/v1/batch/jobs", stub.handle, methods=["GET", "POST"]),
