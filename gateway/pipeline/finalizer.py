@@ -18,8 +18,9 @@ from gateway.backends.interface import RouteReporter
 from gateway.domain import BatchStatus, Shard
 from gateway.lines.reservation import batch_holds
 from gateway.lines.stops import CANCELLED, EXPIRED, LOST, stop_reason
+from gateway.lru import LRU
 from gateway.pipeline.lifecycle import Announce, announce_nothing, derived_id, expiry
-from gateway.pipeline.merge import merge_shards, merged_shards, seal_shard
+from gateway.pipeline.merge import advance_merge, merge_shards, merged_shards, seal_shard
 from gateway.store.blobs.keys import batch_prefix, file_key, merge_checkpoint_key, order_key
 from gateway.store.protocols import Blobs, Coordination, Store
 from gateway.store.records import BatchFields, FileRecord, now, storage_team
@@ -37,11 +38,41 @@ class Finalizer:
         self.store, self.blobs, self._coordination, self._reporter = store, blobs, coordination, reporter
         self._announce = announce
         self._file_expiry = file_expiry_seconds  # outputs without output_expires_after expire after this
+        self._shards: LRU[str, list[Shard]] = LRU(64)  # the running batches' shards, for `_advance`
 
     async def finish_shard(self, shard: Shard) -> None:
-        """Mark a shard finished; finalize its batch if it was the last."""
+        """Mark a shard finished; finalize its batch if it was the last, else merge what is ready of it."""
         if await self.store.ledger.finish_shard(shard) == 0:
             await self.finalize(shard.batch_id)
+        elif await self._advance(shard.batch_id) and not await self.store.ledger.unfinished_shards(shard.batch_id):
+            # The last shard finished while this merge held the lease, so its finalize found it held and left:
+            # finalizing is ours (the sweep would, later).
+            await self.finalize(shard.batch_id)
+
+    async def _advance(self, batch_id: str) -> bool:
+        """Merge the batch's shards sealed so far, as far as the first one still open (`advance_merge`), so
+        that a big batch's sealed results do not pile up until its last shard. False if another process held
+        the lease (a merge or the finalize)."""
+        async with self._coordination.lease(f"finalize:{batch_id}") as ours:
+            if not ours:
+                return False
+            batch = await self.store.batches.get(batch_id)
+            if batch is None or batch.status is not BatchStatus.IN_PROGRESS:
+                return True
+            shards = self._shards.get(batch_id)
+            if shards is None:  # fixed once the batch runs (`put_shards` at the end of its plan)
+                shards = await self.store.ledger.get_shards(batch_id)
+                self._shards.put(batch_id, shards)
+            output_id, error_id = self._outputs(batch_id, batch.options.split_errors)
+            await advance_merge(self.blobs, shards, file_key(output_id), file_key(error_id) if error_id else None,
+                                run_batch_errors=batch.options.run_batch_errors, index_key=order_key(batch_id),
+                                checkpoint_key=merge_checkpoint_key(batch_id))
+            return True
+
+    @staticmethod
+    def _outputs(batch_id: str, split_errors: bool) -> tuple[str, str | None]:
+        """The ids of the batch's output file and error file (None: its errors go in the output)."""
+        return derived_id("file", batch_id, "output"), derived_id("file", batch_id, "errors") if split_errors else None
 
     async def finalize(self, batch_id: str) -> None:
         async with self._coordination.lease(f"finalize:{batch_id}") as ours:
@@ -63,8 +94,7 @@ class Finalizer:
         for shard in shards:
             if shard.index not in merged:
                 await seal_shard(self.store, self.blobs, shard, missing=reason or LOST)
-        output_id = derived_id("file", batch_id, "output")
-        error_id = derived_id("file", batch_id, "errors") if batch.options.split_errors else None
+        output_id, error_id = self._outputs(batch_id, batch.options.split_errors)
         summary, n_out, n_err = await merge_shards(
             self.blobs, shards, file_key(output_id), file_key(error_id) if error_id else None,
             run_batch_errors=batch.options.run_batch_errors, index_key=order_key(batch_id),

@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import heapq
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,7 +177,7 @@ async def merge_shards(
 
 
 async def _chain(blobs: Blobs, shards: Sequence[Shard], state: MergeCheckpoint,
-                 drained: list[Shard]) -> AsyncIterator[tuple[Shard, Result, bool]]:
+                 drained: list[Shard]) -> AsyncGenerator[tuple[Shard, Result, bool], None]:
     """One route's shards, in index order, as one stream of (shard, result, whether it is the shard's last).
 
     The planner fills a route's shards one after another, so each one's lines follow the last one's: only one
@@ -199,8 +199,55 @@ async def _chain(blobs: Blobs, shards: Sequence[Shard], state: MergeCheckpoint,
             yield shard, pending, True
 
 
+async def advance_merge(
+    blobs: Blobs, shards: Sequence[Shard], output_key: str, error_key: str | None, *, run_batch_errors: bool = False,
+    index_key: str | None = None, checkpoint_key: str, min_bytes: int = SEGMENT_BYTES,
+    segment_bytes: int = SEGMENT_BYTES,
+) -> bool:
+    """While the batch runs: merge what can be merged already, as `merge_shards` does, without its end.
+
+    The shards sealed before the first one still open (by index) hold every line before that shard's first
+    line: the planner opens shards as their lines come, so a later shard's lines come later. Those lines are
+    merged into segments once the sealed shards hold `min_bytes` of results, and the shards merged whole are
+    deleted: the disk holds the output so far and about `min_bytes` of results beside it, not every shard
+    sealed until the last one ends. The finalizer's `merge_shards` goes on from the same checkpoint. Returns
+    whether anything was merged. The caller holds the batch's finalize lease: one merge at a time.
+    """
+    state = await checkpoint.load(blobs, checkpoint_key)
+    if state.composed:
+        return False
+    ready: list[Shard] = []
+    held = 0
+    for shard in sorted(shards, key=lambda s: s.index):
+        if shard.index in state.merged:
+            continue
+        size = await blobs.size(shard_results_key(shard))
+        if size is None:  # still open: the merge stops before its first line
+            if held < min_bytes or (stop := await _first_line(blobs, shard)) is None:
+                return False
+            targets = {"out": output_key, **({"err": error_key} if error_key else {}),
+                       **({"index": index_key} if index_key else {})}
+            return await _merge(blobs, ready, targets, state, Summary.from_state(state.summary), run_batch_errors,
+                                checkpoint_key, segment_bytes, stop=stop)
+        ready.append(shard)
+        held += size
+    return False  # every shard sealed: the finalizer's merge does the rest
+
+
+async def _first_line(blobs: Blobs, shard: Shard) -> int | None:
+    """The line number of the shard's first request (None: its requests are gone, so it is sealed now)."""
+    async with contextlib.aclosing(read_lines(blobs, shard_requests_key(shard))) as lines:
+        async for raw in lines:
+            if raw:
+                return BatchRequest.from_json(loads(raw)).line
+    return None
+
+
 async def _merge(blobs: Blobs, shards: Sequence[Shard], targets: dict[str, str], state: MergeCheckpoint,
-                 summary: Summary, run_batch_errors: bool, checkpoint_key: str, segment_bytes: int) -> None:
+                 summary: Summary, run_batch_errors: bool, checkpoint_key: str, segment_bytes: int,
+                 stop: int | None = None) -> bool:
+    """Merge into segments from `state` on; with `stop`, only the lines before it (the rest stay for later).
+    Returns whether a segment was written."""
     routes: dict[str, list[Shard]] = {}
     for shard in sorted(shards, key=lambda s: s.index):
         routes.setdefault(shard.route, []).append(shard)
@@ -211,13 +258,34 @@ async def _merge(blobs: Blobs, shards: Sequence[Shard], targets: dict[str, str],
         if (first := await anext(chain, None)) is not None:
             heap.append((first[1].line, i, *first))
     heapq.heapify(heap)
+
+    try:
+        return await _segments(blobs, chains, heap, drained, targets, state, summary, run_batch_errors,
+                                checkpoint_key, segment_bytes, stop)
+    finally:  # a merge stopped early leaves its chains mid-shard: their files close now, not at collection
+        for chain in chains:
+            await chain.aclose()
+
+
+async def _segments(blobs: Blobs, chains: list[AsyncGenerator[tuple[Shard, Result, bool], None]],
+                    heap: list[tuple[int, int, Shard, Result, bool]], drained: list[Shard], targets: dict[str, str],
+                    state: MergeCheckpoint, summary: Summary, run_batch_errors: bool, checkpoint_key: str,
+                    segment_bytes: int, stop: int | None) -> bool:
+    """Write segments from the heap of the chains' next results until they run out, or `stop` is next."""
+
+    def blocked() -> bool:  # the next line waits for a shard still open
+        return stop is not None and (not heap or heap[0][0] >= stop)
+
+    wrote = False
     while heap or drained or state.segments == 0:  # one segment at least: an empty batch has (empty) files too
+        if blocked() and not drained:
+            break
         number, finished = state.segments, []
         sizes = dict.fromkeys(targets, 0)
         async with contextlib.AsyncExitStack() as stack:
             writers = {name: await stack.enter_async_context(blobs.writing(segment_key(key, number)))
                        for name, key in targets.items()}
-            while heap:
+            while heap and not blocked():
                 _, i, shard, result, last = heapq.heappop(heap)
                 summary.add(result, shard.route)
                 data = dumps(result.output_line(run_batch_errors)) + b"\n"
@@ -251,3 +319,5 @@ async def _merge(blobs: Blobs, shards: Sequence[Shard], targets: dict[str, str],
         await checkpoint.save(blobs, checkpoint_key, state)
         for shard in finished:  # merged whole into a written segment: the checkpoint says so
             await blobs.delete(shard_results_key(shard))
+        wrote = True
+    return wrote

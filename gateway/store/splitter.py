@@ -12,7 +12,7 @@ the cap: it comes out as an `Overlong` (its size), in its place, and the lines a
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -67,7 +67,7 @@ async def split_line_runs(chunks: AsyncIterable[bytes], max_line: int | None = N
         yield [b"".join(parts)]
 
 
-async def read_lines(blobs: Blobs, key: str) -> AsyncIterator[bytes]:
+async def read_lines(blobs: Blobs, key: str) -> AsyncGenerator[bytes, None]:
     """The lines of a blob, streamed, without their line ends (in linear time: `split_lines`)."""
     async for run in read_line_runs(blobs, key):
         for line in run:

@@ -26,9 +26,10 @@ def one_route() -> list[tuple[str, list[int]]]:
 
 
 async def sealed_batch(tmp_path: Path, blobs: Blobs, layout: list[tuple[str, list[int]]] | None = None,
-                       ) -> tuple[SQLiteStore, list[Shard]]:
+                       open_shards: frozenset[int] = frozenset()) -> tuple[SQLiteStore, list[Shard]]:
     """A running batch of shards laid out as `layout` (route, lines; default `one_route`), every line answered
-    (200, a body of `BODY`) and each shard sealed and finished."""
+    (200, a body of `BODY`) and each shard sealed and finished, but those of `open_shards`: their requests are
+    written, nothing more (`answer` runs them)."""
     layout = layout or one_route()
     store = SQLiteStore(tmp_path / "s.sqlite3")
     await store.batches.put(BatchRecord(id=BATCH, owner="team", endpoint="/v1/chat/completions",
@@ -43,11 +44,17 @@ async def sealed_batch(tmp_path: Path, blobs: Blobs, layout: list[tuple[str, lis
             for line in lines:
                 await writer.write(dumps(BatchRequest(line, f"c{line}", Endpoint.CHAT, {"model": "m"}).to_json())
                                    + b"\n")
-        await store.ledger.record_results(shard, [Result(line=line, custom_id=f"c{line}", status_code=200,
-                                                         body={"n": line, "pad": BODY}, model="m") for line in lines])
-        await seal_shard(store, blobs, shard, missing=None)
-        await store.ledger.finish_shard(shard)
+        if shard.index not in open_shards:
+            await answer(store, blobs, shard, lines)
+            await store.ledger.finish_shard(shard)
     return store, shards
+
+
+async def answer(store: SQLiteStore, blobs: Blobs, shard: Shard, lines: list[int]) -> None:
+    """Answer the shard's lines (200, a body of `BODY`) and seal it, as its runner does (not finished yet)."""
+    await store.ledger.record_results(shard, [Result(line=line, custom_id=f"c{line}", status_code=200,
+                                                     body={"n": line, "pad": BODY}, model="m") for line in lines])
+    await seal_shard(store, blobs, shard, missing=None)
 
 
 async def output_ids(store: SQLiteStore, blobs: Blobs) -> list[str]:

@@ -6,6 +6,8 @@
   the files hold the output and its order index once, and the store keeps no row per line of it: journal,
   result log and sealed spans are empty.
 - Routes whose lines interleave merge in input order, one shard of each route read at a time.
+- While the batch runs, each finished shard merges what is sealed before the first shard still open, up to
+  that shard's first line: a big batch's sealed results do not wait beside the output for its last shard.
 A finalizer that dies mid-merge, on a directory and on S3: `tests/servers/test_merge_recovery.py`.
 """
 
@@ -16,9 +18,10 @@ from pathlib import Path
 
 from gateway.pipeline.finalizer import Finalizer
 from gateway.store.blobs.directory import LocalBlobs
-from gateway.store.blobs.keys import file_key, shard_requests_key
+from gateway.pipeline.checkpoint import load
+from gateway.store.blobs.keys import file_key, merge_checkpoint_key, shard_requests_key, shard_results_key
 from gateway.store.sqlite.coordination import SQLiteCoordination
-from tests.support.sealed_batch import BATCH, SHARDS, output_ids, sealed_batch
+from tests.support.sealed_batch import BATCH, SHARDS, answer, output_ids, sealed_batch
 
 
 def _rows_left(db: Path) -> dict[str, int]:
@@ -60,6 +63,41 @@ async def test_routes_whose_lines_interleave_merge_in_input_order(tmp_path: Path
         await Finalizer(store, blobs, coordination, lambda route: None).finalize(BATCH)
         assert await output_ids(store, blobs) == [f"c{line}" for line in range(1, 13)]
         assert not (tmp_path / "blobs" / "batches" / BATCH).exists()
+    finally:
+        await store.aclose()
+        await coordination.aclose()
+
+
+async def test_a_running_batch_merges_its_sealed_shards_up_to_the_first_one_still_open(tmp_path: Path) -> None:
+    # Two routes, their lines interleaved; shard 2 (lines 5 and 7) still runs, shard 3 (6 and 10) is sealed.
+    layout = [("a", [1, 3]), ("b", [2, 4]), ("a", [5, 7]), ("b", [6, 10]), ("a", [8, 9]), ("b", [11, 12])]
+    blobs = LocalBlobs(tmp_path / "blobs")
+    store, shards = await sealed_batch(tmp_path, blobs, layout, open_shards=frozenset({2, 4, 5}))
+    coordination = SQLiteCoordination(tmp_path / "c.sqlite3", holder="test")
+    finalizer = Finalizer(store, blobs, coordination, lambda route: None)
+    try:
+        # Shard 1 finishing merges lines 1-4 (shards 0 and 1, over a segment's bytes): line 5 is shard 2's.
+        await finalizer.finish_shard(shards[1])
+        state = await load(blobs, merge_checkpoint_key(BATCH))
+        assert state.merged == {0, 1} and state.read == {}
+        assert state.summary["n_out"] == 4
+        assert [await blobs.size(shard_results_key(s)) is None for s in shards[:4]] == [True, True, True, False]
+        # Shard 3 finishing merges nothing: shard 2 still holds line 5, before any of shard 3's.
+        await finalizer.finish_shard(shards[3])
+        assert (await load(blobs, merge_checkpoint_key(BATCH))).segments == state.segments
+        # Shard 2 ends: lines 5-7 merge (shard 4 holds line 8), shard 3 half merged; then the rest with the last
+        # shard, which finalizes the batch.
+        await answer(store, blobs, shards[2], [5, 7])
+        await finalizer.finish_shard(shards[2])
+        state = await load(blobs, merge_checkpoint_key(BATCH))
+        assert state.merged == {0, 1, 2} and state.read == {3: 1} and state.summary["n_out"] == 7
+        for index, lines in ((4, [8, 9]), (5, [11, 12])):
+            await answer(store, blobs, shards[index], lines)
+            await finalizer.finish_shard(shards[index])
+        assert await output_ids(store, blobs) == [f"c{line}" for line in range(1, 13)]
+        assert not (tmp_path / "blobs" / "batches" / BATCH).exists()
+        batch = await store.batches.get(BATCH)
+        assert batch is not None and batch.summary["succeeded"] == 12
     finally:
         await store.aclose()
         await coordination.aclose()
