@@ -16,18 +16,21 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from gateway.domain import Result
+from gateway.json_codec import loads
+from gateway.pipeline.checkpoint import load
 from gateway.pipeline.finalizer import Finalizer
 from gateway.store.blobs.directory import LocalBlobs
-from gateway.pipeline.checkpoint import load
 from gateway.store.blobs.keys import file_key, merge_checkpoint_key, shard_requests_key, shard_results_key
 from gateway.store.sqlite.coordination import SQLiteCoordination
+from gateway.store.sqlite.store import SQLiteStore
 from tests.support.sealed_batch import BATCH, SHARDS, answer, output_ids, sealed_batch
 
 
 def _rows_left(db: Path) -> dict[str, int]:
     with sqlite3.connect(db) as conn:
         return {table: conn.execute(f"SELECT COUNT(*) FROM {table} WHERE batch_id = ?", (BATCH,)).fetchone()[0]
-                for table in ("journal", "results_log", "sealed_seqs")}
+                for table in ("journal", "results_seq", "sealed_seqs")}
 
 
 async def test_a_completed_batch_leaves_no_working_blobs_and_no_rows_per_line(tmp_path: Path) -> None:
@@ -37,11 +40,11 @@ async def test_a_completed_batch_leaves_no_working_blobs_and_no_rows_per_line(tm
     try:
         # Sealed: no shard's requests are kept, and the store's result log holds none of their results.
         assert [await blobs.size(shard_requests_key(s)) for s in shards] == [None] * SHARDS
-        assert _rows_left(tmp_path / "s.sqlite3") == {"journal": 0, "results_log": 0, "sealed_seqs": SHARDS}
+        assert _rows_left(tmp_path / "s.sqlite3") == {"journal": 0, "results_seq": 0, "sealed_seqs": SHARDS}
         await Finalizer(store, blobs, coordination, lambda route: None).finalize(BATCH)
         assert await output_ids(store, blobs) == [f"c{line}" for line in range(1, 13)]
         assert not (tmp_path / "blobs" / "batches" / BATCH).exists()
-        assert _rows_left(tmp_path / "s.sqlite3") == {"journal": 0, "results_log": 0, "sealed_seqs": 0}
+        assert _rows_left(tmp_path / "s.sqlite3") == {"journal": 0, "results_seq": 0, "sealed_seqs": 0}
         # What the files hold is the output and its order index, once: no shard's results beside them.
         batch = await store.batches.get(BATCH)
         assert batch is not None and batch.output_file_id is not None
@@ -101,3 +104,32 @@ async def test_a_running_batch_merges_its_sealed_shards_up_to_the_first_one_stil
     finally:
         await store.aclose()
         await coordination.aclose()
+
+
+async def test_the_running_log_keeps_each_result_once_and_an_older_data_dir_is_migrated(tmp_path: Path) -> None:
+    # An older release's log held a second copy of each journaled result: its rows become seqs of the journal's.
+    blobs = LocalBlobs(tmp_path / "blobs")
+    store, shards = await sealed_batch(tmp_path, blobs, open_shards=frozenset({0}))
+    await store.ledger.record_results(shards[0], [Result(line=1, custom_id="c1", status_code=200, body={}, model="m")])
+    await store.aclose()
+    with sqlite3.connect(tmp_path / "s.sqlite3") as conn:
+        (data,) = conn.execute("SELECT data FROM journal WHERE batch_id = ?", (BATCH,)).fetchone()
+        conn.execute("DROP TABLE results_seq")
+        conn.execute("CREATE TABLE results_log (batch_id TEXT NOT NULL, seq INTEGER NOT NULL, data TEXT NOT NULL, "
+                     "PRIMARY KEY (batch_id, seq))")
+        conn.execute("INSERT INTO results_log VALUES (?, ?, ?)", (BATCH, loads(data)["seq"], data))
+    store = SQLiteStore(tmp_path / "s.sqlite3")
+    try:
+        assert [(r.line, r.custom_id) for r in await store.ledger.logged(BATCH, 0, 10)] == [(1, "c1")]
+        with sqlite3.connect(tmp_path / "s.sqlite3") as conn:
+            tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert "results_log" not in tables and "results_seq" in tables
+        # The next result takes the next seq; once the shard is sealed the log holds neither.
+        await store.ledger.record_results(shards[0], [Result(line=2, custom_id="c2", status_code=200, body={},
+                                                             model="m")])
+        assert [r.seq for r in await store.ledger.logged(BATCH, 0, 10)] == [loads(data)["seq"],
+                                                                            loads(data)["seq"] + 1]
+        await store.ledger.drop_journal(shards[0])
+        assert await store.ledger.logged(BATCH, 0, 10) == []
+    finally:
+        await store.aclose()

@@ -1,6 +1,7 @@
 """The embedded `ShardLedger`: the `shards`, `journal` and `route_stats` tables of the SQLite store
-(see `gateway.store.sqlite.store`), and the `results_log` a batch's results are read from while it runs: the
-unsealed shards' results; a sealed shard's are in its results blob, its span of seqs in `sealed_seqs`.
+(see `gateway.store.sqlite.store`), and the log a batch's results are read from while it runs, by seq: the
+unsealed shards' results (`results_seq`: each journaled line's seq; its result is the journal's row, not a
+second copy); a sealed shard's are in its results blob, its span of seqs in `sealed_seqs`.
 
 `record_results` is one transaction over the journal, the batch's counter
 columns (in `batches`, see `gateway.store.sqlite.batches`), the route stats and
@@ -31,8 +32,8 @@ CREATE TABLE IF NOT EXISTS journal (
 );
 CREATE INDEX IF NOT EXISTS journal_shard ON journal(batch_id, shard);
 CREATE TABLE IF NOT EXISTS sealed (batch_id TEXT NOT NULL, shard INTEGER NOT NULL, PRIMARY KEY (batch_id, shard));
-CREATE TABLE IF NOT EXISTS results_log (
-    batch_id TEXT NOT NULL, seq INTEGER NOT NULL, data TEXT NOT NULL, PRIMARY KEY (batch_id, seq)
+CREATE TABLE IF NOT EXISTS results_seq (
+    batch_id TEXT NOT NULL, seq INTEGER NOT NULL, line INTEGER NOT NULL, PRIMARY KEY (batch_id, seq)
 );
 CREATE TABLE IF NOT EXISTS sealed_seqs (
     batch_id TEXT NOT NULL, shard INTEGER NOT NULL, first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL,
@@ -60,6 +61,11 @@ class SQLiteLedger:
                 except sqlite3.OperationalError as exc:  # another process opening the same data dir added it
                     if "duplicate column" not in str(exc):
                         raise
+        with immediate(self._db):  # a data dir from an older release logged each result twice: once is kept
+            if self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'results_log'").fetchone():
+                self._db.execute("INSERT OR IGNORE INTO results_seq SELECT batch_id, seq, json_extract(data, '$.line') "
+                                 "FROM results_log")
+                self._db.execute("DROP TABLE results_log")
 
     # -- shards --------------------------------------------------------------
 
@@ -123,7 +129,7 @@ class SQLiteLedger:
             # The log keeps only unsealed shards' results, so the last seq is the larger of its own and the
             # sealed shards' spans: a seq is never given twice.
             (seq,) = self._db.execute(
-                "SELECT MAX(COALESCE((SELECT MAX(seq) FROM results_log WHERE batch_id = ?1), 0), "
+                "SELECT MAX(COALESCE((SELECT MAX(seq) FROM results_seq WHERE batch_id = ?1), 0), "
                 "COALESCE((SELECT MAX(last_seq) FROM sealed_seqs WHERE batch_id = ?1), 0))", (shard.batch_id,),
             ).fetchone()
             for r in results:
@@ -137,8 +143,8 @@ class SQLiteLedger:
                 if cur.rowcount != 1:
                     continue  # already recorded: counted once only
                 seq += 1
-                self._db.execute("INSERT INTO results_log (batch_id, seq, data) VALUES (?, ?, ?)",
-                                 (shard.batch_id, seq, data))
+                self._db.execute("INSERT INTO results_seq (batch_id, seq, line) VALUES (?, ?, ?)",
+                                 (shard.batch_id, seq, r.line))
                 route.add(r)
                 if r.ok:
                     completed += 1
@@ -222,7 +228,7 @@ class SQLiteLedger:
             ).fetchone()
             if span is not None and span[0] is not None:
                 self._db.execute(
-                    "DELETE FROM results_log WHERE batch_id = ?1 AND seq IN "
+                    "DELETE FROM results_seq WHERE batch_id = ?1 AND seq IN "
                     "(SELECT json_extract(data, '$.seq') FROM journal WHERE batch_id = ?1 AND shard = ?2)", (b, i),
                 )
                 self._db.execute("INSERT OR IGNORE INTO sealed_seqs VALUES (?, ?, ?, ?)", (b, i, span[0], span[1]))
@@ -239,7 +245,8 @@ class SQLiteLedger:
     @off_loop
     def logged(self, batch_id: str, after: int, limit: int) -> list[Result]:
         rows = self._db.execute(
-            "SELECT data FROM results_log WHERE batch_id = ? AND seq > ? ORDER BY seq LIMIT ?", (batch_id, after, limit)
+            "SELECT j.data FROM results_seq AS s JOIN journal AS j ON j.batch_id = s.batch_id AND j.line = s.line "
+            "WHERE s.batch_id = ? AND s.seq > ? ORDER BY s.seq LIMIT ?", (batch_id, after, limit)
         ).fetchall()
         return [Result.from_json(loads(r[0])) for r in rows]
 
@@ -255,7 +262,7 @@ class SQLiteLedger:
     @off_loop
     def drop_log(self, batch_id: str) -> None:
         with immediate(self._db):
-            self._db.execute("DELETE FROM results_log WHERE batch_id = ?", (batch_id,))
+            self._db.execute("DELETE FROM results_seq WHERE batch_id = ?", (batch_id,))
             self._db.execute("DELETE FROM sealed_seqs WHERE batch_id = ?", (batch_id,))
 
     @off_loop
