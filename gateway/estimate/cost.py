@@ -15,7 +15,6 @@ Nothing is sent and no engine starts. The API's `GET /v1/files/{id}/cost_estimat
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +26,7 @@ from gateway.domain import BatchRequest, Endpoint
 from gateway.errors import LineCode, LineError
 from gateway.lines.output_check import wanted
 from gateway.lines.tokens import TokenCounter, counter_for, output_bound, price_map, price_names
-from gateway.pipeline.plan import chunks
+from gateway.pipeline.plan import OneThread, chunks
 from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, line_failure
 from gateway.store.protocols import Blobs
 from gateway.store.splitter import Overlong, split_lines
@@ -163,13 +162,15 @@ async def estimate_lines(
     """The estimate of a stream of lines (cut off at the line limit as they are read: `split_lines`). `strict`:
     a line that can't run fails the batch (the API's); otherwise it is answered in place (`batchyard run`)."""
     estimator = _Estimator(config, allowed_models, endpoint, strict)
+    thread = OneThread()
     try:
         async for chunk in chunks(lines):  # the chunks validation checks, one thread hop each
             # The CPU work (JSON, checks, tokenizers) in a thread, so that the caller's loop keeps turning.
-            if not await asyncio.to_thread(estimator.feed, chunk):
+            if not await thread.run(estimator.feed, chunk):
                 break
         return estimator.finish()
-    finally:  # the custom_ids' disk, however the estimate ends
+    finally:  # the thread, and the custom_ids' disk, however the estimate ends
+        thread.close()
         estimator.close()
 
 
