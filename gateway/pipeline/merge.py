@@ -157,8 +157,7 @@ async def merge_shards(
     checkpoint. Returns the summary and the number of lines written to each file.
     """
     state = await checkpoint.load(blobs, checkpoint_key)
-    targets = {"out": output_key, **({"err": error_key} if error_key else {}), **({"index": index_key}
-                                                                                  if index_key else {})}
+    targets = _targets(output_key, error_key, index_key)
     summary = Summary.from_state(state.summary)
     if not state.composed:
         await _merge(blobs, [s for s in shards if s.index not in state.merged], targets, state, summary,
@@ -225,13 +224,18 @@ async def advance_merge(
         if size is None:  # still open: the merge stops before its first line
             if held < min_bytes or (stop := await _first_line(blobs, shard)) is None:
                 return False
-            targets = {"out": output_key, **({"err": error_key} if error_key else {}),
-                       **({"index": index_key} if index_key else {})}
+            targets = _targets(output_key, error_key, index_key)
             return await _merge(blobs, ready, targets, state, Summary.from_state(state.summary), run_batch_errors,
                                 checkpoint_key, segment_bytes, stop=stop)
         ready.append(shard)
         held += size
     return False  # every shard sealed: the finalizer's merge does the rest
+
+
+def _targets(output_key: str, error_key: str | None, index_key: str | None) -> dict[str, str]:
+    """The merge's files by name: the output, and the error file and the order index where there are."""
+    return {"out": output_key, **({"err": error_key} if error_key else {}),
+            **({"index": index_key} if index_key else {})}
 
 
 async def _first_line(blobs: Blobs, shard: Shard) -> int | None:
