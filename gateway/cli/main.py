@@ -16,11 +16,11 @@ from gateway.cli import console
 from gateway.cli.config_check import check_router, check_router_apart
 from gateway.cli.flags import ENGINE_OPTIONS, count, port, positive_int, positive_seconds, refused_flag, reruns
 from gateway.cli.heap import StartupHeap
-from gateway.cli.loop import loop_factory
 from gateway.config.litellm.notices import notice_text
 from gateway.config.schema import Config, load_config, local_model_config
 from gateway.errors import ConfigError, GatewayError
 from gateway.log_safe import escape_every_handler
+from gateway.runtime.loop import loop_factory
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_DELIVERY, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 REDIS_URL_ENV = "BATCHYARD_REDIS_URL"  # serve's and worker's --redis-url, where a flag would show its password

@@ -26,11 +26,11 @@ import uvicorn
 
 from gateway import tracing
 from gateway.cli.heap import StartupHeap
-from gateway.cli.loop import loop_factory
 from gateway.config.litellm.notices import notice_text
 from gateway.config.schema import Config, load_config
 from gateway.errors import ConfigError
 from gateway.log_safe import escape_every_handler
+from gateway.runtime.loop import loop_factory
 
 if TYPE_CHECKING:
     from gateway.runtime.runtime import Runtime

@@ -24,11 +24,11 @@ from pathlib import Path
 from gateway import metrics, tracing
 from gateway.api.scrape import worker_metrics
 from gateway.cli.heap import StartupHeap
-from gateway.cli.loop import loop_factory
 from gateway.config.litellm.notices import notice_text
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config, load_config
 from gateway.errors import ConfigError
+from gateway.runtime.loop import loop_factory
 from gateway.runtime.runtime import Runtime, open_embedded, open_shared
 from gateway.runtime.supervisor import watch_parent
 

@@ -43,6 +43,7 @@ from gateway.message_batches.envelope import read_create
 from gateway.message_batches.wire import EnvelopeError
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
 from gateway.runtime.job_order import JobOrder
+from gateway.runtime.loop import loop_factory
 from gateway.store.blobs.place import BlobPlace
 from gateway.store.faults import CarriedFault, machine_fault
 from gateway.store.protocols import Blobs
@@ -147,7 +148,8 @@ def _start_child(config: Config, place: BlobPlace, log_level: int, parent_pid: i
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tracing.start_process("validation", config.batch.tracing)
     # One loop for the child's life: the blobs' clients (S3's connection pool) are opened once, on it.
-    _child = (config, place.open(), asyncio.new_event_loop())
+    # The loop every process runs on (uvloop where installed; aiohttp's cut-off write task logged as one line).
+    _child = (config, place.open(), loop_factory()())
 
 
 def _watch_parent(parent_pid: int) -> None:

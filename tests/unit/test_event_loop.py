@@ -1,4 +1,4 @@
-"""The event loop every batchyard process runs on (`gateway.cli.loop`).
+"""The event loop every batchyard process runs on (`gateway.runtime.loop`).
 
 aiohttp writes a request in a task of its own; when the peer closes the connection as it writes, the request
 fails on its own path and that task's ConnectionResetError is never retrieved. Our loops log it as one
@@ -14,7 +14,7 @@ import pytest
 from aiohttp import ClientRequest
 from aiohttp.client_exceptions import ClientConnectionResetError
 
-from gateway.cli.loop import loop_factory
+from gateway.runtime.loop import loop_factory
 
 
 async def _other() -> None:
