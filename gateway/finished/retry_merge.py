@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 from gateway.store.blobs.composed import manifest_of
 from gateway.store.blobs.keys import file_key, order_key, retry_merged_key, retry_staged_key
-from gateway.store.order_index import entry_line, read_entries
+from gateway.store.order_index import IndexWriter, read_entries
 from gateway.store.protocols import Blobs
 from gateway.store.records import BatchRecord
 from gateway.store.splitter import read_lines
@@ -59,6 +59,7 @@ async def _stage(blobs: Blobs, first: BatchRecord, retry: BatchRecord, split: bo
     ok = failed = 0
     # The order blob's block is the outermost: it appears last, once the files beside it are whole.
     order_at, out_at, err_at = (retry_staged_key(first.id, part) for part in ("order", "output", "errors"))
+    index = IndexWriter()
     async with blobs.writing(order_at) as order, blobs.writing(out_at) as out, blobs.writing(err_at) as err:
         async for line, seq, was_ok in read_entries(blobs, order_key(first.id)):
             if was_ok:
@@ -71,7 +72,8 @@ async def _stage(blobs: Blobs, first: BatchRecord, retry: BatchRecord, split: bo
                 ok += now_ok
                 failed += not now_ok
             await (out if now_ok or not split else err).write(data + b"\n")
-            await order.write(entry_line(line, seq, now_ok))
+            await order.write(index.add(line, seq, now_ok))
+        await order.write(index.end())
     return ok, failed
 
 

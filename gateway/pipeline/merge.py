@@ -24,7 +24,7 @@ from gateway.lines.output_check import OUTPUT_INVALID
 from gateway.pipeline import checkpoint
 from gateway.pipeline.checkpoint import MergeCheckpoint
 from gateway.store.blobs.keys import merge_checkpoint_key, segment_key, shard_requests_key, shard_results_key
-from gateway.store.order_index import entry_line
+from gateway.store.order_index import IndexWriter
 from gateway.store.protocols import Blobs, Store
 from gateway.store.splitter import read_lines
 
@@ -289,6 +289,7 @@ async def _segments(blobs: Blobs, chains: list[AsyncGenerator[tuple[Shard, Resul
         async with contextlib.AsyncExitStack() as stack:
             writers = {name: await stack.enter_async_context(blobs.writing(segment_key(key, number)))
                        for name, key in targets.items()}
+            index = IndexWriter()  # a gzip member of its own per segment: the segments are joined as they are
             while heap and not blocked():
                 _, i, shard, result, last = heapq.heappop(heap)
                 summary.add(result, shard.route)
@@ -300,10 +301,9 @@ async def _segments(blobs: Blobs, chains: list[AsyncGenerator[tuple[Shard, Resul
                     summary.n_err += 1
                 else:
                     summary.n_out += 1
-                if "index" in writers:
-                    entry = entry_line(result.line, result.seq, result.ok)
-                    await writers["index"].write(entry)
-                    sizes["index"] += len(entry)
+                if "index" in writers and (packed := index.add(result.line, result.seq, result.ok)):
+                    await writers["index"].write(packed)
+                    sizes["index"] += len(packed)
                 state.read[shard.index] = state.read.get(shard.index, 0) + 1
                 if (following := await anext(chains[i], None)) is not None:
                     heapq.heappush(heap, (following[1].line, i, *following))
@@ -311,6 +311,9 @@ async def _segments(blobs: Blobs, chains: list[AsyncGenerator[tuple[Shard, Resul
                     finished.append(shard)
                     if sizes["out"] + sizes.get("err", 0) >= segment_bytes:
                         break
+            if "index" in writers and (packed := index.end()):
+                await writers["index"].write(packed)
+                sizes["index"] += len(packed)
         finished += drained
         drained.clear()
         for name, size in sizes.items():

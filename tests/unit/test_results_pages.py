@@ -24,8 +24,8 @@ from gateway.pipeline.finalizer import Finalizer
 from gateway.pipeline.merge import seal_shard
 from gateway.store.blobs.directory import LocalBlobs
 from gateway.store.blobs.keys import order_key, shard_requests_key, shard_results_key
+from gateway.store.order_index import read_entries
 from gateway.store.records import BatchRecord, RequestCounts
-from gateway.store.splitter import read_lines
 from gateway.store.sqlite.coordination import SQLiteCoordination
 from gateway.store.sqlite.store import SQLiteStore
 
@@ -77,8 +77,8 @@ async def test_pages_while_running_then_after_cancel(tmp_path: Path) -> None:
         # Cancelled: the finalizer seals lines 3, 4 and 6 as cancelled (seq 4, 5, 6) and merges.
         await store.batches.update(BATCH, {"status": BatchStatus.CANCELLING})
         await Finalizer(store, blobs, coordination, lambda route: None).finalize(BATCH)
-        order = [raw async for raw in read_lines(blobs, order_key(BATCH)) if raw]
-        assert order == [b"1 3 o", b"2 1 o", b"3 4 e", b"4 5 e", b"5 2 e", b"6 6 e"]
+        order = [tuple(entry) async for entry in read_entries(blobs, order_key(BATCH))]
+        assert order == [(1, 3, True), (2, 1, True), (3, 4, False), (4, 5, False), (5, 2, False), (6, 6, False)]
         assert await store.ledger.logged(BATCH, 0, 10) == []  # the log is dropped once the files hold it
         assert await _page(store, blobs, "3", 2) == (["ec3", "ec4"], "3.5", True)
         assert await _page(store, blobs, "3.5", 2) == (["ec6"], "3.6", False)
