@@ -69,7 +69,11 @@ class IndexWriter:
 async def read_entries(blobs: Blobs, key: str) -> AsyncIterator[OrderEntry]:
     """The index at `key`, entry by entry, in either form (memory: a chunk)."""
     chunks = blobs.read(key)
-    first = await anext(chunks, b"")
+    first = b""
+    async for chunk in chunks:  # the form is in the first bytes, past any segment that holds none
+        first += chunk
+        if len(first) >= len(_MAGIC):
+            break
     entries = _deltas(_inflated(first, chunks)) if first[:2] == _MAGIC else _first_form(_joined(first, chunks))
     async for entry in entries:
         yield entry

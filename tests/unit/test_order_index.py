@@ -63,7 +63,8 @@ async def test_a_batch_journaled_in_input_order_takes_a_few_bytes_per_thousand_e
 async def test_segments_written_apart_and_joined_read_as_one_index(tmp_path: Path) -> None:
     blobs = LocalBlobs(tmp_path)
     entries = _entries(30_000, seed=2)
-    cuts = [0, 1, 7_000, 7_001, 22_000, 30_000, 30_000]  # a segment of one entry and one of none among them
+    # segments of no entry (first and last: a merge that stopped before an open shard may write one), of one
+    cuts = [0, 0, 1, 7_000, 7_001, 22_000, 30_000, 30_000]
     parts = []
     for number, (start, stop) in enumerate(itertools.pairwise(cuts)):
         key = segment_key(KEY, number)
