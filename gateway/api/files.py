@@ -24,6 +24,7 @@ from gateway.json_codec import loads_checked
 from gateway.pipeline.batch_params import ExpiresAfter
 from gateway.store.faults import machine_fault
 from gateway.store.records import FileRecord
+from gateway.store.splitter import prepended
 
 if TYPE_CHECKING:
     from gateway.runtime.runtime import Runtime
@@ -126,7 +127,7 @@ async def file_content(request: Request, caller: Caller, file_id: str) -> Stream
         "Content-Disposition": f'attachment; filename="{_header_safe(rec.filename)}"',
         "Content-Length": str(rec.bytes),
     }
-    return StreamingResponse(_prepend(first, chunks), media_type="application/octet-stream", headers=headers)
+    return StreamingResponse(prepended(first, chunks), media_type="application/octet-stream", headers=headers)
 
 
 def file_object(rec: FileRecord) -> dict[str, Any]:
@@ -155,13 +156,6 @@ async def _owned(request: Request, owner: str, file_id: str) -> FileRecord:
     if rec is None:
         raise not_found("file", file_id, "id")
     return rec
-
-
-async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    if first:
-        yield first
-    async for chunk in rest:
-        yield chunk
 
 
 def _header_safe(name: str) -> str:

@@ -36,7 +36,7 @@ from gateway.runtime.runtime import Runtime, open_embedded
 from gateway.runtime.supervisor import Supervisor, default_workers
 from gateway.store.blobs.keys import file_key
 from gateway.store.records import BatchOptions, BatchRecord
-from gateway.store.splitter import split_lines
+from gateway.store.splitter import prepended, split_lines
 
 EXIT_OK, EXIT_INPUT, EXIT_DELIVERY = 0, 1, 3
 _BOM = b"\xef\xbb\xbf"
@@ -107,7 +107,7 @@ async def _run(runtime: Runtime, opts: RunOptions) -> int:
         engines = asyncio.create_task(runtime.backends.start_local(), name="start-engines")
     engine_seconds = None
     try:
-        batch = await _submit(runtime, opts, _chain(first, chunks))
+        batch = await _submit(runtime, opts, prepended(first, chunks))
         if batch is None:
             return EXIT_INPUT
         if engines is not None:
@@ -174,13 +174,6 @@ async def _peek(chunks: AsyncIterator[bytes]) -> tuple[bytes | None, AsyncIterat
         if seen.removeprefix(_BOM).strip():
             return seen, chunks
     return None, chunks
-
-
-async def _chain(first: bytes | None, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    if first:
-        yield first
-    async for chunk in rest:
-        yield chunk
 
 
 async def _hashed(chunks: AsyncIterator[bytes], digest: Any) -> AsyncIterator[bytes]:

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from typing import NamedTuple
 
 from gateway.store.protocols import Blobs
-from gateway.store.splitter import split_lines
+from gateway.store.splitter import prepended, split_lines
 
 _GZIP = 16 + zlib.MAX_WBITS  # zlib's wbits for a gzip member
 _MAGIC = b"\x1f\x8b"
@@ -74,7 +74,7 @@ async def read_entries(blobs: Blobs, key: str) -> AsyncIterator[OrderEntry]:
         first += chunk
         if len(first) >= len(_MAGIC):
             break
-    entries = _deltas(_inflated(first, chunks)) if first[:2] == _MAGIC else _first_form(_joined(first, chunks))
+    entries = _deltas(_inflated(first, chunks)) if first[:2] == _MAGIC else _first_form(prepended(first, chunks))
     async for entry in entries:
         yield entry
 
@@ -102,16 +102,10 @@ async def _deltas(text: AsyncIterator[bytes]) -> AsyncIterator[OrderEntry]:
         yield OrderEntry(line, seq, fields[-1] == b"o")
 
 
-async def _joined(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    yield first
-    async for chunk in rest:
-        yield chunk
-
-
 async def _inflated(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """The gzip members' text, a chunk at a time (one member after another: the segments were joined)."""
     unzip = zlib.decompressobj(_GZIP)
-    async for chunk in _joined(first, rest):
+    async for chunk in prepended(first, rest):
         data = chunk
         while True:
             out = unzip.decompress(data, _CHUNK)

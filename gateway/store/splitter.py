@@ -2,7 +2,8 @@
 
 `read_lines`: a blob's lines, read (`gateway.store.protocols.Blobs`);
 `read_line_runs`: the same lines a run per chunk read, for a reader whose work per line is small enough
-that an async iteration per line would be most of it (a Message Batch's results: 20,000 lines).
+that an async iteration per line would be most of it (a Message Batch's results: 20,000 lines);
+`prepended`: a stream with the bytes a reader took from its head to look at put back in front.
 
 Each chunk is split once (in C); a line that spans chunks is kept as its pieces and joined once, when its
 end arrives. Joining `rest + chunk` at every chunk instead copies a long line again and again: a 190 MB
@@ -80,4 +81,12 @@ async def read_line_runs(blobs: Blobs, key: str) -> AsyncIterator[list[bytes]]:
         yield cast("list[bytes]", run)  # without a cap, never an `Overlong`
 
 
-__all__ = ["Overlong", "read_line_runs", "read_lines", "split_line_runs", "split_lines"]
+async def prepended(first: bytes | None, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`first` (read ahead from the stream's head: its form, a blank file), then the rest of the stream."""
+    if first:
+        yield first
+    async for chunk in rest:
+        yield chunk
+
+
+__all__ = ["Overlong", "prepended", "read_line_runs", "read_lines", "split_line_runs", "split_lines"]
