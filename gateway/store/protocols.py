@@ -263,7 +263,10 @@ class Blobs(Protocol):
         """A writer the caller must commit or abort; `writing` does that for a block."""
     def writing(self, key: str) -> AbstractAsyncContextManager[BlobWriter]:
         """`async with blobs.writing(key) as w:` the blob appears when the block ends, not at all if it raises."""
-    def read(self, key: str, chunk_size: int = 1 << 16) -> AsyncIterator[bytes]: ...
+    def read(self, key: str, chunk_size: int = 1 << 16, *, start: int = 0,
+             end: int | None = None) -> AsyncIterator[bytes]:
+        """The blob's bytes, streamed; with `start`/`end`, only [start, end) of them (a shard's lines in its
+        batch's input file: `gateway.pipeline.shard_input`)."""
     async def size(self, key: str) -> int | None: ...
     async def delete(self, key: str, *, manifest: bool = True) -> None:
         """The blob (a manifest: its parts too). A plain key's manifest (`composed`), which stands for it where

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 SUFFIX = ".parts"
 _MAX_MANIFEST = 64 * 1024 * 1024  # 8 GB of 64 MB parts is 128 entries; any manifest of ours is far smaller
 
-ReadOne = Callable[[str, int], AsyncIterator[bytes]]
+# (key, chunk_size, start, end): the bytes [start, end) of one plain blob (end None: to its end)
+ReadOne = Callable[[str, int, int, int | None], AsyncIterator[bytes]]
 
 
 def is_composed(key: str) -> bool:
@@ -53,16 +54,26 @@ async def write_manifest(blobs: Blobs, key: str, parts: Sequence[tuple[str, int]
 
 async def parts_of(read_one: ReadOne, key: str) -> list[tuple[str, int]]:
     raw = bytearray()
-    async for chunk in read_one(key, 1 << 16):
+    async for chunk in read_one(key, 1 << 16, 0, None):
         raw += chunk
         if len(raw) > _MAX_MANIFEST:
             raise ValueError(f"blob manifest {key!r} is too large")
     return [(p["key"], int(p["bytes"])) for p in json.loads(raw)["parts"]]
 
 
-async def read(read_one: ReadOne, key: str, chunk_size: int) -> AsyncIterator[bytes]:
-    for part, _ in await parts_of(read_one, key):
-        async for chunk in read_one(part, chunk_size):
+async def read(read_one: ReadOne, key: str, chunk_size: int, start: int = 0,
+               end: int | None = None) -> AsyncIterator[bytes]:
+    """The parts' bytes in order; with `start`/`end`, only [start, end) of them (the parts it spans, each read
+    from where the range enters it to where it leaves)."""
+    at = 0
+    for part, size in await parts_of(read_one, key):
+        part_start, at = at, at + size
+        if at <= start or size == 0:
+            continue
+        if end is not None and part_start >= end:
+            return
+        within = None if end is None or end >= at else end - part_start
+        async for chunk in read_one(part, chunk_size, max(start - part_start, 0), within):
             yield chunk
 
 

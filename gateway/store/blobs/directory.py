@@ -72,15 +72,25 @@ class LocalBlobs:
         whole = composed.manifest_of(key)
         return whole if self._path(whole).exists() else key
 
-    def read(self, key: str, chunk_size: int = 1 << 16) -> AsyncIterator[bytes]:
+    def read(self, key: str, chunk_size: int = 1 << 16, *, start: int = 0,
+             end: int | None = None) -> AsyncIterator[bytes]:
         key = self._resolved(key)
         if composed.is_composed(key):
-            return composed.read(self._read_one, key, chunk_size)
-        return self._read_one(key, chunk_size)
+            return composed.read(self._read_one, key, chunk_size, start, end)
+        return self._read_one(key, chunk_size, start, end)
 
-    async def _read_one(self, key: str, chunk_size: int) -> AsyncIterator[bytes]:
+    async def _read_one(self, key: str, chunk_size: int, start: int = 0,
+                        end: int | None = None) -> AsyncIterator[bytes]:
         with open(self._path(key), "rb") as f:
-            while chunk := f.read(chunk_size):
+            if start:
+                f.seek(start)
+            left = None if end is None else max(end - start, 0)
+            while left is None or left > 0:
+                chunk = f.read(chunk_size if left is None else min(chunk_size, left))
+                if not chunk:
+                    return
+                if left is not None:
+                    left -= len(chunk)
                 yield chunk
 
     async def size(self, key: str) -> int | None:

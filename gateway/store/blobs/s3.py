@@ -156,32 +156,40 @@ class S3Blobs:
     def writing(self, key: str) -> AbstractAsyncContextManager[BlobWriter]:
         return commit_or_abort(self.writer(key))
 
-    def read(self, key: str, chunk_size: int = 1 << 16) -> AsyncIterator[bytes]:
+    def read(self, key: str, chunk_size: int = 1 << 16, *, start: int = 0,
+             end: int | None = None) -> AsyncIterator[bytes]:
         if composed.is_composed(key):
-            return composed.read(self._read_one, key, chunk_size)
-        return self._read_plain(key, chunk_size)
+            return composed.read(self._read_one, key, chunk_size, start, end)
+        return self._read_plain(key, chunk_size, start, end)
 
-    async def _read_plain(self, key: str, chunk_size: int) -> AsyncIterator[bytes]:
+    async def _read_plain(self, key: str, chunk_size: int, start: int, end: int | None) -> AsyncIterator[bytes]:
         """`key`'s object, or its manifest's parts when only that is there (`composed.manifest_of`)."""
         started = False
         try:
-            async for chunk in self._read_one(key, chunk_size):
+            async for chunk in self._read_one(key, chunk_size, start, end):
                 started = True
                 yield chunk
             return
         except FileNotFoundError:
             if started or await self.size(composed.manifest_of(key)) is None:
                 raise
-        async for chunk in composed.read(self._read_one, composed.manifest_of(key), chunk_size):
+        async for chunk in composed.read(self._read_one, composed.manifest_of(key), chunk_size, start, end):
             yield chunk
 
-    async def _read_one(self, key: str, chunk_size: int) -> AsyncIterator[bytes]:
+    async def _read_one(self, key: str, chunk_size: int, start: int = 0,
+                        end: int | None = None) -> AsyncIterator[bytes]:
+        if end is not None and end <= start:
+            return  # S3 has no empty range
         client = await self.client()
+        # a range GET (RFC 9110's `bytes=first-last`, the last byte included) reads only the bytes asked for
+        ranged = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if start or end is not None else {}
         try:
-            reply = await client.get_object(Bucket=self.bucket, Key=self._key(key))
+            reply = await client.get_object(Bucket=self.bucket, Key=self._key(key), **ranged)
         except ClientError as exc:
             if _missing(exc):
                 raise FileNotFoundError(key) from None
+            if ranged and exc.response.get("Error", {}).get("Code") == "InvalidRange":
+                return  # a range from the object's end on: no bytes, as a file read there gives none
             raise
         async with reply["Body"] as body:
             async for chunk in body.iter_chunks(chunk_size):
