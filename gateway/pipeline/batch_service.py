@@ -14,7 +14,6 @@ runtime's tasks) and `plan` (the runtime's validation processes, where it has th
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
@@ -29,15 +28,15 @@ from gateway.errors import Conflict, InvalidRequest, OverQuota, TooLarge, invali
 from gateway.lines.budget import Budgets, create_hold
 from gateway.lines.reservation import batch_holds
 from gateway.pipeline.batch_params import ExpiresAfter, checked, checked_metadata
+from gateway.pipeline.input_files import read_by, release_input
 from gateway.pipeline.lifecycle import NO_EXPIRY, Announce, announce_nothing, expiry, for_queue, results_batch
 from gateway.pipeline.plan import PlanJob, PlanOutcome, plan_batch
-from gateway.pipeline.validate import LINE_SLACK, count_routes
+from gateway.pipeline.validate import count_lines
 from gateway.store.blobs.keys import batch_prefix, file_key, order_key
 from gateway.store.faults import machine_fault
 from gateway.store.protocols import Blobs, Coordination, Queue, Store
 from gateway.store.quota import MAX_ACTIVE_BATCHES, MODEL_MAX_ENQUEUED_REQUESTS, TeamLimits, over_model
 from gateway.store.records import BatchOptions, BatchRecord, FileRecord, RequestCounts, now, storage_team
-from gateway.store.splitter import Overlong, split_lines
 from gateway.store.storage import StorageMeter, over_limit
 
 log = logging.getLogger("batchyard.service")
@@ -50,7 +49,6 @@ Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
 Plan = Callable[[PlanJob], Awaitable[PlanOutcome]]
 # A batch's estimated cost in USD, for a create that reserves it (handed in: the estimate is a later layer).
 EstimateCost = Callable[[BatchRecord, FileRecord], Awaitable[float]]
-_COUNT_LINES, _COUNT_BYTES = 2_000, 1 << 20  # lines parsed for their route per thread hop (at create)
 
 
 class BatchService:
@@ -61,9 +59,7 @@ class BatchService:
         file_stored: Callable[[FileRecord], None] | None = None,
     ) -> None:
         self.config, self.store, self.blobs, self.queue = config, store, blobs, queue
-        self._coordination = coordination
-        self._spawn = spawn
-        self._finish_shard = finish_shard
+        self._coordination, self._spawn, self._finish_shard = coordination, spawn, finish_shard
         self._announce = announce
         self._plan: Plan = plan or functools.partial(plan_batch, config, blobs)
         self._estimate_cost = estimate_cost
@@ -147,7 +143,8 @@ class BatchService:
         await self.store.storage.hold(team, file_id)  # a crash from here on cannot leave its bytes counted
         if not await self.store.files.delete(file_id, owner):
             return False
-        await self.blobs.delete(rec.blob_key)
+        if not await read_by(self.store, file_id):  # else its bytes stay until the batches reading them end
+            await self.blobs.delete(rec.blob_key)
         if (batch_id := results_batch(rec)) is not None:  # the results' order goes with the files it orders
             await self.blobs.delete(order_key(batch_id))
         await self.store.storage.release(team, file_id)  # its bytes are free once they are gone
@@ -199,7 +196,7 @@ class BatchService:
             id=new_id(kind), owner=owner, endpoint=endpoint or "*", input_file_id=input_file_id,
             completion_window=completion_window or "none", status=BatchStatus.VALIDATING, created_at=created,
             expires_at=created + window, metadata=meta, options=opts,
-            output_expires_after=output_expiry.model_dump() if output_expiry else None,
+            output_expires_after=output_expiry.model_dump() if output_expiry else None, input_key=source.blob_key,
         )
         with tracing.batch_create(batch):  # sets batch.trace_context: the trace every later stage joins
             hold = await self._reserve(batch, source)
@@ -231,7 +228,7 @@ class BatchService:
         if limits is None or limits == TeamLimits():
             return
         per_model = bool(limits.model_max_enqueued_requests)
-        requests, by_model = (await self._count_lines(source, per_model)
+        requests, by_model = (await count_lines(self.config, self.blobs.read(source.blob_key), per_model)
                               if limits.max_enqueued_requests is not None or per_model else (0, {}))
         refused = await self.quotas.admit(batch.owner, batch.id, requests, limits, by_model)
         if refused is None:
@@ -263,34 +260,6 @@ class BatchService:
         return OverQuota(f"Active batch limit reached for team {owner!r}. Limit: {limits.max_active_batches} "
                          f"active batches ({active} now). Try again once a batch has finished.",
                          code="max_active_batches_exceeded")
-
-    async def _count_lines(self, source: FileRecord, per_model: bool) -> tuple[int, dict[str, int]]:
-        """The file's lines (a blank line counts too), and with `per_model` its lines per route, streamed.
-        Without `per_model` the lines are counted in C and none is parsed. With it each is parsed, in a
-        thread (off the API's loop), for the route it names as validation resolves it (`line_route`: a
-        deployment url counts for its deployment's model); a line that does not parse, names no route or
-        is over `max_line_bytes` (cut off as it is read) counts for none: validation refuses it later."""
-        if not per_model:
-            count, last = 0, b"\n"
-            async for chunk in self.blobs.read(source.blob_key):
-                count += chunk.count(b"\n")
-                last = chunk[-1:] or last
-            return count + (last != b"\n"), {}
-        lines = 0
-        by_model: collections.Counter[str] = collections.Counter()
-        batch: list[bytes | Overlong] = []
-        size = 0
-        cap = self.config.batch.limits.max_line_bytes + LINE_SLACK
-        async for raw in split_lines(self.blobs.read(source.blob_key), cap):
-            lines += 1
-            batch.append(raw)
-            size += len(raw) if isinstance(raw, bytes) else 0
-            if len(batch) >= _COUNT_LINES or size >= _COUNT_BYTES:
-                by_model.update(await asyncio.to_thread(count_routes, self.config, batch))
-                batch, size = [], 0
-        if batch:
-            by_model.update(await asyncio.to_thread(count_routes, self.config, batch))
-        return lines, dict(by_model)
 
     async def cancel_batch(self, batch_id: str, owner: str) -> BatchRecord:
         batch = await self.store.batches.get(batch_id, owner)
@@ -345,6 +314,7 @@ class BatchService:
                 await self._announce(batch.owner, batch_id, BatchStatus.CANCELLED)
                 await self.store.batches.update(batch_id, {"status": BatchStatus.CANCELLED, "cancelled_at": now()},
                                               if_status={BatchStatus.CANCELLING})
+                await release_input(self.store, self.blobs, batch)
             return
         source = await self.store.files.get(batch.input_file_id)
         if source is None:
@@ -405,6 +375,7 @@ class BatchService:
         await self._announce(batch.owner, batch.id, BatchStatus.EXPIRED)
         await self.store.batches.update(batch.id, {"status": BatchStatus.EXPIRED},
                                       if_status={BatchStatus.VALIDATING})
+        await release_input(self.store, self.blobs, batch)
 
     async def _fail(self, batch: BatchRecord, errors: list[dict[str, Any]]) -> None:
         await self.budgets.unreserve(batch.owner, batch_holds(batch.id))  # it never runs: its hold goes
@@ -414,6 +385,7 @@ class BatchService:
             batch.id, {"status": BatchStatus.FAILED, "failed_at": now(), "errors": errors},
             if_status={BatchStatus.VALIDATING, BatchStatus.CANCELLING},
         )
+        await release_input(self.store, self.blobs, batch)
 
 
 __all__ = ["FILE_PURPOSES", "BatchService", "EstimateCost", "Plan"]

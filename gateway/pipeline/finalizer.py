@@ -19,6 +19,7 @@ from gateway.domain import BatchStatus, Shard
 from gateway.lines.reservation import batch_holds
 from gateway.lines.stops import CANCELLED, EXPIRED, LOST, stop_reason
 from gateway.lru import LRU
+from gateway.pipeline.input_files import release_input
 from gateway.pipeline.lifecycle import Announce, announce_nothing, derived_id, expiry
 from gateway.pipeline.merge import advance_merge, merge_shards, merged_shards, seal_shard
 from gateway.store.blobs.keys import batch_prefix, file_key, merge_checkpoint_key, order_key
@@ -147,6 +148,7 @@ class Finalizer:
         await self.store.batches.update(batch_id, fields)
         await self.store.ledger.drop_log(batch_id)  # after the update: a reader that saw it running still finds it
         await self.blobs.delete_prefix(batch_prefix(batch_id))
+        await release_input(self.store, self.blobs, batch)  # the input, when its file was deleted as it ran
         for reporter in reporters.values():  # after the record holds the summary: a re-run still finds the state
             await reporter.forget_batch(batch_id)
 

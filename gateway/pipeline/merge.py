@@ -1,7 +1,8 @@
 """Sealing shards and merging them into the output files, in input order.
 
 `seal_shard` turns one shard's journal into a results blob sorted by line
-(memory: one shard), and deletes the shard's requests blob. `merge_shards` k-way merges the sealed shards by line
+(memory: one shard), and deletes the shard's blob of lines
+(`gateway.pipeline.shard_input`). `merge_shards` k-way merges the sealed shards by line
 number into the output file and, optionally, a separate error file (memory:
 one line per shard), in segments, deleting each shard's results once they are merged (disk: the output and
 about one segment beside it), resumable after a crash (`gateway.pipeline.checkpoint`).
@@ -23,6 +24,7 @@ from gateway.json_codec import dumps, loads
 from gateway.lines.output_check import OUTPUT_INVALID
 from gateway.pipeline import checkpoint
 from gateway.pipeline.checkpoint import MergeCheckpoint
+from gateway.pipeline.shard_input import first_line, read_requests
 from gateway.store.blobs.keys import merge_checkpoint_key, segment_key, shard_requests_key, shard_results_key
 from gateway.store.order_index import IndexWriter
 from gateway.store.protocols import Blobs, Store
@@ -55,8 +57,9 @@ async def seal_shard(
             await blobs.delete(shard_requests_key(shard))
         return
     if requests is None:
-        key = shard_requests_key(shard)
-        requests = [BatchRequest.from_json(loads(raw)) async for raw in read_lines(blobs, key) if raw]
+        requests = await read_requests(blobs, shard)
+        if requests is None:  # neither its results nor its requests: sealed and merged already
+            return
     done = {r.line: r for r in await store.ledger.journal(shard)}
     unrun = [r for r in requests if r.line not in done]
     if unrun:
@@ -72,8 +75,8 @@ async def seal_shard(
         for req in requests:
             await writer.write(dumps(done[req.line].to_json()) + b"\n")
     await store.ledger.drop_journal(shard)
-    # Nothing reads a sealed shard's requests (its results blob says it is done): the copy of its input lines
-    # goes now, not with the batch, so the batch's working blobs never hold the whole input beside its output.
+    # Nothing reads a sealed shard's lines (its results blob says it is done): its blob goes now, not with the
+    # batch (`advance_merge` takes a shard whose blob is gone for sealed).
     await blobs.delete(shard_requests_key(shard))
 
 
@@ -222,7 +225,7 @@ async def advance_merge(
             continue
         size = await blobs.size(shard_results_key(shard))
         if size is None:  # still open: the merge stops before its first line
-            if held < min_bytes or (stop := await _first_line(blobs, shard)) is None:
+            if held < min_bytes or (stop := await first_line(blobs, shard)) is None:
                 return False
             targets = _targets(output_key, error_key, index_key)
             return await _merge(blobs, ready, targets, state, Summary.from_state(state.summary), run_batch_errors,
@@ -236,15 +239,6 @@ def _targets(output_key: str, error_key: str | None, index_key: str | None) -> d
     """The merge's files by name: the output, and the error file and the order index where there are."""
     return {"out": output_key, **({"err": error_key} if error_key else {}),
             **({"index": index_key} if index_key else {})}
-
-
-async def _first_line(blobs: Blobs, shard: Shard) -> int | None:
-    """The line number of the shard's first request (None: its requests are gone, so it is sealed now)."""
-    async with contextlib.aclosing(read_lines(blobs, shard_requests_key(shard))) as lines:
-        async for raw in lines:
-            if raw:
-                return BatchRequest.from_json(loads(raw)).line
-    return None
 
 
 async def _merge(blobs: Blobs, shards: Sequence[Shard], targets: dict[str, str], state: MergeCheckpoint,

@@ -1,10 +1,11 @@
 """Validate and plan: one streamed pass over the input file.
 
 Each good line is appended to the open shard of its route; a shard is sealed
-when it holds `shard_size` requests. Lines answered in place (the CLI's
-lenient mode) go, in input order, to a pre-finished shard of results. Memory
-holds one open shard writer per route and the custom_ids (on disk past a threshold:
-`gateway.pipeline.seen_ids`), never lines.
+when it holds `shard_size` requests. A shard's blob names its lines where they are
+in the input file (`gateway.pipeline.shard_input`): no copy of the input is made.
+Lines answered in place (the CLI's lenient mode) go, in input order, to a
+pre-finished shard of results. Memory holds one open shard writer per route and
+the custom_ids (on disk past a threshold: `gateway.pipeline.seen_ids`), never lines.
 
 `plan_batch` plans one `PlanJob`: plain data in and out (`PlanOutcome`), so the
 API's runtime runs it in a process of its own (`gateway.runtime.validation_processes`)
@@ -30,6 +31,7 @@ from gateway.errors import LINE_HTTP_STATUS, LineCode, LineError
 from gateway.json_codec import dumps
 from gateway.log_safe import escaped
 from gateway.pipeline.seen_ids import SeenIds
+from gateway.pipeline.shard_input import RunsWriter
 from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, line_failure
 from gateway.store.blobs.keys import shard_requests_key, shard_results_key
 from gateway.store.protocols import Blobs, BlobWriter
@@ -72,7 +74,7 @@ class PlanJob:
 
 async def plan_batch(config: Config, blobs: Blobs, job: PlanJob) -> PlanOutcome:
     """Validate the job's input file into shard blobs, streamed; the outcome says what was written."""
-    planner = Planner(config, blobs, job.batch_id, endpoint=job.endpoint, strict=job.strict,
+    planner = Planner(config, blobs, job.batch_id, job.input_key, endpoint=job.endpoint, strict=job.strict,
                       allowed_models=job.allowed_models, max_lines=job.max_lines)
     # A line is cut off while it is read, once it passes the limit: it never sits whole in memory.
     cap = config.batch.limits.max_line_bytes + LINE_SLACK
@@ -84,6 +86,7 @@ class _OpenShard:
     shard: Shard
     writer: BlobWriter
     written: contextlib.AsyncExitStack  # closing it commits the shard's blob (see `Planner._new_shard`)
+    runs: RunsWriter | None  # where a route's shard names its lines (the answered shard holds results)
 
 
 class _Discard(Exception):
@@ -91,6 +94,8 @@ class _Discard(Exception):
 
 
 Checked = BatchRequest | LineError | LineProblem
+# A checked line: its number, what the check made of it, and its bytes [start, end) in the input file.
+Placed = tuple[int, Checked, int, int]
 _CHUNK_LINES, _CHUNK_BYTES = 2_000, 1 << 20  # lines checked per thread hop (whichever comes first)
 
 
@@ -128,15 +133,18 @@ class OneThread:
 
 class Planner:
     def __init__(
-        self, config: Config, blobs: Blobs, batch_id: str, *, endpoint: Endpoint | None, strict: bool,
+        self, config: Config, blobs: Blobs, batch_id: str, input_key: str, *, endpoint: Endpoint | None,
+        strict: bool,
         allowed_models: list[str] | None, run_batch_rules: bool | None = None, max_lines: int | None = None,
         seen: SeenIds | None = None,
     ) -> None:
-        """`run_batch_rules`: repeated custom_ids are answered line by line, as vLLM's run_batch does
+        """`input_key`: the blob the lines are read from (each shard names its lines there). `run_batch_rules`:
+        repeated custom_ids are answered line by line, as vLLM's run_batch does
         (default: what the config says, i.e. true only for the config `batchyard run --model` implies).
         `max_lines`: the file's limit (default: `batch_settings.max_lines`). `seen`: where the custom_ids are
         kept (`LineChecker`'s default), closed when the plan ends."""
         self._config, self._blobs, self._batch_id, self._strict = config, blobs, batch_id, strict
+        self._input_key = input_key
         self._max_lines = max_lines or config.batch.limits.max_lines
         if run_batch_rules is None:
             run_batch_rules = config.run_batch_rules
@@ -163,7 +171,7 @@ class Planner:
         written = contextlib.AsyncExitStack()
         writer = await written.enter_async_context(self._blobs.writing(key))
         self._unsealed[shard.index] = written
-        return _OpenShard(shard, writer, written)
+        return _OpenShard(shard, writer, written, RunsWriter(writer, self._input_key) if route else None)
 
     async def _end_unsealed(self, *exc_info: Any) -> bool | None:
         """Leave every open shard's blob as a plan's block is left: committed, or aborted on an exception
@@ -186,8 +194,11 @@ class Planner:
                 await self._read(lines)
                 if self.outcome.failed:
                     raise _Discard
-                # Leaving the block commits the shards still open.
-                self.outcome.shards.extend(open_.shard for open_ in self._open.values())
+                # Leaving the block commits the shards still open, their last runs written.
+                for open_ in self._open.values():
+                    if open_.runs is not None:
+                        await open_.runs.close()
+                    self.outcome.shards.append(open_.shard)
                 if self._answered is not None:
                     self.outcome.answered = self._answered.shard
         except _Discard:
@@ -202,14 +213,14 @@ class Planner:
 
     async def _read(self, lines: AsyncIterator[bytes | Overlong]) -> None:
         max_lines = self._max_lines
-        number = 0
+        number = offset = 0  # lines read so far, and their bytes (newlines included)
         async for chunk in chunks(lines):
             # The CPU work (JSON, checks, the shard line's bytes) in a thread, so that a process planning in
             # place (`batchyard run`, a worker's sweep) keeps its event loop turning. The API's runtime plans in
             # a process of its own: a thread still holds the GIL against the API's loop. Lines keep their numbers.
-            checked_chunk = await self._checking.run(self._check_chunk, chunk, number)
+            checked_chunk, offset = await self._checking.run(self._check_chunk, chunk, number, offset)
             number += len(chunk)
-            for line, checked, data in checked_chunk:
+            for line, checked, start, end in checked_chunk:
                 self.outcome.total += 1
                 if self.outcome.total > max_lines:
                     self._fail(LineError(LineCode.TOO_MANY_TASKS,
@@ -225,7 +236,7 @@ class Planner:
                     if (bound := self._wildcard_bound(route)) is not None:
                         self._fail(LineError(LineCode.INVALID_REQUEST, bound, line, "body.model"))
                         return self._finish_read()
-                    await self._append(route, data)
+                    await self._append(route, line, start, end)
         return self._finish_read()
 
     def _finish_read(self) -> None:
@@ -239,19 +250,21 @@ class Planner:
                 "own input position, as vLLM's run_batch does", self._checker.repeats, escaped(cid), line,
             )
 
-    def _check_chunk(self, chunk: list[bytes | Overlong], before: int) -> list[tuple[int, Checked, bytes]]:
-        """Check lines `before + 1`… (blank ones are left out); a good line comes with its shard bytes."""
-        out: list[tuple[int, Checked, bytes]] = []
+    def _check_chunk(self, chunk: list[bytes | Overlong], before: int, offset: int) -> tuple[list[Placed], int]:
+        """Check lines `before + 1`…, the first at byte `offset` of the input (blank ones are left out); with
+        the offset of the line after the chunk."""
+        out: list[Placed] = []
         for line, raw in enumerate(chunk, start=before + 1):
+            start, offset = offset, offset + (len(raw) if isinstance(raw, bytes) else raw.size) + 1
+            checked: Checked | None
             try:
                 checked = self._checker.check(raw, line)
-                data = dumps(checked.to_json()) if isinstance(checked, BatchRequest) else b""
             except Exception:  # a line the checks did not foresee is that line's error, not the batch's end
                 log.exception("checking line %d of batch %s failed", line, self._batch_id)
-                checked, data = LineError(LineCode.INVALID_REQUEST, "This line could not be checked.", line), b""
+                checked = LineError(LineCode.INVALID_REQUEST, "This line could not be checked.", line)
             if checked is not None:
-                out.append((line, checked, data))
-        return out
+                out.append((line, checked, start, offset - 1))
+        return out, offset
 
     def _wildcard_bound(self, route_name: str) -> str | None:
         """Why a line of `route_name` takes the batch past its bound on a wildcard route's concrete models
@@ -281,17 +294,19 @@ class Planner:
         assert route is not None  # the checker let the line through: its model has a route
         return route.model_name
 
-    async def _append(self, route: str, data: bytes) -> None:
+    async def _append(self, route: str, line: int, start: int, end: int) -> None:
         if self.outcome.failed:
             return  # keep validating, but stop writing shards nobody will run
         open_ = self._open.get(route)
         if open_ is None:
             open_ = self._open[route] = await self._new_shard(route)
-        await open_.writer.write(data + b"\n")
+        assert open_.runs is not None  # a route's shard
+        await open_.runs.add(line, start, end)
         open_.shard.size += 1
         if open_.shard.size >= self._config.batch.shard_size:
             del self._open[route]
             del self._unsealed[open_.shard.index]
+            await open_.runs.close()
             await open_.written.aclose()
             self.outcome.shards.append(open_.shard)
 

@@ -34,18 +34,17 @@ from gateway.config.prices import Prices, route_prices
 from gateway.config.routes import RouteKind
 from gateway.config.schema import Config
 from gateway.domain import BatchRequest, Result, Shard, billable
-from gateway.json_codec import loads
 from gateway.lines.budget import Budgets, TeamSpending, create_hold, spending_for
 from gateway.lines.stops import GIVEN_UP, LOST, MAX_ATTEMPTS, OVER_BUDGET, StopReason, stop_reason
 from gateway.pipeline.merge import ResultsLost, seal_shard
 from gateway.pipeline.output_reruns import OutputReruns
+from gateway.pipeline.shard_input import read_requests
 from gateway.scheduling.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
 from gateway.scheduling.pacing import Pacer, pacing_with
 from gateway.store.blobs.keys import shard_requests_key, shard_results_key
 from gateway.store.faults import Pause, machine_fault
 from gateway.store.protocols import Blobs, Queue, Store
 from gateway.store.records import BatchRecord, Delivery
-from gateway.store.splitter import read_lines
 
 log = logging.getLogger("batchyard.runner")
 
@@ -225,11 +224,10 @@ class ShardRunner:
         reason = stop_reason(batch) or (OVER_BUDGET if await self.budgets.over(batch.owner) else None)
         requests: list[BatchRequest] | None = None
         if reason is None:
-            requests = [
-                BatchRequest.from_json(loads(raw))
-                async for raw in read_lines(self.blobs, shard_requests_key(shard))
-                if raw
-            ]
+            requests = await read_requests(self.blobs, shard)  # from the input file (`shard_input`)
+            if requests is None:  # sealed meanwhile by another (a worker taken for dead): only bookkeeping left
+                await self._finish_shard(shard)
+                return
             recorded = await self.store.ledger.recorded_lines(shard)
             todo = [r for r in requests if r.line not in recorded]
             if todo:

@@ -7,8 +7,9 @@ OpenAI's codes and 1-based line numbers. It keeps only the custom_ids seen
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import AsyncIterable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,7 @@ from gateway.json_codec import loads_checked
 from gateway.lines.body_fields import MAX_LINE_DEPTH, check_body
 from gateway.lines.output_check import refusal
 from gateway.pipeline.seen_ids import SeenIds
-from gateway.store.splitter import Overlong
+from gateway.store.splitter import Overlong, split_lines
 
 _BOM = b"\xef\xbb\xbf"
 # Bytes a line may carry beyond `max_line_bytes` while it is read (a BOM, a `\r`): the check is exact after.
@@ -180,6 +181,20 @@ class LineChecker:
         return BatchRequest(line=line, custom_id=custom_id, url=normal.endpoint, body=body)
 
 
+def request_of(raw: bytes, line: int) -> BatchRequest:
+    """The request of a line `LineChecker.check` passed, rebuilt from its bytes as the check built it: the
+    shard runner reads its lines from the input file (`gateway.pipeline.shard_input`), not from a copy. Only
+    for such a line: nothing is checked again."""
+    if line == 1:
+        raw = raw.removeprefix(_BOM)
+    data = loads_checked(raw.rstrip(b"\r"), None)  # the same value the check read (long integers exact)
+    body, normal = data["body"], normalise_url(data["url"])
+    assert normal is not None, "only a line the checker passed"
+    if normal.deployment and body.get("model") is None:
+        body = {**body, "model": normal.deployment}
+    return BatchRequest(line=line, custom_id=data["custom_id"], url=normal.endpoint, body=body)
+
+
 def line_route(config: Config, raw: bytes | Overlong) -> str | None:
     """The route (its model_name) a line names, found as `LineChecker` finds it: `body.model`, else the
     deployment of an Azure deployment url, through `config.route`. None for a line that does not parse or
@@ -210,3 +225,34 @@ def count_routes(config: Config, lines: Iterable[bytes | Overlong]) -> Counter[s
         if route is not None:
             counts[route] += 1
     return counts
+
+
+_COUNT_LINES, _COUNT_BYTES = 2_000, 1 << 20  # lines parsed for their route per thread hop (at create)
+
+
+async def count_lines(config: Config, chunks: AsyncIterable[bytes], per_model: bool) -> tuple[int, dict[str, int]]:
+    """A file's lines (a blank line counts too), and with `per_model` its lines per route, streamed (a
+    create's quotas count them). Without `per_model` the lines are counted in C and none is parsed. With it
+    each is parsed, in a thread (off the API's loop), for the route it names as validation resolves it
+    (`line_route`: a deployment url counts for its deployment's model); a line that does not parse, names no
+    route or is over `max_line_bytes` (cut off as it is read) counts for none: validation refuses it later."""
+    if not per_model:
+        count, last = 0, b"\n"
+        async for chunk in chunks:
+            count += chunk.count(b"\n")
+            last = chunk[-1:] or last
+        return count + (last != b"\n"), {}
+    lines = 0
+    by_model: Counter[str] = Counter()
+    batch: list[bytes | Overlong] = []
+    size = 0
+    async for raw in split_lines(chunks, config.batch.limits.max_line_bytes + LINE_SLACK):
+        lines += 1
+        batch.append(raw)
+        size += len(raw) if isinstance(raw, bytes) else 0
+        if len(batch) >= _COUNT_LINES or size >= _COUNT_BYTES:
+            by_model.update(await asyncio.to_thread(count_routes, config, batch))
+            batch, size = [], 0
+    if batch:
+        by_model.update(await asyncio.to_thread(count_routes, config, batch))
+    return lines, dict(by_model)

@@ -132,6 +132,10 @@ class BatchRecord:
     # The W3C context (`traceparent`, `tracestate`) of the batch's `batch.create` span, so that every process
     # working on the batch puts its spans in that trace (`gateway.tracing`); None with tracing off.
     trace_context: dict[str, str] | None = None
+    # The input file's blob (`FileRecord.blob_key`), kept from the create: the batch reads it until it ends,
+    # and deletes it then if the file was deleted meanwhile (`gateway.pipeline.input_files`). None: a record
+    # from before it was kept.
+    input_key: str | None = None
 
     @property
     def files_owner(self) -> str:

@@ -1,11 +1,12 @@
 """`S3Blobs` (moto) answers as `LocalBlobs` does, `writing` included (a block that raises leaves no blob
 behind), and a plain key with only its manifest there read, sized and deleted as the manifest; `S3Blobs`
 alone: single PUT, multipart, abort, streamed read, prefix delete; each store's discarding of the writes a
-killed process left unfinished."""
+killed process left unfinished; ranged reads alike on both, across the parts of a composed blob."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from gateway.store.blobs.directory import LocalBlobs
 from gateway.store.blobs.s3 import S3Blobs
 from gateway.store.protocols import Blobs
 from tests.support.services import MotoS3
+from tests.unit.test_shard_input import check_shards_read_back
 
 
 @pytest.fixture(autouse=True)
@@ -182,3 +184,71 @@ async def test_unfinished_writes_are_discarded_and_blobs_stay(s3: MotoS3, tmp_pa
     finally:
         await shared.aclose()
         await local.aclose()
+
+
+async def _ranged(blobs: Blobs) -> dict[str, bytes]:
+    """Every range of a plain blob, of small parts joined by a manifest, and of a plain key that only its
+    manifest stands for, across the parts' edges: what `read(start=, end=)` returns, by key and range."""
+    data = bytes(range(256)) * 9  # 2,304 bytes
+    cuts = [0, 700, 701, 1500, len(data)]  # a part of one byte among them
+    async with blobs.writing("files/plain") as w:
+        await w.write(data)
+    parts = []
+    for i, (a, b) in enumerate(itertools.pairwise(cuts)):
+        async with blobs.writing(f"uploads/r/p{i}") as w:
+            await w.write(data[a:b])
+        parts.append((f"uploads/r/p{i}", b - a))
+    joined = await blobs.compose("uploads/r/file", parts)
+    for i, (a, b) in enumerate(itertools.pairwise(cuts)):
+        async with blobs.writing(f"files/seg{i}") as w:
+            await w.write(data[a:b])
+    await blobs.compose("files/segmented", [(f"files/seg{i}", size) for i, (_, size) in enumerate(parts)])
+    edges = sorted({0, 1, 699, 700, 701, 702, 1499, 1500, 1501, len(data) - 1, len(data)})
+    got: dict[str, bytes] = {}
+    for key in ("files/plain", joined, "files/segmented"):
+        for start in edges:
+            for end in [*(e for e in edges if e >= start), None]:
+                read = b"".join([c async for c in blobs.read(key, chunk_size=97, start=start, end=end)])
+                assert read == data[start:end], (key, start, end)
+                got[f"{key} {start} {end}"] = read
+    return got
+
+
+async def test_ranged_reads_answer_alike_across_parts(s3: MotoS3, tmp_path: Path) -> None:
+    """A shard reads its lines in the input file by range (`gateway.pipeline.shard_input`): each store gives
+    exactly the bytes asked for, on a plain blob and across the parts of a composed one."""
+    local, shared = LocalBlobs(tmp_path / "blobs"), S3Blobs.from_url(s3.location("ranges"), endpoint_url=s3.url)
+    try:
+        assert await _ranged(local) == await _ranged(shared)
+    finally:
+        await local.aclose()
+        await shared.aclose()
+
+
+async def test_ranged_reads_of_an_object_s3_joined(s3: MotoS3) -> None:
+    """Parts big enough for S3's multipart are joined into one object inside S3: a range GET reads across them."""
+    blobs = S3Blobs.from_url(s3.location("joined"), endpoint_url=s3.url, part_size=5 * 1024 * 1024)
+    try:
+        sizes = [5 << 20, 5 << 20, 1000]
+        whole = b"".join(bytes([i + 1]) * size for i, size in enumerate(sizes))
+        for i, size in enumerate(sizes):
+            async with blobs.writing(f"uploads/j/p{i}") as w:
+                await w.write(bytes([i + 1]) * size)
+        key = await blobs.compose("files/joined", [(f"uploads/j/p{i}", s) for i, s in enumerate(sizes)])
+        assert key == "files/joined"  # one object, not a manifest
+        for start, end in (((5 << 20) - 3, (5 << 20) + 3), ((10 << 20) - 1, None), (0, 1)):
+            read = b"".join([c async for c in blobs.read(key, start=start, end=end)])
+            assert read == whole[start:end]
+    finally:
+        await blobs.aclose()
+
+
+@pytest.mark.parametrize("parts", [1, 7])
+async def test_shards_read_their_lines_from_an_input_in_s3(s3: MotoS3, parts: int) -> None:
+    """The shard-input population (`tests/unit/test_shard_input.py`) over S3: an input object, and an Upload's
+    parts cut mid-line joined by a manifest."""
+    blobs = S3Blobs.from_url(s3.location(f"shards{parts}"), endpoint_url=s3.url)
+    try:
+        await check_shards_read_back(blobs, parts)
+    finally:
+        await blobs.aclose()

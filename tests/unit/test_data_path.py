@@ -38,7 +38,7 @@ def _request(i: int, model: str = "gpt-mini") -> dict[str, object]:
 
 async def test_the_planner_counts_answered_lines_as_it_writes_them(tmp_path: Path) -> None:
     blobs = LocalBlobs(tmp_path / "blobs")
-    planner = Planner(CONFIG, blobs, "batch_p", endpoint=Endpoint.CHAT, strict=False, allowed_models=None)
+    planner = Planner(CONFIG, blobs, "batch_p", "files/in", endpoint=Endpoint.CHAT, strict=False, allowed_models=None)
     outcome = await planner.plan(_lines(_request(1), _request(2, "nope"), _request(3), _request(4, "gone"),
                                         _request(5)))
     assert not outcome.failed and outcome.total == 5
@@ -52,7 +52,7 @@ async def test_the_planner_counts_answered_lines_as_it_writes_them(tmp_path: Pat
 
 async def test_a_failed_plan_writes_no_shard_and_counts_nothing(tmp_path: Path) -> None:
     blobs = LocalBlobs(tmp_path / "blobs")
-    planner = Planner(CONFIG, blobs, "batch_f", endpoint=Endpoint.CHAT, strict=False, allowed_models=None)
+    planner = Planner(CONFIG, blobs, "batch_f", "files/in", endpoint=Endpoint.CHAT, strict=False, allowed_models=None)
     outcome = await planner.plan(_lines(_request(1), _request(2), _request(3), _request(4, "nope"), "not json"))
     assert outcome.failed and outcome.answered is None
     # the full shard was committed as it filled; the open one and the answered lines were aborted

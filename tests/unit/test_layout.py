@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gateway.cli",),
 ]
 # The pipeline's stages in the order a batch meets them: a stage imports only earlier ones, even lazily.
-STAGES = ["batch_params", "lifecycle", "seen_ids", "validate", "plan",
+STAGES = ["batch_params", "lifecycle", "seen_ids", "validate", "shard_input", "plan", "input_files",
           "batch_service", "uploads", "message_batch_create", "checkpoint", "merge", "output_reruns", "shard_runner",
           "finalizer", "sweeper"]
 

@@ -106,8 +106,8 @@ async def test_a_plan_that_stops_early_leaves_no_database_behind(tmp_path: Path)
     ids = [f"req-{i}" for i in range(20)]
     for tail, max_lines in (([_line("req-2")], None), ([], 10)):  # a failed file; a file past its line limit
         seen = SeenIds(spill_after=4, directory=str(directory))
-        planner = Planner(CONFIG, LocalBlobs(tmp_path / "blobs"), "batch_s", endpoint=Endpoint.CHAT, strict=True,
-                          allowed_models=None, max_lines=max_lines, seen=seen)
+        planner = Planner(CONFIG, LocalBlobs(tmp_path / "blobs"), "batch_s", "files/in", endpoint=Endpoint.CHAT,
+                          strict=True, allowed_models=None, max_lines=max_lines, seen=seen)
         outcome = await planner.plan(_lines(ids, tail))
         assert outcome.failed
         code = LineCode.DUPLICATE_CUSTOM_ID if max_lines is None else LineCode.TOO_MANY_TASKS
