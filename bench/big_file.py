@@ -18,7 +18,8 @@ Printed, for the baseline and the big batch:
 - peak RSS of every gateway process (the API process, each worker, each validation process), sampled every
   50 ms, and the big batch's over the baseline's per role (aim: <= 1.2x);
 - the disk high-water mark of the gateway's data directory (sampled every 0.5 s) against the input plus the
-  output (aim: at most one shard's worth beside them);
+  output (aim: at most one shard's worth beside them), and the most beside them at any sample (the mark of
+  the total alone would hide bytes beside that went before the output grew);
 - the upload's MB/s against the aim (>= 100 MB/s on loopback).
 The load average is printed at both ends. Not a test: figures on a shared machine are noisy.
 """
@@ -73,6 +74,10 @@ class Sampler:
         self.rss: dict[tuple[str, int], int] = {}
         self.disk = 0
         self.disk_parts: dict[str, int] = {}  # where the bytes were at the high-water mark
+        # Beside the input (an Upload's parts) and the output (files): the most at any sample, wherever the
+        # total's mark was (a copy of the input made and dropped while the output grew would hide under it).
+        self.beside = 0
+        self.beside_parts: dict[str, int] = {}
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._memory, daemon=True),
                          threading.Thread(target=self._space, daemon=True)]
@@ -91,6 +96,9 @@ class Sampler:
             parts = _disk_parts(self.data_dir)
             if sum(parts.values()) > self.disk:
                 self.disk, self.disk_parts = sum(parts.values()), parts
+            beside = {name: size for name, size in parts.items() if name not in _INPUT_AND_OUTPUT}
+            if sum(beside.values()) > self.beside:
+                self.beside, self.beside_parts = sum(beside.values()), beside
             time.sleep(0.5)
 
     def by_role(self) -> dict[str, int]:
@@ -108,6 +116,9 @@ class Sampler:
         self._stop.set()
         for thread in self._threads:
             thread.join()
+
+
+_INPUT_AND_OUTPUT = ("blobs/uploads", "blobs/files")  # the Upload's parts (the input), the merged output
 
 
 def _disk_parts(root: Path) -> dict[str, int]:
@@ -187,6 +198,7 @@ def run_one(client: OpenAI, gw: Gateway, src: Path, lines: int, tag: str, part_b
     walls["rss_each"] = dict(sampler.rss)
     walls["disk"] = sampler.disk
     walls["disk_parts"] = sampler.disk_parts
+    walls["beside"], walls["beside_parts"] = sampler.beside, sampler.beside_parts
     if seen != lines:
         raise SystemExit(f"{tag}: {seen} output lines, expected {lines}")
     client.files.delete(batch.output_file_id)  # the next run's disk mark starts from the same floor
@@ -226,6 +238,8 @@ def _report(name: str, w: dict[str, Any]) -> None:
     print(f"    disk high-water {w['disk'] / MB:,.1f} MB: input {mb:,.1f} + output {w['output_bytes'] / MB:,.1f}"
           f" + {beside / MB:,.1f} MB beside them; at the mark: "
           + ", ".join(f"{name} {size / MB:,.1f}" for name, size in sorted(w["disk_parts"].items()) if size))
+    print(f"    beside them at most {w['beside'] / MB:,.1f} MB at any time: "
+          + ", ".join(f"{name} {size / MB:,.1f}" for name, size in sorted(w["beside_parts"].items()) if size))
 
 
 def main() -> None:
@@ -270,7 +284,8 @@ def _bench(args: argparse.Namespace, root: Path) -> None:
         print(f"    {role:11} {rss / 2**20:8.0f} MiB against {was / 2**20 if was else 0:8.0f} MiB  {ratio}")
     per_line = args.shard_size / max(large["lines"], 1)
     beside = large["disk"] - large["bytes"] - large["output_bytes"]
-    print(f"  disk beside input and output: {beside / MB:,.1f} MB; one shard's output is about "
+    print(f"  disk beside input and output: {beside / MB:,.1f} MB at the mark, {large['beside'] / MB:,.1f} MB at "
+          f"most at any time; one shard's output is about "
           f"{large['output_bytes'] * per_line / MB:,.2f} MB, its input {large['bytes'] * per_line / MB:,.2f} MB")
 
 
