@@ -26,8 +26,8 @@ from gateway.domain import BatchRequest, Endpoint
 from gateway.errors import LineCode, LineError
 from gateway.lines.output_check import wanted
 from gateway.lines.tokens import TokenCounter, counter_for, output_bound, price_map, price_names
-from gateway.pipeline.plan import OneThread, chunks
-from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, line_failure
+from gateway.pipeline.plan import OneThread
+from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, chunks, line_failure
 from gateway.store.protocols import Blobs
 from gateway.store.splitter import Overlong, split_lines
 

@@ -32,7 +32,7 @@ from gateway.json_codec import dumps
 from gateway.log_safe import escaped
 from gateway.pipeline.seen_ids import SeenIds
 from gateway.pipeline.shard_input import RunsWriter
-from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, line_failure
+from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, chunks, line_failure
 from gateway.store.blobs.keys import shard_requests_key, shard_results_key
 from gateway.store.protocols import Blobs, BlobWriter
 from gateway.store.splitter import Overlong, split_lines
@@ -96,21 +96,6 @@ class _Discard(Exception):
 Checked = BatchRequest | LineError | LineProblem
 # A checked line: its number, what the check made of it, and its bytes [start, end) in the input file.
 Placed = tuple[int, Checked, int, int]
-_CHUNK_LINES, _CHUNK_BYTES = 2_000, 1 << 20  # lines checked per thread hop (whichever comes first)
-
-
-async def chunks(lines: AsyncIterator[bytes | Overlong]) -> AsyncIterator[list[bytes | Overlong]]:
-    """The lines in lists of `_CHUNK_LINES` or `_CHUNK_BYTES` (whichever comes first): one thread hop each."""
-    chunk: list[bytes | Overlong] = []
-    size = 0
-    async for raw in lines:
-        chunk.append(raw)
-        size += len(raw) if isinstance(raw, bytes) else 0
-        if len(chunk) >= _CHUNK_LINES or size >= _CHUNK_BYTES:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
 
 
 class OneThread:

@@ -80,9 +80,9 @@ class RunsWriter:
 
 async def read_requests(blobs: Blobs, shard: Shard) -> list[BatchRequest] | None:
     """The shard's requests in input order; None when its blob is gone (the shard was sealed)."""
-    key = shard_requests_key(shard)
-    lines = [raw async for raw in read_lines(blobs, key) if raw] if await blobs.size(key) is not None else None
-    if lines is None:
+    try:  # read at once, not sized first: one request of the store per shard, not two
+        lines = [raw async for raw in read_lines(blobs, shard_requests_key(shard)) if raw]
+    except FileNotFoundError:
         return None
     if not lines or not lines[0].startswith(FORM + b" "):  # a shard planned before runs: its requests themselves
         return [BatchRequest.from_json(loads(raw)) for raw in lines]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterable, Collection, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ import orjson
 
 from gateway.config.routes import Route
 from gateway.config.schema import Config
-from gateway.config.urls import normalise_url
+from gateway.config.urls import NormalisedUrl, normalise_url
 from gateway.config.wildcards import is_pattern, team_allows
 from gateway.domain import BatchRequest, Endpoint
 from gateway.errors import LineCode, LineError, shown
@@ -88,9 +88,7 @@ class LineChecker:
         limit = self._config.batch.limits.max_line_bytes
         if isinstance(raw, Overlong):
             return LineError(LineCode.INVALID_REQUEST, f"line is {raw.size} bytes; the limit is {limit}", line)
-        if line == 1 and raw.startswith(_BOM):
-            raw = raw[len(_BOM):]
-        raw = raw.rstrip(b"\r")
+        raw = _bare(raw, line)
         if not raw.strip():
             return None
         if len(raw) > limit:
@@ -130,11 +128,10 @@ class LineChecker:
             if self.first_repeat is None:
                 self.first_repeat = (custom_id, line)
 
-        model = body.get("model")
         normal = normalise_url(url)
-        if normal is not None and normal.deployment and model is None:
-            body = {**body, "model": normal.deployment}
-            model = normal.deployment
+        if normal is not None:
+            body = _deployed(body, normal)
+        model = body.get("model")
         model_str = model if isinstance(model, str) else ""
 
         def problem(code: LineCode, message: str, param: str) -> LineProblem:
@@ -181,18 +178,25 @@ class LineChecker:
         return BatchRequest(line=line, custom_id=custom_id, url=normal.endpoint, body=body)
 
 
+def _bare(raw: bytes, line: int) -> bytes:
+    """A line as it is read: without the file's BOM (on line 1) and a `\r` before its newline."""
+    return (raw.removeprefix(_BOM) if line == 1 else raw).rstrip(b"\r")
+
+
+def _deployed(body: dict[str, Any], normal: NormalisedUrl) -> dict[str, Any]:
+    """`body`, with the model an Azure deployment url names when the body names none."""
+    return {**body, "model": normal.deployment} if normal.deployment and body.get("model") is None else body
+
+
 def request_of(raw: bytes, line: int) -> BatchRequest:
-    """The request of a line `LineChecker.check` passed, rebuilt from its bytes as the check built it: the
-    shard runner reads its lines from the input file (`gateway.pipeline.shard_input`), not from a copy. Only
-    for such a line: nothing is checked again."""
-    if line == 1:
-        raw = raw.removeprefix(_BOM)
-    data = loads_checked(raw.rstrip(b"\r"), None)  # the same value the check read (long integers exact)
-    body, normal = data["body"], normalise_url(data["url"])
+    """The request of a line `LineChecker.check` passed, rebuilt from its bytes as the check built it (the
+    same `_bare` and `_deployed`): the shard runner reads its lines from the input file
+    (`gateway.pipeline.shard_input`), not from a copy. Only for such a line: nothing is checked again."""
+    data = loads_checked(_bare(raw, line), None)  # the same value the check read (long integers exact)
+    normal = normalise_url(data["url"])
     assert normal is not None, "only a line the checker passed"
-    if normal.deployment and body.get("model") is None:
-        body = {**body, "model": normal.deployment}
-    return BatchRequest(line=line, custom_id=data["custom_id"], url=normal.endpoint, body=body)
+    return BatchRequest(line=line, custom_id=data["custom_id"], url=normal.endpoint,
+                        body=_deployed(data["body"], normal))
 
 
 def line_route(config: Config, raw: bytes | Overlong) -> str | None:
@@ -227,10 +231,24 @@ def count_routes(config: Config, lines: Iterable[bytes | Overlong]) -> Counter[s
     return counts
 
 
-_COUNT_LINES, _COUNT_BYTES = 2_000, 1 << 20  # lines parsed for their route per thread hop (at create)
+_CHUNK_LINES, _CHUNK_BYTES = 2_000, 1 << 20  # lines checked (or counted) per thread hop (whichever comes first)
 
 
-async def count_lines(config: Config, chunks: AsyncIterable[bytes], per_model: bool) -> tuple[int, dict[str, int]]:
+async def chunks(lines: AsyncIterable[bytes | Overlong]) -> AsyncIterator[list[bytes | Overlong]]:
+    """The lines in lists of `_CHUNK_LINES` or `_CHUNK_BYTES` (whichever comes first): one thread hop each."""
+    chunk: list[bytes | Overlong] = []
+    size = 0
+    async for raw in lines:
+        chunk.append(raw)
+        size += len(raw) if isinstance(raw, bytes) else 0
+        if len(chunk) >= _CHUNK_LINES or size >= _CHUNK_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+async def count_lines(config: Config, data: AsyncIterable[bytes], per_model: bool) -> tuple[int, dict[str, int]]:
     """A file's lines (a blank line counts too), and with `per_model` its lines per route, streamed (a
     create's quotas count them). Without `per_model` the lines are counted in C and none is parsed. With it
     each is parsed, in a thread (off the API's loop), for the route it names as validation resolves it
@@ -238,21 +256,13 @@ async def count_lines(config: Config, chunks: AsyncIterable[bytes], per_model: b
     route or is over `max_line_bytes` (cut off as it is read) counts for none: validation refuses it later."""
     if not per_model:
         count, last = 0, b"\n"
-        async for chunk in chunks:
+        async for chunk in data:
             count += chunk.count(b"\n")
             last = chunk[-1:] or last
         return count + (last != b"\n"), {}
     lines = 0
     by_model: Counter[str] = Counter()
-    batch: list[bytes | Overlong] = []
-    size = 0
-    async for raw in split_lines(chunks, config.batch.limits.max_line_bytes + LINE_SLACK):
-        lines += 1
-        batch.append(raw)
-        size += len(raw) if isinstance(raw, bytes) else 0
-        if len(batch) >= _COUNT_LINES or size >= _COUNT_BYTES:
-            by_model.update(await asyncio.to_thread(count_routes, config, batch))
-            batch, size = [], 0
-    if batch:
+    async for batch in chunks(split_lines(data, config.batch.limits.max_line_bytes + LINE_SLACK)):
+        lines += len(batch)
         by_model.update(await asyncio.to_thread(count_routes, config, batch))
     return lines, dict(by_model)
