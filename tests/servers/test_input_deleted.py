@@ -14,18 +14,12 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import Gateway, chat_line, gateway_config, jsonl, start_gateway, wait_batch
 from tests.support.waiting import eventually
 
 KEY = "sk-deleted-alpha"
 LINES = 8
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from openai import AzureOpenAI
 
 from gateway.store.blobs import composed
 from gateway.store.blobs.s3 import S3Blobs
-from tests.fakes.upstream.server import Upstream, start_upstream
+from tests.fakes.upstream.server import Upstream
 from tests.support.server_helpers import (
     API_VERSION,
     Gateway,
@@ -38,12 +38,6 @@ from tests.support.waiting import eventually
 ALPHA, BETA, GAMMA = "sk-up-alpha", "sk-up-beta", "sk-up-gamma"
 GAMMA_STORAGE = 4_000
 BIG = 50_001  # lines of the batch past OpenAI's 50,000
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with start_upstream() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
