@@ -1,8 +1,8 @@
 """Sealing shards and merging them into the output files, in input order.
 
 `seal_shard` turns one shard's journal into a results blob sorted by line
-(memory: one shard), and deletes the shard's blob of lines
-(`gateway.pipeline.shard_input`). `merge_shards` k-way merges the sealed shards by line
+(memory: one shard), reading its requests where its lines are in the input
+(`gateway.pipeline.shard_input`) when it has none in hand. `merge_shards` k-way merges the sealed shards by line
 number into the output file and, optionally, a separate error file (memory:
 one line per shard), in segments, deleting each shard's results once they are merged (disk: the output and
 about one segment beside it), resumable after a crash (`gateway.pipeline.checkpoint`).
@@ -54,11 +54,11 @@ async def seal_shard(
     if await blobs.size(shard_results_key(shard)) is not None:  # sealed already (or a shard of answered lines)
         if shard.route:  # the blob written, then a crash before the seal: seal it (idempotent). The finalizer
             await store.ledger.drop_journal(shard)  # counts on it: no result counts (or costs) after its seal
-            await blobs.delete(shard_requests_key(shard))
+            await blobs.delete(shard_requests_key(shard))  # an earlier version's blob of the shard's lines
         return
     if requests is None:
         requests = await read_requests(blobs, shard)
-        if requests is None:  # neither its results nor its requests: sealed and merged already
+        if requests is None:  # no results, and its lines are gone or merged: sealed and merged already
             return
     done = {r.line: r for r in await store.ledger.journal(shard)}
     unrun = [r for r in requests if r.line not in done]
@@ -75,8 +75,8 @@ async def seal_shard(
         for req in requests:
             await writer.write(dumps(done[req.line].to_json()) + b"\n")
     await store.ledger.drop_journal(shard)
-    # Nothing reads a sealed shard's lines (its results blob says it is done): its blob goes now, not with the
-    # batch (`advance_merge` takes a shard whose blob is gone for sealed).
+    # A shard planned by an earlier version has a blob of its own (`shard_input`): it goes now, not with the
+    # batch. The batch's one blob of shard lines stays until the batch ends.
     await blobs.delete(shard_requests_key(shard))
 
 

@@ -1,11 +1,12 @@
 """Validate and plan: one streamed pass over the input file.
 
-Each good line is appended to the open shard of its route; a shard is sealed
-when it holds `shard_size` requests. A shard's blob names its lines where they are
-in the input file (`gateway.pipeline.shard_input`): no copy of the input is made.
-Lines answered in place (the CLI's lenient mode) go, in input order, to a
-pre-finished shard of results. Memory holds one open shard writer per route and
-the custom_ids (on disk past a threshold: `gateway.pipeline.seen_ids`), never lines.
+Each good line is appended to the open shard of its route; a shard is full
+when it holds `shard_size` requests. The batch's one blob of shard lines names
+each shard's lines where they are in the input file (`gateway.pipeline.shard_input`):
+no copy of the input is made. Lines answered in place (the CLI's lenient mode) go,
+in input order, to a pre-finished shard of results. Memory holds each open shard's
+runs (one route's), each shard's place in the blob and the custom_ids (on disk past
+a threshold: `gateway.pipeline.seen_ids`), never lines.
 
 `plan_batch` plans one `PlanJob`: plain data in and out (`PlanOutcome`), so the
 API's runtime runs it in a process of its own (`gateway.runtime.validation_processes`)
@@ -31,9 +32,9 @@ from gateway.errors import LINE_HTTP_STATUS, LineCode, LineError
 from gateway.json_codec import dumps
 from gateway.log_safe import escaped
 from gateway.pipeline.seen_ids import SeenIds
-from gateway.pipeline.shard_input import RunsWriter
+from gateway.pipeline.shard_input import LinesWriter, ShardRuns
 from gateway.pipeline.validate import LINE_SLACK, LineChecker, LineProblem, chunks, line_failure
-from gateway.store.blobs.keys import shard_requests_key, shard_results_key
+from gateway.store.blobs.keys import shard_lines_key, shard_results_key
 from gateway.store.protocols import Blobs, BlobWriter
 from gateway.store.splitter import Overlong, split_lines
 
@@ -73,7 +74,8 @@ class PlanJob:
 
 
 async def plan_batch(config: Config, blobs: Blobs, job: PlanJob) -> PlanOutcome:
-    """Validate the job's input file into shard blobs, streamed; the outcome says what was written."""
+    """Validate the job's input file into shards (their lines' places, a blob of results of lines answered in
+    place), streamed; the outcome says what was written."""
     planner = Planner(config, blobs, job.batch_id, job.input_key, endpoint=job.endpoint, strict=job.strict,
                       allowed_models=job.allowed_models, max_lines=job.max_lines)
     # A line is cut off while it is read, once it passes the limit: it never sits whole in memory.
@@ -84,13 +86,11 @@ async def plan_batch(config: Config, blobs: Blobs, job: PlanJob) -> PlanOutcome:
 @dataclass(slots=True)
 class _OpenShard:
     shard: Shard
-    writer: BlobWriter
-    written: contextlib.AsyncExitStack  # closing it commits the shard's blob (see `Planner._new_shard`)
-    runs: RunsWriter | None  # where a route's shard names its lines (the answered shard holds results)
+    runs: ShardRuns  # where its lines are in the input
 
 
 class _Discard(Exception):
-    """The plan failed: leave the writing block so that every open shard's blob is aborted."""
+    """The plan failed: leave the writing block so that the blobs it was writing are aborted."""
 
 
 Checked = BatchRequest | LineError | LineProblem
@@ -137,35 +137,21 @@ class Planner:
             config, endpoint=endpoint, allowed_models=allowed_models, allow_duplicates=run_batch_rules, seen=seen
         )
         self._open: dict[str, _OpenShard] = {}
-        self._answered: _OpenShard | None = None
+        self._answered: Shard | None = None  # the shard of lines answered in place, and its results' writer
+        self._answered_writer: BlobWriter | None = None
+        self._lines: LinesWriter | None = None  # the batch's blob of shard lines, while the plan writes it
         self._next_index = 0
         self._wildcard_models: set[str] = set()  # concrete models of wildcard routes the batch names so far
         self._wildcard_per_route: dict[str, int] = {}  # of them, per pattern
-        # Each open shard's blob, by shard index: committed when the plan ends, aborted when it fails. A shard
-        # committed mid-file leaves it, so that a file of thousands of shards holds no entry for each.
-        self._unsealed: dict[int, contextlib.AsyncExitStack] = {}
+        # The blobs the plan writes: committed when it ends, aborted when it fails (`plan`).
+        self._writing: contextlib.AsyncExitStack | None = None
         self._checking = OneThread()
         self.outcome = PlanOutcome()
 
-    async def _new_shard(self, route: str) -> _OpenShard:
+    def _new_shard(self, route: str) -> Shard:
         shard = Shard(self._batch_id, self._next_index, route, 0)
         self._next_index += 1
-        key = shard_results_key(shard) if route == "" else shard_requests_key(shard)
-        # Each shard's blob has its own exit stack: a full shard is committed mid-file by closing it,
-        # and `_end_unsealed` ends the rest when the plan ends.
-        written = contextlib.AsyncExitStack()
-        writer = await written.enter_async_context(self._blobs.writing(key))
-        self._unsealed[shard.index] = written
-        return _OpenShard(shard, writer, written, RunsWriter(writer, self._input_key) if route else None)
-
-    async def _end_unsealed(self, *exc_info: Any) -> bool | None:
-        """Leave every open shard's blob as a plan's block is left: committed, or aborted on an exception
-        (each sees it, newest first, as one exit stack holding them all would)."""
-        stacks = contextlib.AsyncExitStack()
-        for written in self._unsealed.values():
-            stacks.push_async_exit(written)
-        self._unsealed.clear()
-        return await stacks.__aexit__(*exc_info)
+        return shard
 
     def _fail(self, error: LineError) -> None:
         self.outcome.error_count += 1
@@ -175,24 +161,25 @@ class Planner:
     async def plan(self, lines: AsyncIterator[bytes | Overlong]) -> PlanOutcome:
         try:
             async with contextlib.AsyncExitStack() as writing:
-                writing.push_async_exit(self._end_unsealed)
+                self._writing = writing
+                lines_writer = await writing.enter_async_context(self._blobs.writing(shard_lines_key(self._batch_id)))
+                self._lines = LinesWriter(lines_writer, self._input_key)
                 await self._read(lines)
                 if self.outcome.failed:
                     raise _Discard
-                # Leaving the block commits the shards still open, their last runs written.
+                # The shards still open, then the index; leaving the block commits the blobs.
                 for open_ in self._open.values():
-                    if open_.runs is not None:
-                        await open_.runs.close()
+                    await self._lines.add(open_.shard.index, open_.runs)
                     self.outcome.shards.append(open_.shard)
-                if self._answered is not None:
-                    self.outcome.answered = self._answered.shard
+                await self._lines.close(self._next_index)
+                self.outcome.answered = self._answered
         except _Discard:
             pass
         finally:  # a plan that stops early (a failed file, an error, a cancel) frees the ids' disk too
             self._checking.close()
             self._checker.close()
+            self._writing = self._lines = self._answered_writer = self._answered = None
         self._open.clear()
-        self._answered = None
         self.outcome.shards.sort(key=lambda s: s.index)
         return self.outcome
 
@@ -284,15 +271,13 @@ class Planner:
             return  # keep validating, but stop writing shards nobody will run
         open_ = self._open.get(route)
         if open_ is None:
-            open_ = self._open[route] = await self._new_shard(route)
-        assert open_.runs is not None  # a route's shard
-        await open_.runs.add(line, start, end)
+            open_ = self._open[route] = _OpenShard(self._new_shard(route), ShardRuns())
+        open_.runs.add(line, start, end)
         open_.shard.size += 1
         if open_.shard.size >= self._config.batch.shard_size:
             del self._open[route]
-            del self._unsealed[open_.shard.index]
-            await open_.runs.close()
-            await open_.written.aclose()
+            assert self._lines is not None  # set while the plan reads
+            await self._lines.add(open_.shard.index, open_.runs)
             self.outcome.shards.append(open_.shard)
 
     async def _answer(self, problem: LineProblem) -> None:
@@ -306,8 +291,11 @@ class Planner:
             param=(problem.error.param or "").removeprefix("body.") or None
             if problem.error.code in (LineCode.MISSING_REQUIRED_PARAMETER, LineCode.INVALID_TYPE) else None,
         )
-        if self._answered is None:
-            self._answered = await self._new_shard("")
-        await self._answered.writer.write(dumps(result.to_json()) + b"\n")
-        self._answered.shard.size += 1
+        if self._answered is None or self._answered_writer is None:
+            assert self._writing is not None  # set while the plan reads
+            self._answered = self._new_shard("")
+            self._answered_writer = await self._writing.enter_async_context(
+                self._blobs.writing(shard_results_key(self._answered)))
+        await self._answered_writer.write(dumps(result.to_json()) + b"\n")
+        self._answered.size += 1
         self.outcome.answered_statuses[str(status)] += 1

@@ -41,7 +41,7 @@ from gateway.pipeline.output_reruns import OutputReruns
 from gateway.pipeline.shard_input import read_requests
 from gateway.scheduling.fairness import DEFAULT_WEIGHT, Share, running_for, stop_sending
 from gateway.scheduling.pacing import Pacer, pacing_with
-from gateway.store.blobs.keys import shard_requests_key, shard_results_key
+from gateway.store.blobs.keys import shard_results_key
 from gateway.store.faults import Pause, machine_fault
 from gateway.store.protocols import Blobs, Queue, Store
 from gateway.store.records import BatchRecord, Delivery
@@ -208,10 +208,9 @@ class ShardRunner:
 
     async def run_shard(self, shard: Shard, attempt: int | None = None) -> None:
         """Run a shard's unfinished requests, seal it, and finalize the batch if it was the last."""
-        if await self.blobs.size(shard_results_key(shard)) is not None \
-                or await self.blobs.size(shard_requests_key(shard)) is None:
-            # Sealed before a crash (only the bookkeeping is left), or sealed and merged already (its requests
-            # went at the seal, its results at the merge: a worker taken for dead that claims it again).
+        if await self.blobs.size(shard_results_key(shard)) is not None:
+            # Sealed before a crash: only the bookkeeping is left. (Sealed and merged already, a worker taken for
+            # dead that claims it again: `read_requests` says so in `_run`, from the merge's checkpoint.)
             await self._finish_shard(shard)
             return
         batch = await self.store.batches.get(shard.batch_id)

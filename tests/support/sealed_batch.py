@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result, Shard
+from gateway.domain import BatchStatus, Result, Shard
 from gateway.json_codec import dumps, loads
 from gateway.pipeline.merge import SEGMENT_BYTES, seal_shard
-from gateway.store.blobs.keys import shard_requests_key
+from gateway.pipeline.shard_input import LinesWriter, ShardRuns
+from gateway.store.blobs.keys import shard_lines_key
 from gateway.store.protocols import Blobs
 from gateway.store.records import BatchRecord, RequestCounts
 from gateway.store.splitter import read_lines
@@ -39,15 +40,34 @@ async def sealed_batch(tmp_path: Path, blobs: Blobs, layout: list[tuple[str, lis
     await store.ledger.put_shards(BATCH, shards)
     total = sum(len(lines) for _, lines in layout)
     await store.batches.update(BATCH, {"counts": RequestCounts(total=total), "shards_total": len(shards)})
+    await plan_lines(blobs, BATCH, [lines for _, lines in layout])
     for shard, (_, lines) in zip(shards, layout, strict=True):
-        async with blobs.writing(shard_requests_key(shard)) as writer:
-            for line in lines:
-                await writer.write(dumps(BatchRequest(line, f"c{line}", Endpoint.CHAT, {"model": "m"}).to_json())
-                                   + b"\n")
         if shard.index not in open_shards:
             await answer(store, blobs, shard, lines)
             await store.ledger.finish_shard(shard)
     return store, shards
+
+
+async def plan_lines(blobs: Blobs, batch_id: str, shard_lines: list[list[int]]) -> None:
+    """What the planner writes for shards of these lines (`shard_input`): an input file of lines 1…n, each a
+    request to model `m` with custom_id `c{line}`, and the batch's blob of where each shard's lines are."""
+    total = max(line for lines in shard_lines for line in lines)
+    raws = [dumps({"custom_id": f"c{line}", "method": "POST", "url": "/v1/chat/completions",
+                   "body": {"model": "m"}}) for line in range(1, total + 1)]
+    starts = [0]
+    for raw in raws:
+        starts.append(starts[-1] + len(raw) + 1)
+    input_key = f"files/input-{batch_id}"
+    async with blobs.writing(input_key) as writer:
+        await writer.write(b"".join(raw + b"\n" for raw in raws))
+    async with blobs.writing(shard_lines_key(batch_id)) as writer:
+        places = LinesWriter(writer, input_key)
+        for index, lines in enumerate(shard_lines):
+            runs = ShardRuns()
+            for line in lines:
+                runs.add(line, starts[line - 1], starts[line] - 1)
+            await places.add(index, runs)
+        await places.close(len(shard_lines))
 
 
 async def answer(store: SQLiteStore, blobs: Blobs, shard: Shard, lines: list[int]) -> None:

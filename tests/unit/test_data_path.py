@@ -17,7 +17,7 @@ from gateway.json_codec import loads
 from gateway.pipeline.merge import seal_shard
 from gateway.pipeline.plan import Planner
 from gateway.store.blobs.directory import LocalBlobs
-from gateway.store.blobs.keys import shard_requests_key, shard_results_key
+from gateway.store.blobs.keys import shard_lines_key, shard_results_key
 from gateway.store.records import BatchRecord
 from gateway.store.splitter import read_lines
 from gateway.store.sqlite.store import SQLiteStore
@@ -55,10 +55,10 @@ async def test_a_failed_plan_writes_no_shard_and_counts_nothing(tmp_path: Path) 
     planner = Planner(CONFIG, blobs, "batch_f", "files/in", endpoint=Endpoint.CHAT, strict=False, allowed_models=None)
     outcome = await planner.plan(_lines(_request(1), _request(2), _request(3), _request(4, "nope"), "not json"))
     assert outcome.failed and outcome.answered is None
-    # the full shard was committed as it filled; the open one and the answered lines were aborted
-    assert [s.size for s in outcome.shards] == [2]
-    assert await blobs.size(shard_requests_key(Shard("batch_f", 1, "gpt-mini", 0))) is None
+    # the blob of the shards' lines (a full one among them) and the answered lines were aborted: nothing written
+    assert await blobs.size(shard_lines_key("batch_f")) is None
     assert await blobs.size(shard_results_key(Shard("batch_f", 2, "", 0))) is None
+    assert not (tmp_path / "blobs").exists() or not any(p.is_file() for p in (tmp_path / "blobs").rglob("*"))
 
 
 async def test_seal_takes_the_requests_its_runner_parsed(tmp_path: Path) -> None:

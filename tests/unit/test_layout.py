@@ -41,8 +41,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("gateway.cli",),
 ]
 # The pipeline's stages in the order a batch meets them: a stage imports only earlier ones, even lazily.
-STAGES = ["batch_params", "lifecycle", "seen_ids", "validate", "shard_input", "plan", "input_files",
-          "batch_service", "uploads", "message_batch_create", "checkpoint", "merge", "output_reruns", "shard_runner",
+STAGES = ["batch_params", "lifecycle", "seen_ids", "validate", "checkpoint", "shard_input", "plan", "input_files",
+          "batch_service", "uploads", "message_batch_create", "merge", "output_reruns", "shard_runner",
           "finalizer", "sweeper"]
 
 

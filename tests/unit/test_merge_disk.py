@@ -20,8 +20,16 @@ from gateway.domain import Result
 from gateway.json_codec import loads
 from gateway.pipeline.checkpoint import load
 from gateway.pipeline.finalizer import Finalizer
+from gateway.pipeline.merge import seal_shard
+from gateway.pipeline.shard_input import read_requests
 from gateway.store.blobs.directory import LocalBlobs
-from gateway.store.blobs.keys import file_key, merge_checkpoint_key, shard_requests_key, shard_results_key
+from gateway.store.blobs.keys import (
+    file_key,
+    merge_checkpoint_key,
+    shard_lines_key,
+    shard_requests_key,
+    shard_results_key,
+)
 from gateway.store.sqlite.coordination import SQLiteCoordination
 from gateway.store.sqlite.store import SQLiteStore
 from tests.support.sealed_batch import BATCH, SHARDS, answer, output_ids, sealed_batch
@@ -38,8 +46,10 @@ async def test_a_completed_batch_leaves_no_working_blobs_and_no_rows_per_line(tm
     store, shards = await sealed_batch(tmp_path, blobs)
     coordination = SQLiteCoordination(tmp_path / "c.sqlite3", holder="test")
     try:
-        # Sealed: no shard's requests are kept, and the store's result log holds none of their results.
+        # Sealed: no copy of a shard's lines (one small blob says where they are in the input, 6 shards in under
+        # 1 KB), and the store's result log holds none of their results.
         assert [await blobs.size(shard_requests_key(s)) for s in shards] == [None] * SHARDS
+        assert 0 < (await blobs.size(shard_lines_key(BATCH)) or 0) < 1024
         assert _rows_left(tmp_path / "s.sqlite3") == {"journal": 0, "results_seq": 0, "sealed_seqs": SHARDS}
         await Finalizer(store, blobs, coordination, lambda route: None).finalize(BATCH)
         assert await output_ids(store, blobs) == [f"c{line}" for line in range(1, 13)]
@@ -85,6 +95,12 @@ async def test_a_running_batch_merges_its_sealed_shards_up_to_the_first_one_stil
         assert state.merged == {0, 1} and state.read == {}
         assert state.summary["n_out"] == 4
         assert [await blobs.size(shard_results_key(s)) is None for s in shards[:4]] == [True, True, True, False]
+        # A merged shard's lines read as gone (the checkpoint says so), though the blob naming them stays: a
+        # worker taken for dead that runs it again, or gives it up, neither runs nor seals it again.
+        assert await read_requests(blobs, shards[0]) is None
+        assert [r.line for r in await read_requests(blobs, shards[2]) or []] == [5, 7]
+        await seal_shard(store, blobs, shards[0], missing=("batch_failed", "given up"))
+        assert await blobs.size(shard_results_key(shards[0])) is None
         # Shard 3 finishing merges nothing: shard 2 still holds line 5, before any of shard 3's.
         await finalizer.finish_shard(shards[3])
         assert (await load(blobs, merge_checkpoint_key(BATCH))).segments == state.segments

@@ -16,18 +16,20 @@ from pathlib import Path
 
 import pytest
 
-from gateway.domain import BatchRequest, BatchStatus, Endpoint, Result, Shard
+from gateway.domain import BatchStatus, Result, Shard
 from gateway.errors import InvalidRequest
 from gateway.finished.results import Cursor, results_page
-from gateway.json_codec import dumps, loads
+from gateway.json_codec import loads
 from gateway.pipeline.finalizer import Finalizer
 from gateway.pipeline.merge import seal_shard
+from gateway.pipeline.shard_input import read_requests
 from gateway.store.blobs.directory import LocalBlobs
-from gateway.store.blobs.keys import order_key, shard_requests_key, shard_results_key
+from gateway.store.blobs.keys import order_key, shard_results_key
 from gateway.store.order_index import read_entries
 from gateway.store.records import BatchRecord, RequestCounts
 from gateway.store.sqlite.coordination import SQLiteCoordination
 from gateway.store.sqlite.store import SQLiteStore
+from tests.support.sealed_batch import plan_lines
 
 BATCH = "batch_r"
 
@@ -45,18 +47,14 @@ async def _page(store: SQLiteStore, blobs: LocalBlobs, after: str | None, limit:
 
 
 async def _running_batch(store: SQLiteStore, blobs: LocalBlobs) -> list[Shard]:
-    """A running batch of two shards (lines 1-3, 4-6) on route `m`, with the planner's requests blobs (the
-    finalizer reads the lines that never ran there)."""
+    """A running batch of two shards (lines 1-3, 4-6) on route `m`, with its input and the planner's blob of
+    where the shards' lines are (the finalizer reads the lines that never ran there)."""
     await store.batches.put(BatchRecord(id=BATCH, owner="team", endpoint="/v1/chat/completions",
                                         input_file_id="file_x", completion_window="24h",
                                         status=BatchStatus.IN_PROGRESS, created_at=1, expires_at=10**10))
     shards = [Shard(BATCH, 0, "m", 3), Shard(BATCH, 1, "m", 3)]
     await store.ledger.put_shards(BATCH, shards)
-    for shard in shards:
-        async with blobs.writing(shard_requests_key(shard)) as writer:
-            for line in range(3 * shard.index + 1, 3 * shard.index + 4):
-                request = BatchRequest(line, f"c{line}", Endpoint.CHAT, {"model": "m"})
-                await writer.write(dumps(request.to_json()) + b"\n")
+    await plan_lines(blobs, BATCH, [[1, 2, 3], [4, 5, 6]])
     await store.batches.update(BATCH, {"counts": RequestCounts(total=6), "shards_total": 2})
     return shards
 
@@ -106,11 +104,10 @@ async def test_a_sealed_shards_results_leave_the_store_and_pages_read_them_from_
         for shard, line, status in ((shards[0], 2, 200), (shards[1], 5, 500), (shards[0], 1, 200), (shards[0], 3, 200)):
             await store.ledger.record_results(shard, [_result(line, status)])  # seq 1, 2, 3, 4
         await seal_shard(store, blobs, shards[0], missing=None)
-        # The store keeps only the unsealed shard's result; the sealed one's requests blob is gone too.
+        # The store keeps only the unsealed shard's result; its lines are still where they are in the input.
         assert [(r.seq, r.line) for r in await store.ledger.logged(BATCH, 0, 10)] == [(2, 5)]
         assert await store.ledger.sealed_seqs(BATCH) == {0: (1, 4)}
-        assert await blobs.size(shard_requests_key(shards[0])) is None
-        assert await blobs.size(shard_requests_key(shards[1])) is not None
+        assert [r.line for r in await read_requests(blobs, shards[1]) or []] == [4, 5, 6]
         # The pages are the same as if the log held them all: by seq, across the log and the shard's blob.
         assert await _page(store, blobs, None, 2) == (["oc2", "ec5"], "2", True)
         assert await _page(store, blobs, "2", 10) == (["oc1", "oc3"], "4", False)

@@ -5,10 +5,12 @@ checker made of them.
   lines, long integers, non-ASCII text and lines answered in place, in shards of three over routes that
   alternate: each shard's requests, read back from the input (a plain blob, or an Upload's parts cut
   mid-line), are the checker's, in input order.
-- A shard's blob is runs of lines, not their bytes: a file of one model is one run per shard.
+- A batch's shards share one blob of runs of lines, not their bytes: a file of one model is one run per shard,
+  and no shard has a blob of its own.
 - A gap of other routes' lines over `GAP_BYTES` is skipped by a ranged read of its own, not read through.
-- An input cut short of a shard's lines is an error, never a short shard; a shard planned before runs (its
-  requests themselves) is read as it is; a sealed shard (its blob gone) reads as None.
+- An input cut short of a shard's lines is an error, never a short shard; a shard merged (the merge's
+  checkpoint says so) reads as None, its lines still named; the forms of earlier versions (a blob per shard
+  of its runs, or of its requests themselves) are read as they are, and as None once that blob is gone.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import pytest
 from gateway.config.endpoints import ENDPOINTS
 from gateway.config.schema import parse_config
 from gateway.domain import BatchRequest, Endpoint, Shard
+from gateway.pipeline import checkpoint
 from gateway.pipeline.plan import PlanJob, plan_batch
-from gateway.pipeline.shard_input import FORM, GAP_BYTES, InputChanged, first_line, read_requests
+from gateway.pipeline.shard_input import FORM, FORM_PER_SHARD, GAP_BYTES, InputChanged, first_line, read_requests
 from gateway.pipeline.validate import LineChecker
 from gateway.store.blobs.directory import LocalBlobs
-from gateway.store.blobs.keys import shard_requests_key
+from gateway.store.blobs.keys import batch_prefix, merge_checkpoint_key, shard_lines_key, shard_requests_key
 from gateway.store.protocols import Blobs
 from tests.support.services import shared_config
 
@@ -131,7 +134,7 @@ def _chat(i: int, model: str, pad: int = 0) -> bytes:
                        "body": {"model": model, "messages": [{"role": "user", "content": "x" * pad}]}}).encode()
 
 
-async def test_a_file_of_one_model_is_one_run_per_shard(tmp_path: Path) -> None:
+async def test_a_file_of_one_model_is_one_run_per_shard_in_one_blob(tmp_path: Path) -> None:
     blobs = LocalBlobs(tmp_path / "blobs")
     data = b"\n".join(_chat(i, "gpt-mini", 500) for i in range(10)) + b"\n"
     async with blobs.writing("files/one") as writer:
@@ -139,11 +142,15 @@ async def test_a_file_of_one_model_is_one_run_per_shard(tmp_path: Path) -> None:
     outcome = await plan_batch(CONFIG, blobs, PlanJob("batch_o", "files/one", endpoint=Endpoint.CHAT, strict=True,
                                                       allowed_models=None))
     assert [s.size for s in outcome.shards] == [3, 3, 3, 1]
-    for shard in outcome.shards:
-        blob = b"".join([c async for c in blobs.read(shard_requests_key(shard))])
-        header, *runs = blob.splitlines()
-        assert header == FORM + b" files/one" and len(runs) == 1  # a few dozen bytes, against 3 lines of 500
-        assert len(blob) < 60
+    blob = b"".join([c async for c in blobs.read(shard_lines_key("batch_o"))])
+    header, *rest = blob.splitlines()
+    runs = [line for line in rest if len(line.split()) == 3]
+    assert header == FORM + b" files/one" and len(runs) == 4  # a run a shard: lines 1-3, 4-6, 7-9, 10
+    assert [int(run.split()[0]) for run in runs] == [1, 4, 7, 10]
+    assert len(blob) < 60 + 4 * 30 + 5 * 32  # the form, the runs, an index entry a shard and the trailer
+    kept = sorted(p.relative_to(tmp_path / "blobs").as_posix() for p in (tmp_path / "blobs").rglob("*") if p.is_file())
+    assert kept == [shard_lines_key("batch_o"), "files/one"]
+    assert [await first_line(blobs, shard) for shard in outcome.shards] == [1, 4, 7, 10]
 
 
 async def test_a_long_gap_is_skipped_and_a_cut_input_is_an_error(tmp_path: Path) -> None:
@@ -167,7 +174,29 @@ async def test_a_long_gap_is_skipped_and_a_cut_input_is_an_error(tmp_path: Path)
         await read_requests(blobs, mini)
 
 
-async def test_a_shard_planned_before_runs_and_a_sealed_shard(tmp_path: Path) -> None:
+async def test_a_merged_shard_reads_as_gone_and_its_neighbours_as_they_are(tmp_path: Path) -> None:
+    blobs = LocalBlobs(tmp_path / "blobs")
+    async with blobs.writing("files/six") as writer:
+        await writer.write(b"\n".join(_chat(i, "gpt-mini") for i in range(6)) + b"\n")
+    outcome = await plan_batch(CONFIG, blobs, PlanJob("batch_m", "files/six", endpoint=Endpoint.CHAT, strict=True,
+                                                      allowed_models=None))
+    first, second = outcome.shards
+    await checkpoint.save(blobs, merge_checkpoint_key("batch_m"), checkpoint.MergeCheckpoint(merged={0}))
+    assert await read_requests(blobs, first) is None
+    assert [r.custom_id for r in await read_requests(blobs, second) or []] == ["c3", "c4", "c5"]
+    assert await first_line(blobs, first) == 1  # still where the merge may stop: before it, nothing is open
+    await checkpoint.save(blobs, merge_checkpoint_key("batch_m"), checkpoint.MergeCheckpoint(composed=True))
+    assert await read_requests(blobs, second) is None
+    await blobs.delete_prefix(batch_prefix("batch_m"))  # the batch ended
+    assert await read_requests(blobs, second) is None and await first_line(blobs, second) is None
+    # a shard the plan did not make: an error, not another shard's lines
+    await plan_batch(CONFIG, blobs, PlanJob("batch_n", "files/six", endpoint=Endpoint.CHAT, strict=True,
+                                            allowed_models=None))
+    with pytest.raises(ValueError, match="not among the 2 shards"):
+        await read_requests(blobs, Shard("batch_n", 7, "gpt-mini", 3))
+
+
+async def test_the_forms_of_earlier_versions_and_a_sealed_shard(tmp_path: Path) -> None:
     blobs = LocalBlobs(tmp_path / "blobs")
     old = Shard("batch_old", 0, "gpt-mini", 2)
     written = [BatchRequest(4, "c4", Endpoint.CHAT, {"model": "gpt-mini"}),
@@ -177,5 +206,13 @@ async def test_a_shard_planned_before_runs_and_a_sealed_shard(tmp_path: Path) ->
             await writer.write(json.dumps(request.to_json()).encode() + b"\n")
     assert await read_requests(blobs, old) == written
     assert await first_line(blobs, old) == 4
+    # a blob per shard of its runs (the version before the batch's one blob)
+    async with blobs.writing("files/two") as writer:
+        await writer.write(_chat(0, "gpt-mini") + b"\n" + _chat(1, "gpt-mini") + b"\n")
+    own = Shard("batch_old", 2, "gpt-mini", 2)
+    async with blobs.writing(shard_requests_key(own)) as writer:
+        await writer.write(FORM_PER_SHARD + b" files/two\n" + b"1 0 %d\n" % (2 * len(_chat(0, "gpt-mini")) + 1))
+    assert [r.custom_id for r in await read_requests(blobs, own) or []] == ["c0", "c1"]
+    assert await first_line(blobs, own) == 1
     gone = Shard("batch_old", 1, "gpt-mini", 2)
     assert await read_requests(blobs, gone) is None and await first_line(blobs, gone) is None

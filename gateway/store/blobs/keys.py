@@ -26,8 +26,15 @@ def batch_prefix(batch_id: str) -> str:
     return f"batches/{batch_id}"
 
 
+def shard_lines_key(batch_id: str) -> str:
+    """Where every shard's lines are in the batch's input file, written when the batch is planned
+    (`gateway.pipeline.shard_input`)."""
+    return f"{batch_prefix(batch_id)}/shards/lines"
+
+
 def shard_requests_key(shard: Shard) -> str:
-    """A shard's requests, written when the batch is planned."""
+    """A shard's requests (or where they are in the input), a blob per shard: what earlier versions planned
+    (`gateway.pipeline.shard_input` reads them; the seal deletes them)."""
     return f"{batch_prefix(shard.batch_id)}/shards/{shard.index:06d}.requests.jsonl"
 
 
@@ -64,4 +71,4 @@ def retry_staged_key(first_id: str, part: str) -> str:
 
 
 __all__ = ["batch_prefix", "file_key", "merge_checkpoint_key", "order_key", "retry_merged_key", "retry_staged_key",
-           "segment_key", "shard_requests_key", "shard_results_key"]
+           "segment_key", "shard_lines_key", "shard_requests_key", "shard_results_key"]
