@@ -10,6 +10,8 @@ file; `--baseline-lines` (default 20,000) the baseline batch; `--part-mb` the pa
 `--shard-size` and `--workers` the gateway's (defaults: the product's 1,000 lines, one worker process);
 `--dir` where the files and the gateway's data go (default: a temporary directory, removed at the end; the big
 run needs about 4x the file's size free there: the file, its upload, the output at about 1.7x); `--keep` leaves it.
+`--plan-only` plans the big file in place, as a validation process does, and counts the shards' working blobs
+it leaves under `batches/` (how many, their bytes, their disk blocks), with no gateway, upload or run.
 
 Printed, for the baseline and the big batch:
 - upload: wall and MB/s (the SDK's parts and `complete`, which streams the parts once for their md5);
@@ -27,6 +29,7 @@ The load average is printed at both ends. Not a test: figures on a shared machin
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -252,11 +255,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="the gateway's worker processes (default 1)")
     parser.add_argument("--dir", type=Path, help="where the files and the gateway's data go (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="leave the files and the data directory")
+    parser.add_argument("--plan-only", action="store_true",
+                        help="only plan the big file in place (no gateway, no upload, no run) and count the shards' "
+                             "working blobs it leaves: how many, their bytes and their disk blocks")
     args = parser.parse_args()
     print(f"load average at start: {os.getloadavg()}")
     root = Path(tempfile.mkdtemp(prefix="big-file-", dir=args.dir))
     try:
-        _bench(args, root)
+        _plan_only(args, root) if args.plan_only else _bench(args, root)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -287,6 +293,29 @@ def _bench(args: argparse.Namespace, root: Path) -> None:
     print(f"  disk beside input and output: {beside / MB:,.1f} MB at the mark, {large['beside'] / MB:,.1f} MB at "
           f"most at any time; one shard's output is about "
           f"{large['output_bytes'] * per_line / MB:,.2f} MB, its input {large['bytes'] * per_line / MB:,.2f} MB")
+
+
+def _plan_only(args: argparse.Namespace, root: Path) -> None:
+    """The planner alone over the big file, as a validation process runs it: what `batches/` holds after."""
+    from gateway.config.schema import parse_config
+    from gateway.pipeline.plan import PlanJob, plan_batch
+    from gateway.store.blobs.directory import LocalBlobs
+    from tests.support.services import shared_config
+
+    src = root / "blobs" / "files" / "big"
+    src.parent.mkdir(parents=True)
+    write_input(src, args.lines, args.line_bytes, "b")
+    config = parse_config(shared_config("http://127.0.0.1:9/v1", ("gpt-mini",), shard_size=args.shard_size,
+                                        max_lines=max(args.lines, 50_000)))
+    started = time.perf_counter()
+    outcome = asyncio.run(plan_batch(config, LocalBlobs(root / "blobs"), PlanJob(
+        "batch_plan", "files/big", endpoint=None, strict=True, allowed_models=None, max_lines=args.lines)))
+    wall = time.perf_counter() - started
+    kept = [p for p in (root / "blobs" / "batches").rglob("*") if p.is_file()]
+    print(f"  planned {args.lines:,} lines ({src.stat().st_size / MB:,.1f} MB) in {wall:.1f} s: "
+          f"{len(outcome.shards):,} shards{', FAILED' if outcome.failed else ''}")
+    print(f"  the shards' working blobs: {len(kept):,}, {sum(p.stat().st_size for p in kept):,} bytes, "
+          f"{sum(p.stat().st_blocks for p in kept) * 512:,} bytes on disk")
 
 
 @contextlib.contextmanager
