@@ -5,8 +5,9 @@ of text, `{first line number} {start} {end}` (byte offsets in the input, the end
 writes every shard's runs to one blob of the batch (`shard_lines_key`, `LinesWriter`): a first line naming the
 form and the input file's blob, each shard's section as the shard is full (or at the end), then an index of
 fixed-width entries (section start and end, by shard index) and a fixed-width trailer (how many shards, where
-the index starts). A shard's section is found by three small ranged reads. One blob for the batch, not one
-per shard: a blob of about 50 bytes takes a disk block (4 KiB) and, on S3, a request of its own, so 4,000
+the index starts). A shard's section is found by its size and four small ranged reads (trailer, entry, first
+line, section). One blob for the batch, not one per shard: a blob of about 50 bytes takes a disk block
+(4 KiB) and, on S3, a request of its own, so 4,000
 shards took 16 MB of disk and 4,000 PUTs during validation.
 
 The runner reads the runs' bytes back with ranged reads (`Blobs.read`'s `start`/`end`: a seek on disk, a range
